@@ -1,0 +1,60 @@
+"""The `fastpath` command line: one sub-command per module, imported only when used.
+
+Each command module exposes `add_arguments(parser)` and `main(args) -> int`, and keeps its
+top-level imports light (no torch), so `fastpath --help` and `fastpath doctor` stay fast on a
+login node without torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from fastpath._version import __version__
+from fastpath.errors import FastpathError
+
+# command name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "doctor": ("fastpath.doctor", "diagnose the CUDA toolchain, kernel stack and a model's plan"),
+    "run": ("fastpath.launcher", "run a Python program with fastpath.enable() applied"),
+    "verify": ("fastpath.verify", "prove the fast path computes the same function on a model"),
+    "bench": ("fastpath.bench", "time reference vs fast path on a model"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits 2 with a one-line message (its default prints usage too)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"fastpath: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fastpath", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"fastpath {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(cmd)
+        cmd.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args._module.main(args))
+    except FastpathError as exc:
+        print(f"fastpath {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"fastpath {args.command}: interrupted", file=sys.stderr)
+        return 130
