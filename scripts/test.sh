@@ -6,12 +6,14 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
 # torch CPU wheel (local disk on the dev/CI machines), Triton (its interpreter runs the kernels on CPU).
-"$PY" -m pip install -q "torch==2.13.0" "triton" 
-"$PY" -m pip install -q -e ".[test]"
-# transformers versions side by side, sharing this torch (see scripts/transformers_matrix.sh).
-if [ -x scripts/transformers_matrix.sh ]; then
-  bash scripts/transformers_matrix.sh
-fi
+"$PY" -m pip install -q --disable-pip-version-check "torch==2.13.0" "triton"
+"$PY" -m pip install -q --disable-pip-version-check -e ".[test]"
+# Extra environments the tests use (an sshd, transformers versions side by side, ...).
+for setup in scripts/setup_*.sh; do
+  [ -e "$setup" ] || continue
+  echo "== $setup"
+  PYTHON="$PY" bash "$setup"
+done
 
 export TRITON_INTERPRET=1
 "$PY" -m ruff check src tests benchmarks
