@@ -1,0 +1,231 @@
+"""causal_conv1d as torch custom ops: one place that validates, dispatches (Triton or reference)
+and defines autograd, so eager, autograd and `torch.compile(fullgraph=True)` all see the same op.
+
+Ops (namespace "fastpath"):
+- causal_conv1d_fwd(x, weight, bias, seq_idx, initial_states, return_final_states, silu)
+      -> (out, final_states)      final_states is an empty tensor when not requested
+- causal_conv1d_bwd(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, silu,
+      return_dinitial_states) -> (dweight, dbias, dinitial_states); writes dx in place
+      (mamba_ssm hands in a preallocated dx). Missing results are empty tensors.
+- causal_conv1d_update(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices)
+      -> out; conv_state is updated in place.
+Custom-op schemas cannot return None, hence the empty-tensor convention (the face maps back).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fastpath.ops import reference
+from fastpath.ops.counters import CALLS
+from fastpath.ops.dispatch import TRITON_DTYPES, use_triton, warn_fallback
+
+MAX_TRITON_WIDTH = 4
+
+
+def _empty(like: Tensor) -> Tensor:
+    return like.new_empty(0)
+
+
+def _triton_ok(op: str, width: int, *tensors: Tensor | None) -> bool:
+    """Triton handles widths 2..4 and fp32/fp16/bf16; anything else goes to the reference."""
+    if not use_triton(tensors[0]):
+        return False
+    if not 2 <= width <= MAX_TRITON_WIDTH:
+        warn_fallback(op, f"width {width} is outside the kernel's 2..{MAX_TRITON_WIDTH}")
+        return False
+    return all(t is None or t.dtype in TRITON_DTYPES for t in tensors)
+
+
+def final_states_of(x: Tensor, initial_states: Tensor | None, width: int) -> Tensor:
+    """The last W-1 inputs (initial state / zeros in front when L < W-1), channel-last like Dao."""
+    batch, dim, seqlen = x.shape
+    final = x.new_empty((batch, width - 1, dim)).transpose(1, 2)
+    if seqlen >= width - 1:
+        final.copy_(x[..., seqlen - (width - 1) :])
+    else:
+        if initial_states is None:
+            front = x.new_zeros((batch, dim, width - 1))
+        else:
+            front = initial_states.to(x.dtype)
+        final.copy_(torch.cat([front, x], dim=-1)[..., seqlen:])
+    return final
+
+
+# ---------------------------------------------------------------- forward
+@torch.library.custom_op("fastpath::causal_conv1d_fwd", mutates_args=())
+def causal_conv1d_fwd(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    seq_idx: Tensor | None,
+    initial_states: Tensor | None,
+    return_final_states: bool,
+    silu: bool,
+) -> tuple[Tensor, Tensor]:
+    width = weight.shape[-1]
+    if _triton_ok("fwd", width, x, weight, bias, initial_states):
+        from fastpath.ops.conv1d_fwd import causal_conv1d_fwd_triton
+
+        CALLS["fwd:triton"] += 1
+        out = causal_conv1d_fwd_triton(x, weight, bias, seq_idx, initial_states, silu)
+    else:
+        CALLS["fwd:reference"] += 1
+        out = torch.empty_like(x)
+        out.copy_(
+            reference.causal_conv1d_ref(
+                x, weight, bias, initial_states, activation="silu" if silu else None,
+                seq_idx=seq_idx,
+            )
+        )
+    final = final_states_of(x, initial_states, width) if return_final_states else _empty(x)
+    return out, final
+
+
+@causal_conv1d_fwd.register_fake
+def _fwd_fake(x, weight, bias, seq_idx, initial_states, return_final_states, silu):
+    out = torch.empty_like(x)
+    if not return_final_states:
+        return out, x.new_empty(0)
+    batch, dim, _ = x.shape
+    return out, x.new_empty((batch, weight.shape[-1] - 1, dim)).transpose(1, 2)
+
+
+def _fwd_setup_context(ctx, inputs, output) -> None:
+    x, weight, bias, seq_idx, initial_states, return_final_states, silu = inputs
+    ctx.save_for_backward(x, weight, bias, seq_idx, initial_states)
+    ctx.silu = silu
+    ctx.return_final_states = return_final_states
+
+
+def _fwd_backward(ctx, dout, dfinal):
+    x, weight, bias, seq_idx, initial_states = ctx.saved_tensors
+    if not ctx.return_final_states:
+        dfinal = None
+    if dout is None:
+        dout = torch.zeros_like(x)
+    dx = torch.empty_like(x)
+    dweight, dbias, dinit = causal_conv1d_bwd(
+        x, weight, bias, dout, seq_idx, initial_states, dfinal, dx, ctx.silu,
+        initial_states is not None,
+    )
+    return (
+        dx,
+        dweight,
+        dbias if bias is not None else None,
+        None,
+        dinit if initial_states is not None else None,
+        None,
+        None,
+    )
+
+
+causal_conv1d_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+
+
+# ---------------------------------------------------------------- backward
+@torch.library.custom_op("fastpath::causal_conv1d_bwd", mutates_args={"dx"})
+def causal_conv1d_bwd(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    dout: Tensor,
+    seq_idx: Tensor | None,
+    initial_states: Tensor | None,
+    dfinal_states: Tensor | None,
+    dx: Tensor,
+    silu: bool,
+    return_dinitial_states: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    width = weight.shape[-1]
+    if _triton_ok("bwd", width, x, weight, bias, initial_states, dout, dfinal_states, dx):
+        from fastpath.ops.conv1d_bwd import causal_conv1d_bwd_triton
+
+        CALLS["bwd:triton"] += 1
+        dweight, dbias, dinit = causal_conv1d_bwd_triton(
+            x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, silu,
+            return_dinitial_states,
+        )
+    else:
+        CALLS["bwd:reference"] += 1
+        gx, dweight, dbias, dinit = reference.causal_conv1d_bwd_ref(
+            x, weight, bias, dout, seq_idx, initial_states, dfinal_states, silu
+        )
+        dx.copy_(gx)
+    if not return_dinitial_states:
+        dinit = None
+    return (
+        dweight,
+        _empty(weight) if dbias is None else dbias,
+        _empty(x) if dinit is None else dinit,
+    )
+
+
+@causal_conv1d_bwd.register_fake
+def _bwd_fake(
+    x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, silu, return_dinit
+):
+    dbias = torch.empty_like(bias) if bias is not None else weight.new_empty(0)
+    if return_dinit and initial_states is not None:
+        batch, dim, _ = x.shape
+        dinit = initial_states.new_empty((batch, weight.shape[-1] - 1, dim)).transpose(1, 2)
+    else:
+        dinit = x.new_empty(0)
+    return torch.empty_like(weight), dbias, dinit
+
+
+# ---------------------------------------------------------------- decode update
+@torch.library.custom_op("fastpath::causal_conv1d_update", mutates_args={"conv_state"})
+def causal_conv1d_update_op(
+    x: Tensor,
+    conv_state: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    silu: bool,
+    cache_seqlens: Tensor | None,
+    conv_state_indices: Tensor | None,
+) -> Tensor:
+    return update_impl(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices)
+
+
+@causal_conv1d_update_op.register_fake
+def _update_fake(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices):
+    return torch.empty_like(x)
+
+
+def update_impl(
+    x: Tensor,
+    conv_state: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    silu: bool,
+    cache_seqlens: Tensor | None,
+    conv_state_indices: Tensor | None,
+) -> Tensor:
+    """The update itself, (B, D, L) x only; eager callers skip the custom-op dispatcher
+    (microseconds matter at decode)."""
+    width = weight.shape[-1]
+    if _triton_ok("update", width, x, weight, bias, conv_state):
+        from fastpath.ops.conv1d_update import causal_conv1d_update_triton
+
+        CALLS["update:triton"] += 1
+        return causal_conv1d_update_triton(
+            x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices
+        )
+    CALLS["update:reference"] += 1
+    return reference.causal_conv1d_update_ref(
+        x, conv_state, weight, bias, "silu" if silu else None, cache_seqlens, conv_state_indices
+    )
+
+
+# ---------------------------------------------------------------- varlen states
+def varlen_states(x: Tensor, cu_seqlens: Tensor, state_len: int) -> Tensor:
+    """Last state_len tokens of each packed sequence: (B, D, state_len), channel-last."""
+    if use_triton(x) and x.dtype in TRITON_DTYPES:
+        from fastpath.ops.varlen_states import causal_conv1d_varlen_states_triton
+
+        CALLS["varlen_states:triton"] += 1
+        return causal_conv1d_varlen_states_triton(x, cu_seqlens, state_len)
+    CALLS["varlen_states:reference"] += 1
+    return reference.causal_conv1d_varlen_states_ref(x, cu_seqlens, state_len)

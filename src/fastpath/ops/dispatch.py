@@ -1,0 +1,44 @@
+"""Which implementation a call takes: Triton on CUDA (or on CPU under TRITON_INTERPRET=1), else the
+float reference. Kept tiny because the decode update calls it every token."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from functools import cache
+
+import torch
+
+TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@cache
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """True when `x`'s device can run our Triton kernels right now."""
+    if x.is_cuda:
+        return _triton_importable()
+    if x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        return _triton_importable()
+    return False
+
+
+def warn_fallback(op: str, why: str) -> None:
+    """Say (once per reason) that a supported-by-reference combination skips the kernel."""
+    _warn_once(op, why)
+
+
+@cache
+def _warn_once(op: str, why: str) -> None:
+    warnings.warn(
+        f"fastpath causal_conv1d {op}: {why}; using the (slower) torch reference",
+        RuntimeWarning,
+        stacklevel=4,
+    )
