@@ -1,0 +1,282 @@
+"""Run the probe on another machine through an argv prefix: `ssh h`, `ssh h pct exec 200 --`,
+`docker exec -i c`, `kubectl exec -i p --`, `env -i ...`.
+
+Why an argv prefix and stdin: the prefix is split with shlex and executed directly (no local
+shell, so a target name like `h;touch PWNED` is just a string), and the probe travels on stdin
+to `python3 -`, so nothing is installed or written on the target and there is no nested quoting.
+A target without Python gets the POSIX sh probe (`sh -s`) instead, which gathers the toolchain
+facts it can and names the rest in probe.errors.
+
+Each run is its own process group, killed as a whole on timeout, so a stuck target (or a
+ProxyCommand, or a `pct exec` that never returns) never hangs the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shlex
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastpath.errors import TargetError, UsageError
+from fastpath.redact import redact_facts, redact_text
+
+DEFAULT_TIMEOUT = 60.0
+# A facts report is a few tens of KiB; anything far larger is not our probe talking.
+MAX_OUTPUT_BYTES = 32 * 1024 * 1024
+# After the target command exits, how long to wait for its pipes to close (an ssh ControlPersist
+# master forked into the background can hold stderr open forever).
+PIPE_GRACE_S = 1.0
+# Programs whose exit status 255 means "could not connect" rather than "the command failed".
+_SSH_LIKE = frozenset({"ssh", "autossh", "dbclient"})
+NO_PYTHON_REASON = "no python on target"
+
+
+@dataclass
+class CommandResult:
+    """What one target command did: exit status (None if killed on timeout) and its output."""
+
+    returncode: int | None
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool
+    seconds: float
+
+
+def parse_prefix(prefix: str | list[str] | tuple[str, ...]) -> list[str]:
+    """Split a target prefix the way a shell would (quotes, escapes) without running a shell."""
+    if isinstance(prefix, (list, tuple)):
+        argv = [str(part) for part in prefix]
+    else:
+        try:
+            argv = shlex.split(prefix)
+        except ValueError as exc:
+            raise UsageError(f"cannot split target prefix {prefix!r}: {exc}") from None
+    if not argv:
+        raise UsageError("empty target prefix (expected e.g. 'ssh host' or 'docker exec -i ctr')")
+    return argv
+
+
+def describe_prefix(argv: list[str]) -> str:
+    """The prefix as one printable, secret-free string (for tables and error messages)."""
+    return redact_text(shlex.join(argv))
+
+
+def _package_file(name: str) -> bytes:
+    path = Path(__file__).with_name(name)
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise TargetError(f"cannot read the probe {path}: {exc.strerror}") from None
+
+
+def probe_sources() -> tuple[bytes, bytes]:
+    """(probe.py, probe.sh) as bytes, read once per call site; they are sent verbatim."""
+    return _package_file("probe.py"), _package_file("probe.sh")
+
+
+def _one_line(data: bytes, limit: int = 200) -> str:
+    """Last non-empty line of a command's stderr, cleaned of control characters and secrets."""
+    text = data.decode("utf-8", "replace")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    line = re.sub(r"[\x00-\x1f\x7f]", " ", lines[-1])
+    if len(line) > limit:
+        line = line[: limit - 3] + "..."
+    return redact_text(line)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def run_command(argv: list[str], stdin_data: bytes, timeout: float) -> CommandResult:
+    """Run argv (no shell) in a new process group, feed stdin, collect output, never hang.
+
+    On timeout the whole process group is SIGKILLed and `timed_out` is set. Whatever the command
+    left behind in its group after a normal exit is killed too.
+    """
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    deadline = started + timeout
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+    except FileNotFoundError:
+        raise TargetError(f"cannot run {argv[0]!r}: no such program on this machine") from None
+    except PermissionError:
+        raise TargetError(f"cannot run {argv[0]!r}: permission denied") from None
+    except OSError as exc:
+        raise TargetError(f"cannot run {argv[0]!r}: {exc.strerror}") from None
+
+    out = bytearray()
+    err = bytearray()
+
+    async def pump(stream: asyncio.StreamReader, buf: bytearray) -> None:
+        while True:
+            chunk = await stream.read(65536)
+            if not chunk:
+                return
+            if len(buf) < MAX_OUTPUT_BYTES:
+                buf += chunk
+
+    async def feed() -> None:
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(stdin_data)
+            await proc.stdin.drain()
+            proc.stdin.close()
+            await proc.stdin.wait_closed()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the target exited without reading its stdin: its exit status tells why
+
+    assert proc.stdout is not None and proc.stderr is not None
+    feeder = asyncio.ensure_future(feed())
+    readers = [
+        asyncio.ensure_future(pump(proc.stdout, out)),
+        asyncio.ensure_future(pump(proc.stderr, err)),
+    ]
+    timed_out = False
+    try:
+        await asyncio.wait_for(proc.wait(), timeout=max(0.0, deadline - loop.time()))
+    except asyncio.TimeoutError:
+        timed_out = True
+    _kill_group(proc.pid)
+    if timed_out:
+        await proc.wait()
+    grace = min(PIPE_GRACE_S, max(0.05, deadline - loop.time())) if not timed_out else 0.2
+    _done, pending = await asyncio.wait(readers, timeout=grace)
+    for task in [*pending, feeder]:
+        task.cancel()
+    await asyncio.gather(feeder, *readers, return_exceptions=True)
+    return CommandResult(
+        returncode=None if timed_out else proc.returncode,
+        stdout=bytes(out),
+        stderr=bytes(err),
+        timed_out=timed_out,
+        seconds=loop.time() - started,
+    )
+
+
+def parse_facts(stdout: bytes) -> dict[str, Any] | None:
+    """The facts object in a probe's stdout, or None.
+
+    Login scripts on a target sometimes print banners before the probe runs, so when the whole
+    output is not one JSON object the last line that is one is taken.
+    """
+    text = stdout.decode("utf-8", "replace").strip()
+    if not text:
+        return None
+    candidates = [text] + [line for line in reversed(text.splitlines()) if line.startswith("{")]
+    for candidate in candidates:
+        try:
+            obj = json.loads(candidate)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            return obj
+    return None
+
+
+def _failure_reason(argv: list[str], result: CommandResult, timeout: float) -> str:
+    """One line saying why a target gave no facts."""
+    if result.timed_out:
+        return f"timed out after {timeout:g}s"
+    last = _one_line(result.stderr)
+    if os.path.basename(argv[0]) in _SSH_LIKE and result.returncode == 255:
+        return f"unreachable: {last or 'ssh exited with status 255'}"
+    if result.returncode != 0:
+        return f"exit {result.returncode}: {last or 'no output'}"
+    if not result.stdout.strip():
+        return f"no output{': ' + last if last else ''}"
+    head = re.sub(r"[\x00-\x1f\x7f]", " ", result.stdout.decode("utf-8", "replace").strip())[:80]
+    return f"non-JSON output: {redact_text(head)!r}"
+
+
+def _python_missing(result: CommandResult) -> bool:
+    """Exit 127 (or 126 + 'not found'): the interpreter is not there, as shells, env, docker say it."""
+    low = result.stderr.decode("utf-8", "replace").lower()
+    if result.returncode == 127:
+        return True
+    return result.returncode in (1, 126) and (
+        "not found" in low or "no such file" in low or "executable file not found" in low
+    )
+
+
+def _annotate(facts: dict[str, Any], label: str, seconds: float) -> dict[str, Any]:
+    probe = facts.get("probe")
+    if not isinstance(probe, dict):
+        probe = {}
+        facts["probe"] = probe
+    probe["target"] = label
+    probe["wall_seconds"] = round(seconds, 3)
+    return facts
+
+
+async def probe_target(
+    prefix: str | list[str],
+    *,
+    python: str | None = None,
+    timeout: float | None = None,
+    sources: tuple[bytes, bytes] | None = None,
+) -> dict[str, Any]:
+    """Gather one target's facts (redacted); raise TargetError with a one-line reason."""
+    argv = parse_prefix(prefix)
+    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    if timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {timeout:g}")
+    probe_py, probe_sh = sources if sources is not None else probe_sources()
+    label = describe_prefix(argv)
+    interpreter = python or "python3"
+    started = time.monotonic()
+
+    first = await run_command([*argv, interpreter, "-"], probe_py, timeout)
+    facts = parse_facts(first.stdout)
+    if facts is not None:
+        return _annotate(redact_facts(facts), label, time.monotonic() - started)
+    reason = _failure_reason(argv, first, timeout)
+    if first.timed_out or reason.startswith("unreachable"):
+        raise TargetError(reason)
+
+    # No usable Python there: the sh probe still gathers the toolchain facts.
+    if _python_missing(first):
+        why = NO_PYTHON_REASON if python is None else f"python {interpreter!r} not found on target"
+    else:
+        why = f"{interpreter} on target failed ({reason})"
+    remaining = timeout - (time.monotonic() - started)
+    if remaining <= 0:
+        raise TargetError(f"timed out after {timeout:g}s")
+    second = await run_command([*argv, "sh", "-s"], probe_sh, remaining)
+    facts = parse_facts(second.stdout)
+    if facts is None:
+        if second.timed_out:
+            raise TargetError(f"timed out after {timeout:g}s")
+        raise TargetError(reason)
+    if why != NO_PYTHON_REASON:
+        errors = facts.get("probe", {}).get("errors", {})
+        for key, value in list(errors.items()):
+            if isinstance(value, str):
+                errors[key] = value.replace(NO_PYTHON_REASON, why)
+    return _annotate(redact_facts(facts), label, time.monotonic() - started)
+
+
+def probe_remote(
+    prefix: str | list[str], python: str | None = None, timeout: float | None = DEFAULT_TIMEOUT
+) -> dict[str, Any]:
+    """Blocking form of `probe_target` for `fastpath doctor --on PREFIX`."""
+    return asyncio.run(probe_target(prefix, python=python, timeout=timeout))
