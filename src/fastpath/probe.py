@@ -1,0 +1,947 @@
+"""fastpath probe: gather the facts that decide whether a model's kernels can take the fast path.
+
+ONE self-contained, stdlib-only file (Python >= 3.8). It never imports fastpath, so it can be
+piped to any host or container: `python3 - < probe.py` prints ONE JSON object. Importing torch,
+triton and the kernel packages happens only in `sys.executable` subprocesses with timeouts, run
+concurrently with the filesystem probes, so a slow or crashing import cannot hang or kill the probe.
+A probe that fails leaves its fact null and says why in `probe.errors[key]` ("could not collect:
+<reason>") without hiding the others.
+
+Facts schema ("fastpath.facts/1"; every fact says where it came from in `source`):
+  schema: "fastpath.facts/1"
+  probe:  {kind: "python", python, errors: {key: "could not collect: ..."}, seconds, options}
+  host:   {hostname, os, kernel, arch, glibc, python, executable, source}
+  env:    {NAME: value} relevant variables only; names with TOKEN/SECRET/PASSWORD/KEY/CREDENTIAL
+          are "<redacted>"
+  gpus:   [{index, name, driver, compute_capability: "9.0", memory_mib, source}]
+  driver: {version, cuda_version, source} | null
+  torch:  {version, cuda, arch_list: ["sm_90", ...], cxx11_abi, cuda_available, devices,
+           device_arch_covered: bool|null, source} | null
+  triton: {version, gpu_backend: bool|null, backends: [...], source} | null
+  nvrtc:  [{path, version, source}]            # libnvrtc = "JIT without nvcc"
+  nvcc_candidates: [{path, realpath, paths, version, major, minor, found_by: [str],
+           major_matches_torch: bool|null, kind: "nvcc"|"ptxas-only-wheel", source, error?}]
+  cuda_home: {torch_would_use, how, has_nvcc, nvcc_version, headers: {"cuda_runtime.h": bool,
+           "cusparse.h": bool}, include_dir, cuda_home_env, cuda_path_env, diverge: bool}
+  package_db: {dpkg: [{name, version, status}], rpm: [{name, version}], source}
+  gcc:    {version, path, source} | null
+  packages: {dist: {version, module, import: {ok, error_kind: "not-installed"|"abi-mismatch"|
+           "cuda-init"|"other"|null, error}, so_files: [{path, sass: ["sm_90"], ptx: ["compute_90"],
+           error?}], source}}
+           dists: causal-conv1d, flash-linear-attention, fla-core, mamba-ssm, flash-attn, kernels,
+           tilelang, transformers, torch, triton (torch/triton .so files are not scanned: huge).
+
+Knobs (for tests and unusual hosts; the defaults probe the real machine):
+  FASTPATH_PROBE_ROOT            prefix for system paths (/usr/local/cuda*, /opt, /usr/bin, /etc,
+                                 /var/lib/dpkg); default "/"
+  FASTPATH_PROBE_DPKG_STATUS     dpkg status file; default <root>/var/lib/dpkg/status
+  FASTPATH_PROBE_SITE_PACKAGES   os.pathsep-separated site-packages dirs; default: this Python's
+  FASTPATH_PROBE_SKIP            comma list of parts to skip: imports (torch/triton/package
+                                 import subprocesses), nvidia-smi, rpm
+  FASTPATH_PROBE_TIMEOUT         seconds per subprocess (default 30)
+The ELF + fatbin reader (`read_fatbin_archs`) lives here so the probe stays one file; other code
+imports it from `fastpath.probe`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import glob
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+SCHEMA = "fastpath.facts/1"
+
+# distribution -> import name. Order is the report order.
+KERNEL_DISTS = [
+    ("causal-conv1d", "causal_conv1d"),
+    ("flash-linear-attention", "fla"),
+    ("fla-core", "fla"),
+    ("mamba-ssm", "mamba_ssm"),
+    ("flash-attn", "flash_attn"),
+    ("kernels", "kernels"),
+    ("tilelang", "tilelang"),
+    ("transformers", "transformers"),
+]
+VERSION_ONLY_DISTS = [("torch", "torch"), ("triton", "triton")]
+
+ENV_NAMES = (
+    "CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "PATH", "LD_LIBRARY_PATH", "CONDA_PREFIX",
+    "VIRTUAL_ENV", "TORCH_CUDA_ARCH_LIST", "USE_HUB_KERNELS", "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_PRODUCT_NAME", "NVIDIA_PYTORCH_VERSION", "CAUSAL_CONV1D_FORCE_BUILD",
+    "MAX_JOBS", "CC", "CXX",
+)
+ENV_PREFIXES = ("TRITON_", "FLA_", "FASTPATH_", "KERNELS_", "LOCAL_KERNELS", "HF_", "TORCH_CUDA")
+SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
+
+FATBIN_MAGIC = 0xBA55ED50
+FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
+NVCC_RELEASE_RE = re.compile(r"release (\d+)\.(\d+), V(\d+(?:\.\d+)*)")
+
+
+# ---------------------------------------------------------------------------------------------
+# ELF + fatbin reader
+# ---------------------------------------------------------------------------------------------
+
+
+class FatbinError(ValueError):
+    """The file is not an ELF we understand, or its fatbin section has an unknown layout."""
+
+
+def elf_sections(path):
+    """Return {section name: (file offset, size)} of an ELF file (32/64-bit, little/big endian)."""
+    with open(path, "rb") as f:
+        ident = f.read(64)
+        if len(ident) < 52 or ident[:4] != b"\x7fELF":
+            raise FatbinError("not an ELF file")
+        ei_class, ei_data = ident[4], ident[5]
+        if ei_class not in (1, 2) or ei_data not in (1, 2):
+            raise FatbinError("unknown ELF class/data encoding (%d/%d)" % (ei_class, ei_data))
+        end = "<" if ei_data == 1 else ">"
+        if ei_class == 2:
+            shoff, = struct.unpack_from(end + "Q", ident, 0x28)
+            shentsize, shnum, shstrndx = struct.unpack_from(end + "HHH", ident, 0x3A)
+            sh_fmt, sh_min = end + "IIQQQQIIQQ", 64
+        else:
+            shoff, = struct.unpack_from(end + "I", ident, 0x20)
+            shentsize, shnum, shstrndx = struct.unpack_from(end + "HHH", ident, 0x2E)
+            sh_fmt, sh_min = end + "IIIIIIIIII", 40
+        if shoff == 0:
+            return {}
+        if shentsize < sh_min:
+            raise FatbinError("ELF section header size %d is too small" % shentsize)
+        f.seek(0, 2)
+        file_size = f.tell()
+
+        def header(i):
+            f.seek(shoff + i * shentsize)
+            raw = f.read(sh_min)
+            if len(raw) < sh_min:
+                raise FatbinError("truncated ELF section header table")
+            fields = struct.unpack(sh_fmt, raw)
+            # (name, type, flags, addr, offset, size, link, ...)
+            return fields[0], fields[1], fields[4], fields[5], fields[6]
+
+        first = header(0)
+        if shnum == 0:  # extended numbering: the real count is in section 0's size
+            shnum = first[3]
+        if shstrndx == 0xFFFF:
+            shstrndx = first[4]
+        if shnum > 65536 * 4 or shstrndx >= shnum:
+            raise FatbinError("implausible ELF section table (%d sections)" % shnum)
+        headers = [header(i) for i in range(shnum)]
+        _, _, str_off, str_size, _ = headers[shstrndx]
+        if str_off + str_size > file_size:
+            raise FatbinError("section name table outside the file")
+        f.seek(str_off)
+        names = f.read(str_size)
+        out = {}
+        for name_off, sh_type, offset, size, _ in headers:
+            if name_off >= len(names):
+                continue
+            name = names[name_off:names.index(b"\0", name_off)].decode("latin-1")
+            if sh_type in (0, 8):  # SHT_NULL, SHT_NOBITS: no bytes in the file
+                continue
+            if offset + size > file_size:
+                raise FatbinError("section %s extends past the end of the file" % name)
+            out[name] = (offset, size)
+        return out
+
+
+def parse_fatbin(data):
+    """Parse concatenated fatbin containers; return [{kind: "sass"|"ptx", arch: int}].
+
+    Layout (undocumented; see module docstring sources): container header u32 magic 0xBA55ED50,
+    u16 version 1, u16 header_size, u64 entries_size; entries each with u16 kind (1 PTX,
+    2 cubin), u16, u32 header_size, u64 payload_size, ..., u32 arch at offset 28. Anything else
+    raises FatbinError rather than guessing.
+    """
+    entries = []
+    pos, n = 0, len(data)
+    while pos < n:
+        if data[pos] == 0:  # zero padding between containers
+            pos += 1
+            continue
+        if n - pos < 16:
+            raise FatbinError("truncated fatbin container header at %d" % pos)
+        magic, version, hsize, esize = struct.unpack_from("<IHHQ", data, pos)
+        if magic != FATBIN_MAGIC:
+            raise FatbinError("bad fatbin magic 0x%08x at %d" % (magic, pos))
+        if version != 1 or hsize < 16:
+            raise FatbinError("unknown fatbin container version %d / header %d" % (version, hsize))
+        start, end = pos + hsize, pos + hsize + esize
+        if end > n:
+            raise FatbinError("fatbin container at %d runs past its section" % pos)
+        epos = start
+        while epos < end:
+            if end - epos < 32:
+                raise FatbinError("truncated fatbin entry at %d" % epos)
+            kind, _, ehsize, payload = struct.unpack_from("<HHIQ", data, epos)
+            arch, = struct.unpack_from("<I", data, epos + 28)
+            if kind not in (1, 2):
+                raise FatbinError("unknown fatbin entry kind %d at %d" % (kind, epos))
+            if ehsize < 32 or epos + ehsize + payload > end:
+                raise FatbinError("bad fatbin entry sizes at %d" % epos)
+            entries.append({"kind": "ptx" if kind == 1 else "sass", "arch": arch})
+            epos += ehsize + payload
+        pos = end
+    return entries
+
+
+def read_fatbin_archs(path):
+    """SASS and PTX archs embedded in a compiled CUDA .so, read from its ELF fatbin sections.
+
+    Returns {"sass": ["sm_80", ...], "ptx": ["compute_90", ...], "sections": [...]}; empty lists
+    when the file has no device code. Raises FatbinError for files it cannot read with certainty.
+    """
+    sections = elf_sections(path)
+    sass, ptx, found = set(), set(), []
+    with open(path, "rb") as f:
+        for name in FATBIN_SECTIONS:
+            if name not in sections:
+                continue
+            offset, size = sections[name]
+            f.seek(offset)
+            for entry in parse_fatbin(f.read(size)):
+                (sass if entry["kind"] == "sass" else ptx).add(entry["arch"])
+            found.append(name)
+    return {
+        "sass": ["sm_%d" % a for a in sorted(sass)],
+        "ptx": ["compute_%d" % a for a in sorted(ptx)],
+        "sections": found,
+    }
+
+
+def arch_number(text):
+    """'sm_90' / 'compute_90' / '9.0' / '90' -> 90; None if not an arch."""
+    if text is None:
+        return None
+    m = re.match(r"^(?:sm_|compute_)?(\d+)\.(\d+)$", str(text))
+    if m:
+        return int(m.group(1)) * 10 + int(m.group(2))
+    m = re.match(r"^(?:sm_|compute_)(\d+)[a-z]?$", str(text)) or re.match(r"^(\d+)$", str(text))
+    return int(m.group(1)) if m else None
+
+
+def arch_runs_on(sass, ptx, device_cc):
+    """Whether code with these SASS/PTX archs can run on a device of capability `device_cc`.
+
+    SASS sm_XY runs on the same major with minor >= Y; PTX compute_XY JIT-compiles on any device
+    >= XY (torch/cuda DEVICE_REQUIREMENT rule). Returns (bool, how) or (None, why).
+    """
+    dev = arch_number(device_cc)
+    if dev is None:
+        return None, "device capability unknown"
+    for a in sass:
+        n = arch_number(a)
+        if n is not None and n // 10 == dev // 10 and n % 10 <= dev % 10:
+            return True, "SASS %s" % a
+    for a in ptx:
+        n = arch_number(a)
+        if n is not None and n <= dev:
+            return True, "PTX %s (JIT at load)" % a
+    return False, "no SASS for sm_%d and no PTX <= compute_%d" % (dev, dev)
+
+
+# ---------------------------------------------------------------------------------------------
+# small helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _run(argv, timeout, env=None):
+    """Run argv; return (rc, stdout, stderr). Raises OSError if not executable, TimeoutExpired."""
+    proc = subprocess.run(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        timeout=timeout, env=env,
+    )
+    return (
+        proc.returncode,
+        proc.stdout.decode("utf-8", "replace"),
+        proc.stderr.decode("utf-8", "replace"),
+    )
+
+
+def _is_exe(path):
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def _which_all(name, path_value):
+    """`which -a` semantics: every PATH entry holding an executable `name`, in order."""
+    out = []
+    for d in (path_value or "").split(os.pathsep):
+        if d:
+            cand = os.path.join(d, name)
+            if _is_exe(cand) and cand not in out:
+                out.append(cand)
+    return out
+
+
+def _norm(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+class Options(object):
+    """Where to look. Defaults probe the real machine; tests point these at fake trees."""
+
+    def __init__(self, env=None, root=None, dpkg_status=None, site_packages=None, skip=None,
+                 timeout=None):
+        self.env = dict(os.environ if env is None else env)
+        self.root = root if root is not None else self.env.get("FASTPATH_PROBE_ROOT", "/")
+        self.dpkg_status = dpkg_status or self.env.get("FASTPATH_PROBE_DPKG_STATUS") or \
+            self.sys_path("/var/lib/dpkg/status")
+        sp = site_packages
+        if sp is None and self.env.get("FASTPATH_PROBE_SITE_PACKAGES"):
+            sp = [p for p in self.env["FASTPATH_PROBE_SITE_PACKAGES"].split(os.pathsep) if p]
+        self.site_packages = sp if sp is not None else _default_site_packages()
+        if skip is None:
+            skip = [s.strip() for s in self.env.get("FASTPATH_PROBE_SKIP", "").split(",")]
+        self.skip = set(s for s in skip if s)
+        self.timeout = float(timeout or self.env.get("FASTPATH_PROBE_TIMEOUT") or 30)
+        self.custom_site_packages = sp is not None
+
+    def sys_path(self, path):
+        """A system path under the probe root (identity when root is /)."""
+        if self.root in ("", "/"):
+            return path
+        return os.path.join(self.root, path.lstrip("/"))
+
+    def describe(self):
+        return {
+            "root": self.root, "dpkg_status": self.dpkg_status,
+            "site_packages": self.site_packages, "skip": sorted(self.skip),
+        }
+
+
+def _default_site_packages():
+    dirs = []
+    try:
+        import site
+        cands = [*list(site.getsitepackages()), site.getusersitepackages()]
+    except Exception:
+        cands = []
+    cands += [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    for d in cands:
+        if d and os.path.isdir(d) and d not in dirs:
+            dirs.append(d)
+    return dirs
+
+
+# ---------------------------------------------------------------------------------------------
+# individual probes (each returns its fact; an exception becomes "could not collect")
+# ---------------------------------------------------------------------------------------------
+
+
+def probe_host(opts):
+    os_name = None
+    os_release = opts.sys_path("/etc/os-release")
+    try:
+        with open(os_release) as f:
+            for line in f:
+                if line.startswith("PRETTY_NAME="):
+                    os_name = line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        os_name = platform.system()
+    glibc = None
+    try:
+        glibc = os.confstr("CS_GNU_LIBC_VERSION")
+    except (ValueError, OSError, AttributeError):
+        lib, ver = platform.libc_ver()
+        glibc = ("%s %s" % (lib, ver)).strip() or None
+    return {
+        "hostname": socket.gethostname(),
+        "os": os_name,
+        "kernel": platform.release(),
+        "arch": platform.machine(),
+        "glibc": glibc,
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "source": "%s, os.confstr(CS_GNU_LIBC_VERSION), platform" % os_release,
+    }
+
+
+def probe_env(opts):
+    out = {}
+    for name in sorted(opts.env):
+        if name in ENV_NAMES or name.startswith(ENV_PREFIXES):
+            value = opts.env[name]
+            if any(m in name.upper() for m in SECRET_MARKERS):
+                value = "<redacted>"
+            out[name] = value
+    return out
+
+
+def probe_nvidia_smi(opts):
+    """GPUs and driver from nvidia-smi; ([], None) when it is not installed."""
+    exe = shutil.which("nvidia-smi", path=opts.env.get("PATH", ""))
+    if exe is None:
+        return [], None, "nvidia-smi not found on PATH"
+    fields = "index,name,driver_version,compute_cap,memory.total"
+    rc, out, err = _run([exe, "--query-gpu=" + fields, "--format=csv,noheader,nounits"],
+                        opts.timeout)
+    if rc != 0:
+        raise RuntimeError("nvidia-smi --query-gpu exited %d: %s" % (rc, (err or out).strip()[:200]))
+    gpus = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 5:
+            continue
+        mem = None
+        try:
+            mem = int(float(parts[4]))
+        except ValueError:
+            pass
+        gpus.append({
+            "index": int(parts[0]) if parts[0].isdigit() else parts[0],
+            "name": parts[1], "driver": parts[2],
+            "compute_capability": parts[3] if re.match(r"^\d+\.\d+$", parts[3]) else None,
+            "memory_mib": mem, "source": "%s --query-gpu=%s" % (exe, fields),
+        })
+    driver = None
+    rc, out, err = _run([exe], opts.timeout)
+    m = re.search(r"CUDA Version:\s*([\d.]+)", out)
+    d = re.search(r"Driver Version:\s*([\d.]+)", out)
+    if m or d or gpus:
+        driver = {
+            "version": d.group(1) if d else (gpus[0]["driver"] if gpus else None),
+            "cuda_version": m.group(1) if m else None,
+            "source": "%s (header)" % exe,
+        }
+    return gpus, driver, None
+
+
+_TORCH_SCRIPT = r"""
+import json, sys
+out = {}
+try:
+    import torch
+    t = {"version": torch.__version__, "cuda": torch.version.cuda, "file": torch.__file__}
+    t["cxx11_abi"] = bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", False))
+    flags = getattr(torch._C, "_cuda_getArchFlags", None)
+    t["arch_list"] = flags().split() if flags is not None and flags() else []
+    try:
+        t["cuda_available"] = bool(torch.cuda.is_available())
+    except Exception as e:
+        t["cuda_available"] = False
+        t["cuda_error"] = "%s: %s" % (type(e).__name__, e)
+    devs = []
+    if t["cuda_available"]:
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            devs.append({"index": i, "name": p.name, "compute_capability": "%d.%d" % (p.major, p.minor),
+                         "memory_mib": int(p.total_memory // (1024 * 1024))})
+    t["devices"] = devs
+    out["torch"] = t
+except BaseException as e:
+    out["torch_error"] = "%s: %s" % (type(e).__name__, e)
+if "--triton" in sys.argv:
+    try:
+        import triton
+        tr = {"version": triton.__version__}
+        try:
+            from triton.runtime import driver
+            target = driver.active.get_current_target()
+            tr["gpu_backend"] = target.backend in ("cuda", "hip")
+            tr["target"] = "%s:%s" % (target.backend, target.arch)
+        except BaseException as e:
+            tr["gpu_backend"] = False
+            tr["backend_error"] = "%s: %s" % (type(e).__name__, e)
+        out["triton"] = tr
+    except BaseException as e:
+        out["triton_error"] = "%s: %s" % (type(e).__name__, e)
+print("FASTPATH_JSON " + json.dumps(out))
+"""
+
+_IMPORT_SCRIPT = r"""
+import importlib, json, sys
+name = sys.argv[1]
+try:
+    m = importlib.import_module(name)
+    r = {"ok": True, "version": getattr(m, "__version__", None), "file": getattr(m, "__file__", None)}
+except BaseException as e:
+    r = {"ok": False, "error": "%s: %s" % (type(e).__name__, e)}
+print("FASTPATH_JSON " + json.dumps(r))
+"""
+
+
+def _python_json(args, opts):
+    """Run this Python on a script; return the JSON it printed (or raise with the reason)."""
+    rc, out, err = _run([sys.executable, "-c", *args], opts.timeout, env=opts.env)
+    for line in reversed(out.splitlines()):
+        if line.startswith("FASTPATH_JSON "):
+            return json.loads(line[len("FASTPATH_JSON "):])
+    tail = (err.strip().splitlines() or ["no output"])[-1]
+    raise RuntimeError("python exited %d without a result: %s" % (rc, tail[:300]))
+
+
+def probe_torch_triton(opts, want_triton):
+    return _python_json([_TORCH_SCRIPT] + (["--triton"] if want_triton else []), opts)
+
+
+def classify_import_error(text):
+    """Map an import error message to not-installed / abi-mismatch / cuda-init / other."""
+    if text is None:
+        return None
+    if "No module named" in text or "ModuleNotFoundError" in text:
+        return "not-installed"
+    if "undefined symbol" in text:
+        return "abi-mismatch"
+    low = text.lower()
+    if "cuda" in low and any(w in low for w in ("init", "driver", "no kernel image", "cudaerror",
+                                                 "libcuda", "libcudart")):
+        return "cuda-init"
+    return "other"
+
+
+def probe_import(module, opts):
+    try:
+        r = _python_json([_IMPORT_SCRIPT, module], opts)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error_kind": "other",
+                "error": "import timed out after %gs" % opts.timeout}
+    except RuntimeError as exc:  # crashed (segfault, abort) without printing a result
+        return {"ok": False, "error_kind": classify_import_error(str(exc)) or "other",
+                "error": str(exc)}
+    r["error_kind"] = None if r.get("ok") else classify_import_error(r.get("error"))
+    r.setdefault("error", None)
+    return r
+
+
+def find_distributions(opts):
+    """{normalized dist name: importlib.metadata.Distribution} across the site-packages dirs."""
+    import importlib.metadata as md
+    found = {}
+    for dist in md.distributions(path=list(opts.site_packages)):
+        try:
+            name = dist.metadata["Name"]
+        except Exception:
+            continue
+        if name and _norm(name) not in found:
+            found[_norm(name)] = dist
+    return found
+
+
+def _dist_path(dist):
+    p = getattr(dist, "_path", None)
+    return str(p) if p is not None else str(dist.locate_file(""))
+
+
+def compiled_files(dist):
+    """Absolute paths of the compiled extension modules a dist installed (from its RECORD)."""
+    out = []
+    for f in dist.files or []:
+        s = str(f)
+        if s.endswith(".so") or ".so." in os.path.basename(s):
+            out.append(os.path.normpath(str(dist.locate_file(f))))
+    return out
+
+
+def probe_so(path):
+    try:
+        r = read_fatbin_archs(path)
+        return {"path": path, "sass": r["sass"], "ptx": r["ptx"], "sections": r["sections"]}
+    except (FatbinError, OSError, struct.error) as exc:
+        return {"path": path, "sass": [], "ptx": [], "error": "%s: %s" % (type(exc).__name__, exc)}
+
+
+def parse_nvcc_version(text):
+    m = NVCC_RELEASE_RE.search(text or "")
+    if not m:
+        return None
+    return {"version": m.group(3), "major": int(m.group(1)), "minor": int(m.group(2))}
+
+
+def probe_nvcc_version(path, opts):
+    rc, out, err = _run([path, "--version"], opts.timeout)
+    v = parse_nvcc_version(out + "\n" + err)
+    if v is None:
+        raise RuntimeError("`%s --version` exited %d, no release line: %s"
+                           % (path, rc, (err or out).strip()[:200]))
+    return v
+
+
+def read_dpkg_status(path):
+    """CUDA compiler packages from a dpkg status file: [{name, version, status}]."""
+    keep = re.compile(r"^(cuda-nvcc(-\d+-\d+)?|nvidia-cuda-toolkit|cuda-toolkit(-\d+(-\d+)?)?|"
+                      r"cuda-cudart-dev-\d+-\d+|libcusparse-dev-\d+-\d+|libcublas-dev-\d+-\d+)$")
+    out = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        stanza = {}
+        for line in [*list(f), ""]:
+            line = line.rstrip("\n")
+            if not line.strip():
+                if keep.match(stanza.get("Package", "")):
+                    out.append({"name": stanza["Package"], "version": stanza.get("Version"),
+                                "status": stanza.get("Status")})
+                stanza = {}
+            elif not line[0].isspace() and ":" in line:
+                k, v = line.split(":", 1)
+                stanza[k.strip()] = v.strip()
+    return out
+
+
+def dpkg_nvcc_paths(pkg, opts):
+    """Files ending in bin/nvcc that dpkg says a package owns (its .list file), else [].
+
+    Why: cuda-nvcc-X-Y puts nvcc under /usr/local/cuda-X.Y, nvidia-cuda-toolkit under /usr/bin;
+    reading the list beats guessing.
+    """
+    info = os.path.join(os.path.dirname(opts.dpkg_status), "info")
+    out = []
+    for lst in glob.glob(os.path.join(info, pkg + ".list")) + \
+            glob.glob(os.path.join(info, pkg + ":*.list")):
+        try:
+            with open(lst, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    line = line.strip()
+                    if line.endswith("/bin/nvcc"):
+                        out.append(line)
+        except OSError:
+            pass
+    if not out:
+        m = re.match(r"^cuda-nvcc-(\d+)-(\d+)$", pkg)
+        if m:
+            out.append("/usr/local/cuda-%s.%s/bin/nvcc" % (m.group(1), m.group(2)))
+        elif pkg == "nvidia-cuda-toolkit":
+            out.append("/usr/bin/nvcc")
+    return out
+
+
+def probe_rpm(opts):
+    exe = shutil.which("rpm", path=opts.env.get("PATH", ""))
+    if exe is None:
+        return []
+    rc, out, err = _run([exe, "-qa", "--qf", "%{NAME} %{VERSION}\n", "cuda-nvcc*", "cuda-toolkit*",
+                         "cuda-cudart-devel*", "libcusparse-devel*"], opts.timeout)
+    if rc != 0:
+        raise RuntimeError("rpm -qa exited %d: %s" % (rc, err.strip()[:200]))
+    return [{"name": ln.split()[0], "version": ln.split()[1] if len(ln.split()) > 1 else None}
+            for ln in out.splitlines() if ln.strip()]
+
+
+def probe_gcc(opts):
+    exe = shutil.which("gcc", path=opts.env.get("PATH", ""))
+    if exe is None:
+        return None
+    _rc, out, _err = _run([exe, "-dumpfullversion", "-dumpversion"], opts.timeout)
+    return {"version": out.strip() or None, "path": exe, "source": "%s -dumpfullversion" % exe}
+
+
+def nvcc_candidate_sources(opts, dpkg_entries, dists):
+    """[(path, found_by, kind)] for every place an nvcc can hide (not deduplicated)."""
+    env = opts.env
+    out = []
+    for p in _which_all("nvcc", env.get("PATH", "")):
+        out.append((p, "PATH", "nvcc"))
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if env.get(var):
+            out.append((os.path.join(env[var], "bin", "nvcc"), var, "nvcc"))
+    out.append((opts.sys_path("/usr/local/cuda/bin/nvcc"), "/usr/local/cuda", "nvcc"))
+    for pattern, label in (("/usr/local/cuda-*/bin/nvcc", "/usr/local/cuda-*"),
+                           ("/opt/cuda*/bin/nvcc", "/opt/cuda*"),
+                           ("/opt/nvidia/*/cuda/bin/nvcc", "/opt/nvidia/*"),
+                           ("/usr/lib/nvidia-cuda-toolkit/bin/nvcc", "nvidia-cuda-toolkit")):
+        for p in sorted(glob.glob(opts.sys_path(pattern))):
+            out.append((p, label, "nvcc"))
+    out.append((opts.sys_path("/usr/bin/nvcc"), "/usr/bin (Debian nvidia-cuda-toolkit)", "nvcc"))
+    if env.get("CONDA_PREFIX"):
+        out.append((os.path.join(env["CONDA_PREFIX"], "bin", "nvcc"), "CONDA_PREFIX", "nvcc"))
+    for sp in opts.site_packages:
+        out.append((os.path.join(sp, "nvidia", "cu13", "bin", "nvcc"),
+                    "pip wheel nvidia-cuda-nvcc (nvidia/cu13)", "nvcc"))
+        wheel_bin = os.path.join(sp, "nvidia", "cuda_nvcc", "bin")
+        if _is_exe(os.path.join(wheel_bin, "nvcc")):
+            out.append((os.path.join(wheel_bin, "nvcc"), "pip wheel nvidia/cuda_nvcc", "nvcc"))
+        elif os.path.isfile(os.path.join(wheel_bin, "ptxas")):
+            out.append((os.path.join(wheel_bin, "ptxas"),
+                        "pip wheel nvidia-cuda-nvcc-cu12 (ships ptxas only)", "ptxas-only-wheel"))
+    for entry in dpkg_entries:
+        if entry["name"].startswith("cuda-nvcc") or entry["name"] == "nvidia-cuda-toolkit":
+            for p in dpkg_nvcc_paths(entry["name"], opts):
+                out.append((opts.sys_path(p), "dpkg %s %s" % (entry["name"], entry["version"]),
+                            "nvcc"))
+    return out
+
+
+def merge_candidates(sources):
+    """Deduplicate by realpath, keeping every way each binary was found, in discovery order."""
+    by_real = {}
+    order = []
+    for path, found_by, kind in sources:
+        if kind == "nvcc" and not _is_exe(path):
+            continue
+        real = os.path.realpath(path)
+        if real not in by_real:
+            by_real[real] = {"path": path, "realpath": real, "paths": [], "found_by": [],
+                             "kind": kind, "version": None, "major": None, "minor": None,
+                             "major_matches_torch": None}
+            order.append(real)
+        c = by_real[real]
+        if path not in c["paths"]:
+            c["paths"].append(path)
+        if found_by not in c["found_by"]:
+            c["found_by"].append(found_by)
+    return [by_real[r] for r in order]
+
+
+def torch_cuda_home(opts):
+    """Re-implementation of torch.utils.cpp_extension._find_cuda_home (see FACTS.md)."""
+    env = opts.env
+    home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
+    how = None
+    if home:
+        how = "CUDA_HOME env" if env.get("CUDA_HOME") else "CUDA_PATH env"
+    else:
+        first = _which_all("nvcc", env.get("PATH", ""))
+        if first:
+            home = os.path.dirname(os.path.dirname(first[0]))
+            how = "dirname(dirname(which nvcc)) = %s" % first[0]
+        elif os.path.exists(opts.sys_path("/usr/local/cuda")):
+            home = opts.sys_path("/usr/local/cuda")
+            how = "/usr/local/cuda exists"
+    result = {"torch_would_use": home, "how": how or "nothing found: torch's CUDA_HOME is None",
+              "has_nvcc": False, "headers": {"cuda_runtime.h": False, "cusparse.h": False},
+              "include_dir": None, "cuda_home_env": env.get("CUDA_HOME"),
+              "cuda_path_env": env.get("CUDA_PATH"), "diverge": False}
+    if env.get("CUDA_HOME") and env.get("CUDA_PATH"):
+        result["diverge"] = os.path.realpath(env["CUDA_HOME"]) != os.path.realpath(env["CUDA_PATH"])
+    if home:
+        result["has_nvcc"] = _is_exe(os.path.join(home, "bin", "nvcc"))
+        inc = os.path.join(home, "include")
+        result["include_dir"] = inc
+        for h in result["headers"]:
+            result["headers"][h] = os.path.isfile(os.path.join(inc, h))
+    return result
+
+
+def probe_nvrtc(opts, dists):
+    patterns = []
+    for sp in opts.site_packages:
+        patterns += [os.path.join(sp, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so*"),
+                     os.path.join(sp, "nvidia", "cu13", "lib", "libnvrtc.so*")]
+    patterns += [opts.sys_path("/usr/local/cuda*/lib64/libnvrtc.so*"),
+                 opts.sys_path("/usr/local/cuda*/lib/libnvrtc.so*"),
+                 opts.sys_path("/usr/local/cuda*/targets/*/lib/libnvrtc.so*"),
+                 opts.sys_path("/usr/lib/x86_64-linux-gnu/libnvrtc.so*")]
+    if opts.env.get("CONDA_PREFIX"):
+        patterns.append(os.path.join(opts.env["CONDA_PREFIX"], "lib", "libnvrtc.so*"))
+    out, seen = [], set()
+    for pat in patterns:
+        for p in sorted(glob.glob(pat)):
+            if "builtins" in os.path.basename(p) or os.path.realpath(p) in seen:
+                continue
+            seen.add(os.path.realpath(p))
+            m = re.search(r"\.so\.([\d.]+)$", p)
+            source = "file " + p
+            version = m.group(1) if m else None
+            for dname in ("nvidia-cuda-nvrtc-cu12", "nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu13"):
+                if "site-packages" in p and dname in dists:
+                    version = dists[dname].version
+                    source = "file %s; package metadata %s" % (p, dname)
+                    break
+            out.append({"path": p, "version": version, "source": source})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# collect
+# ---------------------------------------------------------------------------------------------
+
+
+def _gpu_visible(opts):
+    return bool(glob.glob(opts.sys_path("/dev/nvidia[0-9]*")))
+
+
+def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None, timeout=None):
+    """Gather every fact; never raises for a failed probe (it lands in probe.errors)."""
+    started = time.time()
+    opts = Options(env, root, dpkg_status, site_packages, skip, timeout)
+    errors = {}
+    facts = {"schema": SCHEMA}
+
+    def guard(key, fn, *args):
+        try:
+            return fn(*args)
+        except subprocess.TimeoutExpired as exc:
+            errors[key] = "could not collect: timed out after %gs (%s)" % (
+                exc.timeout, " ".join(str(a) for a in (exc.cmd or [])[:2]))
+        except Exception as exc:
+            errors[key] = "could not collect: %s: %s" % (type(exc).__name__, exc)
+        return None
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=16)
+    try:
+        # 1. start the slow subprocesses first
+        run_imports = "imports" not in opts.skip
+        dists = guard("packages", find_distributions, opts) or {}
+        smi_f = None
+        if "nvidia-smi" not in opts.skip:
+            smi_f = pool.submit(guard, "gpus", probe_nvidia_smi, opts)
+        want_triton = _gpu_visible(opts) and "triton" in dists
+        torch_f = pool.submit(guard, "torch", probe_torch_triton, opts, want_triton) \
+            if run_imports else None
+        import_f = {}
+        seen_modules = set()
+        import importlib.util
+        for dist_name, module in KERNEL_DISTS:
+            if not run_imports or module in seen_modules:
+                continue
+            installed = dist_name in dists
+            try:
+                spec_found = importlib.util.find_spec(module) is not None \
+                    if not opts.custom_site_packages else False
+            except (ImportError, ValueError):
+                spec_found = False
+            if installed or spec_found:
+                seen_modules.add(module)
+                import_f[module] = pool.submit(probe_import, module, opts)
+        rpm_f = pool.submit(guard, "package_db", probe_rpm, opts) if "rpm" not in opts.skip else None
+        gcc_f = pool.submit(guard, "gcc", probe_gcc, opts)
+
+        # 2. cheap filesystem facts meanwhile
+        facts["host"] = guard("host", probe_host, opts)
+        facts["env"] = guard("env", probe_env, opts)
+        dpkg = []
+        if os.path.isfile(opts.dpkg_status):
+            dpkg = guard("package_db", read_dpkg_status, opts.dpkg_status) or []
+        candidates = guard("nvcc_candidates", lambda: merge_candidates(
+            nvcc_candidate_sources(opts, dpkg, dists))) or []
+        version_f = {}
+        for c in candidates:
+            if c["kind"] == "nvcc":
+                version_f[c["realpath"]] = pool.submit(probe_nvcc_version, c["path"], opts)
+        facts["cuda_home"] = guard("cuda_home", torch_cuda_home, opts)
+        facts["nvrtc"] = guard("nvrtc", probe_nvrtc, opts, dists)
+        so_f = {}
+        for dist_name, _ in KERNEL_DISTS:
+            if dist_name in dists:
+                for path in guard("packages", compiled_files, dists[dist_name]) or []:
+                    so_f[path] = pool.submit(probe_so, path)
+
+        # 3. join
+        for c in candidates:
+            if c["kind"] == "nvcc":
+                try:
+                    c.update(version_f[c["realpath"]].result())
+                except Exception as exc:
+                    c["error"] = "could not collect: %s: %s" % (type(exc).__name__, exc)
+            else:
+                wheel = dists.get("nvidia-cuda-nvcc-cu12")
+                c["version"] = wheel.version if wheel else None
+            c["source"] = ("`%s --version`" % c["path"]) if c["kind"] == "nvcc" else \
+                "file %s (no nvcc next to it)" % c["path"]
+        facts["nvcc_candidates"] = candidates
+
+        gpus, driver, smi_note = [], None, None
+        if smi_f is not None:
+            r = smi_f.result()
+            if r is not None:
+                gpus, driver, smi_note = r
+        if smi_note and "gpus" not in errors:
+            errors["gpus"] = "could not collect via nvidia-smi: %s" % smi_note
+
+        torch_info = torch_f.result() if torch_f is not None else None
+        t = (torch_info or {}).get("torch")
+        if torch_info is not None and t is None:
+            errors["torch"] = "could not collect: %s" % torch_info.get("torch_error")
+        if t is not None:
+            t["source"] = "import torch in %s (subprocess)" % sys.executable
+            if not gpus and t.get("devices"):
+                gpus = [dict(d, driver=None, source="torch.cuda.get_device_properties")
+                        for d in t["devices"]]
+            cc = gpus[0]["compute_capability"] if gpus else None
+            if cc and t.get("arch_list"):
+                t["device_arch_covered"] = arch_runs_on(
+                    [a for a in t["arch_list"] if a.startswith("sm_")],
+                    [a for a in t["arch_list"] if a.startswith("compute_")], cc)[0]
+            else:
+                t["device_arch_covered"] = None
+        elif "torch" in dists and not run_imports:
+            t = None
+        facts["gpus"] = gpus
+        facts["driver"] = driver
+        facts["torch"] = t
+
+        tri = (torch_info or {}).get("triton")
+        if tri is not None:
+            tri["source"] = "import triton; triton.runtime.driver.active (subprocess)"
+        elif "triton" in dists:
+            tri = {"version": dists["triton"].version, "gpu_backend": False if not want_triton
+                   else None,
+                   "source": "package metadata %s; gpu_backend: %s" % (
+                       _dist_path(dists["triton"]),
+                       "no GPU device node visible" if not want_triton
+                       else (torch_info or {}).get("triton_error"))}
+        if tri is not None and "triton" in dists:
+            backends = os.path.join(str(dists["triton"].locate_file("triton")), "backends")
+            if os.path.isdir(backends):
+                tri["backends"] = sorted(d for d in os.listdir(backends)
+                                         if os.path.isdir(os.path.join(backends, d))
+                                         and not d.startswith("_"))
+        facts["triton"] = tri
+
+        torch_major = None
+        if t and t.get("cuda"):
+            torch_major = int(str(t["cuda"]).split(".")[0])
+        for c in candidates:
+            if c.get("major") is not None and torch_major is not None:
+                c["major_matches_torch"] = c["major"] == torch_major
+        if facts["cuda_home"] is not None:
+            home_nvcc = os.path.join(str(facts["cuda_home"]["torch_would_use"]), "bin", "nvcc")
+            for c in candidates:
+                if c["realpath"] == os.path.realpath(home_nvcc):
+                    facts["cuda_home"]["nvcc_version"] = c.get("version")
+
+        rpm = rpm_f.result() if rpm_f is not None else None
+        facts["package_db"] = {"dpkg": dpkg, "rpm": rpm or [],
+                               "source": "%s; rpm -qa" % opts.dpkg_status}
+        facts["gcc"] = gcc_f.result()
+
+        packages = {}
+        for dist_name, module in KERNEL_DISTS + VERSION_ONLY_DISTS:
+            dist = dists.get(dist_name)
+            entry = {"version": dist.version if dist else None, "module": module,
+                     "source": ("package metadata " + _dist_path(dist)) if dist else
+                     "no dist-info in %s" % os.pathsep.join(opts.site_packages)}
+            if module in import_f:
+                entry["import"] = import_f[module].result()
+            elif dist_name == "torch" and t is not None:
+                entry["import"] = {"ok": True, "error_kind": None, "error": None}
+            elif dist_name == "torch" and "torch" in errors:
+                entry["import"] = {"ok": False, "error_kind": classify_import_error(
+                    errors["torch"]), "error": errors["torch"]}
+            elif dist is None and run_imports:
+                entry["import"] = {"ok": False, "error_kind": "not-installed",
+                                   "error": "no distribution %s and no module %s" % (
+                                       dist_name, module)}
+            else:
+                entry["import"] = {"ok": None, "error_kind": None,
+                                   "error": "import not attempted"}
+            if dist_name in dict(KERNEL_DISTS) and dist is not None:
+                entry["so_files"] = [so_f[p].result() for p in compiled_files(dist) if p in so_f]
+            else:
+                entry["so_files"] = []
+            packages[dist_name] = entry
+        facts["packages"] = packages
+    finally:
+        pool.shutdown(wait=False)
+    facts["probe"] = {"kind": "python", "python": platform.python_version(), "errors": errors,
+                      "seconds": round(time.time() - started, 3), "options": opts.describe()}
+    return facts
+
+
+def main():
+    json.dump(collect(), sys.stdout, indent=1, sort_keys=False, default=str)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

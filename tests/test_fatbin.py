@@ -1,0 +1,124 @@
+"""ELF + fatbin reader on ELF files built by the tests (struct, and gcc + objcopy)."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+
+import pytest
+
+from fakeenv import build_elf, fatbin_container, fatbin_entry
+from fastpath.probe import (
+    FatbinError,
+    arch_number,
+    arch_runs_on,
+    elf_sections,
+    parse_fatbin,
+    read_fatbin_archs,
+)
+
+
+def test_sm80_cubin_and_compute90_ptx(tmp_path):
+    so = tmp_path / "ext.so"
+    so.write_bytes(build_elf({".nv_fatbin": fatbin_container([("sass", 80), ("ptx", 90)])}))
+    assert read_fatbin_archs(str(so)) == {
+        "sass": ["sm_80"],
+        "ptx": ["compute_90"],
+        "sections": [".nv_fatbin"],
+    }
+
+
+def test_struct_built_elf_is_valid_for_binutils(tmp_path):
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("binutils readelf not installed")
+    so = tmp_path / "ext.so"
+    so.write_bytes(build_elf({".nv_fatbin": fatbin_container([("sass", 80)])}))
+    out = subprocess.run([readelf, "-S", str(so)], capture_output=True, text=True, check=True)
+    assert ".nv_fatbin" in out.stdout
+    assert set(elf_sections(str(so))) == {".nv_fatbin", ".shstrtab"}
+
+
+def test_several_containers_with_padding_and_relfatbin(tmp_path):
+    blob = fatbin_container([("sass", 90), ("sass", 120)]) + b"\0" * 8
+    blob += fatbin_container([("ptx", 120), ("sass", 100)])
+    so = tmp_path / "multi.so"
+    so.write_bytes(
+        build_elf({".nv_fatbin": blob, "__nv_relfatbin": fatbin_container([("sass", 86)])})
+    )
+    r = read_fatbin_archs(str(so))
+    assert r["sass"] == ["sm_86", "sm_90", "sm_100", "sm_120"]
+    assert r["ptx"] == ["compute_120"]
+
+
+def test_no_device_code(tmp_path):
+    so = tmp_path / "plain.so"
+    so.write_bytes(build_elf({".text": b"\x90" * 16}))
+    assert read_fatbin_archs(str(so)) == {"sass": [], "ptx": [], "sections": []}
+
+
+def test_gcc_objcopy_built_shared_object(tmp_path):
+    gcc, objcopy = shutil.which("gcc"), shutil.which("objcopy")
+    if gcc is None or objcopy is None:
+        pytest.skip("gcc/objcopy not installed")
+    src = tmp_path / "k.c"
+    src.write_text("int kernel_stub(void) { return 42; }\n")
+    so = tmp_path / "k.so"
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    blob = tmp_path / "fatbin.bin"
+    blob.write_bytes(fatbin_container([("sass", 90), ("ptx", 90)]))
+    subprocess.run(
+        [objcopy, "--add-section", f".nv_fatbin={blob}", str(so)], check=True
+    )
+    assert read_fatbin_archs(str(so))["sass"] == ["sm_90"]
+    assert read_fatbin_archs(str(so))["ptx"] == ["compute_90"]
+
+
+@pytest.mark.parametrize(
+    "blob, message",
+    [
+        (struct.pack("<IHHQ", 0xDEADBEEF, 1, 16, 0), "bad fatbin magic"),
+        (struct.pack("<IHHQ", 0xBA55ED50, 2, 16, 0), "unknown fatbin container version"),
+        (struct.pack("<IHHQ", 0xBA55ED50, 1, 16, 4096) + b"\1" * 32, "runs past"),
+        (
+            struct.pack("<IHHQ", 0xBA55ED50, 1, 16, 88)
+            + fatbin_entry("sass", 80)[:0]
+            + struct.pack("<HHIQ", 7, 0x101, 64, 24)
+            + b"\0" * 80,
+            "unknown fatbin entry kind",
+        ),
+        (b"\x50\xed\x55", "truncated fatbin container"),
+    ],
+)
+def test_unknown_layouts_are_rejected(blob, message):
+    with pytest.raises(FatbinError, match=message):
+        parse_fatbin(blob)
+
+
+def test_non_elf_and_big_endian_rejected_or_read(tmp_path):
+    bad = tmp_path / "notelf.so"
+    bad.write_bytes(b"MZ" + b"\0" * 100)
+    with pytest.raises(FatbinError, match="not an ELF"):
+        read_fatbin_archs(str(bad))
+    weird = tmp_path / "weird.so"
+    weird.write_bytes(b"\x7fELF" + bytes([3, 1, 1]) + b"\0" * 100)
+    with pytest.raises(FatbinError, match="unknown ELF class"):
+        read_fatbin_archs(str(weird))
+
+
+def test_arch_helpers():
+    assert arch_number("9.0") == 90
+    assert arch_number("12.0") == 120
+    assert arch_number("sm_120") == 120
+    assert arch_number("compute_90") == 90
+    assert arch_number("sm_90a") == 90
+    assert arch_number("gpu") is None
+    # SASS: same major, minor >= built minor
+    assert arch_runs_on(["sm_80"], [], "8.6") == (True, "SASS sm_80")
+    assert arch_runs_on(["sm_86"], [], "8.0")[0] is False
+    assert arch_runs_on(["sm_90"], [], "12.0")[0] is False
+    # PTX JITs forward
+    assert arch_runs_on(["sm_80"], ["compute_90"], "12.0") == (True, "PTX compute_90 (JIT at load)")
+    assert arch_runs_on([], ["compute_120"], "9.0")[0] is False
+    assert arch_runs_on(["sm_90"], [], None) == (None, "device capability unknown")
