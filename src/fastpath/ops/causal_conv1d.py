@@ -35,6 +35,10 @@ def _triton_ok(op: str, width: int, *tensors: Tensor | None) -> bool:
     if not 2 <= width <= MAX_TRITON_WIDTH:
         warn_fallback(op, f"width {width} is outside the kernel's 2..{MAX_TRITON_WIDTH}")
         return False
+    x = tensors[0]
+    if sum((n - 1) * abs(st) for n, st in zip(x.shape[1:], x.stride()[1:], strict=True)) >= 2**31:
+        warn_fallback(op, "a batch row spans >= 2**31 elements (kernel offsets are int32)")
+        return False
     return all(t is None or t.dtype in TRITON_DTYPES for t in tensors)
 
 

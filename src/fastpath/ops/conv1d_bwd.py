@@ -1,0 +1,306 @@
+"""Triton backward of causal depthwise conv1d (+ optional SiLU) in one kernel, deterministic.
+
+A program owns BLOCK_D channels and a chunk of positions, walked in BLOCK_L-row sub-tiles. For
+each sub-tile it loads x at offsets -(W-1)..(W-1) once (2W-1 shifted tiles), recomputes the
+pre-activations of outputs t..t+W-1, forms g = dy * silu'(pre) there, and produces
+dx(t) = sum_j w[W-1-j] g(t+j) (seq_idx-masked) plus the final-state gradient. dW / dbias are
+accumulated in registers over the chunk and written as per-chunk fp32 partials, summed
+afterwards in a fixed order: the same bits on every run (no atomics), under
+torch.use_deterministic_algorithms too. With initial states the walk starts W-1 rows early so
+the same code yields dinitial_states.
+Tap naming: Xm3..Xp3 = x at t-3..t+3 (only offsets within +-(W-1) are loaded); see
+conv1d_common for the width-4 padding (KPAD) convention.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fastpath.ops.conv1d_common import (
+    load_seq_tap,
+    load_weight_tap,
+    load_x_tap,
+    next_pow2,
+    silu_grad_fp32,
+)
+
+
+@triton.jit
+def _masked_tap(xv, s, s_out, w, HAS_SEQ: tl.constexpr):
+    if HAS_SEQ:
+        xv = tl.where((s == s_out)[:, None], xv, 0.0)
+    return xv * w[None, :]
+
+
+@triton.jit
+def _pre_activation(
+    xa, xb, xc, xd, sa, sb, sc, s_out, w0, w1, w2, w3, bias_v,
+    KPAD: tl.constexpr, HAS_SEQ: tl.constexpr,
+):
+    """bias + taps (xa..xd = x at t-3..t relative to the output position t)."""
+    acc = xd * w3[None, :] + bias_v[None, :]
+    if KPAD <= 2:
+        acc += _masked_tap(xc, sc, s_out, w2, HAS_SEQ)
+    if KPAD <= 1:
+        acc += _masked_tap(xb, sb, s_out, w1, HAS_SEQ)
+    if KPAD <= 0:
+        acc += _masked_tap(xa, sa, s_out, w0, HAS_SEQ)
+    return acc
+
+
+@triton.jit
+def _grad_at(dout_base, pos, L, mask_d, stride_ol, pre, s_out,
+             SILU: tl.constexpr, HAS_SEQ: tl.constexpr):
+    """g = dy * silu'(pre) at positions `pos` (0 outside [0, L) and on padding)."""
+    inside = (pos >= 0) & (pos < L)
+    g = tl.load(dout_base + pos[:, None] * stride_ol, mask=inside[:, None] & mask_d[None, :],
+                other=0.0).to(tl.float32)
+    if SILU:
+        g = g * silu_grad_fp32(pre)
+    if HAS_SEQ:
+        g = tl.where((s_out >= 0)[:, None], g, 0.0)
+    return g
+
+
+@triton.jit
+def _causal_conv1d_bwd_kernel(
+    X, WEIGHT, BIAS, DOUT, SEQ, INIT, DFIN, DX, DINIT, DW_PART, DB_PART,
+    L, D, n_iters, n_chunks,
+    stride_xb, stride_xd, stride_xl,
+    stride_ob, stride_od, stride_ol,
+    stride_dxb, stride_dxd, stride_dxl,
+    stride_wd, stride_wk,
+    stride_ib, stride_id, stride_il,
+    stride_fb, stride_fd, stride_fl,
+    stride_gb, stride_gd, stride_gl,
+    stride_sb,
+    WIDTH: tl.constexpr,
+    SILU: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_SEQ: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    HAS_DFIN: tl.constexpr,
+    FRONT: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    KPAD: tl.constexpr = 4 - WIDTH
+    pid_d = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    pid_b = tl.program_id(2).to(tl.int64)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    x_base = X + pid_b * stride_xb + offs_d[None, :] * stride_xd
+    dout_base = DOUT + pid_b * stride_ob + offs_d[None, :] * stride_od
+    dx_base = DX + pid_b * stride_dxb + offs_d[None, :] * stride_dxd
+    init_base = INIT + pid_b * stride_ib + offs_d[None, :] * stride_id
+    dfin_base = DFIN + pid_b * stride_fb + offs_d[None, :] * stride_fd
+    dinit_base = DINIT + pid_b * stride_gb + offs_d[None, :] * stride_gd
+    seq_base = SEQ + pid_b * stride_sb
+    w_base = WEIGHT + offs_d * stride_wd
+
+    zero_d = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    w0 = zero_d
+    w1 = zero_d
+    w2 = load_weight_tap(w_base, offs_d, mask_d, 2, stride_wk, KPAD)  # KPAD <= 2 always
+    w3 = load_weight_tap(w_base, offs_d, mask_d, 3, stride_wk, KPAD)
+    if KPAD <= 1:
+        w1 = load_weight_tap(w_base, offs_d, mask_d, 1, stride_wk, KPAD)
+    if KPAD <= 0:
+        w0 = load_weight_tap(w_base, offs_d, mask_d, 0, stride_wk, KPAD)
+    bias_v = zero_d
+    if HAS_BIAS:
+        bias_v = tl.load(BIAS + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    seq0 = 0
+    if HAS_SEQ and HAS_INIT:
+        seq0 = tl.load(seq_base)
+
+    acc_w0 = tl.zeros((BLOCK_L, BLOCK_D), dtype=tl.float32)
+    acc_w1 = tl.zeros((BLOCK_L, BLOCK_D), dtype=tl.float32)
+    acc_w2 = tl.zeros((BLOCK_L, BLOCK_D), dtype=tl.float32)
+    acc_w3 = tl.zeros((BLOCK_L, BLOCK_D), dtype=tl.float32)
+    acc_b = tl.zeros((BLOCK_L, BLOCK_D), dtype=tl.float32)
+
+    row0 = pid_c * n_iters * BLOCK_L - FRONT
+    for it in range(n_iters):
+        t = row0 + it * BLOCK_L + tl.arange(0, BLOCK_L)
+        X0 = load_x_tap(x_base, init_base, t, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
+        Xm1 = load_x_tap(x_base, init_base, t - 1, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
+        Xp1 = load_x_tap(x_base, init_base, t + 1, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
+        Xm2 = X0
+        Xp2 = X0
+        Xm3 = X0
+        Xp3 = X0
+        if WIDTH >= 3:
+            Xm2 = load_x_tap(x_base, init_base, t - 2, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
+            Xp2 = load_x_tap(x_base, init_base, t + 2, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
+        if WIDTH >= 4:
+            Xm3 = load_x_tap(x_base, init_base, t - 3, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
+            Xp3 = load_x_tap(x_base, init_base, t + 3, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
+        S0 = t
+        Sm1 = t
+        Sp1 = t
+        Sm2 = t
+        Sp2 = t
+        Sm3 = t
+        Sp3 = t
+        if HAS_SEQ:
+            S0 = load_seq_tap(seq_base, t, L, seq0, HAS_INIT)
+            Sm1 = load_seq_tap(seq_base, t - 1, L, seq0, HAS_INIT)
+            Sp1 = load_seq_tap(seq_base, t + 1, L, seq0, HAS_INIT)
+            if WIDTH >= 3:
+                Sm2 = load_seq_tap(seq_base, t - 2, L, seq0, HAS_INIT)
+                Sp2 = load_seq_tap(seq_base, t + 2, L, seq0, HAS_INIT)
+            if WIDTH >= 4:
+                Sm3 = load_seq_tap(seq_base, t - 3, L, seq0, HAS_INIT)
+                Sp3 = load_seq_tap(seq_base, t + 3, L, seq0, HAS_INIT)
+
+        # g_j: gradient w.r.t. the pre-activation of output t+j, j = 0..W-1
+        pre = zero_d[None, :]
+        if SILU:
+            pre = _pre_activation(Xm3, Xm2, Xm1, X0, Sm3, Sm2, Sm1, S0,
+                                  w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
+        g0 = _grad_at(dout_base, t, L, mask_d, stride_ol, pre, S0, SILU, HAS_SEQ)
+        if SILU:
+            pre = _pre_activation(Xm2, Xm1, X0, Xp1, Sm2, Sm1, S0, Sp1,
+                                  w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
+        g1 = _grad_at(dout_base, t + 1, L, mask_d, stride_ol, pre, Sp1, SILU, HAS_SEQ)
+        dx = g0 * w3[None, :] + _masked_tap(g1, Sp1, S0, w2, HAS_SEQ)
+        if WIDTH >= 3:
+            if SILU:
+                pre = _pre_activation(Xm1, X0, Xp1, Xp2, Sm1, S0, Sp1, Sp2,
+                                      w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
+            g2 = _grad_at(dout_base, t + 2, L, mask_d, stride_ol, pre, Sp2, SILU, HAS_SEQ)
+            dx += _masked_tap(g2, Sp2, S0, w1, HAS_SEQ)
+        if WIDTH >= 4:
+            if SILU:
+                pre = _pre_activation(X0, Xp1, Xp2, Xp3, S0, Sp1, Sp2, Sp3,
+                                      w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
+            g3 = _grad_at(dout_base, t + 3, L, mask_d, stride_ol, pre, Sp3, SILU, HAS_SEQ)
+            dx += _masked_tap(g3, Sp3, S0, w0, HAS_SEQ)
+        if HAS_DFIN:
+            f = t - L + (WIDTH - 1)
+            in_final = (f >= 0) & (f < WIDTH - 1)
+            dx += tl.load(dfin_base + f[:, None] * stride_fl,
+                          mask=in_final[:, None] & mask_d[None, :], other=0.0).to(tl.float32)
+        tl.store(dx_base + t[:, None] * stride_dxl, dx.to(DX.dtype.element_ty),
+                 mask=((t >= 0) & (t < L))[:, None] & mask_d[None, :])
+        if FRONT > 0:
+            tl.store(dinit_base + (t + WIDTH - 1)[:, None] * stride_gl,
+                     dx.to(DINIT.dtype.element_ty),
+                     mask=(t < 0)[:, None] & mask_d[None, :])
+
+        # weight / bias partials (g0 is already 0 outside [0, L) and on padding)
+        acc_b += g0
+        acc_w3 += g0 * X0
+        if HAS_SEQ:
+            acc_w2 += tl.where((Sm1 == S0)[:, None], Xm1, 0.0) * g0
+        else:
+            acc_w2 += Xm1 * g0
+        if WIDTH >= 3:
+            if HAS_SEQ:
+                acc_w1 += tl.where((Sm2 == S0)[:, None], Xm2, 0.0) * g0
+            else:
+                acc_w1 += Xm2 * g0
+        if WIDTH >= 4:
+            if HAS_SEQ:
+                acc_w0 += tl.where((Sm3 == S0)[:, None], Xm3, 0.0) * g0
+            else:
+                acc_w0 += Xm3 * g0
+
+    part = pid_b * n_chunks + pid_c
+    dw_base = DW_PART + part * (WIDTH * D) + offs_d
+    tl.store(dw_base + (WIDTH - 1) * D, tl.sum(acc_w3, axis=0), mask=mask_d)
+    tl.store(dw_base + (WIDTH - 2) * D, tl.sum(acc_w2, axis=0), mask=mask_d)
+    if WIDTH >= 3:
+        tl.store(dw_base + (WIDTH - 3) * D, tl.sum(acc_w1, axis=0), mask=mask_d)
+    if WIDTH >= 4:
+        tl.store(dw_base + (WIDTH - 4) * D, tl.sum(acc_w0, axis=0), mask=mask_d)
+    if HAS_BIAS:
+        tl.store(DB_PART + part * D + offs_d, tl.sum(acc_b, axis=0), mask=mask_d)
+
+
+def bwd_config(x: torch.Tensor) -> dict:
+    """Tile shape (see fwd_config) with fewer rows: the kernel keeps ~12 tiles live."""
+    _, dim, seqlen = x.shape
+    if x.stride(1) == 1 or x.stride(2) != 1:
+        block_d = min(128, next_pow2(dim))
+        block_l = min(16, next_pow2(seqlen))
+    else:
+        block_l = min(128, next_pow2(seqlen))
+        block_d = min(16, next_pow2(dim))
+    return {"BLOCK_L": block_l, "BLOCK_D": block_d, "num_warps": 4, "TARGET_PROGRAMS": 2048}
+
+
+def causal_conv1d_bwd_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    dout: torch.Tensor,
+    seq_idx: torch.Tensor | None,
+    initial_states: torch.Tensor | None,
+    dfinal_states: torch.Tensor | None,
+    dx: torch.Tensor,
+    silu: bool,
+    return_dinitial_states: bool,
+    config: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Writes dx; returns (dweight, dbias or None, dinitial_states or None)."""
+    batch, dim, seqlen = x.shape
+    width = weight.shape[-1]
+    want_dinit = return_dinitial_states and initial_states is not None
+    dinit = None
+    if want_dinit:
+        dinit = initial_states.new_empty((batch, width - 1, dim)).transpose(1, 2)
+    dweight = torch.empty_like(weight)
+    dbias = torch.empty_like(bias) if bias is not None else None
+    if batch == 0 or dim == 0:
+        dweight.zero_()
+        if dbias is not None:
+            dbias.zero_()
+        return dweight, dbias, dinit
+    cfg = dict(config or bwd_config(x))
+    block_l, block_d = cfg.pop("BLOCK_L"), cfg.pop("BLOCK_D")
+    target = cfg.pop("TARGET_PROGRAMS", 2048)
+    front = width - 1 if want_dinit else 0
+    rows = seqlen + front
+    n_d = triton.cdiv(dim, block_d)
+    max_chunks = max(1, triton.cdiv(rows, block_l))
+    n_chunks = min(max_chunks, max(1, triton.cdiv(target, n_d * batch)))
+    n_iters = max(1, triton.cdiv(triton.cdiv(rows, n_chunks), block_l))
+    n_chunks = max(1, triton.cdiv(rows, n_iters * block_l))
+    dw_part = torch.empty((batch * n_chunks, width, dim), device=x.device, dtype=torch.float32)
+    db_part = torch.empty((batch * n_chunks, dim), device=x.device, dtype=torch.float32)
+    init = initial_states if initial_states is not None else x
+    dfin = dfinal_states if dfinal_states is not None else x
+    dinit_t = dinit if dinit is not None else x
+    _causal_conv1d_bwd_kernel[(n_d, n_chunks, batch)](
+        x, weight, bias if bias is not None else weight, dout,
+        seq_idx if seq_idx is not None else x, init, dfin, dx, dinit_t, dw_part, db_part,
+        seqlen, dim, n_iters, n_chunks,
+        x.stride(0), x.stride(1), x.stride(2),
+        dout.stride(0), dout.stride(1), dout.stride(2),
+        dx.stride(0), dx.stride(1), dx.stride(2),
+        weight.stride(0), weight.stride(1),
+        init.stride(0), init.stride(1), init.stride(2),
+        dfin.stride(0), dfin.stride(1), dfin.stride(2),
+        dinit_t.stride(0), dinit_t.stride(1), dinit_t.stride(2),
+        seq_idx.stride(0) if seq_idx is not None else 0,
+        WIDTH=width,
+        SILU=silu,
+        HAS_BIAS=bias is not None,
+        HAS_SEQ=seq_idx is not None,
+        HAS_INIT=initial_states is not None,
+        HAS_DFIN=dfinal_states is not None,
+        FRONT=front,
+        BLOCK_L=block_l,
+        BLOCK_D=block_d,
+        **cfg,
+    )
+    # fixed-order fp32 reductions of the per-chunk partials: deterministic
+    dweight.copy_(dw_part.sum(dim=0).t())
+    if dbias is not None:
+        dbias.copy_(db_part.sum(dim=0))
+    return dweight, dbias, dinit

@@ -1,0 +1,66 @@
+"""Triton pieces shared by the causal-conv1d kernels: tap loads and masks.
+
+Every kernel works on a (BLOCK_L x BLOCK_D) tile of positions x channels and reads arbitrary
+strides, so one kernel serves channel-last (stride_d == 1, the layout transformers passes) and
+contiguous (stride_l == 1) inputs; Triton specializes unit strides, so the unit-stride axis gets
+vectorized loads. Widths 2..4 are handled as width 4 with the first 4-W taps skipped at compile
+time (KPAD = 4 - W): tap k in 0..3 reads position t - 3 + k with weight w[k - KPAD].
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def load_x_tap(
+    x_base, init_base, pos, L, mask_d, stride_l, stride_il,
+    WIDTH: tl.constexpr, HAS_INIT: tl.constexpr,
+):
+    """x at positions `pos` (BLOCK_L,) as fp32 (BLOCK_L, BLOCK_D); negative positions read the
+    initial state (its column W-1+pos) or zero."""
+    inside = (pos >= 0) & (pos < L)
+    val = tl.load(
+        x_base + pos[:, None] * stride_l, mask=inside[:, None] & mask_d[None, :], other=0.0
+    ).to(tl.float32)
+    if HAS_INIT:
+        before = (pos < 0) & (pos >= 1 - WIDTH)
+        val += tl.load(
+            init_base + (pos + WIDTH - 1)[:, None] * stride_il,
+            mask=before[:, None] & mask_d[None, :],
+            other=0.0,
+        ).to(tl.float32)
+    return val
+
+
+@triton.jit
+def load_seq_tap(seq_base, pos, L, seq0, HAS_INIT: tl.constexpr):
+    """seq_idx at positions `pos`: the initial state counts as seq_idx[0] (Dao 1.7.0), other
+    out-of-range positions as -1 (their x is zero anyway, or their gradient is masked)."""
+    s = tl.load(seq_base + pos, mask=(pos >= 0) & (pos < L), other=-1)
+    if HAS_INIT:
+        s = tl.where(pos < 0, seq0, s)
+    return s
+
+
+@triton.jit
+def load_weight_tap(w_base, offs_d, mask_d, k: tl.constexpr, stride_wk, KPAD: tl.constexpr):
+    """Weight of padded tap k (0..3) as fp32 (BLOCK_D,); only called for k >= KPAD."""
+    return tl.load(w_base + (k - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def silu_fp32(z):
+    return z * tl.sigmoid(z)
+
+
+@triton.jit
+def silu_grad_fp32(z):
+    """d/dz z*sigmoid(z) = s * (1 + z * (1 - s))."""
+    s = tl.sigmoid(z)
+    return s * (1.0 + z * (1.0 - s))
+
+
+def next_pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
