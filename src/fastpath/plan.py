@@ -1,0 +1,205 @@
+"""Model plan: for each layer type of a config, which implementation each kernel op resolves to.
+
+Computed from FACTS only (transformers version, package import states, CUDA availability, env),
+never by importing transformers here, so the same code plans for a remote target. The version
+rules follow reference/transformers-fastpath.md:
+- <= 5.14: module-level imports; the compiled package must import AND torch must see CUDA
+  (4.57 also needs dist-info metadata for causal_conv1d). Mamba families load causal-conv1d via
+  `lazy_load_kernel`: with `kernels` installed only the hub is tried.
+- 5.15+: `use_kernel_func_from_hub_with_fallback` imports the package once; no CUDA check.
+- 5.25+: `kernels` is a dependency and from_pretrained defaults to use_kernels=True (hub
+  downloads) unless USE_HUB_KERNELS=0.
+Mamba-style families are all-or-nothing: one missing op sends every op to the torch path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from fastpath.families import Family, Op, family_for
+from fastpath.model_source import text_config
+
+FAST = "fast-kernel"
+HUB = "hub-kernel"
+FALLBACK = "torch-fallback"
+UNSUPPORTED = "unsupported"
+
+# Representative releases for "what would each transformers range do" (no transformers here).
+VERSION_RANGES: tuple[tuple[str, str], ...] = (
+    ("4.57.x", "4.57.6"),
+    ("5.0-5.14", "5.14.0"),
+    ("5.15-5.16", "5.15.0"),
+    ("5.17-5.24", "5.17.0"),
+    (">=5.25", "5.25.0"),
+)
+
+HUB_REPOS = {"causal-conv1d": "kernels-community/causal-conv1d",
+             "flash-linear-attention": "kernels-community/fla",
+             "mamba-ssm": "kernels-community/mamba-ssm"}
+
+
+def _ver(text: str | None) -> Version | None:
+    if not text:
+        return None
+    try:
+        return Version(str(text))
+    except InvalidVersion:
+        return None
+
+
+def package_ok(facts: dict[str, Any], dist: str) -> bool:
+    """Importable per the facts. fla ships as flash-linear-attention or fla-core."""
+    pkgs = facts.get("packages") or {}
+    names = ("flash-linear-attention", "fla-core") if dist == "flash-linear-attention" else (dist,)
+    return any(((pkgs.get(n) or {}).get("import") or {}).get("ok") is True for n in names)
+
+
+def package_version(facts: dict[str, Any], dist: str) -> str | None:
+    pkgs = facts.get("packages") or {}
+    names = ("flash-linear-attention", "fla-core") if dist == "flash-linear-attention" else (dist,)
+    for n in names:
+        if (pkgs.get(n) or {}).get("version"):
+            return pkgs[n]["version"]
+    return None
+
+
+def cuda_visible(facts: dict[str, Any]) -> bool | None:
+    torch = facts.get("torch")
+    if torch and torch.get("cuda_available") is not None:
+        return bool(torch["cuda_available"])
+    return True if facts.get("gpus") else None
+
+
+def hub_kernels_enabled(facts: dict[str, Any]) -> bool:
+    env = facts.get("env") or {}
+    return str(env.get("USE_HUB_KERNELS", "1")).lower() not in ("0", "false", "no", "off")
+
+
+def fastpath_route_available(facts: dict[str, Any]) -> bool:
+    """fastpath's Triton causal_conv1d can run: Triton with a GPU backend, or installable."""
+    triton = facts.get("triton") or {}
+    if triton.get("gpu_backend"):
+        return True
+    torch = facts.get("torch") or {}
+    return bool(torch.get("cuda")) and (not triton or triton.get("gpu_backend") is None)
+
+
+def resolve_op(op: Op, fam: Family, tv: Version, facts: dict[str, Any]) -> dict[str, Any]:
+    """Which implementation transformers `tv` picks for `op` on this host (before all-or-nothing)."""
+    ok = package_ok(facts, op.dist)
+    cuda = cuda_visible(facts)
+    kernels = package_ok(facts, "kernels")
+    hub_on = hub_kernels_enabled(facts)
+    mamba_style = fam.all_or_nothing
+    if tv >= Version("5.25") and kernels and hub_on and op.dist in HUB_REPOS:
+        return {"impl": HUB, "reason": f"5.25 defaults use_kernels=True: downloads "
+                f"{HUB_REPOS[op.dist]} (fails air-gapped unless USE_HUB_KERNELS=0)"}
+    if tv < Version("5.15"):
+        if mamba_style and op.dist == "causal-conv1d" and kernels and tv >= Version("5.0") and (
+                hub_on or tv < Version("5.14")):
+            return {"impl": HUB, "reason": "lazy_load_kernel('causal-conv1d') with `kernels` "
+                    "installed tries only kernels-community/causal-conv1d (local package ignored)"}
+        if not ok:
+            return {"impl": FALLBACK, "reason": f"{op.module} not importable"}
+        if cuda is False:
+            return {"impl": FALLBACK, "reason": "torch sees no CUDA device (is_*_available() needs it)"}
+        if tv < Version("5.0") and op.dist == "causal-conv1d" and not package_version(facts, op.dist):
+            return {"impl": FALLBACK, "reason": "4.57 needs causal-conv1d dist metadata"}
+        return {"impl": FAST, "reason": f"{op.module} imports"}
+    if not ok:
+        return {"impl": FALLBACK, "reason": f"{op.module} not importable"}
+    return {"impl": FAST, "reason": f"{op.module} imports"}
+
+
+def _with_fastpath(op: Op, impl: str, facts: dict[str, Any]) -> str:
+    """What the op becomes after fastpath.enable(): it supplies causal_conv1d only."""
+    if op.dist == "causal-conv1d" and impl != FAST and fastpath_route_available(facts):
+        return "fastpath-triton"
+    return impl
+
+
+def plan_for_version(config: dict[str, Any], fam: Family, tv: Version,
+                     facts: dict[str, Any]) -> dict[str, Any]:
+    text = text_config(config)
+    layers = fam.layers(text)
+    counts: dict[str, int] = {}
+    for lt in layers:
+        counts[lt] = counts.get(lt, 0) + 1
+    if fam.min_transformers and tv < Version(fam.min_transformers):
+        return {"transformers": str(tv), "supported": False, "layers_total": len(layers),
+                "layers_slow": None, "layer_types": [], "summary": [
+                    f"transformers {tv} has no {text.get('model_type')} model "
+                    f"(added in {fam.min_transformers})"]}
+    out_types = []
+    for lt, n in counts.items():
+        ops = fam.ops_by_layer.get(lt, ())
+        rows = [dict(op=op.name, dist=op.dist, **resolve_op(op, fam, tv, facts)) for op in ops]
+        if fam.all_or_nothing and any(r["impl"] == FALLBACK for r in rows):
+            missing = sorted({r["dist"] for r in rows if r["impl"] == FALLBACK})
+            for r in rows:
+                if r["impl"] != FALLBACK:
+                    r["impl"] = FALLBACK
+                    r["reason"] = f"all-or-nothing fast path: {', '.join(missing)} missing"
+        for r, op in zip(rows, ops, strict=True):
+            r["fast"] = r["impl"] in (FAST, HUB)
+            r["with_fastpath"] = _with_fastpath(op, r["impl"], facts)
+        if fam.all_or_nothing and any(r["with_fastpath"] == FALLBACK for r in rows):
+            for r in rows:
+                r["with_fastpath"] = FALLBACK if r["with_fastpath"] != FAST else r["with_fastpath"]
+        out_types.append({"layer_type": lt, "count": n, "ops": rows,
+                          "slow": any(not r["fast"] for r in rows)})
+    total = len(layers)
+    slow = sum(t["count"] for t in out_types if t["slow"])
+    summary = []
+    for t in out_types:
+        for r in t["ops"]:
+            if r["impl"] == FALLBACK:
+                summary.append(f"{t['count']} of {total} layers take the torch fallback for "
+                               f"{r['op']} ({r['reason']})")
+            elif r["impl"] == HUB:
+                summary.append(f"{t['count']} of {total} layers use a hub kernel for {r['op']}")
+    slow_after = sum(t["count"] for t in out_types
+                     if any(r["with_fastpath"] == FALLBACK for r in t["ops"]))
+    return {"transformers": str(tv), "supported": True, "layers_total": total,
+            "layers_slow": slow, "layers_slow_with_fastpath": slow_after,
+            "layer_types": out_types, "summary": summary}
+
+
+def plan_model(config: dict[str, Any], facts: dict[str, Any], label: str = "") -> dict[str, Any]:
+    """The model plan for the transformers in `facts` (or per version range if it is absent)."""
+    text = text_config(config)
+    model_type = str(text.get("model_type") or config.get("model_type") or "")
+    fam = family_for(model_type) or family_for(str(config.get("model_type") or ""))
+    base: dict[str, Any] = {"model": label or model_type, "model_type": model_type,
+                            "family": fam.name if fam else None,
+                            "all_or_nothing": bool(fam and fam.all_or_nothing),
+                            "family_note": fam.note if fam else ""}
+    if fam is None:
+        layers = int(text.get("num_hidden_layers") or 0)
+        base.update({"transformers": None, "supported": True, "layers_total": layers,
+                     "layers_slow": 0, "layer_types": [], "by_version": [],
+                     "summary": [f"{model_type or 'this model'} uses no causal_conv1d / fla / "
+                                 "mamba_ssm kernels: nothing for fastpath to fix"]})
+        return base
+    tr = (facts.get("packages") or {}).get("transformers") or {}
+    tv = _ver(tr.get("version")) if (tr.get("import") or {}).get("ok") is not False or \
+        tr.get("version") else None
+    if tv is not None:
+        base.update(plan_for_version(config, fam, tv, facts))
+        base["by_version"] = []
+        return base
+    by_version = []
+    for label_range, rep in VERSION_RANGES:
+        p = plan_for_version(config, fam, Version(rep), facts)
+        p["range"] = label_range
+        by_version.append(p)
+    first = by_version[-1]
+    base.update({"transformers": None, "supported": first["supported"],
+                 "layers_total": first["layers_total"], "layers_slow": first["layers_slow"],
+                 "layers_slow_with_fastpath": first.get("layers_slow_with_fastpath"),
+                 "layer_types": first["layer_types"], "by_version": by_version,
+                 "summary": ["transformers is not installed here: showing what each release "
+                             "range would do with these packages"]})
+    return base

@@ -1,0 +1,601 @@
+"""Known-bad combinations as DATA: each Rule = a check over the facts (+ model plan), a detail
+template, concrete remedies and the source of the fact. Adding a rule = one RULES entry.
+
+Remedy order matters: whenever it applies (Triton has a GPU backend here, or can be installed
+next to a CUDA torch, and the model's family uses causal_conv1d), fastpath's compiler-free route
+is named FIRST; the CUDA-toolkit route comes after it, pinned to torch's CUDA major.minor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from fastpath.plan import FALLBACK, fastpath_route_available, package_ok, package_version
+from fastpath.probe import arch_runs_on
+
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+CONV_DIST = "causal-conv1d"
+
+# Dao-AILab/causal-conv1d release wheels (reference/causal-conv1d.md §2): stored snapshot is
+# v1.6.1.post4; .github/workflows/_build.yml matrix below.
+CAUSAL_CONV1D_RELEASE = "1.6.1.post4"
+CAUSAL_CONV1D_WHEEL_TORCH = ("2.6", "2.7", "2.8", "2.9", "2.10")
+CAUSAL_CONV1D_WHEEL_CUDA_MAJOR = (11, 12, 13)
+CAUSAL_CONV1D_WHEEL_PYTHON = ("3.10", "3.11", "3.12", "3.13")
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    severity: str  # "error" blocks the fast path; "warning" may; "info" explains
+    title: str
+    detail: str
+    remedies: tuple[str, ...]
+    source: str
+
+    @property
+    def remedy(self) -> str:
+        if len(self.remedies) == 1:
+            return self.remedies[0]
+        return "\n".join(f"{i}) {r}" for i, r in enumerate(self.remedies, 1))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["remedies"] = list(self.remedies)
+        d["remedy"] = self.remedy
+        return d
+
+
+@dataclass
+class Context:
+    """Facts plus the derived values the rules share (kept here so rules stay one-liners)."""
+
+    facts: dict[str, Any]
+    plan: dict[str, Any] | None = None
+    _cache: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def torch(self) -> dict[str, Any]:
+        return self.facts.get("torch") or {}
+
+    @property
+    def torch_cuda(self) -> str | None:
+        return self.torch.get("cuda")
+
+    @property
+    def torch_major(self) -> int | None:
+        return int(str(self.torch_cuda).split(".")[0]) if self.torch_cuda else None
+
+    @property
+    def device_cc(self) -> str | None:
+        for g in self.facts.get("gpus") or []:
+            if g.get("compute_capability"):
+                return str(g["compute_capability"])
+        return None
+
+    @property
+    def gpu_present(self) -> bool:
+        return bool(self.facts.get("gpus")) or bool(self.torch.get("cuda_available"))
+
+    @property
+    def sm(self) -> str:
+        cc = self.device_cc
+        return f"sm_{cc.replace('.', '')}" if cc else "this GPU's arch"
+
+    @property
+    def nvccs(self) -> list[dict[str, Any]]:
+        return [c for c in self.facts.get("nvcc_candidates") or []
+                if c.get("kind") == "nvcc" and c.get("major") is not None]
+
+    @property
+    def matching_nvcc(self) -> list[dict[str, Any]]:
+        return [c for c in self.nvccs if c.get("major") == self.torch_major]
+
+    @property
+    def model_uses_conv(self) -> bool:
+        """True when the model (or, without --model, any hybrid model) needs causal_conv1d."""
+        if self.plan is None:
+            return True
+        return any(r["dist"] == CONV_DIST for t in self.plan.get("layer_types", [])
+                   for r in t["ops"])
+
+    @property
+    def conv_slow_layers(self) -> int:
+        if self.plan is None:
+            return 0
+        return sum(t["count"] for t in self.plan.get("layer_types", [])
+                   if any(r["dist"] == CONV_DIST and r["impl"] == FALLBACK for r in t["ops"]))
+
+    @property
+    def fastpath_applies(self) -> bool:
+        return self.model_uses_conv and fastpath_route_available(self.facts)
+
+    def pkg(self, dist: str) -> dict[str, Any]:
+        return (self.facts.get("packages") or {}).get(dist) or {}
+
+    def version(self, dist: str) -> Version | None:
+        try:
+            v = package_version(self.facts, dist)
+            return Version(v) if v else None
+        except InvalidVersion:
+            return None
+
+
+# ------------------------------------------------------------------ remedy texts
+
+
+def fastpath_route(ctx: Context) -> str:
+    triton = ctx.facts.get("triton") or {}
+    install = "pip install fastpath-kit" if triton.get("version") else "pip install fastpath-kit triton"
+    return (f"Compiler-free (no nvcc): `{install}`, then call `fastpath.enable()` before loading "
+            f"the model, or run `fastpath run -- python train.py`; Triton compiles the causal_conv1d "
+            f"kernels for {ctx.sm} at run time.")
+
+
+def toolkit_route(ctx: Context) -> str:
+    cuda = ctx.torch_cuda or "<torch's CUDA>"
+    mm = cuda.replace(".", "-")
+    return (f"CUDA toolkit {cuda} (torch's CUDA): from NVIDIA's CUDA apt repository (cuda-keyring) "
+            f"`apt-get install cuda-nvcc-{mm} cuda-cudart-dev-{mm} libcusparse-dev-{mm} "
+            f"libcublas-dev-{mm}`, then `CUDA_HOME=/usr/local/cuda-{cuda} pip install causal-conv1d "
+            f"--no-build-isolation`. The compiler's major must equal torch's ({ctx.torch_major}); "
+            f"pip cannot provide nvcc {cuda}.")
+
+
+def causal_conv1d_wheel(ctx: Context) -> dict[str, Any] | None:
+    """The exact Dao-AILab prebuilt wheel name for this env and whether the release matrix has it."""
+    tv = (ctx.torch.get("version") or "").split("+")[0]
+    host = ctx.facts.get("host") or {}
+    if not tv or not ctx.torch_major or not host.get("python"):
+        return None
+    torch_mm = ".".join(tv.split(".")[:2])
+    py = host["python"].split(".")
+    cp = f"cp{py[0]}{py[1]}"
+    abi = "TRUE" if ctx.torch.get("cxx11_abi") else "FALSE"
+    plat = {"x86_64": "linux_x86_64", "aarch64": "linux_aarch64"}.get(host.get("arch"), "linux_" + str(host.get("arch")))
+    name = (f"causal_conv1d-{CAUSAL_CONV1D_RELEASE}+cu{ctx.torch_major}torch{torch_mm}"
+            f"cxx11abi{abi}-{cp}-{cp}-{plat}.whl")
+    missing = []
+    if torch_mm not in CAUSAL_CONV1D_WHEEL_TORCH:
+        missing.append(f"torch {torch_mm} (matrix: torch {CAUSAL_CONV1D_WHEEL_TORCH[0]}-"
+                       f"{CAUSAL_CONV1D_WHEEL_TORCH[-1]})")
+    if ctx.torch_major not in CAUSAL_CONV1D_WHEEL_CUDA_MAJOR:
+        missing.append(f"cu{ctx.torch_major}")
+    if f"{py[0]}.{py[1]}" not in CAUSAL_CONV1D_WHEEL_PYTHON:
+        missing.append(f"Python {py[0]}.{py[1]}")
+    if plat != "linux_x86_64":
+        missing.append(plat)
+    if abi == "FALSE" and torch_mm != "2.6":
+        missing.append("cxx11abiFALSE")
+    url = (f"https://github.com/Dao-AILab/causal-conv1d/releases/download/v{CAUSAL_CONV1D_RELEASE}/"
+           + name.replace("+", "%2B"))
+    return {"name": name, "url": url, "covered": not missing, "missing": missing}
+
+
+def wheel_remedy(ctx: Context) -> str | None:
+    w = causal_conv1d_wheel(ctx)
+    if w and w["covered"]:
+        return f"Prebuilt wheel (no nvcc): `pip install {w['url']}`"
+    return None
+
+
+# ------------------------------------------------------------------ checks (return template params)
+
+
+def check_no_gpu(ctx: Context) -> dict | None:
+    if ctx.gpu_present:
+        return None
+    err = (ctx.facts.get("probe") or {}).get("errors", {}).get("gpus")
+    return {"why": err or "nvidia-smi lists no GPU and torch sees no CUDA device"}
+
+
+def check_torch_cpu_only(ctx: Context) -> dict | None:
+    if ctx.facts.get("gpus") and ctx.facts.get("torch") and not ctx.torch_cuda:
+        return {"tv": ctx.torch.get("version")}
+    return None
+
+
+def check_torch_arch(ctx: Context) -> dict | None:
+    if ctx.torch.get("device_arch_covered") is False:
+        return {"archs": " ".join(ctx.torch.get("arch_list") or []), "sm": ctx.sm,
+                "tv": ctx.torch.get("version")}
+    return None
+
+
+def check_conv_missing(ctx: Context) -> dict | None:
+    imp = ctx.pkg(CONV_DIST).get("import") or {}
+    if not ctx.gpu_present or not ctx.model_uses_conv or imp.get("ok") is not False:
+        return None
+    if imp.get("error_kind") not in (None, "not-installed"):
+        return None  # import failures with a cause have their own rules
+    if ctx.plan is not None and ctx.conv_slow_layers:
+        what = (f"{ctx.conv_slow_layers} of {ctx.plan['layers_total']} layers of "
+                f"{ctx.plan['model']} take the torch fallback for causal_conv1d_fn/_update")
+    else:
+        what = "hybrid models (Qwen3.5, Qwen3-Next, Mamba, LFM2...) take the torch fallback"
+    return {"what": what}
+
+
+def check_no_nvcc(ctx: Context) -> dict | None:
+    if ctx.nvccs or not ctx.torch_cuda:
+        return None
+    opts = (ctx.facts.get("probe") or {}).get("options") or {}
+    env = ctx.facts.get("env") or {}
+    places = ["PATH (which -a)", f"CUDA_HOME={env.get('CUDA_HOME', '(unset)')}",
+              f"CUDA_PATH={env.get('CUDA_PATH', '(unset)')}", "/usr/local/cuda, /usr/local/cuda-*",
+              "/opt/cuda*", "/usr/bin", f"$CONDA_PREFIX/bin ({env.get('CONDA_PREFIX', 'unset')})",
+              "pip wheels nvidia/cu13/bin and nvidia/cuda_nvcc/bin in "
+              + ", ".join(opts.get("site_packages") or ["site-packages"]),
+              f"dpkg status {opts.get('dpkg_status', '/var/lib/dpkg/status')}", "rpm -qa"]
+    return {"places": "; ".join(places)}
+
+
+def check_nvcc_major(ctx: Context) -> dict | None:
+    if not ctx.nvccs or ctx.matching_nvcc or ctx.torch_major is None:
+        return None
+    found = ", ".join(f"{c['path']} ({c['version']})" for c in ctx.nvccs)
+    return {"found": found}
+
+
+def check_ptxas_wheel(ctx: Context) -> dict | None:
+    wheels = [c for c in ctx.facts.get("nvcc_candidates") or [] if c.get("kind") == "ptxas-only-wheel"]
+    if not wheels or ctx.matching_nvcc:
+        return None
+    return {"path": wheels[0]["path"], "version": wheels[0].get("version") or "?"}
+
+
+def check_cuda_home(ctx: Context) -> dict | None:
+    home = ctx.facts.get("cuda_home") or {}
+    if not ctx.torch_cuda or not home:
+        return None
+    problems = []
+    if home.get("torch_would_use") is None:
+        problems.append("torch's CUDA_HOME resolves to nothing")
+    else:
+        if not home.get("has_nvcc"):
+            problems.append(f"{home['torch_would_use']}/bin/nvcc does not exist")
+        missing = [h for h, ok in (home.get("headers") or {}).items() if not ok]
+        if missing:
+            problems.append(f"{home.get('include_dir')} lacks {', '.join(missing)}")
+        v = home.get("nvcc_version")
+        if v and ctx.torch_major and int(v.split(".")[0]) != ctx.torch_major:
+            problems.append(f"its nvcc is {v}, torch is CUDA {ctx.torch_cuda}")
+    if not problems:
+        return None
+    return {"home": home.get("torch_would_use"), "how": home.get("how"),
+            "problems": "; ".join(problems)}
+
+
+def check_diverge(ctx: Context) -> dict | None:
+    home = ctx.facts.get("cuda_home") or {}
+    if home.get("diverge"):
+        return {"h": home.get("cuda_home_env"), "p": home.get("cuda_path_env")}
+    return None
+
+
+def _import_kind(ctx: Context, kind: str) -> dict | None:
+    bad = [(d, p["import"]["error"]) for d, p in (ctx.facts.get("packages") or {}).items()
+           if (p.get("import") or {}).get("error_kind") == kind]
+    if not bad:
+        return None
+    return {"dists": ", ".join(d for d, _ in bad), "errors": " | ".join(f"{d}: {e}" for d, e in bad),
+            "tv": ctx.torch.get("version"), "abi": ctx.torch.get("cxx11_abi"),
+            "conv": any(d == CONV_DIST for d, _ in bad)}
+
+
+def check_abi(ctx: Context) -> dict | None:
+    return _import_kind(ctx, "abi-mismatch")
+
+
+def check_cuda_init(ctx: Context) -> dict | None:
+    return _import_kind(ctx, "cuda-init")
+
+
+def check_import_other(ctx: Context) -> dict | None:
+    r = _import_kind(ctx, "other")
+    if r is None:
+        return None
+    installed = [d for d in r["dists"].split(", ") if ctx.pkg(d).get("version")]
+    return r if installed else None
+
+
+def check_ext_arch(ctx: Context) -> dict | None:
+    if not ctx.device_cc:
+        return None
+    bad = []
+    for dist, p in (ctx.facts.get("packages") or {}).items():
+        for so in p.get("so_files") or []:
+            if not (so.get("sass") or so.get("ptx")):
+                continue
+            ok, _ = arch_runs_on(so.get("sass") or [], so.get("ptx") or [], ctx.device_cc)
+            if ok is False:
+                bad.append((dist, so))
+    if not bad:
+        return None
+    return {"list": "; ".join(f"{d}: {so['path']} has {' '.join(so['sass'] + so['ptx'])}"
+                              for d, so in bad),
+            "dists": ", ".join(sorted({d for d, _ in bad})), "cc": ctx.device_cc,
+            "conv": any(d == CONV_DIST for d, _ in bad)}
+
+
+def check_fla_hopper(ctx: Context) -> dict | None:
+    tri = (ctx.facts.get("triton") or {}).get("version")
+    if not (ctx.device_cc and ctx.device_cc.startswith("9.") and tri):
+        return None
+    if not package_ok(ctx.facts, "flash-linear-attention"):
+        return None
+    try:
+        tv = Version(tri.split("+")[0])
+    except InvalidVersion:
+        return None
+    if Version("3.4") <= tv < Version("3.7.1") and not package_ok(ctx.facts, "tilelang"):
+        return {"tv": tri, "fla": package_version(ctx.facts, "flash-linear-attention")}
+    return None
+
+
+def check_dao_sm103(ctx: Context) -> dict | None:
+    if ctx.device_cc != "10.3":
+        return None
+    for so in ctx.pkg(CONV_DIST).get("so_files") or []:
+        if "sm_103" in (so.get("sass") or []):
+            return {"path": so["path"]}
+    if not ctx.pkg(CONV_DIST).get("version") and any(c["major"] == 13 for c in ctx.nvccs):
+        return {"path": "a source build with this host's nvcc 13"}
+    return None
+
+
+def check_silent_fallback(ctx: Context) -> dict | None:
+    v = ctx.version("transformers")
+    if v is None or not (Version("5.15") <= v < Version("5.17")):
+        return None
+    if ctx.plan is not None and not ctx.plan.get("layers_slow"):
+        return None
+    return {"v": str(v)}
+
+
+def check_hub_default(ctx: Context) -> dict | None:
+    v = ctx.version("transformers")
+    env = ctx.facts.get("env") or {}
+    if v is None or v < Version("5.25") or not package_ok(ctx.facts, "kernels"):
+        return None
+    if str(env.get("USE_HUB_KERNELS", "")).lower() in ("0", "false", "no", "off"):
+        return None
+    return {"v": str(v), "offline": env.get("HF_HUB_OFFLINE", "unset")}
+
+
+def check_mamba_kernels_hub_only(ctx: Context) -> dict | None:
+    v = ctx.version("transformers")
+    if v is None or not (Version("5.0") <= v < Version("5.15")) or ctx.plan is None:
+        return None
+    if not ctx.plan.get("all_or_nothing") or not package_ok(ctx.facts, "kernels"):
+        return None
+    return {"v": str(v)}
+
+
+def check_mamba_needs_ssm(ctx: Context) -> dict | None:
+    if ctx.plan is None or not ctx.plan.get("all_or_nothing"):
+        return None
+    if package_ok(ctx.facts, "mamba-ssm"):
+        return None
+    return {"n": ctx.plan.get("layers_slow") or ctx.plan.get("layers_total"),
+            "total": ctx.plan.get("layers_total"), "model": ctx.plan.get("model")}
+
+
+def check_fla_missing(ctx: Context) -> dict | None:
+    if ctx.plan is None or not ctx.gpu_present:
+        return None
+    slow = [(t["count"], r["op"]) for t in ctx.plan.get("layer_types", []) for r in t["ops"]
+            if r["dist"] == "flash-linear-attention" and r["impl"] == FALLBACK]
+    if not slow:
+        return None
+    return {"n": slow[0][0], "total": ctx.plan["layers_total"],
+            "ops": ", ".join(sorted({op for _, op in slow}))}
+
+
+def check_conv_wheel(ctx: Context) -> dict | None:
+    imp = ctx.pkg(CONV_DIST).get("import") or {}
+    if imp.get("ok") is not False or not ctx.model_uses_conv:
+        return None
+    w = causal_conv1d_wheel(ctx)
+    if w is None:
+        return None
+    status = "covered by the release matrix" if w["covered"] else (
+        "NOT covered by the release matrix (torch 2.6-2.10, cu11/12/13, CPython 3.10-3.13, "
+        "x86_64): missing " + ", ".join(w["missing"]))
+    return {"name": w["name"], "status": status, "url": w["url"]}
+
+
+def check_triton_no_backend(ctx: Context) -> dict | None:
+    tri = ctx.facts.get("triton") or {}
+    if ctx.gpu_present and tri.get("version") and tri.get("gpu_backend") is False:
+        return {"v": tri["version"]}
+    return None
+
+
+# ------------------------------------------------------------------ the rules table
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    severity: str
+    title: str
+    check: Callable[[Context], dict | None]
+    detail: str  # str.format template over the check's params
+    remedies: tuple[str | Callable[[Context], str | None], ...]
+    source: str
+    fastpath_first: bool = False  # prepend the compiler-free route when it applies
+    severity_if: Callable[[Context, dict], str] | None = None
+
+
+def _conv_fastpath(ctx: Context, params: dict) -> bool:
+    return bool(params.get("conv", True))
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("no-gpu", "info", "No GPU visible: the verdict needs the GPU host", check_no_gpu,
+         "{why}. Kernel paths are decided on the GPU host; this report shows the toolchain only.",
+         ("Run the doctor where the GPU is: `fastpath doctor --on 'ssh HOST'` (or inside the "
+          "container: `--on 'docker exec -i CONTAINER'`).",),
+         "https://pytorch.org/docs/stable/notes/cuda.html"),
+    Rule("torch-cpu-build", "error", "torch is a CPU-only build on a GPU host", check_torch_cpu_only,
+         "torch {tv} has no CUDA (torch.version.cuda is None) although nvidia-smi lists a GPU.",
+         ("Install a CUDA build of torch: `pip install torch --index-url "
+          "https://download.pytorch.org/whl/cu128` (pick the CUDA your driver supports).",),
+         "https://pytorch.org/get-started/locally/"),
+    Rule("torch-arch-not-covered", "error", "torch was not built for this GPU", check_torch_arch,
+         "torch {tv} arch list [{archs}] has no kernel that runs on {sm}.",
+         ("Install a torch build whose arch list covers the GPU (cu128+ wheels include sm_120).",),
+         "https://github.com/pytorch/pytorch/blob/main/torch/cuda/__init__.py"),
+    Rule("causal-conv1d-missing", "error", "causal-conv1d is not installed: torch fallback",
+         check_conv_missing,
+         "{what}. transformers falls back per function to F.conv1d + SiLU (about 8x slower "
+         "forward on H200 for D=10240, FACTS.md).",
+         (wheel_remedy, toolkit_route),
+         "https://github.com/Dao-AILab/causal-conv1d/issues/103", fastpath_first=True),
+    Rule("fla-missing", "error", "flash-linear-attention is not importable: torch GatedDeltaNet",
+         check_fla_missing,
+         "{n} of {total} layers run {ops} in PyTorch.",
+         ("`pip install flash-linear-attention` (pure Python + Triton: no compiler needed).",),
+         "https://github.com/fla-org/flash-linear-attention#installation"),
+    Rule("mamba-needs-mamba-ssm", "error", "Mamba fast path also needs mamba_ssm",
+         check_mamba_needs_ssm,
+         "The Mamba-family fast path is all-or-nothing: without mamba_ssm all {n} of {total} "
+         "layers of {model} stay on the torch path, even with a causal_conv1d (fastpath's or Dao's).",
+         ("`pip install mamba-ssm --no-build-isolation` (compiled: needs a prebuilt wheel for this "
+          "torch or nvcc matching torch's CUDA), together with a causal_conv1d.",),
+         "https://github.com/huggingface/transformers/blob/v5.14.0/src/transformers/models/mamba2/modeling_mamba2.py"),
+    Rule("no-usable-nvcc", "warning", "No nvcc anywhere: causal-conv1d cannot build from source",
+         check_no_nvcc,
+         "Checked: {places}. causal-conv1d's setup.py then dies with `NameError: name "
+         "'bare_metal_version' is not defined` before it would try a prebuilt wheel.",
+         (toolkit_route,),
+         "https://github.com/Yuanshi9815/Video-Infinity/issues/12", fastpath_first=True),
+    Rule("nvcc-major-mismatch", "warning", "nvcc's CUDA major differs from torch's", check_nvcc_major,
+         "Found {found}; torch's cpp_extension refuses to build when the nvcc major differs from "
+         "torch.version.cuda.",
+         (toolkit_route,),
+         "https://github.com/pytorch/pytorch/blob/main/torch/utils/cpp_extension.py",
+         fastpath_first=True),
+    Rule("cu12-nvcc-wheel-ptxas-only", "warning", "The CUDA 12 pip nvcc wheel has no nvcc",
+         check_ptxas_wheel,
+         "{path} (nvidia-cuda-nvcc-cu12 {version}) ships only ptxas; it cannot compile "
+         "causal-conv1d.",
+         ("Uninstall it if it was installed for nvcc (`pip uninstall nvidia-cuda-nvcc-cu12`) and "
+          "use a real toolkit.", toolkit_route),
+         "https://github.com/NVIDIA/cuda-python/issues/2100", fastpath_first=True),
+    Rule("cuda-home-stale", "warning", "torch's CUDA_HOME is not a usable toolkit", check_cuda_home,
+         "torch.utils.cpp_extension would use CUDA_HOME={home} ({how}): {problems}. Builds need "
+         "bin/nvcc plus cuda_runtime.h and cusparse.h (ATen includes cusparse.h).",
+         ("Point CUDA_HOME at a full toolkit matching torch (e.g. `export "
+          "CUDA_HOME=/usr/local/cuda-X.Y`) or unset a stale CUDA_HOME/CUDA_PATH.", toolkit_route),
+         "https://github.com/facebookresearch/maskrcnn-benchmark/issues/685", fastpath_first=True),
+    Rule("cuda-home-path-diverge", "warning", "CUDA_HOME and CUDA_PATH point to different places",
+         check_diverge,
+         "CUDA_HOME={h} but CUDA_PATH={p}: torch uses CUDA_HOME first, cuda-pathfinder (CuPy, "
+         "cuda-python) prefers CUDA_PATH, so tools disagree about the toolkit.",
+         ("Set both to the same toolkit, or unset the stale one.",),
+         "https://github.com/NVIDIA/cuda-python/blob/main/cuda_pathfinder/docs/source/release/1.5.0-notes.rst"),
+    Rule("extension-missing-arch", "error", "A compiled extension has no code for this GPU",
+         check_ext_arch,
+         "{list}; device is compute capability {cc}. At run time: 'no kernel image is available "
+         "for execution on the device'.",
+         ("Rebuild for this GPU: `TORCH_CUDA_ARCH_LIST=\"{cc}+PTX\" pip install --no-build-isolation "
+          "--force-reinstall --no-binary :all: {dists}`.",),
+         "https://github.com/Dao-AILab/causal-conv1d/issues/119", fastpath_first=True),
+    Rule("extension-abi-mismatch", "error", "Extension import fails: undefined symbol (ABI mismatch)",
+         check_abi,
+         "{errors}. The extension was built against another torch (version or C++11 ABI; this "
+         "torch is {tv}, cxx11_abi={abi}).",
+         ("Reinstall it built for this torch: `pip install --no-build-isolation --force-reinstall "
+          "--no-cache-dir {dists}` (or the release wheel whose name matches torch X.Y and "
+          "cxx11abi).",),
+         "https://github.com/Dao-AILab/causal-conv1d/issues/35", fastpath_first=True),
+    Rule("extension-cuda-init", "error", "Extension import fails while initialising CUDA",
+         check_cuda_init, "{errors}.",
+         ("Check the driver supports torch's CUDA (`nvidia-smi` CUDA Version >= torch.version.cuda) "
+          "and that the container sees the GPU (`--gpus all`).",),
+         "https://docs.nvidia.com/deploy/cuda-compatibility/"),
+    Rule("extension-import-error", "warning", "Extension import fails", check_import_other,
+         "{errors}.", ("Reinstall the package: `pip install --force-reinstall {dists}`.",),
+         "https://docs.python.org/3/reference/import.html"),
+    Rule("fla-hopper-backward", "error", "FLA refuses the gated-delta backward on Hopper with this Triton",
+         check_fla_hopper,
+         "fla {fla} with Triton {tv} on compute capability 9.x: the chunk backward gives wrong "
+         "results for Triton >=3.4,<3.7.1, so FLA raises in training (forward is fine).",
+         ("`pip install -U \"triton>=3.7.1\"` (check torch compatibility), or `pip install "
+          "tilelang` so FLA uses its TileLang backward.",),
+         "https://github.com/fla-org/flash-linear-attention/issues/640"),
+    Rule("dao-sm103-nvcc13", "error", "Dao causal-conv1d built by nvcc 13 for sm_103 is wrong",
+         check_dao_sm103,
+         "{path}: causal-conv1d's sm_103 cubin from nvcc 13 gives wrong forward/update output "
+         "(error 0.4-0.6) on B300.",
+         ("Rebuild causal-conv1d without the sm_103 gencode (upstream PR #106), keeping sm_100 "
+          "SASS + PTX.",),
+         "https://github.com/Dao-AILab/causal-conv1d/issues/105", fastpath_first=True),
+    Rule("transformers-silent-fallback", "warning", "transformers 5.15/5.16 fall back silently",
+         check_silent_fallback,
+         "transformers {v} routes to the torch implementation without any warning when a kernel "
+         "package is missing (5.17 added the warning).",
+         ("Check the model: `fastpath doctor --model ...` or `fastpath.assert_fast(model)`; or "
+          "upgrade to transformers >= 5.17 to see the warning.",),
+         "https://github.com/huggingface/transformers/blob/v5.15.0/src/transformers/integrations/hub_kernels.py"),
+    Rule("transformers-hub-kernels-default", "warning",
+         "transformers >= 5.25 downloads hub kernels by default", check_hub_default,
+         "transformers {v} with `kernels` installed defaults from_pretrained(use_kernels=True): "
+         "mapped layers fetch kernels-community repos; air-gapped hosts fail or stall "
+         "(HF_HUB_OFFLINE={offline}).",
+         ("`export USE_HUB_KERNELS=0` (and `HF_HUB_OFFLINE=1` without network).",),
+         "https://github.com/huggingface/transformers/blob/v5.25.0/src/transformers/modeling_utils.py"),
+    Rule("mamba-kernels-hub-only", "warning",
+         "Mamba layers load causal-conv1d from the hub only", check_mamba_kernels_hub_only,
+         "transformers {v}: with `kernels` installed, lazy_load_kernel('causal-conv1d') never "
+         "tries the local package and crashes model construction offline.",
+         ("`export USE_HUB_KERNELS=0` (honoured from 5.14), or `pip uninstall kernels`, or "
+          "upgrade transformers to >= 5.15.",),
+         "https://github.com/huggingface/transformers/blob/v5.14.0/src/transformers/integrations/hub_kernels.py"),
+    Rule("causal-conv1d-prebuilt-wheel", "info", "causal-conv1d prebuilt wheel for this environment",
+         check_conv_wheel,
+         "{name}: {status}.",
+         ("If covered: `pip install {url}`; otherwise use one of the routes above.",),
+         "https://github.com/Dao-AILab/causal-conv1d/releases"),
+    Rule("triton-no-gpu-backend", "warning", "Triton has no GPU backend here",
+         check_triton_no_backend,
+         "Triton {v} is installed but its driver finds no GPU: Triton kernels (FLA, fastpath) "
+         "cannot run.",
+         ("Install the Triton matching torch (`pip install triton` for the torch version's pin) "
+          "and check libcuda is visible (container `--gpus all`).",),
+         "https://github.com/triton-lang/triton#compatibility"),
+)
+
+
+def _render(item: str | Callable[[Context], str | None], ctx: Context, params: dict) -> str | None:
+    text = item(ctx) if callable(item) else item
+    if text is None:
+        return None
+    try:
+        return text.format(**params)
+    except (KeyError, IndexError, ValueError):
+        return text
+
+
+def evaluate(facts: dict[str, Any], plan: dict[str, Any] | None = None) -> list[Finding]:
+    """All findings for these facts (and plan), most severe first, rule order within a severity."""
+    ctx = Context(facts, plan)
+    findings = []
+    for rule in RULES:
+        params = rule.check(ctx)
+        if params is None:
+            continue
+        remedies = [_render(r, ctx, params) for r in rule.remedies]
+        items = [r for r in remedies if r]
+        if rule.fastpath_first and ctx.fastpath_applies and _conv_fastpath(ctx, params):
+            items.insert(0, fastpath_route(ctx))
+        severity = rule.severity_if(ctx, params) if rule.severity_if else rule.severity
+        findings.append(Finding(rule.id, severity, rule.title, _render(rule.detail, ctx, params)
+                                or "", tuple(items), rule.source))
+    return sorted(findings, key=lambda f: SEVERITY_ORDER.get(f.severity, 9))
