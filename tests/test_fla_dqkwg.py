@@ -400,7 +400,7 @@ def _worker(mode: str) -> None:
 
     warnings.filterwarnings("ignore")
     try:
-        import fla.ops.common.chunk_o  # noqa: F401
+        import fla.ops.common.chunk_o
         import fla.ops.gated_delta_rule  # noqa: F401
     except Exception as exc:
         print(json.dumps({"import_error": f"{type(exc).__name__}: {exc}"}))
