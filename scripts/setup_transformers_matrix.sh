@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Side-by-side transformers versions for tests/test_enable_matrix.py.
+# One venv per version under .venvs/, created with --system-site-packages so they all share the
+# system python's CPU torch, triton and the editable fastpath; only transformers and the hub
+# packages it pins are installed per venv. Idempotent: a venv with a matching stamp is skipped.
+#
+#   4.57.6  needs huggingface_hub<1.0 (pip resolves it inside the venv)
+#   5.12.1  the module-level-globals + lazy_load_kernel era (5.3-5.14), USE_HUB_KERNELS ignored
+#   5.17.0  is the system python's own transformers (no venv; tests run it in-process too)
+#   5.23.0  grouped-value GatedDeltaNet heads, packed-sequence ValueError on the torch path
+#   5.25.0  requires kernels>=0.19.1, which the package index does not have: installed with
+#           --no-deps + its other requirements (tests the path without `kernels`), and a second
+#           venv "5.25.0-kernels" adds the newest reachable `kernels` (0.17.2) to test the
+#           kernels-installed, offline behaviour.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENVS=${FASTPATH_VENVS:-.venvs}
+PIP_FLAGS=(-q --disable-pip-version-check)
+mkdir -p "$VENVS"
+
+make_venv() {  # name, then pip install arguments...
+  local name=$1; shift
+  local dir="$VENVS/tf-$name" stamp="$*"
+  if [ -x "$dir/bin/python" ] && [ "$(cat "$dir/.fastpath-stamp" 2>/dev/null)" = "$stamp" ]; then
+    echo "   $dir: ready"
+    return 0
+  fi
+  echo "   $dir: creating"
+  rm -rf "$dir"
+  "$PY" -m venv --system-site-packages "$dir"
+  # shellcheck disable=SC2068
+  eval "$@"
+  echo "$stamp" > "$dir/.fastpath-stamp"
+}
+
+pip_in() { local dir="$VENVS/tf-$1"; shift; "$dir/bin/python" -m pip install "${PIP_FLAGS[@]}" "$@"; }
+
+# transformers 5.25.0's requirements minus `kernels` (from its wheel METADATA).
+TF525_DEPS=("huggingface-hub>=2.4.0,<3.0" "numpy>=1.17" "packaging>=20.0" "pyyaml>=5.1"
+  "regex>=2025.10.22" "tokenizers>=0.23.1,<0.24.0" "typer" "safetensors>=0.8.0" "tqdm>=4.60")
+
+make_venv 4.57.6 'pip_in 4.57.6 "transformers==4.57.6"' &
+make_venv 5.12.1 'pip_in 5.12.1 "transformers==5.12.1"' &
+make_venv 5.23.0 'pip_in 5.23.0 "transformers==5.23.0"' &
+make_venv 5.25.0 'pip_in 5.25.0 --no-deps "transformers==5.25.0" && pip_in 5.25.0 "${TF525_DEPS[@]}"' &
+make_venv 5.25.0-kernels 'pip_in 5.25.0-kernels --no-deps "transformers==5.25.0" && pip_in 5.25.0-kernels "${TF525_DEPS[@]}" "kernels==0.17.2"' &
+fail=0
+for job in $(jobs -p); do wait "$job" || fail=1; done
+exit $fail

@@ -1,0 +1,1 @@
+"""Integrations that route other libraries (transformers) to fastpath's kernels."""

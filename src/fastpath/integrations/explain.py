@@ -1,0 +1,244 @@
+"""explain(model): which implementation each kernel op of each layer resolves to right now.
+
+It reads the same hooks transformers reads at call time (instance attributes, module globals,
+the closure of 5.15+ `use_kernel_func_from_hub_with_fallback` wrappers, 4.57's lazy cache, the
+<=5.14 all-or-nothing `is_fast_path_available` + CUDA gates), without calling any kernel and
+without triggering a Hub download.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+from dataclasses import dataclass, field
+from functools import cache
+from types import ModuleType
+from typing import Any
+
+from fastpath.integrations.conv_route import FASTPATH_ROUTE_ATTR
+from fastpath.integrations.fla_route import ROUTE_ATTR as GDN_ROUTE_ATTR
+from fastpath.integrations.modeling_patch import FAST_PATH_INPUTS
+
+CONV_OPS = ("causal_conv1d_fn", "causal_conv1d_update")
+GDN_OPS = {  # op -> (<=5.14 instance attribute, 5.15+ module global)
+    "chunk_gated_delta_rule": ("chunk_gated_delta_rule", "torch_chunk_gated_delta_rule"),
+    "recurrent_gated_delta_rule": ("recurrent_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
+}
+MAMBA_SSM_NAMES = ("selective_state_update", "selective_scan_fn", "mamba_inner_fn",
+                   "mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined")
+# 5.25 `_PACKAGE_SUPPORTED_DEVICES`
+PACKAGE_DEVICES = {"causal_conv1d": ("cuda",), "fla": ("cuda", "xpu", "mlu", "npu"), "mamba_ssm": ("cuda",)}
+
+
+@dataclass
+class Explanation:
+    """Rows {layer, layer_type, op, impl, fast}; str() is an aligned table."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def slow_count(self) -> int:
+        return sum(1 for r in self.rows if not r["fast"])
+
+    def __str__(self) -> str:
+        if not self.rows:
+            return "(no causal_conv1d / gated-delta-rule layers found)"
+        head = ("layer", "layer_type", "op", "impl", "fast")
+        cells = [head] + [(r["layer"], r["layer_type"], r["op"], r["impl"], "yes" if r["fast"] else "NO")
+                          for r in self.rows]
+        widths = [max(len(str(c[i])) for c in cells) for i in range(len(head))]
+        lines = ["  ".join(str(c[i]).ljust(widths[i]) for i in range(len(head))).rstrip() for c in cells]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines.append(f"{len(self.rows) - self.slow_count}/{len(self.rows)} ops fast")
+        return "\n".join(lines)
+
+
+def explain_model(model: Any) -> Explanation:
+    out = Explanation()
+    for name, layer in model.named_modules():
+        cls = type(layer)
+        module = sys.modules.get(cls.__module__)
+        if module is None or not cls.__module__.startswith("transformers.models."):
+            continue
+        ops = _ops_of_class(cls)
+        if not ops:
+            continue
+        device = _device_of(layer)
+        gate = _all_or_nothing_gate(layer, module, device)
+        for op in ops:
+            impl, fast = _resolve(op, layer, module, device)
+            if gate is not None and op in CONV_OPS:
+                impl, fast = f"torch ({gate})", False
+            out.rows.append({"layer": name or "<root>", "layer_type": cls.__name__, "op": op,
+                             "impl": impl, "fast": fast})
+    return out
+
+
+@cache
+def _ops_of_class(cls: type) -> tuple[str, ...]:
+    try:
+        src = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return ()
+    module = sys.modules.get(cls.__module__)
+    ops: list[str] = []
+    if any(s in src for s in ("causal_conv1d_fn", "causal_conv1d_forward", "_lazy_load_causal_conv1d",
+                              'lazy_load_kernel("causal-conv1d")')):
+        ops.append("causal_conv1d_fn")
+    if any(s in src for s in ("causal_conv1d_update", "causal_conv1d_forward", "_lazy_load_causal_conv1d",
+                              'lazy_load_kernel("causal-conv1d")')):
+        ops.append("causal_conv1d_update")
+    if not ops:
+        return ()
+    for op, (attr, glob) in GDN_OPS.items():
+        if f"self.{attr}" in src or f"{glob}(" in src:
+            ops.append(op)
+    if module is not None:  # 5.15+: every other hub-fallback op the layer calls (mamba_ssm, fla KDA)
+        for gname, value in vars(module).items():
+            if gname in CONV_OPS or gname in {g for _, g in GDN_OPS.values()} or not _is_hub_fallback(value):
+                continue
+            if f"{gname}(" in src:
+                ops.append(gname)
+    return tuple(ops)
+
+
+def _device_of(layer: Any) -> str:
+    for p in layer.parameters():
+        return p.device.type
+    return "cpu"
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _all_or_nothing_gate(layer: Any, module: ModuleType, device: str) -> str | None:
+    """<=5.14: layers with `cuda_kernels_forward` take it only if every kernel is present and the
+    weights are on CUDA; otherwise the whole mixer runs in torch, causal_conv1d included."""
+    cls_dict = {k for c in type(layer).__mro__ for k in c.__dict__}
+    if "cuda_kernels_forward" not in cls_dict:
+        return None
+    g = vars(module)
+    missing = [n for n in FAST_PATH_INPUTS if n in g and not g[n]]
+    cache_value = g.get("_causal_conv1d_cache", ())
+    if "_causal_conv1d_cache" in g and not (cache_value and all(cache_value)):
+        missing.append("causal_conv1d (lazy cache empty)")
+    if missing:
+        needs = " (needs mamba_ssm)" if any(m in MAMBA_SSM_NAMES for m in missing) else ""
+        return f"all-or-nothing fast path, missing {', '.join(missing)}{needs}"
+    if device != "cuda":
+        forward = type(layer).__dict__.get("forward")
+        if not (getattr(forward, "__fastpath_lifted__", False) and _interpreting()):
+            return "kernel path is gated on CUDA tensors"
+    return None
+
+
+def _resolve(op: str, layer: Any, module: ModuleType, device: str) -> tuple[str, bool]:
+    g = vars(module)
+    if op in CONV_OPS:
+        value = layer.__dict__.get(op, g.get(op))
+        if "_causal_conv1d_cache" in g and op not in layer.__dict__:
+            cached = g.get("_causal_conv1d_cache")
+            value = (cached[1] if op == "causal_conv1d_fn" else cached[0]) if cached else None
+            if not cached:
+                return "unresolved until first forward (4.57 lazy loader)", False
+        if value is None:
+            return "torch (F.conv1d in the layer)", False
+        return _classify(value, device, "causal_conv1d")
+    if op in GDN_OPS:
+        attr, glob = GDN_OPS[op]
+        value = layer.__dict__.get(attr, g.get(glob))
+        if value is None:
+            return "torch", False
+        return _classify(value, device, "fla")
+    return _classify(g.get(op), device, None)
+
+
+def _classify(value: Any, device: str, package: str | None) -> tuple[str, bool]:
+    if value is None:
+        return "torch", False
+    route = getattr(value, FASTPATH_ROUTE_ATTR, None)
+    if route is not None:
+        impl = getattr(value, "__fastpath_impl__", None)
+        if impl is not None and not getattr(impl, "__module__", "").startswith("fastpath."):
+            return f"fastpath route -> override {getattr(impl, '__name__', impl)}", True
+        if device == "cuda":
+            return "fastpath-triton", True
+        if device == "cpu" and _interpreting():
+            return "fastpath-triton (interpreter)", True
+        return f"fastpath (torch reference on {device})", False
+    gdn = getattr(value, GDN_ROUTE_ATTR, None)
+    if gdn is not None:
+        if device == "cuda":
+            return str(gdn), gdn != "torch"
+        return f"torch ({device} tensors; FLA routed for CUDA)", False
+    if _is_hub_fallback(value):
+        impl, is_new = _hub_fallback_target(value)
+        pkg = _package_of_wrapper(value)
+        if not is_new:
+            return f"torch fallback ({pkg or 'package'} not importable when transformers imported the layer)", False
+        devices = PACKAGE_DEVICES.get(pkg or "", None)
+        if devices is not None and _gates_devices(value) and device not in devices:
+            return f"torch fallback ({pkg} gated to {'/'.join(devices)})", False
+        return _classify_plain(impl, device)
+    forward = getattr(value, "forward", None)
+    if forward is not None and callable(value) and not inspect.isfunction(value):
+        return _classify(getattr(forward, "__func__", forward), device, package)
+    return _classify_plain(value, device)
+
+
+def _classify_plain(value: Any, device: str) -> tuple[str, bool]:
+    mod = getattr(value, "__module__", "") or ""
+    if mod.startswith("fastpath."):
+        return ("fastpath-triton", True) if device == "cuda" or _interpreting() else (
+            f"fastpath (torch reference on {device})", False)
+    top = mod.split(".")[0]
+    if top in ("causal_conv1d", "fla", "mamba_ssm"):
+        return top, device == "cuda"
+    if top == "kernels" or "kernels_community" in mod or mod.startswith("kernels"):
+        return f"hub kernel ({mod})", device == "cuda"
+    return "torch fallback", False
+
+
+def _is_hub_fallback(value: Any) -> bool:
+    code = getattr(value, "__code__", None)
+    return bool(code is not None and "implementation" in code.co_freevars
+                and "is_new_implementation" in code.co_freevars)
+
+
+def _closure_vars(value: Any) -> dict[str, Any]:
+    code = value.__code__
+    return {n: c.cell_contents for n, c in zip(code.co_freevars, value.__closure__ or (), strict=False)
+            if _cell_ok(c)}
+
+
+def _cell_ok(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:
+        return False
+    return True
+
+
+def _hub_fallback_target(value: Any) -> tuple[Any, bool]:
+    cv = _closure_vars(value)
+    return cv.get("implementation"), bool(cv.get("is_new_implementation"))
+
+
+def _package_of_wrapper(value: Any) -> str | None:
+    cv = _closure_vars(value)
+    pkg = cv.get("package")
+    return pkg if isinstance(pkg, str) else None
+
+
+def _gates_devices(value: Any) -> bool:
+    """5.25 checks the input device; earlier versions do not."""
+    return "_PACKAGE_SUPPORTED_DEVICES" in value.__code__.co_names or "_PACKAGE_SUPPORTED_DEVICES" in str(
+        value.__code__.co_consts) or _module_has_device_table(value)
+
+
+def _module_has_device_table(value: Any) -> bool:
+    mod = sys.modules.get(getattr(value, "__module__", "") or "")
+    hub = sys.modules.get("transformers.integrations.hub_kernels")
+    return hub is not None and hasattr(hub, "_PACKAGE_SUPPORTED_DEVICES") and mod is not None

@@ -1,0 +1,192 @@
+"""Gated delta rule -> flash-linear-attention (FLA), only where FLA is importable and correct.
+
+FLA's Triton kernels are what transformers' GatedDeltaNet layers want (`chunk_gated_delta_rule`
+for prefill/training, `fused_recurrent_gated_delta_rule` for decode). One known hazard decides
+how the chunk rule is routed: fla-core 0.6.0 refuses the *gated chunk backward* on Hopper with
+Triton >= 3.4, < 3.7.1 unless tilelang is installed (wrong results upstream, FLA issue #640,
+fla/ops/common/chunk_o.py `chunk_bwd_dqkwg`). There, the route uses FLA for the forward and
+recomputes the backward through transformers' own torch reference under autograd: correct,
+slower, labelled "fla-fwd+torch-bwd", with the real remedy in the warning.
+CPU tensors always take the torch function transformers had (FLA kernels need a GPU).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+FLA_ISSUE_640 = "https://github.com/fla-org/flash-linear-attention/issues/640"
+REMEDY_640 = "pip install -U 'triton>=3.7.1'  (or: pip install tilelang)"
+ROUTE_ATTR = "__fastpath_gdn_route__"
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    out: list[int] = []
+    for part in text.split("+")[0].split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def chunk_backward_unsafe(compute_capability: tuple[int, int] | None, triton_version: str | None,
+                          tilelang_available: bool) -> str | None:
+    """Why FLA's gated chunk backward would refuse to run here (FLA #640), or None if it runs.
+
+    Pure function of the facts so it is testable without a GPU."""
+    if compute_capability is None or triton_version is None or tilelang_available:
+        return None
+    tv = _version_tuple(triton_version)
+    if compute_capability[0] == 9 and (3, 4, 0) <= tv < (3, 7, 1):
+        return (f"FLA refuses the gated chunk backward on Hopper (sm_{compute_capability[0]}"
+                f"{compute_capability[1]}) with Triton {triton_version} (>=3.4,<3.7.1; {FLA_ISSUE_640})")
+    return None
+
+
+@dataclass
+class FlaStatus:
+    """What enable() decided for the gated delta rule."""
+
+    route: bool                 # route the ops to FLA at all
+    chunk_impl: str             # "fla" | "fla-fwd+torch-bwd" | "torch"
+    recurrent_impl: str         # "fla" | "torch"
+    reason: str                 # why (one line), with the fix when not routed
+    chunk_fn: Callable[..., Any] | None = None
+    recurrent_fn: Callable[..., Any] | None = None
+
+
+def detect_fla(mode: str) -> FlaStatus:
+    """Resolve gated_delta_rule="auto"|"fla"|"off" against what is installed and the GPU."""
+    if mode == "off":
+        return FlaStatus(False, "torch", "torch", "gated_delta_rule='off'")
+    if importlib.util.find_spec("fla") is None:
+        return FlaStatus(False, "torch", "torch",
+                         "fla is not installed: pip install fla-core (pure Python, Triton kernels)")
+    try:
+        module = importlib.import_module("fla.ops.gated_delta_rule")
+        chunk = module.chunk_gated_delta_rule
+        recurrent = module.fused_recurrent_gated_delta_rule
+    except Exception as exc:
+        return FlaStatus(False, "torch", "torch",
+                         f"fla is installed but does not import ({type(exc).__name__}: {exc}); "
+                         "reinstall fla-core matching your Triton")
+    cc = _cuda_capability()
+    triton_version = _triton_version()
+    tilelang = importlib.util.find_spec("tilelang") is not None
+    unsafe = chunk_backward_unsafe(cc, triton_version, tilelang)
+    if cc is None and mode == "auto":
+        reason = "fla importable; no CUDA device now, so CPU tensors keep the torch path"
+    else:
+        reason = "fla importable and safe on this GPU/Triton"
+    chunk_impl = "fla"
+    if unsafe:
+        chunk_impl = "fla-fwd+torch-bwd"
+        reason = f"{unsafe}; backward recomputed in torch. Fix: {REMEDY_640}"
+    return FlaStatus(True, chunk_impl, "fla", reason, chunk, recurrent)
+
+
+def _cuda_capability() -> tuple[int, int] | None:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return tuple(torch.cuda.get_device_capability())  # type: ignore[return-value]
+    except Exception:
+        return None
+    return None
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+
+        return str(triton.__version__)
+    except Exception:
+        return None
+
+
+def _filter_kwargs(fn: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def _fla_forward_torch_backward(fla_fn: Callable[..., Any], torch_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A chunk rule whose forward is FLA's kernel and whose backward re-runs `torch_fn` under autograd."""
+    import torch
+
+    class _FlaFwdTorchBwd(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, g, beta, initial_state, kwargs):  # type: ignore[override]
+            ctx.save_for_backward(q, k, v, g, beta, initial_state)
+            ctx.kwargs = kwargs
+            with torch.no_grad():
+                out, state = fla_fn(q, k, v, g=g, beta=beta, initial_state=initial_state,
+                                    **_filter_kwargs(fla_fn, kwargs))
+            ctx.has_state = state is not None
+            return out, (state if state is not None else out.new_zeros(0))
+
+        @staticmethod
+        def backward(ctx, d_out, d_state):  # type: ignore[override]
+            q, k, v, g, beta, initial_state = ctx.saved_tensors
+            leaves = [t.detach().requires_grad_(True) if t is not None else None
+                      for t in (q, k, v, g, beta, initial_state)]
+            with torch.enable_grad():
+                out, state = torch_fn(leaves[0], leaves[1], leaves[2], g=leaves[3], beta=leaves[4],
+                                      initial_state=leaves[5], **_filter_kwargs(torch_fn, ctx.kwargs))
+                outputs, grads = [out], [d_out]
+                if ctx.has_state and state is not None and d_state is not None and d_state.numel():
+                    outputs.append(state)
+                    grads.append(d_state)
+                inputs = [t for t in leaves if t is not None]
+                got = torch.autograd.grad(outputs, inputs, grads, allow_unused=True)
+            it = iter(got)
+            result = [next(it) if t is not None else None for t in leaves]
+            return (*result, None)
+
+    def chunk_gated_delta_rule(q, k, v, g=None, beta=None, initial_state=None, output_final_state=False,
+                               use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
+        kw = dict(kwargs, output_final_state=output_final_state,
+                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
+        if not torch.is_grad_enabled():
+            return fla_fn(q, k, v, g=g, beta=beta, initial_state=initial_state, **_filter_kwargs(fla_fn, kw))
+        out, state = _FlaFwdTorchBwd.apply(q, k, v, g, beta, initial_state, kw)
+        return out, (state if output_final_state else None)
+
+    return chunk_gated_delta_rule
+
+
+_WARNED: set[str] = set()
+
+
+def make_gdn_route(kind: str, status: FlaStatus, torch_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap transformers' torch gated-delta-rule function: CUDA tensors -> FLA, CPU -> torch_fn."""
+    if kind == "chunk":
+        fla_fn = status.chunk_fn
+        impl = status.chunk_impl
+        if impl == "fla-fwd+torch-bwd":
+            fla_fn = _fla_forward_torch_backward(status.chunk_fn, torch_fn)  # type: ignore[arg-type]
+    else:
+        fla_fn = status.recurrent_fn
+        impl = status.recurrent_impl
+    assert fla_fn is not None
+
+    def gated_delta_rule(q, k, v, *args, cu_seqlens=None, **kwargs):
+        if not q.is_cuda:
+            return torch_fn(q, k, v, *args, cu_seqlens=cu_seqlens, **kwargs)
+        if impl == "fla-fwd+torch-bwd" and "fla-fwd+torch-bwd" not in _WARNED:
+            _WARNED.add("fla-fwd+torch-bwd")
+            warnings.warn(f"fastpath: {status.reason}", RuntimeWarning, stacklevel=2)
+        kw = dict(kwargs, cu_seqlens=cu_seqlens)
+        return fla_fn(q, k, v, *args, **_filter_kwargs(fla_fn, kw))
+
+    setattr(gated_delta_rule, ROUTE_ATTR, impl)
+    gated_delta_rule.__wrapped__ = torch_fn  # type: ignore[attr-defined]
+    return gated_delta_rule

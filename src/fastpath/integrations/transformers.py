@@ -1,0 +1,240 @@
+"""fastpath.enable() / disable() / explain() / assert_fast() for transformers 4.57 - 5.25.
+
+enable() works before or after transformers (or a model) exists: it patches the modeling
+modules already imported, the layers already built, and installs an import hook for modules
+imported later (see modeling_patch for the per-version hooks, hub_kernels for the offline
+handling, fla_route for the gated delta rule). Everything goes through one undo log, so
+disable() restores exactly what was there and enable/disable/enable works in one process.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastpath.errors import FastpathError, UsageError
+from fastpath.integrations import conv_route, fla_route, hub_kernels
+from fastpath.integrations.explain import Explanation, explain_model
+from fastpath.integrations.modeling_patch import (
+    ModelingImportHook,
+    Routes,
+    discover_modeling_modules,
+    patch_built_layers,
+    patch_module,
+)
+from fastpath.integrations.patch_registry import PatchRegistry
+
+__all__ = ["EnableReport", "Explanation", "assert_fast", "disable", "enable", "explain", "is_enabled"]
+
+_GDN_MODES = ("auto", "fla", "off")
+
+
+@dataclass
+class EnableReport:
+    """What enable() changed, in words a user can act on."""
+
+    conv_impl: str                      # "fastpath" or "override:<name>"
+    gated_delta_rule: str               # "fla" | "fla-fwd+torch-bwd" | "torch"
+    gated_delta_rule_reason: str
+    transformers_version: str | None
+    modules_patched: list[str] = field(default_factory=list)
+    modules_pending: list[str] = field(default_factory=list)   # patched when imported
+    layers_patched: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        tf = self.transformers_version or "not installed yet"
+        return (f"fastpath enabled: causal_conv1d -> {self.conv_impl}; gated delta rule -> "
+                f"{self.gated_delta_rule} ({self.gated_delta_rule_reason}); transformers {tf}: "
+                f"{len(self.modules_patched)} modeling modules patched, {len(self.modules_pending)} on import, "
+                f"{self.layers_patched} built layers")
+
+    def __str__(self) -> str:
+        return "\n".join([self.summary(), *(f"  - {n}" for n in self.notes)])
+
+
+@dataclass
+class _State:
+    registry: PatchRegistry
+    env: dict[str, str | None]
+    routes: Routes
+    hook: ModelingImportHook
+    report: EnableReport
+    fla: fla_route.FlaStatus
+
+
+_LOCK = threading.RLock()
+_STATE: _State | None = None
+
+
+def is_enabled() -> bool:
+    return _STATE is not None
+
+
+def current_routes() -> Routes | None:
+    """The routes installed now (explain() compares against them)."""
+    return _STATE.routes if _STATE is not None else None
+
+
+def current_fla() -> fla_route.FlaStatus | None:
+    return _STATE.fla if _STATE is not None else None
+
+
+def enable(
+    *,
+    causal_conv1d_fn: Callable[..., Any] | None = None,
+    causal_conv1d_update: Callable[..., Any] | None = None,
+    gated_delta_rule: str = "auto",
+    warn: bool = True,
+    lift_device_gate: bool = False,
+) -> EnableReport:
+    """Route transformers' causal_conv1d (and, when safe, the gated delta rule) to fastpath.
+
+    causal_conv1d_fn / causal_conv1d_update: Dao-style callables to route instead of fastpath's
+    (tests pass deliberately wrong ones to prove the route is live).
+    gated_delta_rule: "auto" (FLA when importable and safe), "fla" (error if FLA unusable), "off".
+    lift_device_gate: testing only, needs TRITON_INTERPRET=1: transformers <=5.14 lfm2 gates its
+    kernel path on CUDA tensors; this lets CPU tensors take it so the interpreter runs the kernels.
+    Calling enable() again replaces the previous routing (disable() first, then enable).
+    """
+    global _STATE
+    if gated_delta_rule not in _GDN_MODES:
+        raise UsageError(f"gated_delta_rule must be one of {_GDN_MODES}, got {gated_delta_rule!r}")
+    if lift_device_gate and os.environ.get("TRITON_INTERPRET") != "1":
+        raise UsageError("lift_device_gate=True is a testing option and needs TRITON_INTERPRET=1")
+    with _LOCK:
+        if _STATE is not None:
+            disable()
+        fla = fla_route.detect_fla(gated_delta_rule)
+        if gated_delta_rule == "fla" and not fla.route:
+            raise FastpathError(f"gated_delta_rule='fla' but FLA cannot be used: {fla.reason}")
+
+        from fastpath import causal_conv1d as face
+
+        fn_impl = causal_conv1d_fn or face.causal_conv1d_fn
+        upd_impl = causal_conv1d_update or face.causal_conv1d_update
+        conv_fn = conv_route.make_causal_conv1d_fn(fn_impl)
+        conv_update = conv_route.make_causal_conv1d_update(upd_impl)
+        make_gdn = None
+        if fla.route:
+            def make_gdn(kind: str, torch_fn: Callable[..., Any], _fla: Any = fla) -> Callable[..., Any]:
+                return fla_route.make_gdn_route(kind, _fla, torch_fn)
+        routes = Routes(
+            conv_fn=conv_fn,
+            conv_update=conv_update,
+            conv_module=hub_kernels.conv_route_module(conv_fn, conv_update),
+            make_gdn=make_gdn,
+            lift_device_gate=lift_device_gate,
+        )
+        reg = PatchRegistry()
+        env: dict[str, str | None] = {}
+        overridden = causal_conv1d_fn is not None or causal_conv1d_update is not None
+        report = EnableReport(
+            conv_impl="override:" + getattr(fn_impl, "__name__", "fn") if overridden else "fastpath",
+            gated_delta_rule=fla.chunk_impl if fla.route else "torch",
+            gated_delta_rule_reason=fla.reason,
+            transformers_version=_transformers_version(),
+        )
+        targets = set(discover_modeling_modules()) | {hub_kernels.HUB_MODULE}
+
+        def on_loaded(module: Any) -> None:
+            if module.__name__ == hub_kernels.HUB_MODULE:
+                hub_kernels.seed_lazy_kernel_mapping(module, routes.conv_module, reg)
+            else:
+                patch_module(module, routes, reg)
+                if module.__name__ in report.modules_pending:
+                    report.modules_pending.remove(module.__name__)
+                report.modules_patched.append(module.__name__)
+
+        report.notes.append(hub_kernels.disable_hub_downloads(env))
+        _provide_causal_conv1d_module(face, reg, report)
+        loaded = []
+        for name in sorted(targets):
+            module = sys.modules.get(name)
+            if module is None:
+                if name != hub_kernels.HUB_MODULE:
+                    report.modules_pending.append(name)
+                continue
+            on_loaded(module)
+            loaded.append(name)
+        report.layers_patched = patch_built_layers(set(loaded), routes, reg)
+        hook = ModelingImportHook(targets, on_loaded)
+        sys.meta_path.insert(0, hook)
+        if hub_kernels.kernels_installed():
+            report.notes.append("`kernels` is installed: fastpath's routes are module globals, which "
+                                "Hub kernelize() does not replace while USE_HUB_KERNELS=0")
+        if lift_device_gate:
+            report.notes.append("lift_device_gate: CUDA-gated lfm2 kernel paths run on CPU (Triton interpreter)")
+        if fla.chunk_impl == "fla-fwd+torch-bwd":
+            warnings.warn(f"fastpath: {fla.reason}", RuntimeWarning, stacklevel=2)
+        _STATE = _State(reg, env, routes, hook, report, fla)
+        if warn:
+            print(report.summary(), file=sys.stderr)
+        return report
+
+
+def disable() -> None:
+    """Undo enable(): every patched global, built layer, mapping and env var gets its old value."""
+    global _STATE
+    with _LOCK:
+        state = _STATE
+        if state is None:
+            return
+        state.hook.active = False
+        try:
+            sys.meta_path.remove(state.hook)
+        except ValueError:
+            pass
+        state.registry.undo()
+        hub_kernels.restore_env(state.env)
+        _STATE = None
+
+
+def explain(model: Any) -> Explanation:
+    """For each layer of `model`, which implementation each op resolves to right now."""
+    return explain_model(model)
+
+
+def assert_fast(model: Any) -> None:
+    """Raise FastpathError (with the explain() table) if any op would take a torch fallback."""
+    table = explain_model(model)
+    if not table.rows:
+        raise FastpathError(f"no causal_conv1d / gated-delta-rule layers found in {type(model).__name__}")
+    if table.slow_count:
+        raise FastpathError(f"{table.slow_count} op(s) take a slow path:\n{table}")
+
+
+def _provide_causal_conv1d_module(face: Any, reg: PatchRegistry, report: EnableReport) -> None:
+    """Make `import causal_conv1d` give fastpath's face when the real package is absent and
+    mamba_ssm (which imports it) is installed. transformers itself is routed via module globals, so
+    the face is not injected otherwise: that keeps disable() exact for modules imported meanwhile."""
+    if "causal_conv1d" in sys.modules or importlib.util.find_spec("causal_conv1d") is not None:
+        report.notes.append("a real causal_conv1d package is installed; transformers is still routed to fastpath")
+        return
+    if importlib.util.find_spec("mamba_ssm") is None:
+        return
+    reg.set_item(sys.modules, "causal_conv1d", face)
+    for sub in ("causal_conv1d_interface", "cpp_functions", "causal_conv1d_varlen"):
+        mod = importlib.import_module(f"fastpath.causal_conv1d.{sub}")
+        reg.set_item(sys.modules, f"causal_conv1d.{sub}", mod)
+    report.notes.append("sys.modules['causal_conv1d'] -> fastpath.causal_conv1d (for mamba_ssm)")
+
+
+def _transformers_version() -> str | None:
+    module = sys.modules.get("transformers")
+    if module is not None:
+        return getattr(module, "__version__", None)
+    try:
+        from importlib.metadata import version
+
+        return version("transformers")
+    except Exception:
+        return None
+

@@ -1,0 +1,238 @@
+"""Runs under one transformers version (a venv's python) and prints one JSON object.
+
+For every hybrid family that version has: build a tiny random model, run forward + a short greedy
+generate (with cache) on the reference path, then again after fastpath.enable() (the model built
+BEFORE enable, and a second one built AFTER it), count calls at fastpath's kernel entry points
+(fastpath.ops.counters.CALLS) and record fastpath.explain(). Also: lfm2 packed sequences vs the
+sequences run one by one, and (with --offline-load) save_pretrained + from_pretrained offline.
+tests/test_enable_matrix.py asserts on the JSON; this file decides nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import traceback
+from typing import Any
+
+import torch
+
+# config model_type -> constructor overrides (tiny); sizes a family does not know are dropped
+COMMON = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+              num_attention_heads=2, num_key_value_heads=1, head_dim=16, pad_token_id=0,
+              bos_token_id=1, eos_token_id=2, max_position_embeddings=128, tie_word_embeddings=False)
+GDN = dict(linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=8,
+           linear_value_head_dim=8, linear_conv_kernel_dim=4)
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+           shared_expert_intermediate_size=32, num_local_experts=4)
+MAMBA2 = dict(state_size=8, mamba_d_state=8, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1,
+              mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8, n_groups=1, num_heads=4,
+              chunk_size=8, expand=2, conv_kernel=4)
+FAMILIES: dict[str, dict[str, Any]] = {
+    "qwen3_next": {**COMMON, **GDN, **MOE, "layer_types": ["linear_attention", "full_attention"]},
+    "qwen3_5_text": {**COMMON, **GDN, "layer_types": ["linear_attention", "full_attention"]},
+    "qwen3_5_moe_text": {**COMMON, **GDN, **MOE, "layer_types": ["linear_attention", "full_attention"]},
+    "olmo_hybrid": {**COMMON, **GDN, "layer_types": ["linear_attention", "full_attention"]},
+    "kimi_linear": {**COMMON, **MOE, "linear_attn_config": {"kda_layers": [1], "full_attn_layers": [2],
+                    "num_heads": 2, "head_dim": 8, "short_conv_kernel_size": 4}, "first_k_dense_replace": 2,
+                    "num_key_value_heads": 2, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
+                    "kv_lora_rank": 16, "q_lora_rank": None},
+    "lfm2": {**COMMON, "layer_types": ["conv", "full_attention"], "conv_L_cache": 3, "block_ff_dim": 64,
+             "block_auto_adjust_ff_dim": False},
+    "lfm2_moe": {**COMMON, **MOE, "layer_types": ["conv", "full_attention"], "conv_L_cache": 3,
+                 "num_dense_layers": 1},
+    "mamba": {**COMMON, "state_size": 8, "expand": 2, "conv_kernel": 4, "time_step_rank": 4},
+    "falcon_mamba": {**COMMON, "state_size": 8, "expand": 2, "conv_kernel": 4, "time_step_rank": 4},
+    "mamba2": {**COMMON, **MAMBA2, "head_dim": 16},
+    "jamba": {**COMMON, **MOE, "mamba_d_state": 8, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 4,
+              "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
+    "bamba": {**COMMON, **MAMBA2, "attn_layer_indices": [1]},
+    "falcon_h1": {**COMMON, **MAMBA2, "mamba_d_ssm": 64},
+    "granitemoehybrid": {**COMMON, **MAMBA2, **MOE, "layer_types": ["mamba", "attention"],
+                         "shared_intermediate_size": 32},
+    "nemotron_h": {**COMMON, **MAMBA2, "hybrid_override_pattern": "M*", "layers_block_type": ["mamba", "attention"],
+                   "mamba_num_heads": 4, "mamba_head_dim": 16, "ssm_state_size": 8},
+    "zamba": {**COMMON, "mamba_d_state": 8, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 4,
+              "layers_block_type": ["mamba", "hybrid"], "n_mamba_heads": 2, "attention_head_dim": 16},
+    "zamba2": {**COMMON, **MAMBA2, "layers_block_type": ["mamba", "hybrid"], "mamba_headdim": 16,
+               "n_mamba_heads": 4, "attention_head_dim": 16, "use_mem_rope": False, "num_mem_blocks": 1},
+}
+# constructor-only keys (not attributes of the config) that must reach __init__
+ALWAYS_PASS = ("linear_attn_config", "layers_block_type")
+# family (modeling module dir) of each config model_type
+MODULE_OF = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
+
+
+def build(model_type: str, seed: int = 0) -> Any:
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[model_type]
+    known = set(cls().to_dict())
+    kwargs = {k: v for k, v in FAMILIES[model_type].items() if k in known or k in ALWAYS_PASS}
+    config = cls(**kwargs)
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    return model.float().eval()
+
+
+def run_model(model: Any, ids: torch.Tensor, gen_tokens: int) -> tuple[torch.Tensor, list[list[int]]]:
+    with torch.no_grad():
+        logits = model(ids).logits
+        gen = model.generate(ids, max_new_tokens=gen_tokens, do_sample=False, min_new_tokens=gen_tokens,
+                             pad_token_id=0)
+    return logits, gen.tolist()
+
+
+def calls() -> dict[str, int]:
+    from fastpath.ops.counters import CALLS
+
+    return dict(CALLS)
+
+
+def family_case(model_type: str, interp: bool, gen_tokens: int) -> dict[str, Any]:
+    import fastpath
+    from fastpath.ops.counters import reset
+
+    res: dict[str, Any] = {"family": MODULE_OF.get(model_type, model_type)}
+    ids = torch.randint(3, 64, (2, 7), generator=torch.Generator().manual_seed(1))
+    model = build(model_type)
+    ref_logits, ref_gen = run_model(model, ids, gen_tokens)
+    res["explain_before"] = fastpath.explain(model).rows
+    reset()
+    report = fastpath.enable(warn=False, lift_device_gate=interp)
+    try:
+        res["explain"] = fastpath.explain(model).rows
+        fast_logits, fast_gen = run_model(model, ids, gen_tokens)
+        res["calls"] = calls()
+        res["max_abs_diff"] = float((fast_logits - ref_logits).abs().max())
+        res["gen_equal"] = fast_gen == ref_gen
+        reset()
+        model2 = build(model_type)  # built after enable()
+        with torch.no_grad():
+            res["after_build_diff"] = float((model2(ids).logits - ref_logits).abs().max())
+        res["calls_after_build"] = calls()
+        res["explain_after_build"] = fastpath.explain(model2).rows
+        res["report"] = str(report)
+    finally:
+        fastpath.disable()
+    reset()
+    with torch.no_grad():
+        res["disabled_diff"] = float((model(ids).logits - ref_logits).abs().max())
+    res["calls_after_disable"] = calls()
+    res["explain_after_disable"] = fastpath.explain(model).rows
+    return res
+
+
+def packed_lfm2(interp: bool) -> dict[str, Any]:
+    """Two sequences packed into one row (seq_idx) must equal the two run separately."""
+    import fastpath
+    from fastpath.ops.counters import reset
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    FAMILIES["lfm2"]["layer_types"] = ["conv", "conv"]  # conv only: packing isolates the kernel
+    try:
+        model = build("lfm2")
+    finally:
+        FAMILIES["lfm2"]["layer_types"] = ["conv", "full_attention"]
+    del CONFIG_MAPPING
+    a = torch.randint(3, 64, (1, 5), generator=torch.Generator().manual_seed(2))
+    b = torch.randint(3, 64, (1, 6), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        sep = torch.cat([model(a).logits, model(b).logits], dim=1)
+    packed = torch.cat([a, b], dim=1)
+    seq_idx = torch.tensor([[0] * 5 + [1] * 6], dtype=torch.int32)
+    position_ids = torch.tensor([list(range(5)) + list(range(6))])
+    out: dict[str, Any] = {}
+    reset()
+    fastpath.enable(warn=False, lift_device_gate=interp)
+    try:
+        with torch.no_grad():
+            got = model(packed, seq_idx=seq_idx, position_ids=position_ids).logits
+        out["diff"] = float((got - sep).abs().max())
+        out["calls"] = calls()
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        fastpath.disable()
+    return out
+
+
+def offline_load(model_type: str) -> dict[str, Any]:
+    """save_pretrained a tiny model, then from_pretrained it with the Hub unreachable."""
+    import fastpath
+    from fastpath.ops.counters import reset
+
+    from transformers import AutoModelForCausalLM
+
+    out: dict[str, Any] = {}
+    model = build(model_type)
+    ids = torch.randint(3, 64, (1, 6), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref = model(ids).logits
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        reset()
+        fastpath.enable(warn=False)
+        try:
+            out["env_USE_HUB_KERNELS"] = os.environ.get("USE_HUB_KERNELS")
+            loaded = AutoModelForCausalLM.from_pretrained(tmp).float().eval()
+            out["use_kernels"] = bool(getattr(loaded, "use_kernels", False))
+            with torch.no_grad():
+                got = loaded(ids).logits
+            out["diff"] = float((got - ref).abs().max())
+            out["calls"] = calls()
+            out["explain"] = fastpath.explain(loaded).rows
+        except Exception as exc:
+            out["error"] = f"{type(exc).__name__}: {exc}"
+            out["traceback"] = traceback.format_exc()[-2000:]
+        finally:
+            fastpath.disable()
+    out["env_after_disable"] = os.environ.get("USE_HUB_KERNELS")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--families", default="", help="comma list of config model_types (default: all present)")
+    ap.add_argument("--gen-tokens", type=int, default=3)
+    ap.add_argument("--offline-load", default="", help="model_type to save/load offline")
+    ap.add_argument("--skip-packed", action="store_true")
+    args = ap.parse_args()
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    import fastpath.integrations.modeling_patch as mp
+
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    wanted = [f for f in (args.families.split(",") if args.families else FAMILIES) if f]
+    result: dict[str, Any] = {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "kernels_installed": __import__("importlib.util").util.find_spec("kernels") is not None,
+        "discovered": [m.split(".")[2] for m in mp.discover_modeling_modules()],
+        "families": {},
+    }
+    for model_type in wanted:
+        if model_type not in CONFIG_MAPPING_NAMES:
+            continue
+        try:
+            result["families"][model_type] = family_case(model_type, interp, args.gen_tokens)
+        except Exception as exc:
+            result["families"][model_type] = {"error": f"{type(exc).__name__}: {exc}",
+                                              "traceback": traceback.format_exc()[-3000:]}
+    if not args.skip_packed and "lfm2" in CONFIG_MAPPING_NAMES and (not args.families or "lfm2" in wanted):
+        result["packed_lfm2"] = packed_lfm2(interp)
+    if args.offline_load:
+        result["offline_load"] = offline_load(args.offline_load)
+    json.dump(result, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
