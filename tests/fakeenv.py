@@ -164,3 +164,59 @@ def write_dpkg_status(status: Path, packages: list[tuple[str, str]], nvcc_paths=
     for pkg, path in (nvcc_paths or {}).items():
         (info / f"{pkg}.list").write_text(f"/.\n{os.path.dirname(path)}\n{path}\n")
     return status
+
+
+def _pkg(version=None, ok=False, kind="not-installed", error=None, so_files=()):
+    return {
+        "version": version,
+        "import": {"ok": ok, "error_kind": None if ok else kind,
+                   "error": None if ok else (error or "No module named ...")},
+        "so_files": list(so_files),
+        "source": "fake",
+    }
+
+
+def seed_facts() -> dict:
+    """The story's machine as a facts dict: torch 2.11+cu128 on an sm_120 GPU, fla installed,
+    causal-conv1d absent, no nvcc anywhere, transformers 5.17, Triton with a CUDA backend."""
+    return {
+        "schema": "fastpath.facts/1",
+        "probe": {"kind": "python", "python": "3.12.3", "errors": {}, "seconds": 1.2,
+                  "options": {"site_packages": ["/usr/local/lib/python3.12/dist-packages"],
+                              "dpkg_status": "/var/lib/dpkg/status"}},
+        "host": {"hostname": "gpu-node", "os": "Ubuntu 24.04.2 LTS", "kernel": "6.8.0",
+                 "arch": "x86_64", "glibc": "glibc 2.39", "python": "3.12.3", "source": "fake"},
+        "env": {"PATH": "/usr/local/bin:/usr/bin:/bin"},
+        "gpus": [{"index": i, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+                  "driver": "575.57.08", "compute_capability": "12.0", "memory_mib": 97887,
+                  "source": "nvidia-smi"} for i in range(8)],
+        "driver": {"version": "575.57.08", "cuda_version": "12.9", "source": "nvidia-smi"},
+        "torch": {"version": "2.11.0+cu128", "cuda": "12.8",
+                  "arch_list": ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120",
+                                "compute_120"],
+                  "cxx11_abi": True, "cuda_available": True, "device_arch_covered": True,
+                  "source": "import torch"},
+        "triton": {"version": "3.6.0", "gpu_backend": True, "backends": ["amd", "nvidia"],
+                   "source": "import triton"},
+        "nvrtc": [{"path": "/usr/local/lib/python3.12/dist-packages/nvidia/cuda_nvrtc/lib/"
+                           "libnvrtc.so.12", "version": "12.8.93", "source": "file"}],
+        "nvcc_candidates": [],
+        "cuda_home": {"torch_would_use": None, "how": "nothing found: torch's CUDA_HOME is None",
+                      "has_nvcc": False, "headers": {"cuda_runtime.h": False, "cusparse.h": False},
+                      "include_dir": None, "cuda_home_env": None, "cuda_path_env": None,
+                      "diverge": False},
+        "package_db": {"dpkg": [], "rpm": [], "source": "/var/lib/dpkg/status"},
+        "gcc": {"version": "13.3.0", "path": "/usr/bin/gcc", "source": "gcc"},
+        "packages": {
+            "causal-conv1d": _pkg(),
+            "flash-linear-attention": _pkg(),
+            "fla-core": _pkg("0.6.0", ok=True),
+            "mamba-ssm": _pkg(),
+            "flash-attn": _pkg(),
+            "kernels": _pkg(),
+            "tilelang": _pkg(),
+            "transformers": _pkg("5.17.0", ok=True),
+            "torch": _pkg("2.11.0+cu128", ok=True),
+            "triton": _pkg("3.6.0", ok=True),
+        },
+    }

@@ -1,0 +1,244 @@
+"""Rules + doctor verdicts on facts dicts (fake environment data for the rules)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from fakeenv import seed_facts
+
+from fastpath.doctor import diagnose
+from fastpath.rules import RULES, causal_conv1d_wheel, evaluate
+
+
+def _ids(findings):
+    return [f.id for f in findings]
+
+
+def _by_id(diag, rule_id):
+    (f,) = [f for f in diag.findings if f.id == rule_id]
+    return f
+
+
+def _nvcc(path, version, major):
+    return {"path": path, "realpath": path, "paths": [path], "version": version, "major": major,
+            "minor": int(version.split(".")[1]), "found_by": ["PATH"], "kind": "nvcc",
+            "major_matches_torch": None, "source": "fake"}
+
+
+def test_seed_story_verdict_plan_and_remedy_order():
+    d = diagnose(seed_facts(), "qwen3.5-27b")
+    assert d.verdict == "slow" and d.exit_code == 1
+    plan = d.model_plan
+    assert (plan["layers_slow"], plan["layers_total"]) == (48, 64)
+    assert "48 of 64 layers take the torch fallback for causal_conv1d_fn" in plan["summary"][0]
+    assert plan["layers_slow_with_fastpath"] == 0  # fla is there; fastpath supplies the conv
+    assert d.headline.startswith("SLOW: 48 of 64 layers of qwen3.5-27b")
+
+    missing = _by_id(d, "causal-conv1d-missing")
+    assert missing.severity == "error"
+    first, second = missing.remedies[:2]
+    assert "pip install fastpath-kit" in first and "fastpath.enable()" in first
+    assert "fastpath run --" in first
+    for pkg in ("cuda-nvcc-12-8", "cuda-cudart-dev-12-8", "libcusparse-dev-12-8",
+                "libcublas-dev-12-8"):
+        assert pkg in second
+    assert d.top_remedy == first
+    assert "no-usable-nvcc" in _ids(d.findings)
+    # never the ptxas-only pip wheel, never a CUDA 13 compiler, in any remedy
+    every_remedy = " ".join(r for f in d.findings for r in f.remedies)
+    assert "nvidia-cuda-nvcc" not in every_remedy
+    assert "cu13" not in every_remedy and "13-0" not in every_remedy and "13.0" not in every_remedy
+
+    wheel = _by_id(d, "causal-conv1d-prebuilt-wheel")
+    assert "causal_conv1d-1.6.1.post4+cu12torch2.11cxx11abiTRUE-cp312-cp312-linux_x86_64.whl" in (
+        wheel.detail)
+    assert "NOT covered" in wheel.detail and "torch 2.11" in wheel.detail
+
+
+def test_wheel_inside_the_release_matrix_is_offered_first_after_fastpath():
+    facts = seed_facts()
+    facts["torch"]["version"] = "2.10.0+cu128"
+    w = causal_conv1d_wheel(__import__("fastpath.rules").rules.Context(facts))
+    assert w["covered"] and w["name"].startswith("causal_conv1d-1.6.1.post4+cu12torch2.10cxx11abiTRUE")
+    d = diagnose(facts, "qwen3.5-27b")
+    remedies = _by_id(d, "causal-conv1d-missing").remedies
+    assert "fastpath-kit" in remedies[0]
+    assert "releases/download" in remedies[1] and "%2Bcu12torch2.10" in remedies[1]
+    assert "cuda-nvcc-12-8" in remedies[2]
+
+
+def test_fastpath_not_first_without_triton_backend():
+    facts = seed_facts()
+    facts["triton"]["gpu_backend"] = False
+    d = diagnose(facts, "qwen3.5-27b")
+    assert "fastpath" not in _by_id(d, "causal-conv1d-missing").remedies[0]
+
+
+def test_family_without_causal_conv1d_gets_no_fastpath_route():
+    facts = seed_facts()
+    d = diagnose(facts, {"model_type": "llama", "num_hidden_layers": 32})
+    assert d.verdict == "fast" and d.exit_code == 0
+    assert "causal-conv1d-missing" not in _ids(d.findings)
+    assert all("fastpath-kit" not in r for f in d.findings for r in f.remedies)
+
+
+def test_all_good_is_fast():
+    facts = seed_facts()
+    facts["packages"]["causal-conv1d"] = {
+        "version": "1.6.1", "import": {"ok": True, "error_kind": None, "error": None},
+        "so_files": [{"path": "/x/causal_conv1d_cuda.so", "sass": ["sm_90", "sm_120"],
+                      "ptx": []}], "source": "fake"}
+    facts["nvcc_candidates"] = [_nvcc("/usr/local/cuda-12.8/bin/nvcc", "12.8.93", 12)]
+    facts["cuda_home"].update(torch_would_use="/usr/local/cuda-12.8", has_nvcc=True,
+                              headers={"cuda_runtime.h": True, "cusparse.h": True},
+                              nvcc_version="12.8.93", how="PATH")
+    d = diagnose(facts, "qwen3.5-27b")
+    assert d.verdict == "fast" and d.exit_code == 0, _ids(d.findings)
+    assert d.model_plan["layers_slow"] == 0
+    assert d.headline.startswith("FAST")
+
+
+def test_no_gpu_is_unknown_exit_0():
+    facts = seed_facts()
+    facts["gpus"] = []
+    facts["torch"]["cuda_available"] = False
+    d = diagnose(facts, "qwen3.5-27b")
+    assert d.verdict == "unknown" and d.exit_code == 0
+    assert _ids(d.findings)[0] == "no-gpu" or "no-gpu" in _ids(d.findings)
+    assert d.headline.startswith("UNKNOWN")
+
+
+def test_nvcc_major_mismatch_and_ptxas_wheel():
+    facts = seed_facts()
+    facts["nvcc_candidates"] = [
+        _nvcc("/usr/local/cuda-13.0/bin/nvcc", "13.0.88", 13),
+        {"path": "/sp/nvidia/cuda_nvcc/bin/ptxas", "realpath": "/sp/nvidia/cuda_nvcc/bin/ptxas",
+         "paths": [], "version": "12.8.93", "major": None, "found_by": ["pip"],
+         "kind": "ptxas-only-wheel", "major_matches_torch": None, "source": "fake"},
+    ]
+    d = diagnose(facts, "qwen3.5-27b")
+    ids = _ids(d.findings)
+    assert "nvcc-major-mismatch" in ids and "no-usable-nvcc" not in ids
+    mm = _by_id(d, "nvcc-major-mismatch")
+    assert "13.0.88" in mm.detail
+    assert "fastpath-kit" in mm.remedies[0] and "cuda-nvcc-12-8" in mm.remedies[1]
+    ptx = _by_id(d, "cu12-nvcc-wheel-ptxas-only")
+    assert "ships only ptxas" in ptx.detail
+
+
+def test_stale_cuda_home_and_divergence():
+    facts = seed_facts()
+    facts["nvcc_candidates"] = [_nvcc("/usr/local/cuda-12.8/bin/nvcc", "12.8.93", 12)]
+    facts["cuda_home"].update(torch_would_use="/opt/old-cuda", has_nvcc=False,
+                              how="CUDA_HOME env", include_dir="/opt/old-cuda/include",
+                              cuda_home_env="/opt/old-cuda", cuda_path_env="/usr/local/cuda-12.8",
+                              diverge=True)
+    d = diagnose(facts)
+    stale = _by_id(d, "cuda-home-stale")
+    assert "/opt/old-cuda/bin/nvcc does not exist" in stale.detail
+    assert "cusparse.h" in stale.detail
+    assert "cuda-home-path-diverge" in _ids(d.findings)
+
+
+def test_extension_missing_arch_and_abi_mismatch():
+    facts = seed_facts()
+    facts["packages"]["causal-conv1d"] = {
+        "version": "1.6.1", "import": {"ok": True, "error_kind": None, "error": None},
+        "so_files": [{"path": "/x/causal_conv1d_cuda.so", "sass": ["sm_80", "sm_90"],
+                      "ptx": []}], "source": "fake"}
+    facts["packages"]["mamba-ssm"] = {
+        "version": "2.2.4", "import": {"ok": False, "error_kind": "abi-mismatch",
+                                       "error": "ImportError: undefined symbol: _ZN3c107Warning"},
+        "so_files": [], "source": "fake"}
+    d = diagnose(facts, "qwen3.5-27b")
+    arch = _by_id(d, "extension-missing-arch")
+    assert "sm_80 sm_90" in arch.detail and "12.0" in arch.detail
+    assert "TORCH_CUDA_ARCH_LIST=\"12.0+PTX\"" in arch.remedies[-1]
+    abi = _by_id(d, "extension-abi-mismatch")
+    assert "mamba-ssm" in abi.detail and abi.severity == "error"
+    assert d.verdict == "slow"
+
+
+def test_fla_hopper_backward_window():
+    facts = seed_facts()
+    for g in facts["gpus"]:
+        g["compute_capability"] = "9.0"
+    d = diagnose(facts)
+    f = _by_id(d, "fla-hopper-backward")
+    assert "triton>=3.7.1" in f.remedies[0] and "tilelang" in f.remedies[0]
+    assert f.source.endswith("/issues/640")
+    facts2 = copy.deepcopy(facts)
+    facts2["triton"]["version"] = "3.7.1"
+    assert "fla-hopper-backward" not in _ids(evaluate(facts2))
+    facts3 = copy.deepcopy(facts)
+    facts3["packages"]["tilelang"]["import"] = {"ok": True, "error_kind": None, "error": None}
+    assert "fla-hopper-backward" not in _ids(evaluate(facts3))
+
+
+def test_dao_sm103_built_by_nvcc13():
+    facts = seed_facts()
+    for g in facts["gpus"]:
+        g["compute_capability"] = "10.3"
+    facts["packages"]["causal-conv1d"] = {
+        "version": "1.6.0", "import": {"ok": True, "error_kind": None, "error": None},
+        "so_files": [{"path": "/x/cc.so", "sass": ["sm_100", "sm_103"], "ptx": []}],
+        "source": "fake"}
+    f = _by_id(diagnose(facts), "dao-sm103-nvcc13")
+    assert f.source.endswith("/issues/105") and "fastpath-kit" in f.remedies[0]
+
+
+@pytest.mark.parametrize("version, fires", [("5.15.0", True), ("5.16.2", True), ("5.17.0", False)])
+def test_transformers_silent_fallback(version, fires):
+    facts = seed_facts()
+    facts["packages"]["transformers"]["version"] = version
+    assert ("transformers-silent-fallback" in _ids(diagnose(facts, "qwen3.5-27b").findings)) is fires
+
+
+def test_transformers_525_hub_kernels_default_and_plan():
+    facts = seed_facts()
+    facts["packages"]["transformers"]["version"] = "5.25.0"
+    facts["packages"]["kernels"] = {"version": "0.19.1", "import": {"ok": True, "error_kind": None,
+                                                                    "error": None},
+                                    "so_files": [], "source": "fake"}
+    d = diagnose(facts, "qwen3.5-27b")
+    assert "USE_HUB_KERNELS=0" in _by_id(d, "transformers-hub-kernels-default").remedies[0]
+    impls = {r["op"]: r["impl"] for t in d.model_plan["layer_types"] for r in t["ops"]}
+    assert impls["causal_conv1d_fn"] == "hub-kernel"
+    facts["env"]["USE_HUB_KERNELS"] = "0"
+    d = diagnose(facts, "qwen3.5-27b")
+    assert "transformers-hub-kernels-default" not in _ids(d.findings)
+    impls = {r["op"]: r["impl"] for t in d.model_plan["layer_types"] for r in t["ops"]}
+    assert impls["causal_conv1d_fn"] == "torch-fallback"
+
+
+def test_mamba_family_needs_mamba_ssm_too():
+    d = diagnose(seed_facts(), "mamba2")
+    f = _by_id(d, "mamba-needs-mamba-ssm")
+    assert "all 64 of 64 layers" in f.detail
+    assert d.model_plan["layers_slow_with_fastpath"] == 64  # conv alone does not help
+
+
+def test_mamba_kernels_hub_only_in_514():
+    facts = seed_facts()
+    facts["packages"]["transformers"]["version"] = "5.12.1"
+    facts["packages"]["kernels"]["import"] = {"ok": True, "error_kind": None, "error": None}
+    d = diagnose(facts, "mamba2")
+    assert "mamba-kernels-hub-only" in _ids(d.findings)
+
+
+def test_every_rule_is_data_with_source_and_remedy():
+    ids = [r.id for r in RULES]
+    assert len(ids) == len(set(ids))
+    for rule in RULES:
+        assert rule.source.startswith("https://"), rule.id
+        assert rule.remedies, rule.id
+        assert rule.severity in ("error", "warning", "info"), rule.id
+
+
+def test_json_shape():
+    j = diagnose(seed_facts(), "qwen3.5-27b").to_json()
+    assert j["schema_version"] == 1 and j["verdict"] == "slow"
+    assert set(j["findings"][0]) >= {"id", "severity", "title", "detail", "remedy", "source"}
+    assert j["model"]["layers_total"] == 64 and j["model"]["layers_slow"] == 48
+    assert "nvcc_candidates" in j["facts"] and "gpus" in j["facts"] and "packages" in j["facts"]
