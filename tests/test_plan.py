@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 
 from fakeenv import seed_facts
-
 from fastpath.model_source import load_config
 from fastpath.plan import plan_model
 
@@ -60,7 +59,7 @@ def test_514_needs_cuda_and_457_needs_metadata():
     assert _impls(plan_model(cfg, facts))[("linear_attention", "causal_conv1d_fn")] == "fast-kernel"
     no_cuda = copy.deepcopy(facts)
     no_cuda["torch"]["cuda_available"] = False
-    r = [r for t in plan_model(cfg, no_cuda)["layer_types"] for r in t["ops"]][0]
+    r = next(r for t in plan_model(cfg, no_cuda)["layer_types"] for r in t["ops"])
     assert r["impl"] == "torch-fallback" and "CUDA" in r["reason"]
     # 5.15+ has no CUDA check at import
     no_cuda["packages"]["transformers"]["version"] = "5.17.0"

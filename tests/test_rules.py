@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 
 import pytest
-from fakeenv import seed_facts
 
+from fakeenv import seed_facts
 from fastpath.doctor import diagnose
 from fastpath.rules import RULES, causal_conv1d_wheel, evaluate
 
