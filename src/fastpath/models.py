@@ -1,0 +1,348 @@
+"""Build the model that `fastpath verify` / `fastpath bench` run: from a preset, a config.json or
+a local checkpoint directory.
+
+Why a module of its own: verify and bench must run *the same* model on both paths, so the
+weights come from one place (a fixed seed, or safetensors on disk) and the layer-type pattern
+of a big preset survives `--layers N` (a cut Qwen3.5-27B keeps "3 GatedDeltaNet + 1 attention").
+Nothing is ever downloaded: checkpoints load with `local_files_only=True` and hub kernels are
+switched off (`USE_HUB_KERNELS=0`) before transformers is imported.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastpath.errors import UsageError
+
+DTYPE_NAMES: dict[str, str] = {
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "half": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+    "float": "float32",
+}
+
+# Keys that hold the number of decoder layers, in the order families use them.
+_LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+# Keys that describe the per-layer pattern (one entry / character per layer).
+_PATTERN_KEYS = ("layer_types", "layers_block_type", "hybrid_override_pattern", "layers_type")
+# Stddev given to tensors that the family's init leaves at exactly zero (see _exercise_zero_params).
+_ZERO_PARAM_NOISE_STD = 0.1
+
+
+def _quiet_hub_environment() -> None:
+    """Never download kernels (transformers >= 5.25 defaults `use_kernels=True`)."""
+    os.environ.setdefault("USE_HUB_KERNELS", "0")
+
+
+def torch_dtype(name: str) -> Any:
+    """'bf16' | 'fp16' | 'fp32' (and long spellings) -> torch.dtype; UsageError otherwise."""
+    import torch
+
+    key = DTYPE_NAMES.get(str(name).strip().lower())
+    if key is None:
+        raise UsageError(f"unknown dtype {name!r}; use bf16, fp16 or fp32")
+    return getattr(torch, key)
+
+
+def dtype_label(dtype: Any) -> str:
+    """torch.bfloat16 -> 'bf16' (for reports)."""
+    return {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}.get(
+        str(dtype), str(dtype)
+    )
+
+
+def resolve_device(name: str | None) -> Any:
+    """'auto' (CUDA when available) | 'cpu' | 'cuda[:N]' | 'meta' -> torch.device."""
+    import torch
+
+    if name in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as exc:
+        raise UsageError(f"bad device {name!r}: {exc}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"device {name!r} asked for, but torch {torch.__version__} sees no CUDA GPU")
+    return device
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the model comes from
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model source: what kind it is and its raw config.json content."""
+
+    text: str  # what the user typed
+    kind: str  # "preset" | "config" | "dir"
+    config: dict[str, Any]
+    path: Path | None = None  # the checkpoint directory for kind == "dir"
+
+
+def resolve_source(source: str) -> ModelSource:
+    """Classify `source` and read its config (UsageError on an unknown preset, bad JSON, no dir)."""
+    from fastpath.model_source import load_config
+
+    config = load_config(source)
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if not any(path.glob("*.safetensors")):
+            raise UsageError(
+                f"model directory {path} has no *.safetensors weights; "
+                f"pass {path / 'config.json'} to run it with random weights"
+            )
+        return ModelSource(source, "dir", config, path)
+    if path.is_file():
+        return ModelSource(source, "config", config, None)
+    return ModelSource(source, "preset", config, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs and the layer pattern
+
+
+def layer_count_key(config: dict[str, Any]) -> str:
+    for key in _LAYER_COUNT_KEYS:
+        if isinstance(config.get(key), int):
+            return key
+    raise UsageError("config has no layer count (num_hidden_layers / n_layer / num_layers)")
+
+
+def layer_types(config: Any) -> list[str]:
+    """Per-layer type names of a transformers config (or dict): the pattern `--layers` keeps."""
+    get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
+    for key in _PATTERN_KEYS:
+        value = get(key)
+        if isinstance(value, (list, str)) and len(value) > 0:
+            return [str(v) for v in value]
+    count = next((get(k) for k in _LAYER_COUNT_KEYS if isinstance(get(k), int)), 0)
+    return ["decoder"] * int(count)
+
+
+def _is_index_list_key(key: str) -> bool:
+    """Keys holding layer *indices* (filtered on a cut) rather than one entry per layer."""
+    return key.endswith(("_idxs", "_indices", "_layers", "_layer_ids"))
+
+
+def cut_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:
+    """Keep the first `layers` decoder layers of a (text) config dict, pattern included.
+
+    Per-layer lists and pattern strings are sliced; lists of layer indices are filtered. The
+    result is checked: its layer types must be the first `layers` types of the original.
+    """
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+        raise UsageError(f"--layers must be a positive integer, got {layers!r}")
+    count_key = layer_count_key(config)
+    total = int(config[count_key])
+    if layers > total:
+        raise UsageError(f"--layers {layers} is more than the model's {total} layers")
+    before = layer_types(config)
+    cut: dict[str, Any] = {}
+    for key, value in config.items():
+        if key == count_key:
+            cut[key] = layers
+        elif _is_index_list_key(key) and isinstance(value, list) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            cut[key] = [v for v in value if v < layers]
+        elif key in _PATTERN_KEYS and isinstance(value, (list, str)) and len(value) == total:
+            cut[key] = value[:layers]
+        else:
+            cut[key] = value
+    after = layer_types(cut)
+    if before and len(before) == total and after != before[:layers]:
+        raise UsageError(f"cannot cut this config to {layers} layers keeping its layer-type pattern")
+    return cut
+
+
+def transformers_config(config: dict[str, Any], layers: int | None = None) -> Any:
+    """A transformers config for the *text* causal LM, cut to `layers` when given.
+
+    Multimodal checkpoints (Qwen3.5: model_type "qwen3_5" with a nested "text_config") are
+    reduced to their decoder config, because the layers that need causal_conv1d live there.
+    """
+    _quiet_hub_environment()
+    from transformers import AutoConfig
+
+    raw = dict(config)
+    model_type = raw.pop("model_type", None)
+    if not model_type:
+        raise UsageError("config has no model_type")
+    try:
+        full = AutoConfig.for_model(model_type, **raw)
+    except (ValueError, KeyError) as exc:
+        raise UsageError(f"transformers cannot build a {model_type!r} config: {_first_line(exc)}") from None
+    except TypeError as exc:
+        raise UsageError(f"malformed {model_type!r} config: {_first_line(exc)}") from None
+    text = full.get_text_config() if hasattr(full, "get_text_config") else full
+    if layers is None:
+        return text
+    data = text.to_dict()
+    try:
+        return type(text).from_dict(cut_layers(data, layers))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise UsageError(f"cannot cut {model_type!r} to {layers} layers: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else exc.__class__.__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+
+
+@dataclass
+class BuiltModel:
+    """A model ready to run, plus what a report needs to say about it."""
+
+    model: Any
+    config: Any  # the transformers (text) config the model was built from
+    source: ModelSource
+    model_type: str
+    layer_types: list[str]
+    dtype: Any
+    device: Any
+    seed: int | None  # None for real checkpoint weights
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_types)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.vocab_size)
+
+    def describe(self) -> str:
+        counts: dict[str, int] = {}
+        for kind in self.layer_types:
+            counts[kind] = counts.get(kind, 0) + 1
+        pattern = ", ".join(f"{n} {kind}" for kind, n in counts.items())
+        weights = "checkpoint weights" if self.seed is None else f"random weights (seed {self.seed})"
+        return (
+            f"{self.source.text} [{self.model_type}, {self.num_layers} layers: {pattern}; "
+            f"{weights}; {dtype_label(self.dtype)} on {self.device}]"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source.text,
+            "source_kind": self.source.kind,
+            "model_type": self.model_type,
+            "class": type(self.model).__name__,
+            "layers": self.num_layers,
+            "layer_types": list(self.layer_types),
+            "hidden_size": int(getattr(self.config, "hidden_size", 0) or 0),
+            "vocab_size": self.vocab_size,
+            "parameters": int(sum(p.numel() for p in self.model.parameters())),
+            "dtype": dtype_label(self.dtype),
+            "device": str(self.device),
+            "seed": self.seed,
+            "notes": list(self.notes),
+        }
+
+
+def _causal_lm_class(config: Any) -> Any:
+    """The class AutoModelForCausalLM would build for `config`, or None."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM._model_mapping[type(config)]
+    except KeyError:
+        return None
+
+
+def _exercise_zero_params(model: Any, std: float) -> list[str]:
+    """Give every exactly-zero parameter small random values; return their names.
+
+    Why: families initialise biases (conv, projections) and Qwen-style (1 + w) norm weights
+    to zero. A kernel that drops the bias computes the same function on such a model, so
+    verify would pass a wrong kernel. Real checkpoints have non-zero values there.
+    """
+    import torch
+
+    names = []
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.numel() and not param.is_meta and not bool(param.any()):
+                param.normal_(0.0, std)
+                names.append(name)
+    return names
+
+
+def build_model(
+    source: str,
+    *,
+    layers: int | None = None,
+    dtype: str = "fp32",
+    device: str | None = "auto",
+    seed: int = 0,
+    attn_implementation: str = "sdpa",
+) -> BuiltModel:
+    """Build the causal LM of `source` (see module doc) in eval mode on `device`."""
+    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
+        raise UsageError(f"--layers must be a positive integer, got {layers!r}")
+    src = resolve_source(source)
+    torch_type = torch_dtype(dtype)
+    target = resolve_device(device)
+    _quiet_hub_environment()
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = transformers_config(src.config, layers)
+    model_class = _causal_lm_class(config)
+    if model_class is None:
+        raise UsageError(f"transformers has no causal-LM class for model_type {config.model_type!r}")
+    if attn_implementation == "sdpa" and not getattr(model_class, "_supports_sdpa", False):
+        attn_implementation = "eager"  # e.g. Mamba2 (no attention layers to speak of)
+    notes: list[str] = []
+    if src.kind == "dir":
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(src.path),
+                config=config,
+                dtype=torch_type,
+                local_files_only=True,
+                attn_implementation=attn_implementation,
+                device_map=None if target.type == "meta" else str(target),
+            )
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"cannot load the checkpoint in {src.path}: {_first_line(exc)}") from None
+        used_seed: int | None = None
+    else:
+        torch.manual_seed(seed)
+        # Initialise in fp32 so a given seed means the same weights in every dtype.
+        with torch.device(target):
+            model = AutoModelForCausalLM.from_config(
+                config, dtype=torch.float32, attn_implementation=attn_implementation
+            )
+        zeroed = _exercise_zero_params(model, _ZERO_PARAM_NOISE_STD)
+        if zeroed:
+            notes.append(
+                f"{len(zeroed)} zero-initialised tensors (biases, (1+w) norm weights) got "
+                f"N(0, {_ZERO_PARAM_NOISE_STD}^2) values so every term is exercised"
+            )
+        model = model.to(dtype=torch_type)
+        used_seed = seed
+    model.eval()
+    return BuiltModel(
+        model=model,
+        config=config,
+        source=src,
+        model_type=str(config.model_type),
+        layer_types=layer_types(config),
+        dtype=torch_type,
+        device=target,
+        seed=used_seed,
+        notes=notes,
+    )
