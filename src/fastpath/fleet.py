@@ -181,8 +181,10 @@ def majority_outliers(rows: list[dict[str, str]], ok: list[bool]) -> list[set[st
 # --- output -------------------------------------------------------------------------------------
 def fleet_json(results: list[TargetResult], exit_code: int) -> dict[str, Any]:
     """Every target's full report (the doctor's JSON) plus status; redacted."""
+    rows = [key_facts(r) for r in results]
+    outliers = majority_outliers(rows, [r.status == "ok" for r in results])
     targets = []
-    for r in results:
+    for r, row, odd in zip(results, rows, outliers, strict=True):
         report = None
         if r.diagnosis is not None:
             report = r.diagnosis.to_json()
@@ -197,7 +199,8 @@ def fleet_json(results: list[TargetResult], exit_code: int) -> dict[str, Any]:
                 "verdict": r.verdict,
                 "error": r.error,
                 "seconds": round(r.seconds, 3),
-                "key_facts": key_facts(r),
+                "table_row": row,  # (not "key_facts": redaction blanks keys containing "key")
+                "differs_from_majority": [col for col in COLUMNS if col in odd],
                 "report": report,
             }
         )
@@ -240,7 +243,7 @@ def render_table(results: list[TargetResult], console: Any) -> None:
         console.print("* differs from the majority of the fleet")
     failures = [r for r in results if r.status != "ok"]
     for r in failures:
-        console.print(Text(f"{r.target.name}: {r.status}: {r.error}"), soft_wrap=True)
+        console.print(Text(redact_text(f"{r.target.name}: {r.error}")), soft_wrap=True)
     counts = Counter(r.verdict for r in results)
     console.print(", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
 

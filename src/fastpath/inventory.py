@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fastpath.errors import UsageError
-from fastpath.redact import redact_text
+from fastpath.remote import target_label
 
 
 @dataclass
@@ -306,7 +306,7 @@ def parse_prefix_list(text: str, source: str) -> list[Target]:
         except ValueError as exc:
             raise UsageError(f"{source}:{lineno}: {exc}") from None
         if argv:
-            targets.append(Target(redact_text(shlex.join(argv)), argv))
+            targets.append(Target(target_label(argv), argv))
     return targets
 
 

@@ -175,11 +175,17 @@ EOF_C
     case "$path" in
       */ptxas) kind="ptxas-only-wheel"; ver=""; ;;
       *) kind="nvcc"
-         ver=$("$path" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p' | first_line) ;;
+         # "release 12.8, V12.8.93" -> version 12.8.93 (as the Python probe reports it)
+         rel=$("$path" --version 2>&1 | sed -n 's/.*release \([0-9][0-9]*\)\.\([0-9][0-9]*\)\(, V\([0-9.]*\)\)\{0,1\}.*/\1 \2 \4/p' | first_line) ;;
     esac
-    major=${ver%%.*}
+    major=""; minor=""; ver=""
+    if [ -n "$rel" ]; then
+      set -- $rel
+      major=$1; minor=$2; ver=${3:-$1.$2}
+    fi
+    rel=""
     if [ -n "$NVCC" ]; then NVCC="$NVCC,"; fi
-    NVCC="$NVCC{\"path\":$(js "$path"),\"realpath\":$(js "$real"),\"version\":$(jsn "$ver"),\"major\":$(jnum "$major"),\"found_by\":[$fb],\"major_matches_torch\":null,\"kind\":$(js "$kind"),\"source\":$(js "$path --version (sh probe)")}"
+    NVCC="$NVCC{\"path\":$(js "$path"),\"realpath\":$(js "$real"),\"version\":$(jsn "$ver"),\"major\":$(jnum "$major"),\"minor\":$(jnum "$minor"),\"found_by\":[$fb],\"major_matches_torch\":null,\"kind\":$(js "$kind"),\"source\":$(js "$path --version (sh probe)")}"
   done <<EOF_R
 $SEEN_REAL
 EOF_R
@@ -255,7 +261,7 @@ EOF_P
 
   printf '{"schema":"fastpath.facts/1","probe":{"kind":"sh","python":null,"errors":{%s},"seconds":%s},' "$ERRORS" "$SECS"
   printf '"host":%s,"env":{%s},"gpus":%s,"driver":%s,"torch":null,"triton":null,"nvrtc":null,' "$HOST" "$ENV_JSON" "$GPUS" "$DRIVER"
-  printf '"nvcc_candidates":[%s],"cuda_home":%s,"package_db":{"dpkg":%s,"rpm":%s},"gcc":%s,"packages":null}\n' \
+  printf '"nvcc_candidates":[%s],"cuda_home":%s,"package_db":{"dpkg":%s,"rpm":%s,"source":"dpkg-query -W; rpm -qa (sh probe)"},"gcc":%s,"packages":null}\n' \
     "$NVCC" "$CUDA_HOME_JSON" "$DPKG" "$RPM" "$GCC"
 }
 main </dev/null

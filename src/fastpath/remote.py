@@ -68,6 +68,44 @@ def describe_prefix(argv: list[str]) -> str:
     return redact_text(shlex.join(argv))
 
 
+# ssh flags that take a value (OpenSSH ssh(1) synopsis).
+_SSH_VALUE_FLAGS = set("BbcDEeFIiJLlmOoPpQRSWw")
+
+
+def target_label(argv: list[str]) -> str:
+    """A short display name: `user@host:port rest...` for ssh prefixes, the prefix otherwise.
+
+    Options such as `-i KEY -o ...` are dropped from the label (the full prefix stays in JSON).
+    """
+    if os.path.basename(argv[0]) not in _SSH_LIKE:
+        return describe_prefix(argv)
+    user = port = None
+    rest: list[str] = []
+    i = 1
+    while i < len(argv):
+        word = argv[i]
+        if rest or word == "--" or not word.startswith("-") or len(word) < 2:
+            if word != "--" or rest:
+                rest.append(word)
+            i += 1
+            continue
+        flag = word[1]
+        value = word[2:] if len(word) > 2 else (argv[i + 1] if i + 1 < len(argv) else "")
+        i += 1 if len(word) > 2 or flag not in _SSH_VALUE_FLAGS else 2
+        if flag == "p":
+            port = value
+        elif flag == "l":
+            user = value
+    if not rest:
+        return describe_prefix(argv)
+    host = rest[0]
+    if user and "@" not in host:
+        host = f"{user}@{host}"
+    if port:
+        host = f"{host}:{port}"
+    return redact_text(shlex.join([host, *rest[1:]]))
+
+
 def _package_file(name: str) -> bytes:
     path = Path(__file__).with_name(name)
     try:

@@ -67,7 +67,7 @@ def test_no_python_target_gets_sh_probe(
         assert facts[key] is None
         assert errors[key] == "could not collect: no python on target"
     [nvcc] = [c for c in facts["nvcc_candidates"] if c["realpath"].startswith(str(fake_cuda))]
-    assert nvcc["version"] == "12.8" and nvcc["major"] == 12 and nvcc["kind"] == "nvcc"
+    assert nvcc["version"] == "12.8.93" and (nvcc["major"], nvcc["minor"]) == (12, 8) and nvcc["kind"] == "nvcc"
     assert set(nvcc["found_by"]) == {"PATH", "CUDA_HOME"}  # same file found two ways: one entry
     assert facts["cuda_home"]["torch_would_use"] == str(fake_cuda)
     assert facts["cuda_home"]["how"] == "CUDA_HOME"

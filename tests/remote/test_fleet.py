@@ -1,0 +1,166 @@
+"""`fastpath doctor --hosts FILE` over a real sshd: a 9-target fleet with an unreachable host, a
+hanging one, targets without python, injection attempts and a secret in a prefix."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sshd_server import ThrowawaySshd, closed_port, pid_alive
+
+from fastpath.fleet import majority_outliers, run_fleet
+
+TIMEOUT = 5.0
+
+
+def _fake_cuda(root: Path, version: str) -> Path:
+    home = root / f"cuda-{version}"
+    (home / "bin").mkdir(parents=True)
+    nvcc = home / "bin" / "nvcc"
+    nvcc.write_text(f'#!/bin/sh\necho "Cuda compilation tools, release {version}, V{version}.1"\n')
+    nvcc.chmod(nvcc.stat().st_mode | stat.S_IXUSR)
+    return home
+
+
+@pytest.fixture
+def fleet(
+    sshd: ThrowawaySshd,
+    no_python_bin: Path,
+    hang_target: tuple[Path, Path],
+    tmp_path: Path,
+) -> tuple[Path, Path, list[str]]:
+    """A prefix-list fleet file. Returns (file, hang pidfile, expected status per line)."""
+    cuda128, cuda130 = _fake_cuda(tmp_path, "12.8"), _fake_cuda(tmp_path, "13.0")
+    hang_script, pidfile = hang_target
+    pidfile.unlink(missing_ok=True)
+
+    def line(argv: list[str]) -> str:
+        return shlex.join(argv)
+
+    def nopy(cuda: Path) -> list[str]:
+        return sshd.prefix("env", "-i", f"PATH={cuda}/bin:{no_python_bin}")
+
+    lines = [
+        ("ok", line(sshd.prefix("env", "FASTPATH_PROBE_SKIP=imports", "HF_TOKEN=hunter2"))),
+        ("ok", line(nopy(cuda128))),
+        ("ok", line(nopy(cuda128))),
+        ("ok", line(nopy(cuda128))),
+        ("ok", line(nopy(cuda130))),  # the odd one out: a different nvcc
+        ("unreachable", line(sshd.prefix(port=closed_port()))),
+        ("timeout", line([str(hang_script), "ssh", "gpu-node-7"])),
+        ("ok", line(["env", "CUDA_HOME=$(id)", "CUDA_PATH=h;touch PWNED", "FASTPATH_PROBE_SKIP=imports"])),
+        ("unreachable", line([*sshd.ssh_args(), "-o", "HostName=127.0.0.1", "h;touch PWNED"])),
+    ]
+    path = tmp_path / "fleet.txt"
+    path.write_text("# test fleet\n" + "\n".join(text for _, text in lines) + "\n")
+    return path, pidfile, [status for status, _ in lines]
+
+
+def _args(hosts: Path, **kw: object) -> argparse.Namespace:
+    base = dict(hosts=str(hosts), limit=None, jobs=None, timeout=TIMEOUT, python=None, model=None, json=False)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def _check_hang_child_killed(pidfile: Path) -> None:
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while pid_alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(child), "the hanging target's child survived"
+
+
+def test_fleet_json(
+    fleet: tuple[Path, Path, list[str]], capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path, pidfile, expected = fleet
+    monkeypatch.chdir(tmp_path)
+    started = time.monotonic()
+    code = run_fleet(_args(path, json=True))
+    elapsed = time.monotonic() - started
+    out = capsys.readouterr().out
+    report = json.loads(out)
+    assert code == 1  # unreachable and timed-out targets fail the run
+    assert report["schema"] == "fastpath.fleet/1" and report["exit_code"] == 1
+    targets = report["targets"]
+    assert [t["status"] for t in targets] == expected, [t["error"] for t in targets]
+    assert targets[5]["error"].startswith("unreachable: ") and "Connection refused" in targets[5]["error"]
+    assert targets[6]["error"] == f"timed out after {TIMEOUT:g}s"
+    assert targets[8]["error"] == "unreachable: hostname contains invalid characters"
+    assert elapsed < 60  # the 600 s hang did not hold the run
+    _check_hang_child_killed(pidfile)
+    # every ok target carries its full report, facts included
+    for t in targets:
+        if t["status"] == "ok":
+            facts = t["report"]["facts"]
+            assert facts["schema"] == "fastpath.facts/1"
+    assert [targets[i]["report"]["facts"]["probe"]["kind"] for i in (0, 1, 4, 7)] == [
+        "python", "sh", "sh", "python"
+    ]
+    # injection attempts stayed data
+    assert targets[7]["report"]["facts"]["env"]["CUDA_HOME"] == "$(id)"
+    assert not (tmp_path / "PWNED").exists()
+    assert "uid=" not in out
+    # secrets: neither the prefix, the label nor the facts carry the value
+    assert "hunter2" not in out
+    assert "HF_TOKEN=<redacted>" in targets[0]["prefix"]
+
+
+def test_fleet_table_marks_the_odd_one_out(
+    fleet: tuple[Path, Path, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, _pidfile, _expected = fleet
+    code = run_fleet(_args(path, json=True))
+    targets = json.loads(capsys.readouterr().out)["targets"]
+    # four targets without python, three with the 12.8 toolkit: the 13.0 one is the odd one out
+    nvcc = [t["table_row"]["nvcc"] for t in targets[1:5]]
+    assert nvcc[0] == nvcc[1] == nvcc[2] != nvcc[3]
+    assert "12.8.1" in nvcc[0] and "12.8.1" not in nvcc[3] and "13.0.1" in nvcc[3]
+    assert [("nvcc" in t["differs_from_majority"]) for t in targets[1:5]] == [False] * 3 + [True]
+    assert all(t["differs_from_majority"] == [] for t in targets if t["status"] != "ok")
+
+    code = run_fleet(_args(path))
+    out = capsys.readouterr().out
+    assert code == 1
+    assert f"{nvcc[3]} *" in out and f"{nvcc[0]} *" not in out  # the cell is marked in the table
+    assert "* differs from the majority of the fleet" in out
+    assert "timed out after 5s" in out and "unreachable: " in out
+    assert "h;touch PWNED" in out  # the hostile name is shown as data
+    assert "hunter2" not in out
+
+
+def test_majority_outliers() -> None:
+    cols = {"GPU": "H200 (9.0)", "driver": "570", "torch": "2.11.0+cu130", "nvcc": "13.0",
+            "causal_conv1d": "missing", "fla": "0.6.0", "verdict": "slow"}
+    rows = [dict(cols) for _ in range(4)] + [dict(cols, driver="535"), dict(cols, torch="x")]
+    ok = [True] * 5 + [False]
+    marks = majority_outliers(rows, ok)
+    assert marks[4] == {"driver"}
+    assert marks[5] == set()  # failed targets are not compared
+    assert all(not m for m in marks[:4])
+    tie = majority_outliers([dict(cols, nvcc="12.8"), dict(cols)], [True, True])
+    assert tie == [set(), set()]  # 1 vs 1: no majority, nothing marked
+
+
+def test_cli_limit_and_usage_errors(tmp_path: Path) -> None:
+    """Through the real CLI: bad input is one line and exit 2, never a traceback."""
+    fleet_file = tmp_path / "fleet.txt"
+    fleet_file.write_text("ssh gpu1\n")
+    cmd = [sys.executable, "-m", "fastpath", "doctor", "--hosts"]
+    runs = [
+        subprocess.run([*cmd, str(tmp_path / "nope.txt")], capture_output=True, text=True, timeout=60),
+        subprocess.run([*cmd, str(fleet_file), "--limit", "gpu"], capture_output=True, text=True, timeout=60),
+    ]
+    for run, needle in zip(runs, ("no such file", "--limit needs an Ansible inventory"), strict=True):
+        assert run.returncode == 2, run.stderr
+        assert needle in run.stderr
+        assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
