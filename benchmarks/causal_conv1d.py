@@ -1,0 +1,312 @@
+"""Side-by-side benchmark of causal_conv1d implementations on one CUDA device, one process.
+
+Implementations: fastpath (Triton), the torch fallback as transformers runs it, FLA's Triton kernel
+(if `fla` imports), Dao's CUDA kernel (if `causal_conv1d_cuda` imports), plus device copy
+bandwidth as the ceiling. Shapes: D=10240, W=4, bf16, channel-last x ((B, L, D) memory viewed
+as (B, D, L)); (B, L) in (1, 4096), (8, 4096), (1, 65536); decode update at B=64 with a state of
+length W. Reports fwd ms + GB/s (bytes = read x + write y), fwd+bwd ms, update us (do_bench
+median and CUDA-graph replay), rel. error vs a float64 reference. --sweep also times tile configs
+of our kernels. Writes JSON to --out.
+
+usage: python benchmarks/causal_conv1d.py --out results.json [--sweep] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import sys
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+import triton
+from triton.testing import do_bench
+
+import fastpath.causal_conv1d as ours
+from fastpath.ops.causal_conv1d import update_impl
+from fastpath.ops.conv1d_bwd import causal_conv1d_bwd_triton
+from fastpath.ops.conv1d_fwd import causal_conv1d_fwd_triton
+from fastpath.ops.conv1d_update import causal_conv1d_update_triton
+from fastpath.ops.reference import causal_conv1d_ref
+
+D, W = 10240, 4
+DT = torch.bfloat16
+SHAPES = [(1, 4096), (8, 4096), (1, 65536)]
+UPDATE_B = 64
+
+
+def bench(fn, rep=200) -> float:
+    """Median ms over `rep` ms of repeats (CUDA events), after warm-up."""
+    return float(do_bench(fn, warmup=50, rep=rep, return_mode="median"))
+
+
+def bench_graph(fn, calls=20) -> float:
+    """Median ms per call when `calls` calls are replayed from one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return bench(graph.replay) / calls
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    got = got.double()
+    return float((got - ref).norm() / ref.norm())
+
+
+# ------------------------------------------------------------------ implementations
+def torch_fallback_fn(x, w, b=None):
+    """transformers' fallback: F.silu(F.conv1d(x, w.unsqueeze(1), b, padding=W-1, groups=D)[..., :L])."""
+    seqlen = x.shape[-1]
+    return F.silu(F.conv1d(x, w.unsqueeze(1), b, padding=w.shape[-1] - 1, groups=x.shape[1])[..., :seqlen])
+
+
+def torch_fallback_update(x, conv_state, w, b=None):
+    """transformers' torch_causal_conv1d_update style: cat, shift the state, conv, silu."""
+    seqlen = x.shape[-1]
+    state_len = conv_state.shape[-1]
+    joined = torch.cat([conv_state, x], dim=-1).to(w.dtype)
+    conv_state.copy_(joined[:, :, -state_len:])
+    out = F.conv1d(joined, w.unsqueeze(1), b, padding=0, groups=x.shape[1])
+    return F.silu(out[:, :, -seqlen:]).to(x.dtype)
+
+
+def load_fla():
+    try:
+        mod = importlib.import_module("fla.modules.causal_conv1d")
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    return mod, None
+
+
+def load_dao():
+    """Dao's real package, never our alias (we never alias in this process; check anyway)."""
+    try:
+        importlib.import_module("causal_conv1d_cuda")
+        mod = importlib.import_module("causal_conv1d")
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    if getattr(mod, "__fastpath__", False):
+        return None, "causal_conv1d resolves to fastpath's alias"
+    return mod, None
+
+
+def impls(fla, dao):
+    """name -> (fwd(x_view, w) -> y_view-like, update(x, state, w) -> y)."""
+    table = {
+        "fastpath": (
+            lambda x, w: ours.causal_conv1d_fn(x, w, None, activation="silu"),
+            lambda x, s, w: ours.causal_conv1d_update(x, s, w, None, "silu"),
+        ),
+        "torch": (torch_fallback_fn, torch_fallback_update),
+    }
+    if fla is not None:
+        table["fla"] = (
+            # FLA takes [B, T, D]; our channel-last view's memory is exactly that
+            lambda x, w: fla.causal_conv1d(x.transpose(1, 2), w, activation="silu")[0].transpose(1, 2),
+            lambda x, s, w: fla.causal_conv1d_update(x[..., 0], s, None, w, None, "silu")[0],
+        )
+    if dao is not None:
+        table["dao"] = (
+            lambda x, w: dao.causal_conv1d_fn(x, w, None, activation="silu"),
+            lambda x, s, w: dao.causal_conv1d_update(x, s, w, None, "silu"),
+        )
+    return table
+
+
+# ------------------------------------------------------------------ measurements
+def make_inputs(batch, seqlen, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    xmem = torch.randn(batch, seqlen, D, device="cuda", dtype=DT, generator=gen)
+    w = (torch.randn(D, W, device="cuda", generator=gen) * 0.5).to(DT)
+    return xmem.transpose(1, 2), w
+
+
+def copy_bandwidth(batch, seqlen) -> dict:
+    x, _ = make_inputs(batch, seqlen)
+    y = torch.empty_like(x)
+    ms = bench(lambda: y.copy_(x))
+    nbytes = 2 * x.numel() * x.element_size()
+    return {"ms": ms, "GBps": nbytes / ms / 1e6}
+
+
+def measure_fn(name, fwd, batch, seqlen, ref_cache) -> dict:
+    row: dict = {"impl": name, "B": batch, "L": seqlen}
+    x, w = make_inputs(batch, seqlen)
+    nbytes = 2 * x.numel() * x.element_size()
+    try:
+        y = fwd(x, w)
+        torch.cuda.synchronize()
+        key = (batch, seqlen)
+        if key not in ref_cache:
+            ref_cache.clear()
+            ref_cache[key] = causal_conv1d_ref(x.double(), w.double(), activation="silu")
+        row["rel_err"] = rel_err(y, ref_cache[key])
+        row["out_stride_matches_x"] = tuple(y.stride()) == tuple(x.stride())
+        del y
+        ms = bench(lambda: fwd(x, w))
+        row["fwd_ms"] = ms
+        row["fwd_GBps"] = nbytes / ms / 1e6
+        xg = x.detach().requires_grad_()
+        wg = w.detach().requires_grad_()
+        dout = torch.randn_like(x)
+
+        def step():
+            fwd(xg, wg).backward(dout)
+
+        row["fwd_bwd_ms"] = bench(step, rep=300)
+        if batch == 1 and seqlen == 4096:  # gradient accuracy on the small shape
+            xg.grad = wg.grad = None
+            step()
+            xr = x.detach().double().requires_grad_()
+            wr = w.detach().double().requires_grad_()
+            causal_conv1d_ref(xr, wr, activation="silu").backward(dout.double())
+            row["dx_rel_err"] = rel_err(xg.grad, xr.grad)
+            row["dw_rel_err"] = rel_err(wg.grad, wr.grad)
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+    torch.cuda.empty_cache()
+    return row
+
+
+def measure_update(name, upd) -> dict:
+    row: dict = {"impl": name, "B": UPDATE_B}
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(UPDATE_B, D, 1, device="cuda", dtype=DT, generator=gen)
+    state = torch.randn(UPDATE_B, D, W, device="cuda", dtype=DT, generator=gen)
+    w = (torch.randn(D, W, device="cuda", generator=gen) * 0.5).to(DT)
+    try:
+        ref_state = state.double().clone()
+        s = state.clone()
+        y = upd(x, s, w)
+        ref = ours.causal_conv1d_interface.causal_conv1d_update_ref(
+            x.double(), ref_state, w.double(), None, "silu"
+        )
+        row["rel_err"] = rel_err(y.reshape(ref.shape), ref)
+        row["state_exact"] = bool(torch.equal(s.double(), ref_state))
+        row["us_do_bench"] = 1000 * bench(lambda: upd(x, state, w))
+        row["us_cuda_graph"] = 1000 * bench_graph(lambda: upd(x, state, w))
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+    return row
+
+
+def sweep() -> list[dict]:
+    """Tile configs of our kernels at (8, 4096) and the decode update."""
+    rows = []
+    x, w = make_inputs(8, 4096)
+    nbytes = 2 * x.numel() * x.element_size()
+    for bl, bd, nw in [(32, 128, 4), (64, 128, 4), (16, 256, 4), (32, 256, 8), (64, 64, 4),
+                       (128, 64, 4), (64, 256, 8), (128, 128, 8), (16, 128, 4)]:
+        cfg = {"BLOCK_L": bl, "BLOCK_D": bd, "num_warps": nw}
+        try:
+            ms = bench(lambda cfg=cfg: causal_conv1d_fwd_triton(x, w, None, None, None, True, cfg))
+            rows.append({"kernel": "fwd", **cfg, "ms": ms, "GBps": nbytes / ms / 1e6})
+        except Exception as exc:
+            rows.append({"kernel": "fwd", **cfg, "error": str(exc)[:200]})
+    dout = torch.randn_like(x)
+    dx = torch.empty_like(x)
+    for bl, bd, nw, tgt in [(16, 128, 4, 2048), (8, 128, 4, 2048), (16, 64, 4, 2048),
+                            (32, 128, 8, 2048), (16, 128, 4, 8192), (8, 256, 4, 2048),
+                            (16, 256, 8, 2048), (32, 64, 4, 2048), (16, 128, 4, 1024)]:
+        cfg = {"BLOCK_L": bl, "BLOCK_D": bd, "num_warps": nw, "TARGET_PROGRAMS": tgt}
+        try:
+            ms = bench(lambda cfg=cfg: causal_conv1d_bwd_triton(
+                x, w, None, dout, None, None, None, dx, True, False, cfg))
+            rows.append({"kernel": "bwd", **cfg, "ms": ms, "GBps": 1.5 * nbytes / ms / 1e6})
+        except Exception as exc:
+            rows.append({"kernel": "bwd", **cfg, "error": str(exc)[:200]})
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    xu = torch.randn(UPDATE_B, D, 1, device="cuda", dtype=DT, generator=gen)
+    su = torch.randn(UPDATE_B, D, W, device="cuda", dtype=DT, generator=gen)
+    for bd, nw in [(64, 1), (128, 1), (128, 2), (256, 2), (256, 4), (512, 4), (1024, 4), (1024, 8)]:
+        cfg = {"BLOCK_D": bd, "BLOCK_T": 1, "BLOCK_S": 4, "num_warps": nw}
+        try:
+            us = 1000 * bench_graph(lambda cfg=cfg: causal_conv1d_update_triton(
+                xu, su, w, None, True, None, None, cfg))
+            rows.append({"kernel": "update", **cfg, "us_cuda_graph": us})
+        except Exception as exc:
+            rows.append({"kernel": "update", **cfg, "error": str(exc)[:200]})
+    # host-side cost of our thin eager path vs the raw launcher
+    rows.append({"kernel": "update_eager_impl", "us_do_bench": 1000 * bench(
+        lambda: update_impl(xu, su, w, None, True, None, None))})
+    return rows
+
+
+def env_info() -> dict:
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "device": props.name, "sms": props.multi_processor_count,
+        "torch": torch.__version__, "triton": triton.__version__,
+        "python": platform.python_version(), "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
+
+
+def print_table(result: dict) -> None:
+    print(f"\ncopy bandwidth: {result['copy']}")
+    print(f"{'impl':10s} {'B':>3s} {'L':>6s} {'fwd ms':>8s} {'GB/s':>7s} {'xcopy':>6s} {'fwd+bwd':>8s} {'relerr':>8s}")
+    for row in result["fn"]:
+        if "error" in row:
+            print(f"{row['impl']:10s} {row['B']:3d} {row['L']:6d} ERROR {row['error'][:80]}")
+            continue
+        copy = result["copy"].get(f"{row['B']}x{row['L']}", {}).get("GBps", float("nan"))
+        print(f"{row['impl']:10s} {row['B']:3d} {row['L']:6d} {row['fwd_ms']:8.3f} "
+              f"{row['fwd_GBps']:7.0f} {row['fwd_GBps'] / copy:6.2f} {row['fwd_bwd_ms']:8.3f} "
+              f"{row['rel_err']:8.1e}")
+    print(f"{'impl':10s} update us: do_bench / cuda-graph / rel_err")
+    for row in result["update"]:
+        if "error" in row:
+            print(f"{row['impl']:10s} ERROR {row['error'][:80]}")
+            continue
+        print(f"{row['impl']:10s} {row['us_do_bench']:7.1f} {row['us_cuda_graph']:7.1f} "
+              f"{row['rel_err']:8.1e} state_exact={row['state_exact']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="JSON output path")
+    ap.add_argument("--sweep", action="store_true", help="also time tile configs of our kernels")
+    ap.add_argument("--quick", action="store_true", help="only (8, 4096) and the update")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("causal_conv1d benchmark: error: needs a CUDA device", file=sys.stderr)
+        return 2
+    fla, fla_why = load_fla()
+    dao, dao_why = load_dao()
+    result: dict = {"env": env_info(), "peers": {"fla": fla_why or "ok", "dao": dao_why or "ok"},
+                    "D": D, "W": W, "dtype": "bfloat16", "layout": "channel-last (B, L, D) memory"}
+    shapes = [(8, 4096)] if args.quick else SHAPES
+    result["copy"] = {f"{b}x{seqlen}": copy_bandwidth(b, seqlen) for b, seqlen in shapes}
+    table = impls(fla, dao)
+    result["fn"] = []
+    ref_cache: dict = {}
+    for b, seqlen in shapes:
+        for name, (fwd, _) in table.items():
+            result["fn"].append(measure_fn(name, fwd, b, seqlen, ref_cache))
+            print(json.dumps(result["fn"][-1]), flush=True)
+    ref_cache.clear()
+    result["update"] = [measure_update(name, upd) for name, (_, upd) in table.items()]
+    if args.sweep:
+        result["sweep"] = sweep()
+        for row in result["sweep"]:
+            print(json.dumps(row))
+    with open(args.out, "w") as fh:
+        json.dump(result, fh, indent=1)
+    print_table(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
