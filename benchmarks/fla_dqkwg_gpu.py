@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import torch  # noqa: E402
+import torch
 
-from fastpath.integrations import fla_backend  # noqa: E402
-from fastpath.ops.fla_dqkwg import (  # noqa: E402
+from fastpath.integrations import fla_backend
+from fastpath.ops.fla_dqkwg import (
     chunk_bwd_dqkwg,
     floor_seconds,
     gated_delta_rule_reference,
