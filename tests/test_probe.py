@@ -260,3 +260,21 @@ def test_no_nvcc_anywhere_in_a_mount_namespace(tmp_path):
     facts = json.loads(out.stdout)
     assert [c for c in facts["nvcc_candidates"] if c["kind"] == "nvcc"] == []
     assert facts["cuda_home"]["has_nvcc"] is False
+
+
+def test_probe_runs_on_python_38_without_torch():
+    """The probe must stay runnable by the oldest Python a target may have (3.8)."""
+    import glob
+
+    pythons = sorted(glob.glob("/root/.pyenv/versions/3.8*/bin/python3"))
+    if not pythons:
+        pytest.skip("no Python 3.8 interpreter on this machine")
+    out = subprocess.run(
+        [pythons[0], "-"], input=PROBE_FILE.read_bytes(), capture_output=True, timeout=120,
+        env=dict(os.environ, FASTPATH_PROBE_SKIP="rpm", PYTHONPATH=""),
+    )
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    facts = json.loads(out.stdout)
+    assert facts["host"]["python"].startswith("3.8")
+    assert facts["torch"] is None and "torch" not in facts["probe"]["errors"]
+    assert facts["packages"]["torch"]["import"]["error_kind"] == "not-installed"

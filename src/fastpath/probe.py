@@ -635,7 +635,7 @@ def probe_gcc(opts):
     return {"version": out.strip() or None, "path": exe, "source": "%s -dumpfullversion" % exe}
 
 
-def nvcc_candidate_sources(opts, dpkg_entries, dists):
+def nvcc_candidate_sources(opts, dpkg_entries, dists, rpm_entries=()):
     """[(path, found_by, kind)] for every place an nvcc can hide (not deduplicated)."""
     env = opts.env
     out = []
@@ -668,6 +668,11 @@ def nvcc_candidate_sources(opts, dpkg_entries, dists):
             for p in dpkg_nvcc_paths(entry["name"], opts):
                 out.append((opts.sys_path(p), "dpkg %s %s" % (entry["name"], entry["version"]),
                             "nvcc"))
+    for entry in rpm_entries:
+        m = re.match(r"^cuda-nvcc-(\d+)-(\d+)$", entry["name"])
+        if m:
+            out.append((opts.sys_path("/usr/local/cuda-%s.%s/bin/nvcc" % m.groups()),
+                        "rpm %s %s" % (entry["name"], entry.get("version")), "nvcc"))
     return out
 
 
@@ -812,8 +817,9 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
         dpkg = []
         if os.path.isfile(opts.dpkg_status):
             dpkg = guard("package_db", read_dpkg_status, opts.dpkg_status) or []
+        rpm = rpm_f.result() if rpm_f is not None else None
         candidates = guard("nvcc_candidates", lambda: merge_candidates(
-            nvcc_candidate_sources(opts, dpkg, dists))) or []
+            nvcc_candidate_sources(opts, dpkg, dists, rpm or []))) or []
         version_f = {}
         for c in candidates:
             if c["kind"] == "nvcc":
@@ -850,8 +856,9 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
 
         torch_info = torch_f.result() if torch_f is not None else None
         t = (torch_info or {}).get("torch")
-        if torch_info is not None and t is None:
-            errors["torch"] = "could not collect: %s" % torch_info.get("torch_error")
+        torch_error = (torch_info or {}).get("torch_error") or ""
+        if torch_info is not None and t is None and "No module named 'torch'" not in torch_error:
+            errors["torch"] = "could not collect: %s" % torch_error
         if t is not None:
             t["source"] = "import torch in %s (subprocess)" % sys.executable
             if not gpus and t.get("devices"):
@@ -900,7 +907,6 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
                 if c["realpath"] == os.path.realpath(home_nvcc):
                     facts["cuda_home"]["nvcc_version"] = c.get("version")
 
-        rpm = rpm_f.result() if rpm_f is not None else None
         facts["package_db"] = {"dpkg": dpkg, "rpm": rpm or [],
                                "source": "%s; rpm -qa" % opts.dpkg_status}
         facts["gcc"] = gcc_f.result()
