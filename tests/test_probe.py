@@ -278,3 +278,16 @@ def test_probe_runs_on_python_38_without_torch():
     assert facts["host"]["python"].startswith("3.8")
     assert facts["torch"] is None and "torch" not in facts["probe"]["errors"]
     assert facts["packages"]["torch"]["import"]["error_kind"] == "not-installed"
+
+
+def test_rpm_database_is_a_candidate_source(fake_tree):
+    env = dict(fake_tree["env"])
+    rpm_bin = Path(env["HOME"]) / "rpmbin"
+    write_script(rpm_bin / "rpm", 'echo "cuda-nvcc-12-8 12.8.93"\necho "cuda-toolkit-12-8 12.8.1"\n')
+    env["PATH"] = os.pathsep.join([str(rpm_bin), env["PATH"]])
+    facts = probe.collect(env=env, root=str(fake_tree["root"]),
+                          site_packages=[str(fake_tree["site"])], skip=["imports", "nvidia-smi"])
+    assert {"name": "cuda-nvcc-12-8", "version": "12.8.93"} in facts["package_db"]["rpm"]
+    c128 = next(c for c in facts["nvcc_candidates"]
+                if c["realpath"] == os.path.realpath(fake_tree["cuda128"] / "bin/nvcc"))
+    assert "rpm cuda-nvcc-12-8 12.8.93" in c128["found_by"]
