@@ -21,7 +21,7 @@ def _impls(plan):
 def test_counts_for_presets():
     facts = seed_facts()
     expect = {"qwen3.5-27b": (64, 48), "qwen3-next-80b-a3b": (48, 36), "lfm2": (16, 10),
-              "mamba2": (64, 64)}
+              "mamba2": (64, 64), "nemotron-h-8b": (52, 24), "qwen3.5-35b-a3b": (40, 30)}
     for name, (total, slow) in expect.items():
         p = plan_model(load_config(name), facts, name)
         assert (p["layers_total"], p["layers_slow"]) == (total, slow), name
