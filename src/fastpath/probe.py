@@ -785,14 +785,15 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=16)
     try:
         # 1. start the slow subprocesses first
+        # torch's import is the critical path: start it before anything else
         run_imports = "imports" not in opts.skip
-        dists = guard("packages", find_distributions, opts) or {}
+        want_triton = _gpu_visible(opts)
+        torch_f = pool.submit(guard, "torch", probe_torch_triton, opts, want_triton) \
+            if run_imports else None
         smi_f = None
         if "nvidia-smi" not in opts.skip:
             smi_f = pool.submit(guard, "gpus", probe_nvidia_smi, opts)
-        want_triton = _gpu_visible(opts) and "triton" in dists
-        torch_f = pool.submit(guard, "torch", probe_torch_triton, opts, want_triton) \
-            if run_imports else None
+        dists = guard("packages", find_distributions, opts) or {}
         import_f = {}
         seen_modules = set()
         import importlib.util
