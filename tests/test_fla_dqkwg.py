@@ -62,11 +62,14 @@ def _fla_path() -> str | None:
     return "" if importlib.util.find_spec("fla") is not None else None
 
 
-def _run_worker(mode: str, extra_env: dict[str, str] | None = None) -> dict:
+def _run_worker(mode: str, extra_env: dict[str, str] | None = None, interpret: bool = True) -> dict:
     path = _fla_path()
     if path is None:
         pytest.skip("fla not installed (run scripts/setup_fla.sh; it installs to .venvs/fla)")
-    env = dict(os.environ, TRITON_INTERPRET="1", **(extra_env or {}))
+    env = dict(os.environ, **(extra_env or {}))
+    env.pop("TRITON_INTERPRET", None)
+    if interpret:  # CPU tensors: FLA's Triton kernels run in the interpreter
+        env["TRITON_INTERPRET"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (path, str(REPO / "src"), env.get("PYTHONPATH", "")) if p)
     proc = subprocess.run([sys.executable, __file__, mode], env=env, capture_output=True,
                           text=True, timeout=600, cwd=str(REPO))
@@ -211,6 +214,19 @@ def test_reference_recurrence_matches_chunked_state_update() -> None:
     assert o.shape == (1, 3, 2, 5)
 
 
+def test_reference_recurrence_matches_transformers_torch_path() -> None:
+    """The GPU checks' float64 spec agrees with transformers' own chunked torch implementation."""
+    modeling = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    gen = torch.Generator().manual_seed(5)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    q, k, v = r(1, 70, 2, 16), torch.nn.functional.normalize(r(1, 70, 2, 16), dim=-1), r(1, 70, 2, 8)
+    g = torch.nn.functional.logsigmoid(r(1, 70, 2))
+    beta = torch.rand(1, 70, 2, generator=gen, dtype=torch.float64)
+    want, _ = modeling.torch_chunk_gated_delta_rule(q, k, v, g, beta)  # computes in float32
+    got = gated_delta_rule_reference(q, k, v, g, beta)
+    torch.testing.assert_close(got, want.to(got.dtype), rtol=1e-5, atol=1e-5)
+
+
 # --------------------------------------------------------------------------- vs FLA's Triton kernel
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_fla_triton_kernel(fla_compare: dict, case: str) -> None:
@@ -242,9 +258,10 @@ def test_route_through_fla(dispatch_disabled: str) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (FLA's forward kernels do not run under the CPU interpreter)")
 def test_fla_chunk_gated_delta_rule_with_route_gpu() -> None:
-    res = _run_worker("e2e")
+    res = _run_worker("e2e", interpret=False)
+    # bf16 pipeline vs float64: FLA's own kernels land near 1e-2 here; a wrong dq/dk/dg is O(1).
     for name, err in res["errors"].items():
-        assert err < 3e-2, f"{name}: rel err {err:.3e} ({res})"
+        assert err < 5e-2, f"{name}: rel err {err:.3e} ({res})"
     assert res["route_calls"] >= 1
 
 
