@@ -242,3 +242,12 @@ def test_json_shape():
     assert set(j["findings"][0]) >= {"id", "severity", "title", "detail", "remedy", "source"}
     assert j["model"]["layers_total"] == 64 and j["model"]["layers_slow"] == 48
     assert "nvcc_candidates" in j["facts"] and "gpus" in j["facts"] and "packages" in j["facts"]
+
+
+def test_torch_cannot_see_the_gpu_old_driver():
+    facts = seed_facts()
+    facts["torch"]["cuda_available"] = False
+    facts["driver"]["cuda_version"] = "12.4"
+    facts["env"]["CUDA_VISIBLE_DEVICES"] = ""
+    f = _by_id(diagnose(facts), "torch-no-cuda-device")
+    assert "12.4 < torch's CUDA 12.8" in f.detail and "CUDA_VISIBLE_DEVICES=''" in f.detail

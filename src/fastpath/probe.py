@@ -925,6 +925,12 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
             elif dist_name == "torch" and "torch" in errors:
                 entry["import"] = {"ok": False, "error_kind": classify_import_error(
                     errors["torch"]), "error": errors["torch"]}
+            elif dist_name == "triton" and (torch_info or {}).get("triton"):
+                entry["import"] = {"ok": True, "error_kind": None, "error": None}
+            elif dist_name == "triton" and (torch_info or {}).get("triton_error"):
+                err = torch_info["triton_error"]
+                entry["import"] = {"ok": False, "error_kind": classify_import_error(err),
+                                   "error": err}
             elif dist is None and run_imports:
                 entry["import"] = {"ok": False, "error_kind": "not-installed",
                                    "error": "no distribution %s and no module %s" % (

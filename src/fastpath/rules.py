@@ -199,6 +199,24 @@ def check_torch_cpu_only(ctx: Context) -> dict | None:
     return None
 
 
+def check_torch_no_device(ctx: Context) -> dict | None:
+    t = ctx.torch
+    if not (ctx.facts.get("gpus") and ctx.torch_cuda and t.get("cuda_available") is False):
+        return None
+    drv = (ctx.facts.get("driver") or {}).get("cuda_version")
+    why = t.get("cuda_error") or "torch.cuda.is_available() is False"
+    env = ctx.facts.get("env") or {}
+    if "CUDA_VISIBLE_DEVICES" in env:
+        why += f"; CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r}"
+    if drv:
+        try:
+            if Version(drv) < Version(str(ctx.torch_cuda)):
+                why += f"; the driver supports CUDA {drv} < torch's CUDA {ctx.torch_cuda}"
+        except InvalidVersion:
+            pass
+    return {"why": why, "tv": t.get("version")}
+
+
 def check_torch_arch(ctx: Context) -> dict | None:
     if ctx.torch.get("device_arch_covered") is False:
         return {"archs": " ".join(ctx.torch.get("arch_list") or []), "sm": ctx.sm,
@@ -449,6 +467,12 @@ RULES: tuple[Rule, ...] = (
          ("Install a CUDA build of torch: `pip install torch --index-url "
           "https://download.pytorch.org/whl/cu128` (pick the CUDA your driver supports).",),
          "https://pytorch.org/get-started/locally/"),
+    Rule("torch-no-cuda-device", "error", "torch cannot use the GPU that nvidia-smi lists",
+         check_torch_no_device,
+         "torch {tv}: {why}. Every kernel path then runs on CPU or fails.",
+         ("Update the driver to one that supports torch's CUDA, or install the torch build for "
+          "the driver's CUDA; check CUDA_VISIBLE_DEVICES and the container's GPU access.",),
+         "https://docs.nvidia.com/deploy/cuda-compatibility/"),
     Rule("torch-arch-not-covered", "error", "torch was not built for this GPU", check_torch_arch,
          "torch {tv} arch list [{archs}] has no kernel that runs on {sm}.",
          ("Install a torch build whose arch list covers the GPU (cu128+ wheels include sm_120).",),
