@@ -57,3 +57,29 @@ def test_local_doctor_text_leads_with_verdict():
     first = r.stdout.splitlines()[0]
     assert first.split(":")[0] in ("FAST", "SLOW", "UNKNOWN")
     assert "Model plan" in r.stdout and "nvcc candidates" in r.stdout
+
+
+def test_cli_on_a_fake_gpu_machine_exits_1_for_slow(tmp_path):
+    """Real CLI, real probe, fake machine: an sm_120 GPU (fake nvidia-smi), nvcc 12.8 only."""
+    import os
+
+    from fakeenv import write_dpkg_status, write_fake_nvcc, write_fake_nvidia_smi
+
+    root, bindir, site = tmp_path / "root", tmp_path / "bin", tmp_path / "site"
+    site.mkdir()
+    write_fake_nvcc(root / "usr/local/cuda-12.8/bin", "12.8")
+    write_fake_nvidia_smi(bindir, [{"name": "NVIDIA RTX PRO 6000", "cc": "12.0", "mib": 97887}],
+                          "575.57.08", "12.9")
+    write_dpkg_status(root / "var/lib/dpkg/status", [("cuda-nvcc-12-8", "12.8.93-1")])
+    env = dict(os.environ, PATH=os.pathsep.join([str(bindir), "/usr/bin", "/bin"]),
+               FASTPATH_PROBE_ROOT=str(root), FASTPATH_PROBE_SITE_PACKAGES=str(site),
+               FASTPATH_PROBE_SKIP="imports,rpm")
+    r = subprocess.run([sys.executable, "-m", "fastpath", "doctor", "--json", "--model",
+                        "qwen3.5-27b"], capture_output=True, text=True, env=env, timeout=120)
+    report = json.loads(r.stdout)
+    assert report["verdict"] == "slow" and r.returncode == 1
+    assert report["facts"]["gpus"][0]["compute_capability"] == "12.0"
+    (cand,) = report["facts"]["nvcc_candidates"]
+    assert cand["version"] == "12.8.93" and "/usr/local/cuda-*" in cand["found_by"]
+    assert any(f.startswith("dpkg cuda-nvcc-12-8") for f in cand["found_by"])
+    assert report["model"]["layers_slow"] == 48

@@ -251,3 +251,17 @@ def test_torch_cannot_see_the_gpu_old_driver():
     facts["env"]["CUDA_VISIBLE_DEVICES"] = ""
     f = _by_id(diagnose(facts), "torch-no-cuda-device")
     assert "12.4 < torch's CUDA 12.8" in f.detail and "CUDA_VISIBLE_DEVICES=''" in f.detail
+
+
+@pytest.mark.parametrize("facts", [
+    {},
+    {"schema": "fastpath.facts/1", "probe": {"kind": "sh", "errors": {}},
+     "gpus": [{"index": 0, "name": "H200", "compute_capability": "9.0"}],
+     "nvcc_candidates": [{"path": "/usr/bin/nvcc", "version": "12.0.140", "major": 12,
+                          "kind": "nvcc", "found_by": ["PATH"]}]},
+])
+def test_partial_facts_from_the_sh_probe_do_not_crash(facts):
+    d = diagnose(facts, "qwen3.5-27b")
+    assert d.verdict in ("slow", "unknown")
+    assert d.model_plan["transformers"] is None and d.model_plan["by_version"]
+    assert d.to_json()["schema_version"] == 1

@@ -35,9 +35,13 @@ VERSION_RANGES: tuple[tuple[str, str], ...] = (
     (">=5.25", "5.25.0"),
 )
 
-HUB_REPOS = {"causal-conv1d": "kernels-community/causal-conv1d",
-             "flash-linear-attention": "kernels-community/fla",
-             "mamba-ssm": "kernels-community/mamba-ssm"}
+# transformers 5.25 `_build_kernel_mapping()`: functions kernelize swaps for hub kernels.
+HUB_MAPPED_525 = {"causal_conv1d_fn": "kernels-community/mamba-ssm",
+                  "causal_conv1d_update": "kernels-community/mamba-ssm",
+                  "chunk_gated_delta_rule": "kernels-community/fla",
+                  "fused_recurrent_gated_delta_rule": "kernels-community/fla"}
+# <= 5.14 Mamba family: lazy_load_kernel("causal-conv1d") -> _HUB_KERNEL_MAPPING
+HUB_CAUSAL_CONV1D_514 = "kernels-community/causal-conv1d"
 
 
 def _ver(text: str | None) -> Version | None:
@@ -93,14 +97,14 @@ def resolve_op(op: Op, fam: Family, tv: Version, facts: dict[str, Any]) -> dict[
     kernels = package_ok(facts, "kernels")
     hub_on = hub_kernels_enabled(facts)
     mamba_style = fam.all_or_nothing
-    if tv >= Version("5.25") and kernels and hub_on and op.dist in HUB_REPOS:
+    if tv >= Version("5.25") and kernels and hub_on and op.name in HUB_MAPPED_525:
         return {"impl": HUB, "reason": f"5.25 defaults use_kernels=True: downloads "
-                f"{HUB_REPOS[op.dist]} (fails air-gapped unless USE_HUB_KERNELS=0)"}
+                f"{HUB_MAPPED_525[op.name]} (fails air-gapped unless USE_HUB_KERNELS=0)"}
     if tv < Version("5.15"):
         if mamba_style and op.dist == "causal-conv1d" and kernels and tv >= Version("5.0") and (
                 hub_on or tv < Version("5.14")):
             return {"impl": HUB, "reason": "lazy_load_kernel('causal-conv1d') with `kernels` "
-                    "installed tries only kernels-community/causal-conv1d (local package ignored)"}
+                    f"installed tries only {HUB_CAUSAL_CONV1D_514} (local package ignored)"}
         if not ok:
             return {"impl": FALLBACK, "reason": f"{op.module} not importable"}
         if cuda is False:
