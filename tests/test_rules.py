@@ -265,3 +265,12 @@ def test_partial_facts_from_the_sh_probe_do_not_crash(facts):
     assert d.verdict in ("slow", "unknown")
     assert d.model_plan["transformers"] is None and d.model_plan["by_version"]
     assert d.to_json()["schema_version"] == 1
+
+
+@pytest.mark.parametrize("model", ["qwen3.5-27b", "mamba2", "lfm2", None])
+def test_no_gpu_never_blocks_on_plan_findings(model):
+    facts = seed_facts()
+    facts["gpus"] = []
+    facts["torch"].update(cuda_available=False)
+    d = diagnose(facts, model)
+    assert d.verdict == "unknown" and d.exit_code == 0, [f.id for f in d.findings]

@@ -397,7 +397,7 @@ def check_mamba_kernels_hub_only(ctx: Context) -> dict | None:
 
 
 def check_mamba_needs_ssm(ctx: Context) -> dict | None:
-    if ctx.plan is None or not ctx.plan.get("all_or_nothing"):
+    if ctx.plan is None or not ctx.plan.get("all_or_nothing") or not ctx.gpu_present:
         return None
     if package_ok(ctx.facts, "mamba-ssm"):
         return None
