@@ -90,7 +90,7 @@ def fatbin_entry(kind: str, arch: int, payload: bytes = b"\xab" * 24) -> bytes:
     """One fatbin entry: 64-byte header (u16 kind 1=PTX 2=cubin, u32 arch at 28) + payload."""
     header = struct.pack(
         "<HHIQIIHHIIIQQQ",
-        1 if kind == "ptx" else 2,  # kind
+        {"ptx": 1, "sass": 2, "nvvm-ir": 8}[kind],  # kind
         0x0101,  # unknown, observed constant
         64,  # header size
         len(payload),  # payload size

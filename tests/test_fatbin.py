@@ -122,3 +122,10 @@ def test_arch_helpers():
     assert arch_runs_on(["sm_80"], ["compute_90"], "12.0") == (True, "PTX compute_90 (JIT at load)")
     assert arch_runs_on([], ["compute_120"], "9.0")[0] is False
     assert arch_runs_on(["sm_90"], [], None) == (None, "device capability unknown")
+
+
+def test_lto_ir_entries_are_known_but_not_runnable(tmp_path):
+    so = tmp_path / "lto.so"
+    so.write_bytes(build_elf({".nv_fatbin": fatbin_container([("nvvm-ir", 90), ("sass", 80)])}))
+    assert read_fatbin_archs(str(so))["sass"] == ["sm_80"]
+    assert read_fatbin_archs(str(so))["ptx"] == []

@@ -85,6 +85,8 @@ SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
 
 FATBIN_MAGIC = 0xBA55ED50
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
+# fatbinary.h FATBIN_KIND_*; 8 = NVVM IR (LTO), as named by NVIDIA's cubin tooling.
+FATBIN_KINDS = {1: "ptx", 2: "sass", 4: "oldcubin", 8: "nvvm-ir"}
 NVCC_RELEASE_RE = re.compile(r"release (\d+)\.(\d+), V(\d+(?:\.\d+)*)")
 
 
@@ -162,8 +164,8 @@ def parse_fatbin(data):
 
     Layout (undocumented; see module docstring sources): container header u32 magic 0xBA55ED50,
     u16 version 1, u16 header_size, u64 entries_size; entries each with u16 kind (1 PTX,
-    2 cubin), u16, u32 header_size, u64 payload_size, ..., u32 arch at offset 28. Anything else
-    raises FatbinError rather than guessing.
+    2 cubin, 4 old cubin, 8 NVVM IR), u16, u32 header_size, u64 payload_size, ..., u32 arch at
+    offset 28. Anything else raises FatbinError rather than guessing.
     """
     entries = []
     pos, n = 0, len(data)
@@ -187,11 +189,11 @@ def parse_fatbin(data):
                 raise FatbinError("truncated fatbin entry at %d" % epos)
             kind, _, ehsize, payload = struct.unpack_from("<HHIQ", data, epos)
             arch, = struct.unpack_from("<I", data, epos + 28)
-            if kind not in (1, 2):
+            if kind not in FATBIN_KINDS:
                 raise FatbinError("unknown fatbin entry kind %d at %d" % (kind, epos))
             if ehsize < 32 or epos + ehsize + payload > end:
                 raise FatbinError("bad fatbin entry sizes at %d" % epos)
-            entries.append({"kind": "ptx" if kind == 1 else "sass", "arch": arch})
+            entries.append({"kind": FATBIN_KINDS[kind], "arch": arch})
             epos += ehsize + payload
         pos = end
     return entries
@@ -212,7 +214,11 @@ def read_fatbin_archs(path):
             offset, size = sections[name]
             f.seek(offset)
             for entry in parse_fatbin(f.read(size)):
-                (sass if entry["kind"] == "sass" else ptx).add(entry["arch"])
+                if entry["kind"] == "sass":
+                    sass.add(entry["arch"])
+                elif entry["kind"] == "ptx":
+                    ptx.add(entry["arch"])
+                # oldcubin / NVVM IR entries cannot run as they are: not counted
             found.append(name)
     return {
         "sass": ["sm_%d" % a for a in sorted(sass)],
