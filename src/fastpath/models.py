@@ -10,6 +10,7 @@ switched off (`USE_HUB_KERNELS=0`) before transformers is imported.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -307,6 +308,9 @@ def build_model(
         attn_implementation = "eager"  # e.g. Mamba2 (no attention layers to speak of)
     notes: list[str] = []
     if src.kind == "dir":
+        # device_map (straight to the GPU, no host copy) needs accelerate; without it, load on
+        # the host and move.
+        direct = target.type == "cuda" and importlib.util.find_spec("accelerate") is not None
         try:
             model = AutoModelForCausalLM.from_pretrained(
                 str(src.path),
@@ -314,10 +318,12 @@ def build_model(
                 dtype=torch_type,
                 local_files_only=True,
                 attn_implementation=attn_implementation,
-                device_map=None if target.type == "meta" else str(target),
+                **({"device_map": str(target)} if direct else {}),
             )
         except (OSError, ValueError) as exc:
             raise UsageError(f"cannot load the checkpoint in {src.path}: {_first_line(exc)}") from None
+        if not direct and target.type != "cpu":
+            model = model.to(target)
         used_seed: int | None = None
     else:
         torch.manual_seed(seed)

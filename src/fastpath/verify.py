@@ -401,6 +401,26 @@ def _explain_rows(model: Any) -> list[dict[str, Any]]:
     return [dict(r) if isinstance(r, dict) else dict(vars(r)) for r in rows]
 
 
+# Ops that must see cu_seqlens to keep packed sequences apart. transformers' torch fallbacks take
+# no cu_seqlens: the 5.15+ wrapper filters it out by signature (<=5.17 silently; 5.21+ raises).
+_PACKING_OPS = ("chunk_gated_delta_rule", "chunk_kda")
+
+
+def packed_route_problems(explain_rows: list[dict[str, Any]]) -> list[str]:
+    """Packed inputs through a torch gated-delta-rule fallback leak state across sequences.
+
+    Why a route check and not only numbers: with random weights most heads decay within a few
+    tokens, so the leak measured only ~3e-6 relative on hidden states (fp32, tiny Qwen3.5) —
+    under any tolerance — while the gradients of A_log / dt_bias were off by 10%.
+    """
+    slow = sorted({r["layer"] for r in explain_rows if r.get("op") in _PACKING_OPS and not r.get("fast", True)})
+    if not slow:
+        return []
+    return [f"packed sequences: {len(slow)} layers run the gated delta rule on transformers' torch fallback, "
+            f"which ignores cu_seqlens, so state leaks from one sequence into the next "
+            f"(first: {slow[0]}; FLA on a GPU keeps them apart)"]
+
+
 def _fp32_oracle_grads(model: Any, inputs: Inputs) -> dict[str, Any]:
     """Gradients of an fp32 copy of `model` on the active (reference) path, in the model's dtype
     layout; the copy is freed before returning."""
@@ -535,6 +555,8 @@ def verify_model(
     if conv_calls == 0:
         problems.append("the fast path executed 0 conv kernel calls: enable() did not route this model, "
                         "so nothing was verified")
+    if packed:
+        problems += packed_route_problems(explain_rows)
     if any(k.split(":")[0] in CONV_OPS for k in ref_calls):
         problems.append(f"the reference path ran fastpath kernels ({ref_calls}): disable() did not restore it")
 

@@ -1,0 +1,225 @@
+"""fastpath verify: passes with the real kernels, FAILS when a deliberately wrong kernel is routed
+in through the public API (fastpath.enable(causal_conv1d_fn=...)), and says where.
+
+CPU only: the kernels run in the Triton interpreter (TRITON_INTERPRET=1, set by scripts/test.sh);
+tiny models (hidden 32-64, 3-4 layers, 16-24 tokens) keep this under a minute.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import torch
+
+import fastpath
+from fastpath.causal_conv1d import causal_conv1d_fn as real_causal_conv1d_fn
+from fastpath.verify import TOLERANCES, compare, make_inputs, tensor_flags, verify_model
+
+# Qwen3.5's GatedDeltaNet: conv without bias, 3 linear-attention layers + 1 attention layer.
+TINY_QWEN35 = {
+    "model_type": "qwen3_5_text", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4, "vocab_size": 256,
+}
+# LFM2 with conv_bias=True: transformers 5.17 passes `self.conv.bias` to causal_conv1d_fn
+# (modeling_lfm2.Lfm2ShortConv.forward), so a kernel that drops the bias changes the function.
+TINY_LFM2_BIAS = {
+    "model_type": "lfm2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "conv_bias": True,
+    "layer_types": ["conv", "full_attention", "conv"],
+}
+
+
+@pytest.fixture(autouse=True)
+def _leave_fastpath_disabled():
+    yield
+    fastpath.disable()
+
+
+@pytest.fixture
+def qwen(tmp_path: Path) -> str:
+    path = tmp_path / "tiny-qwen3_5.json"
+    path.write_text(json.dumps(TINY_QWEN35))
+    return str(path)
+
+
+@pytest.fixture
+def lfm2(tmp_path: Path) -> str:
+    path = tmp_path / "tiny-lfm2.json"
+    path.write_text(json.dumps(TINY_LFM2_BIAS))
+    return str(path)
+
+
+# --- deliberately wrong kernels, with Dao's signature (transformers filters kwargs by it) -------
+
+
+def conv_dropping_bias(x, weight, bias=None, seq_idx=None, initial_states=None, return_final_states=False,
+                       final_states_out=None, activation=None):
+    return real_causal_conv1d_fn(x, weight, None, seq_idx=seq_idx, initial_states=initial_states,
+                                 return_final_states=return_final_states, final_states_out=final_states_out,
+                                 activation=activation)
+
+
+def conv_shifted_one_step(x, weight, bias=None, seq_idx=None, initial_states=None, return_final_states=False,
+                          final_states_out=None, activation=None):
+    out = real_causal_conv1d_fn(x, weight, bias, seq_idx=seq_idx, initial_states=initial_states,
+                                return_final_states=return_final_states, final_states_out=final_states_out,
+                                activation=activation)
+    y, state = out if isinstance(out, tuple) else (out, None)
+    y = torch.cat([torch.zeros_like(y[..., :1]), y[..., :-1]], dim=-1)  # y[t] := y[t-1]
+    return (y, state) if isinstance(out, tuple) else y
+
+
+# --- passes -------------------------------------------------------------------------------------
+
+
+def test_qwen35_fast_path_matches_reference_forward_backward_and_decode(qwen):
+    result = verify_model(qwen, dtype="fp32", seq_len=24, batch=2, backward=True, decode_tokens=4)
+    assert result.ok, result.problems
+    assert result.first_divergence is None
+    assert [d.name for d in result.layers] == ["embeddings", "layer 0", "layer 1", "layer 2", "layer 3"]
+    assert [d.kind for d in result.layers[1:]] == ["linear_attention"] * 3 + ["full_attention"]
+    tol = TOLERANCES["fp32"]
+    assert all(d.rel <= tol.rel and d.token_rel_max <= tol.token_rel for d in [*result.layers, result.logits])
+    # the fast path really ran: forward, backward and decode-update kernels were called
+    assert result.conv_kernel_calls > 0
+    assert {k.split(":")[0] for k in result.fast_calls} >= {"fwd", "bwd", "update"}
+    assert not any(k.split(":")[0] in ("fwd", "bwd", "update") for k in result.reference_calls)
+    assert result.grads and all(g.ok for g in result.grads)
+    assert {g.name for g in result.grads} >= {"model.layers.0.linear_attn.conv1d.weight"}
+    assert result.decode is not None and result.decode.identical_steps == 4
+    assert any(r.get("op") == "causal_conv1d_fn" and r.get("fast") for r in result.explain)
+    doc = result.to_json()
+    assert doc["ok"] is True and doc["conv_kernel_calls"] == result.conv_kernel_calls
+    json.dumps(doc)  # serialisable as is
+
+
+def test_lfm2_packed_sequences_match_each_sequence_run_alone(lfm2):
+    result = verify_model(lfm2, dtype="fp32", seq_len=16, batch=2, packed=True, decode_tokens=2)
+    assert result.ok, result.problems
+    assert len(result.segments) == 2 and sum(result.segments) == 32
+    assert min(result.segments) >= 4 and result.segments[0] != result.segments[1]
+    assert result.fast_calls.get("fwd:triton", 0) > 0
+
+
+def test_bf16_passes_with_its_own_tolerance(lfm2):
+    result = verify_model(lfm2, dtype="bf16", seq_len=16, batch=2, decode_tokens=2)
+    assert result.ok, result.problems
+    assert result.dtype == "bf16" and result.tolerance == TOLERANCES["bf16"]
+
+
+# --- fails ----------------------------------------------------------------------------------------
+
+
+def test_kernel_that_drops_the_bias_fails_at_the_first_conv_layer(lfm2):
+    result = verify_model(lfm2, dtype="fp32", seq_len=16, batch=2, decode_tokens=2,
+                          enable_kwargs={"causal_conv1d_fn": conv_dropping_bias})
+    assert not result.ok
+    assert result.first_divergence == "layer 0"
+    layer0 = result.layers[1]
+    assert layer0.kind == "conv" and not layer0.ok
+    assert layer0.rel > 100 * TOLERANCES["fp32"].rel
+    assert result.layers[0].ok  # embeddings do not involve the kernel
+    assert any("first diverging: layer 0 (conv)" in p for p in result.problems)
+    assert result.conv_kernel_calls > 0  # the wrong kernel did run (it wraps the real one)
+
+
+def test_kernel_shifted_by_one_step_fails_at_the_first_linear_attention_layer(qwen):
+    result = verify_model(qwen, dtype="fp32", seq_len=16, batch=2, decode_tokens=2,
+                          enable_kwargs={"causal_conv1d_fn": conv_shifted_one_step})
+    assert not result.ok
+    assert result.first_divergence == "layer 0"
+    assert result.layers[1].kind == "linear_attention"
+    assert all(not d.ok for d in result.layers[1:]) and not result.logits.ok
+    assert result.decode is not None and not result.decode.ok  # the prefill inside decode is shifted too
+
+
+def test_packed_gated_delta_rule_on_torch_fallback_is_reported(qwen):
+    # No FLA on CPU: the gated delta rule runs transformers' torch fallback, which drops
+    # cu_seqlens, so packed sequences leak into each other. verify must not call that a pass.
+    result = verify_model(qwen, dtype="fp32", seq_len=16, batch=2, packed=True, decode_tokens=0)
+    assert not result.ok
+    assert any("packed sequences" in p and "cu_seqlens" in p for p in result.problems)
+
+
+# --- the pieces -----------------------------------------------------------------------------------
+
+
+def test_tensor_flags_catch_zero_constant_nonfinite_and_position_independent_states():
+    good = torch.randn(2, 8, 16)
+    assert tensor_flags(good) == []
+    assert tensor_flags(torch.zeros(2, 8, 16)) == ["all-zero"]
+    assert tensor_flags(torch.full((2, 8, 16), 0.5)) == ["constant"]
+    bad = good.clone()
+    bad[0, 3, 1] = float("nan")
+    assert tensor_flags(bad) == ["non-finite"]
+    assert tensor_flags(good[:, :1, :].expand(2, 8, 16)) == ["same at every position"]
+
+
+def test_compare_flags_an_all_zero_fast_output_even_when_the_reference_is_tiny():
+    ref = torch.randn(1, 4, 8) * 1e-6
+    diff = compare("layer 0", torch.zeros_like(ref), ref, TOLERANCES["fp32"])
+    assert not diff.ok and "fast: all-zero" in diff.flags
+    same = compare("layer 0", ref.clone(), ref, TOLERANCES["fp32"])
+    assert same.ok and same.rel == 0.0
+
+
+def test_error_confined_to_one_token_is_caught_by_the_token_metric():
+    ref = torch.randn(1, 64, 32)
+    fast = ref.clone()
+    fast[0, 5] *= 1.01  # 1% off on one token of 64: whole-tensor ratio ~1.2e-3, token ratio 1e-2
+    diff = compare("layer", fast, ref, TOLERANCES["fp32"])
+    assert diff.token_rel_max == pytest.approx(0.01, rel=1e-3)
+    assert not diff.ok
+
+
+def test_packed_inputs_carry_flattening_collator_arguments():
+    inputs = make_inputs(vocab=50, batch=3, seq_len=10, packed=True, seed=0, device=torch.device("cpu"))
+    assert inputs.packed_ids.shape == (1, 30) and sum(inputs.segments) == 30 and len(inputs.segments) == 3
+    kw = inputs.packed_kwargs()
+    starts = [0, inputs.segments[0], inputs.segments[0] + inputs.segments[1]]
+    assert kw["cu_seq_lens_q"].tolist() == [*starts, 30]
+    assert kw["position_ids"][0, starts[1]].item() == 0 and kw["position_ids"][0, starts[1] - 1].item() > 0
+    assert kw["seq_idx"][0].tolist() == [i for i, n in enumerate(inputs.segments) for _ in range(n)]
+
+
+# --- the command line --------------------------------------------------------------------------------
+
+
+def test_cli_verify_json_exit_0(qwen, capsys):
+    from fastpath.cli import main
+
+    code = main(["verify", qwen, "--seq-len", "16", "--batch", "1", "--decode-tokens", "2", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["ok"] is True and doc["dtype"] == "fp32" and doc["conv_kernel_calls"] > 0
+    assert len(doc["layers"]) == 5 and doc["decode"]["identical_steps"] == 2
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["verify", "no-such-preset"], "unknown preset"),
+        (["verify", "{tmp}/missing/config.json"], "does not exist"),
+        (["verify", "{tmp}/malformed.json"], "malformed JSON"),
+        (["verify", "{tmp}/empty-dir"], "config.json"),
+        (["verify", "qwen3.5-27b", "--layers", "0"], "--layers"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
+    from fastpath.cli import main
+
+    (tmp_path / "malformed.json").write_text('{"model_type": "qwen3_5_text",')
+    (tmp_path / "empty-dir").mkdir()
+    code = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("fastpath verify: error:") and message in err[0]
