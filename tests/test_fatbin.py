@@ -129,3 +129,34 @@ def test_lto_ir_entries_are_known_but_not_runnable(tmp_path):
     so.write_bytes(build_elf({".nv_fatbin": fatbin_container([("nvvm-ir", 90), ("sass", 80)])}))
     assert read_fatbin_archs(str(so))["sass"] == ["sm_80"]
     assert read_fatbin_archs(str(so))["ptx"] == []
+
+
+def test_arch_specific_and_family_variants():
+    assert arch_number("sm_100f") == 100
+    assert arch_runs_on(["sm_90a"], [], "9.0") == (True, "SASS sm_90a")
+    assert arch_runs_on(["sm_90a"], [], "9.1")[0] is False  # arch-specific: exactly 9.0
+    assert arch_runs_on(["sm_100f"], [], "10.3") == (True, "SASS sm_100f")
+    assert arch_runs_on(["sm_100f"], [], "12.0")[0] is False
+    assert arch_runs_on([], ["compute_90a"], "10.0")[0] is False
+
+
+def test_real_nvcc_built_shared_object(tmp_path):
+    """Cross-check on device code NVIDIA's own compiler wrote (no GPU needed to compile)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc on PATH")
+    src = tmp_path / "k.cu"
+    src.write_text("__global__ void add1(float *x) { x[threadIdx.x] += 1.0f; }\n"
+                   'extern "C" void launch(float *x) { add1<<<1, 32>>>(x); }\n')
+    so = tmp_path / "k.so"
+    gencodes = ["arch=compute_80,code=sm_80", "arch=compute_90,code=compute_90",
+                "arch=compute_90a,code=sm_90a", "arch=compute_100f,code=sm_100f"]
+    cmd = [nvcc, "-shared", "-Xcompiler", "-fPIC", "-o", str(so), str(src)]
+    for g in gencodes:
+        cmd += ["-gencode", g]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        pytest.skip(f"this nvcc cannot build the test kernel: {r.stderr.strip()[-200:]}")
+    archs = read_fatbin_archs(str(so))
+    assert archs["sass"] == ["sm_80", "sm_90a", "sm_100f"]
+    assert archs["ptx"] == ["compute_90"]

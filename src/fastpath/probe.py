@@ -87,6 +87,10 @@ FATBIN_MAGIC = 0xBA55ED50
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
 # fatbinary.h FATBIN_KIND_*; 8 = NVVM IR (LTO), as named by NVIDIA's cubin tooling.
 FATBIN_KINDS = {1: "ptx", 2: "sass", 4: "oldcubin", 8: "nvvm-ir"}
+# Entry flag bits for the sm_XYa / sm_XYf variants. Measured on nvcc 13.0.88 (this workplace):
+# sm_90 -> 0x11, sm_120a -> 0x1100011, sm_100f -> 0x1200011, sm_120 -> 0x1000011.
+FATBIN_FLAG_ARCH_SPECIFIC = 0x100000
+FATBIN_FLAG_FAMILY_SPECIFIC = 0x200000
 NVCC_RELEASE_RE = re.compile(r"release (\d+)\.(\d+), V(\d+(?:\.\d+)*)")
 
 
@@ -193,7 +197,10 @@ def parse_fatbin(data):
                 raise FatbinError("unknown fatbin entry kind %d at %d" % (kind, epos))
             if ehsize < 32 or epos + ehsize + payload > end:
                 raise FatbinError("bad fatbin entry sizes at %d" % epos)
-            entries.append({"kind": FATBIN_KINDS[kind], "arch": arch})
+            flags, = struct.unpack_from("<Q", data, epos + 40) if ehsize >= 48 else (0,)
+            suffix = "a" if flags & FATBIN_FLAG_ARCH_SPECIFIC else (
+                "f" if flags & FATBIN_FLAG_FAMILY_SPECIFIC else "")
+            entries.append({"kind": FATBIN_KINDS[kind], "arch": arch, "suffix": suffix})
             epos += ehsize + payload
         pos = end
     return entries
@@ -215,14 +222,14 @@ def read_fatbin_archs(path):
             f.seek(offset)
             for entry in parse_fatbin(f.read(size)):
                 if entry["kind"] == "sass":
-                    sass.add(entry["arch"])
+                    sass.add((entry["arch"], entry["suffix"]))
                 elif entry["kind"] == "ptx":
-                    ptx.add(entry["arch"])
+                    ptx.add((entry["arch"], entry["suffix"]))
                 # oldcubin / NVVM IR entries cannot run as they are: not counted
             found.append(name)
     return {
-        "sass": ["sm_%d" % a for a in sorted(sass)],
-        "ptx": ["compute_%d" % a for a in sorted(ptx)],
+        "sass": ["sm_%d%s" % a for a in sorted(sass)],
+        "ptx": ["compute_%d%s" % a for a in sorted(ptx)],
         "sections": found,
     }
 
@@ -234,7 +241,7 @@ def arch_number(text):
     m = re.match(r"^(?:sm_|compute_)?(\d+)\.(\d+)$", str(text))
     if m:
         return int(m.group(1)) * 10 + int(m.group(2))
-    m = re.match(r"^(?:sm_|compute_)(\d+)[a-z]?$", str(text)) or re.match(r"^(\d+)$", str(text))
+    m = re.match(r"^(?:sm_|compute_)(\d+)[af]?$", str(text)) or re.match(r"^(\d+)$", str(text))
     return int(m.group(1)) if m else None
 
 
@@ -242,18 +249,27 @@ def arch_runs_on(sass, ptx, device_cc):
     """Whether code with these SASS/PTX archs can run on a device of capability `device_cc`.
 
     SASS sm_XY runs on the same major with minor >= Y; PTX compute_XY JIT-compiles on any device
-    >= XY (torch/cuda DEVICE_REQUIREMENT rule). Returns (bool, how) or (None, why).
+    >= XY (torch/cuda DEVICE_REQUIREMENT rule). Arch-specific sm_XYa / compute_XYa code runs on
+    exactly X.Y; family-specific sm_XYf on the same major with minor >= Y.
+    Returns (bool, how) or (None, why).
     """
     dev = arch_number(device_cc)
     if dev is None:
         return None, "device capability unknown"
     for a in sass:
         n = arch_number(a)
-        if n is not None and n // 10 == dev // 10 and n % 10 <= dev % 10:
+        if n is None:
+            continue
+        if str(a).endswith("a"):
+            if n == dev:
+                return True, "SASS %s" % a
+        elif n // 10 == dev // 10 and n % 10 <= dev % 10:
             return True, "SASS %s" % a
     for a in ptx:
         n = arch_number(a)
-        if n is not None and n <= dev:
+        if n is None:
+            continue
+        if (n == dev) if str(a).endswith("a") else (n <= dev):
             return True, "PTX %s (JIT at load)" % a
     return False, "no SASS for sm_%d and no PTX <= compute_%d" % (dev, dev)
 
