@@ -274,3 +274,12 @@ def test_no_gpu_never_blocks_on_plan_findings(model):
     facts["torch"].update(cuda_available=False)
     d = diagnose(facts, model)
     assert d.verdict == "unknown" and d.exit_code == 0, [f.id for f in d.findings]
+
+
+def test_host_gcc_too_new_for_cuda_128():
+    facts = seed_facts()
+    facts["gcc"]["version"] = "14.2.0"
+    f = _by_id(diagnose(facts, "qwen3.5-27b"), "host-gcc-unsupported")
+    assert "6-13" in f.detail and "fastpath-kit" in f.remedies[0]
+    facts["gcc"]["version"] = "13.3.0"
+    assert "host-gcc-unsupported" not in _ids(diagnose(facts, "qwen3.5-27b").findings)

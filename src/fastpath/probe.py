@@ -26,8 +26,8 @@ Facts schema ("fastpath.facts/1"; every fact says where it came from in `source`
   package_db: {dpkg: [{name, version, status}], rpm: [{name, version}], source}
   gcc:    {version, path, source} | null
   packages: {dist: {version, module, import: {ok, error_kind: "not-installed"|"abi-mismatch"|
-           "cuda-init"|"other"|null, error}, so_files: [{path, sass: ["sm_90"], ptx: ["compute_90"],
-           error?}], source}}
+           "cuda-init"|"other"|null, error}, so_files: [{path, sass: ["sm_90", "sm_90a"],
+           ptx: ["compute_90"], sections, error?}], source}}
            dists: causal-conv1d, flash-linear-attention, fla-core, mamba-ssm, flash-attn, kernels,
            tilelang, transformers, torch, triton (torch/triton .so files are not scanned: huge).
 

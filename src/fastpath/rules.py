@@ -125,6 +125,10 @@ class Context:
             return None
 
 
+# torch.utils.cpp_extension CUDA_GCC_VERSIONS (reference/doctor-anchors.md §3): CUDA -> (min, max)
+# host gcc major, max exclusive. Only the versions we have a source for.
+CUDA_GCC_BOUNDS = {"12.8": (6, 14)}
+
 # ------------------------------------------------------------------ remedy texts
 
 
@@ -288,6 +292,20 @@ def check_cuda_home(ctx: Context) -> dict | None:
         return None
     return {"home": home.get("torch_would_use"), "how": home.get("how"),
             "problems": "; ".join(problems)}
+
+
+def check_gcc(ctx: Context) -> dict | None:
+    gcc = (ctx.facts.get("gcc") or {}).get("version")
+    bounds = CUDA_GCC_BOUNDS.get(str(ctx.torch_cuda))
+    if not gcc or not bounds or not ctx.model_uses_conv:
+        return None
+    try:
+        major = int(str(gcc).split(".")[0])
+    except ValueError:
+        return None
+    if bounds[0] <= major < bounds[1]:
+        return None
+    return {"gcc": gcc, "cuda": ctx.torch_cuda, "lo": bounds[0], "hi": bounds[1] - 1}
 
 
 def check_diverge(ctx: Context) -> dict | None:
@@ -520,6 +538,14 @@ RULES: tuple[Rule, ...] = (
          ("Point CUDA_HOME at a full toolkit matching torch (e.g. `export "
           "CUDA_HOME=/usr/local/cuda-X.Y`) or unset a stale CUDA_HOME/CUDA_PATH.", toolkit_route),
          "https://github.com/facebookresearch/maskrcnn-benchmark/issues/685", fastpath_first=True),
+    Rule("host-gcc-unsupported", "warning", "Host gcc is outside CUDA's supported range",
+         check_gcc,
+         "gcc {gcc}: nvcc {cuda} accepts host gcc {lo}-{hi}; a source build of causal-conv1d "
+         "fails in the host compiler step.",
+         ("Install a supported gcc (e.g. `apt-get install gcc-13 g++-13`) and build with "
+          "`CC=gcc-13 CXX=g++-13 NVCC_CCBIN=gcc-13`.",),
+         "https://github.com/pytorch/pytorch/blob/main/torch/utils/cpp_extension.py",
+         fastpath_first=True),
     Rule("cuda-home-path-diverge", "warning", "CUDA_HOME and CUDA_PATH point to different places",
          check_diverge,
          "CUDA_HOME={h} but CUDA_PATH={p}: torch uses CUDA_HOME first, cuda-pathfinder (CuPy, "
