@@ -84,7 +84,7 @@ def test_fleet_json(
     path, pidfile, expected = fleet
     monkeypatch.chdir(tmp_path)
     started = time.monotonic()
-    code = run_fleet(_args(path, json=True))
+    code = run_fleet(_args(path, json=True, model="qwen3.5-27b"))
     elapsed = time.monotonic() - started
     out = capsys.readouterr().out
     report = json.loads(out)
@@ -105,6 +105,10 @@ def test_fleet_json(
     assert [targets[i]["report"]["facts"]["probe"]["kind"] for i in (0, 1, 4, 7)] == [
         "python", "sh", "sh", "python"
     ]
+    # --model: each target's plan comes from its own facts
+    for t in targets:
+        if t["status"] == "ok":
+            assert t["report"]["model"]["model"].startswith("qwen3.5-27b")
     # injection attempts stayed data
     assert targets[7]["report"]["facts"]["env"]["CUDA_HOME"] == "$(id)"
     assert not (tmp_path / "PWNED").exists()

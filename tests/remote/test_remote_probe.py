@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -166,3 +169,69 @@ def test_injection_in_ssh_host_name(
             probe_remote(prefix, timeout=30)
         assert str(exc.value) == "unreachable: hostname contains invalid characters"
     assert not (tmp_path / "PWNED").exists()
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fastpath", "doctor", *args],
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def test_cli_on_with_model_uses_the_targets_facts(
+    sshd: ThrowawaySshd, no_python_bin: Path, tmp_path: Path
+) -> None:
+    """`fastpath doctor --on PREFIX --model X --json`: the plan uses the TARGET's transformers.
+
+    The target's site-packages is a fake environment holding transformers 4.57.1 (this machine
+    has 5.x), so a plan computed from local facts would name the wrong version.
+    """
+    site = tmp_path / "site-packages"
+    dist = site / "transformers-4.57.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: transformers\nVersion: 4.57.1\n")
+    prefix = shlex.join(
+        sshd.prefix("env", f"FASTPATH_PROBE_SITE_PACKAGES={site}", "FASTPATH_PROBE_SKIP=imports",
+                    "HF_TOKEN=hunter2")
+    )
+    run = _cli("--on", prefix, "--model", "qwen3.5-27b", "--json")
+    assert run.returncode in (0, 1), run.stderr
+    report = json.loads(run.stdout)
+    facts = report["facts"]
+    assert facts["probe"]["kind"] == "python" and "127.0.0.1" in facts["probe"]["target"]
+    assert facts["packages"]["transformers"]["version"] == "4.57.1"
+    assert report["model"]["transformers"] == "4.57.1"
+    assert "hunter2" not in run.stdout + run.stderr
+
+    # a target without python: still a report, the plan says what it could not know
+    prefix = shlex.join(sshd.prefix("env", "-i", f"PATH={no_python_bin}"))
+    run = _cli("--on", prefix, "--model", "qwen3.5-27b")
+    assert run.returncode in (0, 1), run.stderr
+    assert "Traceback" not in run.stderr
+    assert "no python on target" in run.stdout
+
+
+def test_cli_on_failures_are_one_line(sshd: ThrowawaySshd, hang_target: tuple[Path, Path]) -> None:
+    runs = [
+        (_cli("--on", shlex.join(sshd.prefix(port=closed_port()))), "unreachable: "),
+        (_cli("--on", str(hang_target[0]), "--timeout", "1"), "timed out after 1s"),
+        (_cli("--on", "ssh 'unterminated"), "cannot split target prefix"),
+    ]
+    for run, needle in runs:
+        assert run.returncode in (1, 2)
+        lines = run.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], run.stderr
+        assert lines[0].startswith("fastpath doctor: error: ")
+
+
+def test_nothing_is_written_on_the_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both probes (Python with its torch import, and sh) leave HOME, TMPDIR, the cache dir and
+    the working directory of the target untouched."""
+    home, tmp, cwd = tmp_path / "home", tmp_path / "tmp", tmp_path / "cwd"
+    for d in (home, tmp, cwd):
+        d.mkdir()
+    monkeypatch.chdir(cwd)
+    prefix = ["env", f"HOME={home}", f"TMPDIR={tmp}", f"XDG_CACHE_HOME={home}/.cache"]
+    assert probe_remote(prefix, timeout=120)["probe"]["kind"] == "python"
+    assert probe_remote(prefix, python="no-such-python3", timeout=60)["probe"]["kind"] == "sh"
+    assert [p for p in tmp_path.rglob("*") if p not in (home, tmp, cwd)] == []

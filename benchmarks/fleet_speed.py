@@ -1,0 +1,147 @@
+"""Fleet doctor speed: N targets over loopback ssh (a throwaway sshd on 127.0.0.1).
+
+Every target is the same machine reached through its own ssh session, so all N probes share this
+machine's cores: the wall time is bounded below by the probes' total CPU time / cores. The script
+reports, for N targets at the default --jobs:
+  - ssh_only:      N `ssh ... true` sessions (the transport floor, no probe),
+  - probe_light:   the Python probe with FASTPATH_PROBE_SKIP=imports (no torch import),
+  - probe_full:    the Python probe as shipped (imports torch & the kernel packages in subprocesses),
+  - cli_full:      `fastpath doctor --hosts FILE --json` end to end (when fastpath.doctor exists),
+plus one target alone and (with --serial) the light probe at --jobs 1 for comparison, and the
+machine's CPU busy fraction during each run (from /proc/stat).
+
+    python3 benchmarks/fleet_speed.py [--targets 32] [--serial] [--out benchmarks/results/fleet_speed.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "remote"))
+
+from sshd_server import ThrowawaySshd, sshd_missing_reason, start_sshd  # noqa: E402
+
+from fastpath.fleet import DEFAULT_JOBS, probe_fleet  # noqa: E402
+from fastpath.inventory import Target  # noqa: E402
+from fastpath.remote import run_command  # noqa: E402
+
+
+def cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies over all cores."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def measure(fn: Any) -> dict[str, Any]:
+    b0, t0 = cpu_times()
+    started = time.perf_counter()
+    extra = fn()
+    wall = time.perf_counter() - started
+    b1, t1 = cpu_times()
+    out = {"wall_s": round(wall, 3), "cpu_busy_fraction": round((b1 - b0) / max(1, t1 - t0), 3)}
+    out.update(extra or {})
+    return out
+
+
+def fleet_run(targets: list[Target], jobs: int) -> dict[str, Any]:
+    results = asyncio.run(probe_fleet(targets, jobs=jobs, timeout=120))
+    statuses = [r.status for r in results]
+    return {
+        "ok": statuses.count("ok"),
+        "failed": [r.error for r in results if r.status != "ok"][:3],
+        "slowest_target_s": round(max(r.seconds for r in results), 3),
+    }
+
+
+def ssh_only(server: ThrowawaySshd, n: int) -> dict[str, Any]:
+    async def go() -> list[int | None]:
+        runs = await asyncio.gather(*(run_command(server.prefix("true"), b"", 120) for _ in range(n)))
+        return [r.returncode for r in runs]
+
+    codes = asyncio.run(go())
+    return {"ok": codes.count(0)}
+
+
+def cli_run(fleet_file: Path) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastpath", "doctor", "--hosts", str(fleet_file), "--json", "--timeout", "120"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    try:
+        report = json.loads(proc.stdout)
+        ok = sum(t["status"] == "ok" for t in report["targets"])
+    except ValueError:
+        ok = 0
+    return {"ok": ok, "exit_code": proc.returncode, "stderr_tail": proc.stderr.strip()[-300:]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", type=int, default=32)
+    parser.add_argument("--serial", action="store_true", help="also time the light probe at --jobs 1")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fleet_speed.json"))
+    opts = parser.parse_args()
+    reason = sshd_missing_reason()
+    if reason:
+        print(f"fleet_speed: skipped: {reason}", file=sys.stderr)
+        return 2
+    n = opts.targets
+    with tempfile.TemporaryDirectory() as tmp:
+        server = start_sshd(Path(tmp) / "sshd")
+        try:
+            light = [Target(f"t{i}", server.prefix("env", "FASTPATH_PROBE_SKIP=imports")) for i in range(n)]
+            full = [Target(f"t{i}", server.prefix()) for i in range(n)]
+            fleet_file = Path(tmp) / "fleet.txt"
+            fleet_file.write_text("".join(shlex.join(t.prefix) + "\n" for t in full))
+            results: dict[str, Any] = {
+                "ssh_only": measure(lambda: ssh_only(server, n)),
+                "probe_light_one_target": measure(lambda: fleet_run(light[:1], DEFAULT_JOBS)),
+                "probe_light": measure(lambda: fleet_run(light, DEFAULT_JOBS)),
+                "probe_full_one_target": measure(lambda: fleet_run(full[:1], DEFAULT_JOBS)),
+                "probe_full": measure(lambda: fleet_run(full, DEFAULT_JOBS)),
+            }
+            if importlib.util.find_spec("fastpath.doctor") is not None:
+                results["cli_full"] = measure(lambda: cli_run(fleet_file))
+            if opts.serial:
+                results["probe_light_jobs1"] = measure(lambda: fleet_run(light, 1))
+        finally:
+            server.stop()
+    record = {
+        "benchmark": "fleet_speed",
+        "targets": n,
+        "default_jobs": DEFAULT_JOBS,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "kernel": platform.release(),
+            "openssh": subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip(),
+        },
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "results": results,
+    }
+    Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(opts.out).write_text(json.dumps(record, indent=2) + "\n")
+    for name, row in results.items():
+        print(f"{name:24s} wall {row['wall_s']:7.2f} s  cpu busy {row['cpu_busy_fraction']:.0%}  ok {row.get('ok')}")
+    print(f"wrote {opts.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
