@@ -326,17 +326,23 @@ def _run_worker(spec: ConfigSpec, settings: BenchSettings, workdir: Path, on_pro
     return json.loads(result_path.read_text())
 
 
-def run_bench(settings: BenchSettings, configs: list[str], *, timeout: float | None = None,
-              progress: Callable[[str, str], None] | None = None) -> dict[str, Any]:
-    """Run each configuration in its own process and gather the results into one document."""
+def preflight(settings: BenchSettings, configs: list[str]) -> None:
+    """UsageError for bad settings, config names or model source: one line, before any worker."""
     settings.validate()
+    if not configs:
+        raise UsageError(f"--configs is empty; configs: {', '.join(CONFIGS)}")
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
         raise UsageError(f"unknown config {unknown[0]!r}; configs: {', '.join(CONFIGS)}")
-    # Fail on a bad model source here, with one line, not once per worker.
     from fastpath.models import resolve_source, transformers_config
 
     transformers_config(resolve_source(settings.source).config, settings.layers)
+
+
+def run_bench(settings: BenchSettings, configs: list[str], *, timeout: float | None = None,
+              progress: Callable[[str, str], None] | None = None) -> dict[str, Any]:
+    """Run each configuration in its own process and gather the results into one document."""
+    preflight(settings, configs)
     results = []
     with tempfile.TemporaryDirectory(prefix="fastpath-bench-") as tmp:
         for name in configs:
@@ -569,6 +575,7 @@ def main(args: argparse.Namespace) -> int:
     )
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     previous = load_previous(args.compare) if args.compare else None
+    preflight(settings, configs)
     err = Console(stderr=True)
     per_config = len(settings.phases) * (settings.warmup + settings.repeats)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -1,0 +1,154 @@
+"""fastpath bench end to end on CPU at tiny size: each configuration in its own worker process,
+then JSON, markdown table and PNG chart checked for content (never for timings)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("matplotlib")
+
+from fastpath.bench import SCHEMA, compare_docs, load_previous, markdown, speedups
+from fastpath.errors import UsageError
+
+TINY_QWEN35 = {
+    "model_type": "qwen3_5_text", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4, "vocab_size": 64, "layer_types": ["linear_attention", "full_attention"],
+}
+PHASES = ("prefill", "train", "decode")
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory) -> tuple[int, dict, Path, str]:
+    """One real bench run (both CPU configurations), shared by the content checks below."""
+    from fastpath.cli import main
+
+    tmp = tmp_path_factory.mktemp("bench")
+    source = tmp / "tiny.json"
+    source.write_text(json.dumps(TINY_QWEN35))
+    # A previous run to compare against: the same schema, with made-up older numbers.
+    previous = tmp / "previous.json"
+    previous.write_text(json.dumps({
+        "schema": SCHEMA, "settings": {"phases": list(PHASES)},
+        "configs": [{"config": "fastpath", "phases": {"prefill": {"tokens_per_s": 1e-3}}}],
+    }))
+    out = tmp / "out"
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["bench", str(source), "--device", "cpu", "--seq-len", "16", "--batch", "1",
+                     "--decode-tokens", "2", "--repeats", "2", "--warmup", "1",
+                     "--out", str(out), "--compare", str(previous), "--json"])
+    return code, json.loads(buf.getvalue()), out, str(source)
+
+
+def test_bench_json_has_every_config_and_phase(bench_run):
+    code, doc, out, _source = bench_run
+    assert code == 0
+    assert doc["schema"] == SCHEMA
+    assert json.loads((out / "bench.json").read_text()) == json.loads(json.dumps(doc))  # same document on disk
+    assert doc["settings"]["seq_len"] == 16 and doc["settings"]["device"] == "cpu"
+    by_name = {r["config"]: r for r in doc["configs"]}
+    assert list(by_name) == ["reference", "fastpath", "fla+dao"]
+    assert "CUDA" in by_name["fla+dao"]["skipped"]  # the compiled peers need a GPU
+    for name in ("reference", "fastpath"):
+        result = by_name[name]
+        assert result["model"]["class"] == "Qwen3_5ForCausalLM" and result["model"]["layers"] == 2
+        assert result["environment"]["torch"]
+        for phase in PHASES:
+            entry = result["phases"][phase]
+            assert "error" not in entry, entry
+            assert len(entry["samples_s"]) == 2 and entry["tokens_per_s"] > 0
+            assert entry["peak_mem_mib"] is None  # CPU: no CUDA memory counter
+        assert result["phases"]["decode"]["tokens_per_call"] == 2
+        assert result["phases"]["prefill"]["tokens_per_call"] == 16
+    # The fastpath worker really ran fastpath's kernels; the reference worker did not.
+    calls = by_name["fastpath"]["kernel_calls"]
+    assert calls.get("fwd:triton", 0) > 0 and calls.get("bwd:triton", 0) > 0 and calls.get("update:triton", 0) > 0
+    assert not by_name["reference"]["kernel_calls"]
+    assert set(doc["speedup"]["fastpath"]) == set(PHASES)
+    # --compare: the change against the made-up previous prefill number
+    changes = doc["compare"]["changes"]
+    assert [(c["config"], c["phase"]) for c in changes] == [("fastpath", "prefill")]
+    assert changes[0]["change"] > 0
+
+
+def test_bench_markdown_table_lists_configs_phases_and_change(bench_run):
+    _code, _doc, out, source = bench_run
+    text = (out / "bench.md").read_text()
+    assert f"fastpath bench: {source}" in text
+    header = next(line for line in text.splitlines() if line.startswith("| config |"))
+    assert "prefill tok/s" in header and "forward+backward tok/s" in header and "decode tok/s" in header
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| config")]
+    assert any(r.startswith("| reference (") for r in rows)
+    fast_row = next(r for r in rows if r.startswith("| fastpath ("))
+    assert fast_row.count("x)") == 3  # a speed-up vs the reference in every phase
+    assert "fla+dao: skipped" in text
+    assert "### change vs previous run" in text and "| fastpath | prefill |" in text
+    assert "fastpath kernel calls:" in text
+
+
+def test_bench_chart_is_a_png_with_one_panel_per_phase(bench_run):
+    import matplotlib.image
+
+    _code, _doc, out, _source = bench_run
+    png = out / "bench.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    image = matplotlib.image.imread(png)
+    height, width = image.shape[:2]
+    assert width > 2 * height  # three panels side by side
+    assert image.std() > 0.01  # not a blank canvas
+
+
+def test_speedups_and_compare_arithmetic():
+    doc = {"settings": {"phases": ["prefill"]}, "configs": [
+        {"config": "reference", "phases": {"prefill": {"tokens_per_s": 100.0}}},
+        {"config": "fastpath", "phases": {"prefill": {"tokens_per_s": 250.0}}},
+        {"config": "fla+dao", "skipped": "not installed"},
+    ], "created": "now"}
+    assert speedups(doc) == {"reference": {"prefill": 1.0}, "fastpath": {"prefill": 2.5}}
+    old = {"settings": {"phases": ["prefill"]}, "configs": [
+        {"config": "fastpath", "phases": {"prefill": {"tokens_per_s": 200.0}}}]}
+    assert compare_docs(doc, old) == [{"config": "fastpath", "phase": "prefill", "old": 200.0, "new": 250.0,
+                                       "change": pytest.approx(0.25)}]
+    doc.update(settings={**doc["settings"], "source": "m", "layers": None, "dtype": "bf16", "batch": 1,
+                         "seq_len": 8, "decode_tokens": 1, "repeats": 1, "warmup": 0, "device": "cuda"})
+    doc["speedup"] = speedups(doc)
+    text = markdown(doc, compare_docs(doc, old))
+    assert "250 (2.50x)" in text and "+25.0%" in text and "CUDA events" in text
+
+
+def test_load_previous_rejects_other_json(tmp_path):
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"schema": "something/else"}))
+    with pytest.raises(UsageError, match="not a fastpath bench JSON"):
+        load_previous(str(other))
+    with pytest.raises(UsageError, match="cannot read"):
+        load_previous(str(tmp_path / "absent.json"))
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["no-such-preset"], "unknown preset"),
+        (["qwen3.5-27b", "--layers", "0"], "--layers"),
+        (["lfm2", "--configs", "reference,turbo"], "unknown config"),
+        (["lfm2", "--seq-len", "1"], "--seq-len"),
+    ],
+)
+def test_cli_bench_bad_input_is_one_line_and_exit_2(extra, message, tmp_path, capsys):
+    from fastpath.cli import main
+
+    code = main(["bench", *extra, "--device", "cpu", "--out", str(tmp_path / "o")])
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if "error" in ln]
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("fastpath bench: error:") and message in err[0]
+    assert not (tmp_path / "o").exists()
