@@ -223,9 +223,9 @@ def render_table(results: list[TargetResult], console: Any) -> None:
     rows = [key_facts(r) for r in results]
     outliers = majority_outliers(rows, [r.status == "ok" for r in results])
     table = Table(title=f"fastpath doctor: {len(results)} targets", title_justify="left")
-    table.add_column("target", overflow="fold")
+    table.add_column("target", overflow="fold", min_width=16)
     for col in COLUMNS:
-        table.add_column(col, overflow="fold")
+        table.add_column("conv1d" if col == "causal_conv1d" else col, overflow="fold")
     verdict_style = {"fast": "green", "slow": "bold red", "unknown": "yellow"}
     for r, row, odd in zip(results, rows, outliers, strict=True):
         cells = [Text(redact_text(r.target.name))]
@@ -291,7 +291,8 @@ class _Progress:
         self.done += 1
         line = f"{result.target.name}: {result.status} ({result.seconds:.1f}s)"
         if self.live is not None:
-            self.live.update(self.task, advance=1, description=redact_text(line))
+            short = result.target.name if len(result.target.name) <= 32 else result.target.name[:31] + "…"
+            self.live.update(self.task, advance=1, description=redact_text(f"{short}: {result.status}"))
         else:
             self.console.print(
                 f"[{self.done}/{self.total}] {redact_text(line)}", markup=False, highlight=False,
