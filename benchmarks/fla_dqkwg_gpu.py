@@ -26,6 +26,7 @@ import torch
 
 from fastpath.integrations import fla_backend
 from fastpath.ops.fla_dqkwg import (
+    MATMUL_PATHS,
     chunk_bwd_dqkwg,
     floor_seconds,
     gated_delta_rule_reference,
@@ -146,7 +147,10 @@ def speed(T: int) -> dict:
               do=r(1, T, HV, V).to(bf), h=(r(1, NT, HV, K, V) * 0.1).to(bf),
               dh=(r(1, NT, HV, K, V) * 0.1).to(bf), w=r(1, T, HV, K).to(bf),
               dv=r(1, T, HV, V).to(bf), g=g, scale=K ** -0.5, chunk_size=BT)
+    MATMUL_PATHS.clear()
     out["op_route_s"] = _time(lambda: chunk_bwd_dqkwg(**kw))
+    # "widened" here means cuBLAS out_dtype=float32 was unavailable: slower, same results.
+    out["op_matmul_paths"] = dict(MATMUL_PATHS)
     floor = floor_seconds(1, T, H, HV, K, V, BT)
     out["op_floor"] = floor
     out["op_route_vs_floor"] = out["op_route_s"] / floor["floor_s"]

@@ -27,10 +27,18 @@ rounded to the input dtype before its two matmuls, as the kernel does.
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import torch
 
-__all__ = ["chunk_bwd_dqkwg", "prepare_chunk_indices", "unsupported_reason"]
+__all__ = [
+    "MATMUL_PATHS",
+    "chunk_bwd_dqkwg",
+    "floor_seconds",
+    "gated_delta_rule_reference",
+    "prepare_chunk_indices",
+    "unsupported_reason",
+]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -86,27 +94,55 @@ def prepare_chunk_indices(cu_seqlens: torch.Tensor, chunk_size: int) -> torch.Te
     return torch.stack([seq, local], 1).to(cu_seqlens.dtype)
 
 
+#: Which matmul path ran ("out_dtype": cuBLAS with float32 output; "widened": operands cast up).
+MATMUL_PATHS: Counter[str] = Counter()
+
+
+def _cublas_f32_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.is_cuda and a.dtype in _HALF and a.dtype == b.dtype
+
+
 def _mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Batched a @ b with float32 output and float32 accumulation, like a Triton ``tl.dot``.
 
     16-bit CUDA operands go to cuBLAS with a float32 output (``bmm(..., out_dtype=)``,
     torch >= 2.8); elsewhere the operands are widened, which gives the same products.
     """
-    if a.dtype in _HALF and a.dtype == b.dtype and a.is_cuda:
+    if _cublas_f32_ok(a, b):
         try:
-            return torch.bmm(a, b, out_dtype=torch.float32)
+            out = torch.bmm(a, b, out_dtype=torch.float32)
+            MATMUL_PATHS["out_dtype"] += 1
+            return out
         except (TypeError, RuntimeError):
             pass
+    MATMUL_PATHS["widened"] += 1
     return torch.bmm(a.float(), b.float())
 
 
-def _to_head_major(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """[NC, BT, Hx, D] -> [NC * Hx * groups, BT, D] (value-head-major, q/k heads repeated)."""
+def _addmm32(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """c + alpha * (a @ b) for a float32 ``c`` (which may be overwritten), float32 accumulation."""
+    if _cublas_f32_ok(a, b):
+        try:
+            out = torch.baddbmm(c, a, b, torch.float32, alpha=alpha)
+            MATMUL_PATHS["out_dtype"] += 1
+            return out
+        except (TypeError, RuntimeError):
+            pass
+    return c.add_(_mm32(a, b), alpha=alpha)
+
+
+def _mm_as(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """a @ b rounded once to ``dtype`` (cuBLAS accumulates 16-bit GEMMs in float32)."""
+    if _cublas_f32_ok(a, b) and dtype == a.dtype:
+        MATMUL_PATHS["native"] += 1
+        return torch.bmm(a, b)
+    return _mm32(a, b).to(dtype)
+
+
+def _to_head_major(x: torch.Tensor) -> torch.Tensor:
+    """[NC, BT, Hx, D] -> [NC * Hx, BT, D] (one batch entry per chunk and head)."""
     nc, bt, hx, d = x.shape
-    x = x.permute(0, 2, 1, 3)
-    if groups > 1:
-        x = x.unsqueeze(2).expand(nc, hx, groups, bt, d)
-    return x.reshape(nc * hx * groups, bt, d)
+    return x.permute(0, 2, 1, 3).reshape(nc * hx, bt, d)
 
 
 class _Chunker:
@@ -202,16 +238,17 @@ def chunk_bwd_dqkwg(
             f"{state_shape[1]}] for {NC} chunks of {BT} tokens")
     if dh.shape != h.shape:
         raise ValueError(f"dh shape {tuple(dh.shape)} != h shape {tuple(h.shape)}")
-    NB = NC * HV
-
-    # [NB, BT, D] operands, one batch entry per (chunk, value head).
-    qh = _to_head_major(chunks.split(q), G)
-    kh = _to_head_major(chunks.split(k), G)
-    vh = _to_head_major(chunks.split(v), 1)
-    doh = _to_head_major(chunks.split(do), 1)
+    NB, NQ = NC * HV, NC * H
+    # Operands with one batch entry per (chunk, head): q/k per q/k head [NQ, BT, K], the rest per
+    # value head [NB, BT, .]. Value head i = qk_head * G + j, so an [NB, BT, X] tensor viewed as
+    # [NQ, G * BT, X] lines up with q/k without repeating them G times.
+    qh = _to_head_major(chunks.split(q))
+    kh = _to_head_major(chunks.split(k))
+    vh = _to_head_major(chunks.split(v))
+    doh = _to_head_major(chunks.split(do))
     hm = h.reshape(NB, *state_shape)
     dhm = dh.reshape(NB, *state_shape)
-    # h^T as [V, K] and dh^T likewise, in the dtype the kernel casts them to.
+    # h^T and dh^T as [V, K] views, in the dtypes the kernel casts them to.
     h_vk = (hm if state_v_first else hm.transpose(1, 2)).to(do.dtype)
     dh_vk = (dhm if state_v_first else dhm.transpose(1, 2)).to(v.dtype)
 
@@ -221,24 +258,37 @@ def chunk_bwd_dqkwg(
 
     dw = None
     if w is not None:
-        dvh = _to_head_major(chunks.split(dv), 1).to(v.dtype)
-        dw_h = -_mm32(dvh, h_vk.to(v.dtype))
-        dw = chunks.merge(dw_h.view(NC, HV, BT, K).transpose(1, 2)).to(w.dtype)
+        dvh = _to_head_major(chunks.split(dv)).to(v.dtype)
+        dw_h = _mm_as(dvh, h_vk.to(v.dtype), w.dtype).neg_()
+        dw = chunks.merge(dw_h.view(NC, HV, BT, K).transpose(1, 2))
 
     valid = chunks.valid.repeat_interleave(HV, 0)                    # [NB, BT]
     causal = torch.ones(BT, BT, dtype=torch.bool, device=q.device).tril_()
     mask = causal[None] & valid[:, :, None] & valid[:, None, :]     # [NB, BT, BT]
     lengths = valid.sum(1)                                           # tokens per chunk
 
+    def intra(dq: torch.Tensor, dk: torch.Tensor, ds_c: torch.Tensor,
+              alpha_k: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """dq += ds @ k and dk += alpha_k * ds^T @ q, per value head."""
+        dq = _addmm32(dq.view(NQ, G * BT, K), ds_c.view(NQ, G * BT, BT), kh)
+        ds_t = ds_c.transpose(1, 2).reshape(NQ, G * BT, BT)
+        dk = _addmm32(dk.view(NQ, G * BT, K), ds_t, qh, alpha_k)
+        return dq.view(NB, BT, K), dk.view(NB, BT, K)
+
+    def rowdot(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """sum_k x[nb, t, k] * y[nq, t, k] -> [NB, BT] (y broadcast over the group)."""
+        return (x.view(NQ, G, BT, K) * y[:, None]).sum(-1).view(NB, BT)
+
     dg = None
     # dq, dk, ds are fresh float32 buffers from _mm32: updated in place to spare HBM traffic.
     if g is None and g_gamma is None:
+        # Kernel order: dq = (do @ h^T + ds @ k) * scale; dk = v @ dh^T + (ds^T @ q) * scale.
         ds_c = ds.masked_fill_(~mask, 0.0).to(k.dtype)
-        dq.add_(_mm32(ds_c, kh)).mul_(scale)
-        dk.add_(_mm32(ds_c.transpose(1, 2), qh).mul_(scale))
+        dq, dk = intra(dq, dk, ds_c, scale)
+        dq.mul_(scale)
     else:
         if g is not None:
-            gh = _to_head_major(chunks.split(g.float()).unsqueeze(-1), 1).squeeze(-1)
+            gh = _to_head_major(chunks.split(g.float()).unsqueeze(-1)).squeeze(-1)
             g_last = gh.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)
         else:
             gamma = g_gamma.float().repeat(NC)                                 # [NB]
@@ -255,21 +305,20 @@ def chunk_bwd_dqkwg(
             # Gradient of the chunk-last gate: through the carried state (h * dh) and through
             # the decayed keys written into it (dk_inter * k), before the intra terms join dk.
             state_term = _mm32(hm.reshape(NB, 1, -1), dhm.reshape(NB, -1, 1)).view(NB)
-            dg_last = state_term * torch.exp2(g_last) + (dk * k32).sum((1, 2))
-        dq.add_(_mm32(ds_c, kh))
-        dk.add_(_mm32(ds_c.transpose(1, 2), qh))
+            dg_last = state_term * torch.exp2(g_last) + rowdot(dk, k32).sum(1)
+        dq, dk = intra(dq, dk, ds_c, 1.0)
         if g is not None:
-            dg_h = (dq * qh.float()).sum(-1).sub_((dk * k32).sum(-1))          # [NB, BT]
-            last = torch.nn.functional.one_hot((lengths - 1).clamp(min=0), BT).bool()
-            dg_h.add_(torch.where(last & valid, dg_last[:, None], 0.0))
+            dg_h = rowdot(dq, qh.float()).sub_(rowdot(dk, k32))                # [NB, BT]
+            rows = torch.arange(BT, device=q.device)
+            last = rows[None, :] == (lengths - 1)[:, None]          # no host sync (one_hot syncs)
+            dg_h.add_(torch.where(last, dg_last[:, None], 0.0))
             dg = chunks.merge(dg_h.view(NC, HV, BT).transpose(1, 2))
 
     def _back(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """[NB, BT, K] float32 per value head -> [B, T, H, K] summed over each head group."""
-        y = chunks.merge(x.view(NC, HV, BT, K).transpose(1, 2))            # [B, T, HV, K]
-        if G > 1:
-            y = y.reshape(B, T, H, G, K).sum(3)
-        return y.to(dtype)
+        """[NB, BT, K] float32 per value head -> [B, T, H, K], summed over each head group."""
+        x = x.view(NC, H, G, BT, K)
+        x = (x.sum(2) if G > 1 else x.squeeze(2)).to(dtype)               # [NC, H, BT, K]
+        return chunks.merge(x.transpose(1, 2))
 
     return _back(dq, q.dtype), _back(dk, k.dtype), dw, dg
 
