@@ -23,7 +23,8 @@ import torch
 # config model_type -> constructor overrides (tiny); sizes a family does not know are dropped
 COMMON = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
               num_attention_heads=2, num_key_value_heads=1, head_dim=16, pad_token_id=0,
-              bos_token_id=1, eos_token_id=2, max_position_embeddings=128, tie_word_embeddings=False)
+              bos_token_id=1, eos_token_id=2, max_position_embeddings=128, tie_word_embeddings=False,
+              initializer_range=0.2, use_mamba_kernels=False)
 GDN = dict(linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=8,
            linear_value_head_dim=8, linear_conv_kernel_dim=4)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
@@ -102,6 +103,7 @@ def family_case(model_type: str, interp: bool, gen_tokens: int) -> dict[str, Any
     ids = torch.randint(3, 64, (2, 7), generator=torch.Generator().manual_seed(1))
     model = build(model_type)
     ref_logits, ref_gen = run_model(model, ids, gen_tokens)
+    res["scale"] = float(ref_logits.abs().max())
     res["explain_before"] = fastpath.explain(model).rows
     reset()
     report = fastpath.enable(warn=False, lift_device_gate=interp)
@@ -133,27 +135,30 @@ def packed_lfm2(interp: bool) -> dict[str, Any]:
     import fastpath
     from fastpath.ops.counters import reset
 
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
     FAMILIES["lfm2"]["layer_types"] = ["conv", "conv"]  # conv only: packing isolates the kernel
     try:
         model = build("lfm2")
     finally:
         FAMILIES["lfm2"]["layer_types"] = ["conv", "full_attention"]
-    del CONFIG_MAPPING
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # O(1) weights so a leak across the sequence boundary is visible
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * (0.5 if p.dim() > 1 else 0.1) + (p.dim() == 1))
     a = torch.randint(3, 64, (1, 5), generator=torch.Generator().manual_seed(2))
     b = torch.randint(3, 64, (1, 6), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        sep = torch.cat([model(a).logits, model(b).logits], dim=1)
+        sep = torch.cat([model(a, use_cache=False).logits, model(b, use_cache=False).logits], dim=1)
     packed = torch.cat([a, b], dim=1)
     seq_idx = torch.tensor([[0] * 5 + [1] * 6], dtype=torch.int32)
     position_ids = torch.tensor([list(range(5)) + list(range(6))])
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"scale": float(sep.abs().max())}
+    with torch.no_grad():  # reference path, packed without seq_idx: the leak this test must detect
+        out["leak_diff"] = float((model(packed, position_ids=position_ids, use_cache=False).logits - sep).abs().max())
     reset()
     fastpath.enable(warn=False, lift_device_gate=interp)
     try:
         with torch.no_grad():
-            got = model(packed, seq_idx=seq_idx, position_ids=position_ids).logits
+            got = model(packed, seq_idx=seq_idx, position_ids=position_ids, use_cache=False).logits
         out["diff"] = float((got - sep).abs().max())
         out["calls"] = calls()
     except Exception as exc:
@@ -165,10 +170,10 @@ def packed_lfm2(interp: bool) -> dict[str, Any]:
 
 def offline_load(model_type: str) -> dict[str, Any]:
     """save_pretrained a tiny model, then from_pretrained it with the Hub unreachable."""
+    from transformers import AutoModelForCausalLM
+
     import fastpath
     from fastpath.ops.counters import reset
-
-    from transformers import AutoModelForCausalLM
 
     out: dict[str, Any] = {}
     model = build(model_type)
@@ -218,8 +223,12 @@ def main() -> int:
         "discovered": [m.split(".")[2] for m in mp.discover_modeling_modules()],
         "families": {},
     }
+    result["skipped"] = {}
     for model_type in wanted:
         if model_type not in CONFIG_MAPPING_NAMES:
+            continue
+        if MODULE_OF.get(model_type, model_type) not in result["discovered"]:
+            result["skipped"][model_type] = "its modeling code does not use causal_conv1d in this version"
             continue
         try:
             result["families"][model_type] = family_case(model_type, interp, args.gen_tokens)
@@ -227,7 +236,11 @@ def main() -> int:
             result["families"][model_type] = {"error": f"{type(exc).__name__}: {exc}",
                                               "traceback": traceback.format_exc()[-3000:]}
     if not args.skip_packed and "lfm2" in CONFIG_MAPPING_NAMES and (not args.families or "lfm2" in wanted):
-        result["packed_lfm2"] = packed_lfm2(interp)
+        try:
+            result["packed_lfm2"] = packed_lfm2(interp)
+        except Exception as exc:
+            result["packed_lfm2"] = {"error": f"{type(exc).__name__}: {exc}",
+                                     "traceback": traceback.format_exc()[-3000:]}
     if args.offline_load:
         result["offline_load"] = offline_load(args.offline_load)
     json.dump(result, sys.stdout)

@@ -3,8 +3,9 @@
 How: prepend a directory holding fastpath's `sitecustomize.py` to PYTHONPATH and set
 FASTPATH_ENABLE=1, then exec the command. Every Python process started below it (the command
 itself, torchrun's workers, their children) imports `sitecustomize` at start-up, which calls
-enable() and then chains to any sitecustomize that was already on the path. Environment
-variables are inherited, so the whole process tree is covered without touching its code.
+enable() when that process first imports transformers, and then chains to any sitecustomize
+that was already on the path. Environment variables are inherited, so the whole process tree is
+covered without touching its code.
 """
 
 from __future__ import annotations

@@ -1,27 +1,68 @@
-"""Start-up hook put on PYTHONPATH by `fastpath run`: apply fastpath.enable(), then chain.
+"""Start-up hook put on PYTHONPATH by `fastpath run`: fastpath.enable() in every Python process.
 
-Python imports the first `sitecustomize` it finds on sys.path; this one must not hide one the
-environment already had (e.g. a distro or conda one), so after enabling it looks further down
-sys.path for another `sitecustomize` and executes it. enable() itself imports no transformers:
-it installs an import hook, so start-up stays cheap for processes that never use transformers.
+Python imports the first `sitecustomize` on sys.path at start-up. This one (1) arranges for
+fastpath.enable() to run the moment `transformers` is first imported (so processes that never
+touch transformers, e.g. pip or a torchrun agent, do not pay for importing torch), and then
+(2) executes the next `sitecustomize` further down sys.path, so one the environment already had
+(distro, conda, a cluster's) keeps working. Environment variables are inherited, so children and
+grandchildren (torchrun workers, DataLoader workers spawned fresh) get the same treatment.
 """
 
 from __future__ import annotations
 
+import importlib.abc
 import importlib.util
 import os
 import sys
 
+_TRIGGER = "transformers"
 
-def _apply_enable() -> None:
-    if os.environ.get("FASTPATH_ENABLE", "") not in ("1", "true", "yes"):
-        return
+
+def _enable_now() -> None:
     try:
         import fastpath
 
         fastpath.enable(warn=os.environ.get("FASTPATH_ENABLE_QUIET", "") != "1")
     except Exception as exc:  # never break the user's program at start-up
-        print(f"fastpath run: enable() failed in pid {os.getpid()}: {exc}", file=sys.stderr)
+        print(f"fastpath run: enable() failed in pid {os.getpid()}: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+
+
+class _EnableOnTransformersImport(importlib.abc.MetaPathFinder):
+    """Runs enable() right after the top-level `transformers` package has executed."""
+
+    def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
+        if fullname != _TRIGGER:
+            return None
+        sys.meta_path.remove(self)  # one shot; also avoids recursion below
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            _enable_now()
+            return spec
+        inner = spec.loader
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, spec):  # type: ignore[no-untyped-def]
+                return inner.create_module(spec)
+
+            def exec_module(self, module):  # type: ignore[no-untyped-def]
+                inner.exec_module(module)
+                _enable_now()
+
+            def __getattr__(self, name):  # type: ignore[no-untyped-def]
+                return getattr(inner, name)
+
+        spec.loader = _Loader()
+        return spec
+
+
+def _install() -> None:
+    if os.environ.get("FASTPATH_ENABLE", "") not in ("1", "true", "yes"):
+        return
+    if _TRIGGER in sys.modules:
+        _enable_now()
+    else:
+        sys.meta_path.insert(0, _EnableOnTransformersImport())
 
 
 def _chain_next_sitecustomize() -> None:
@@ -40,5 +81,5 @@ def _chain_next_sitecustomize() -> None:
             return
 
 
-_apply_enable()
+_install()
 _chain_next_sitecustomize()

@@ -165,14 +165,44 @@ def _fla_forward_torch_backward(fla_fn: Callable[..., Any], torch_fn: Callable[.
 
 _WARNED: set[str] = set()
 
+DQKWG_IMPL = "fla (bwd dqkwg: fastpath torch, FLA #640)"
+
+
+def use_dqkwg_route(status: FlaStatus) -> bool:
+    """In the FLA #640 case, prefer handing FLA's one refused op (gated chunk_bwd_dqkwg) to
+    fastpath's PyTorch implementation (fastpath.integrations.fla_backend): FLA keeps its own
+    kernels for everything else. Falls back to "fla-fwd+torch-bwd" when that cannot be installed."""
+    if status.chunk_impl != "fla-fwd+torch-bwd":
+        return False
+    try:
+        from fastpath.integrations.fla_backend import install_dqkwg_route
+    except Exception:
+        return False
+    if not install_dqkwg_route():
+        return False
+    status.chunk_impl = DQKWG_IMPL
+    status.reason = status.reason.replace("backward recomputed in torch", "FLA's gated chunk_bwd_dqkwg "
+                                          "routed to fastpath's PyTorch implementation")
+    return True
+
+
+def undo_dqkwg_route() -> None:
+    try:
+        from fastpath.integrations.fla_backend import uninstall_dqkwg_route
+    except Exception:
+        return
+    uninstall_dqkwg_route()
+
 
 def make_gdn_route(kind: str, status: FlaStatus, torch_fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap transformers' torch gated-delta-rule function: CUDA tensors -> FLA, CPU -> torch_fn."""
+    """Wrap transformers' gated-delta-rule function: CUDA tensors -> FLA, CPU -> the pure torch
+    reference (5.15+ decorates it; `__wrapped__` is the undecorated function, which never calls FLA)."""
+    raw = getattr(torch_fn, "__wrapped__", torch_fn)
     if kind == "chunk":
         fla_fn = status.chunk_fn
         impl = status.chunk_impl
         if impl == "fla-fwd+torch-bwd":
-            fla_fn = _fla_forward_torch_backward(status.chunk_fn, torch_fn)  # type: ignore[arg-type]
+            fla_fn = _fla_forward_torch_backward(status.chunk_fn, raw)  # type: ignore[arg-type]
     else:
         fla_fn = status.recurrent_fn
         impl = status.recurrent_impl
@@ -180,13 +210,27 @@ def make_gdn_route(kind: str, status: FlaStatus, torch_fn: Callable[..., Any]) -
 
     def gated_delta_rule(q, k, v, *args, cu_seqlens=None, **kwargs):
         if not q.is_cuda:
-            return torch_fn(q, k, v, *args, cu_seqlens=cu_seqlens, **kwargs)
-        if impl == "fla-fwd+torch-bwd" and "fla-fwd+torch-bwd" not in _WARNED:
-            _WARNED.add("fla-fwd+torch-bwd")
-            warnings.warn(f"fastpath: {status.reason}", RuntimeWarning, stacklevel=2)
+            if cu_seqlens is not None:
+                raise ValueError("fastpath: packed sequences (cu_seqlens) in the gated delta rule need FLA "
+                                 "on a CUDA device; the torch reference would mix the sequences")
+            return raw(q, k, v, *args, **_filter_kwargs(raw, kwargs))
+        if impl == "fla-fwd+torch-bwd":
+            if cu_seqlens is not None and torch_grad_enabled():
+                raise NotImplementedError(
+                    "fastpath: training on packed sequences (cu_seqlens) needs FLA's own backward, "
+                    f"which FLA refuses here (#640). Fix: {REMEDY_640}")
+            if "fla-fwd+torch-bwd" not in _WARNED:
+                _WARNED.add("fla-fwd+torch-bwd")
+                warnings.warn(f"fastpath: {status.reason}", RuntimeWarning, stacklevel=2)
         kw = dict(kwargs, cu_seqlens=cu_seqlens)
         return fla_fn(q, k, v, *args, **_filter_kwargs(fla_fn, kw))
 
     setattr(gated_delta_rule, ROUTE_ATTR, impl)
-    gated_delta_rule.__wrapped__ = torch_fn  # type: ignore[attr-defined]
+    gated_delta_rule.__wrapped__ = raw  # type: ignore[attr-defined]
     return gated_delta_rule
+
+
+def torch_grad_enabled() -> bool:
+    import torch
+
+    return torch.is_grad_enabled()

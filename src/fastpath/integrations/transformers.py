@@ -115,6 +115,8 @@ def enable(
         fla = fla_route.detect_fla(gated_delta_rule)
         if gated_delta_rule == "fla" and not fla.route:
             raise FastpathError(f"gated_delta_rule='fla' but FLA cannot be used: {fla.reason}")
+        if fla.route:
+            fla_route.use_dqkwg_route(fla)  # FLA #640 only; undone by disable()
 
         from fastpath import causal_conv1d as face
 
@@ -172,7 +174,9 @@ def enable(
                                 "Hub kernelize() does not replace while USE_HUB_KERNELS=0")
         if lift_device_gate:
             report.notes.append("lift_device_gate: CUDA-gated lfm2 kernel paths run on CPU (Triton interpreter)")
-        if fla.chunk_impl == "fla-fwd+torch-bwd":
+        if fla.chunk_impl == fla_route.DQKWG_IMPL:
+            report.notes.append(f"FLA #640 here: {fla.reason}. Real fix: {fla_route.REMEDY_640}")
+        elif fla.chunk_impl == "fla-fwd+torch-bwd":
             warnings.warn(f"fastpath: {fla.reason}", RuntimeWarning, stacklevel=2)
         _STATE = _State(reg, env, routes, hook, report, fla)
         if warn:
@@ -193,6 +197,8 @@ def disable() -> None:
         except ValueError:
             pass
         state.registry.undo()
+        if state.fla.chunk_impl == fla_route.DQKWG_IMPL:
+            fla_route.undo_dqkwg_route()
         hub_kernels.restore_env(state.env)
         _STATE = None
 

@@ -1,0 +1,158 @@
+"""fastpath.enable() across transformers 4.57.6 / 5.12.1 / 5.17.0 / 5.23.0 / 5.25.0 (side-by-side venvs
+from scripts/setup_transformers_matrix.sh, sharing the system CPU torch).
+
+Each version runs tests/matrix_worker.py in a subprocess (its own interpreter, its own transformers)
+and these tests assert on the JSON: for every family the version has, outputs with enable() match
+the reference path, fastpath's kernels really ran (counted at their entry points, no mocks) where the
+version can route them, explain() says so, and disable() restores the reference path exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+VENVS = Path(os.environ.get("FASTPATH_VENVS", ROOT / ".venvs"))
+WORKER = ROOT / "tests" / "matrix_worker.py"
+VERSIONS = ["4.57.6", "5.12.1", "5.17.0", "5.23.0", "5.25.0"]
+# <=5.14 Mamba-family mixers take their kernel path all-or-nothing: without mamba_ssm the whole mixer
+# (causal conv included) stays in torch, so fastpath cannot make them fast. Said by explain().
+ALL_OR_NOTHING = {"mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "falcon_h1", "zamba", "zamba2",
+                  "granitemoehybrid", "nemotron_h"}
+ATOL = 1e-4  # float32 tiny models; the kernels differ from F.conv1d by rounding only
+
+
+def _python_for(version: str) -> str | None:
+    if version == "5.17.0":
+        try:
+            import transformers
+        except ImportError:
+            return None
+        return sys.executable if transformers.__version__ == "5.17.0" else _venv_python(version)
+    return _venv_python(version)
+
+
+def _venv_python(version: str) -> str | None:
+    exe = VENVS / f"tf-{version}" / "bin" / "python"
+    return str(exe) if exe.exists() else None
+
+
+@cache
+def run_worker(version: str, *extra: str) -> dict[str, Any]:
+    python = _python_for(version)
+    if python is None:
+        pytest.skip(f"transformers {version} venv missing (run scripts/setup_transformers_matrix.sh)")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(ROOT / "src"))
+    env.pop("USE_HUB_KERNELS", None)
+    proc = subprocess.run([python, str(WORKER), *extra], capture_output=True, text=True, env=env,
+                          timeout=900, cwd=str(ROOT))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def _kernel_calls(calls: dict[str, int], op: str) -> int:
+    return sum(n for key, n in calls.items() if key.startswith(op + ":"))
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_family_of_the_version_is_exercised(version: str) -> None:
+    data = run_worker(version)
+    assert data["transformers"] == version
+    assert data["families"], "no hybrid family found"
+    discovered = set(data["discovered"])
+    for model_type in data["families"]:
+        family = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}.get(model_type, model_type)
+        assert family in discovered, f"{family} uses causal_conv1d but discovery missed it"
+    failed = {k: v["error"] for k, v in data["families"].items() if "error" in v}
+    assert not failed, failed
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_outputs_match_reference_and_kernels_ran(version: str) -> None:
+    data = run_worker(version)
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    old = _major_minor(version) <= (5, 14)
+    for model_type, res in data["families"].items():
+        if "error" in res:
+            continue
+        family = res["family"]
+        tol = ATOL * max(1.0, res["scale"])
+        assert res["max_abs_diff"] <= tol, (model_type, res["max_abs_diff"])
+        assert res["gen_equal"], f"{model_type}: greedy generate differs with enable()"
+        assert res["after_build_diff"] <= tol, model_type
+        assert res["disabled_diff"] == 0.0, f"{model_type}: disable() did not restore the reference"
+        assert res["calls_after_disable"] == {}, f"{model_type}: kernels still called after disable()"
+        assert all(not r["impl"].startswith("fastpath") for r in res["explain_after_disable"])
+        conv_rows = [r for r in res["explain"] if r["op"].startswith("causal_conv1d")]
+        assert conv_rows, f"{model_type}: explain() found no causal_conv1d op"
+        if old and family in ALL_OR_NOTHING:
+            # honest: no mamba_ssm -> the mixer never reaches causal_conv1d
+            assert _kernel_calls(res["calls"], "fwd") == 0
+            assert all(not r["fast"] and "mamba_ssm" in r["impl"] for r in conv_rows), conv_rows
+            continue
+        if old and family in ("lfm2", "lfm2_moe") and not interp:
+            # its kernel path is gated on CUDA tensors; only the interpreter option lifts that on CPU
+            assert _kernel_calls(res["calls"], "fwd") == 0
+            assert all("gated on CUDA" in r["impl"] for r in conv_rows), conv_rows
+            continue
+        assert _kernel_calls(res["calls"], "fwd") >= 1, (model_type, res["calls"])
+        assert _kernel_calls(res["calls"], "update") >= 1, (model_type, res["calls"])  # decode with cache
+        assert _kernel_calls(res["calls_after_build"], "fwd") >= 1, (model_type, res["calls_after_build"])
+        impl = "fastpath-triton (interpreter)" if interp else "fastpath (torch reference on cpu)"
+        assert {r["impl"] for r in conv_rows} == {impl}, conv_rows
+        if interp:
+            assert "fwd:triton" in res["calls"], res["calls"]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_packed_sequences_stay_apart(version: str) -> None:
+    data = run_worker(version)
+    packed = data.get("packed_lfm2")
+    if packed is None:
+        pytest.skip(f"lfm2 not in transformers {version}")
+    if _major_minor(version) <= (5, 14):
+        pytest.skip("lfm2 <=5.14 has no seq_idx input (no packed-sequence support to keep)")
+    assert "error" not in packed, packed
+    tol = ATOL * max(1.0, packed["scale"])
+    assert packed["leak_diff"] > 100 * tol, packed  # the test can see a leak across the boundary...
+    assert packed["diff"] <= tol, packed             # ...and with enable() there is none
+    assert _kernel_calls(packed["calls"], "fwd") >= 1
+
+
+def test_offline_load_without_kernels_525() -> None:
+    data = run_worker("5.25.0", "--families", "lfm2", "--skip-packed", "--offline-load", "qwen3_5_text")
+    assert not data["kernels_installed"]
+    off = data["offline_load"]
+    assert "error" not in off, off.get("traceback")
+    assert off["diff"] <= ATOL
+    assert _kernel_calls(off["calls"], "fwd") >= 1
+    assert off["env_USE_HUB_KERNELS"] == "0"
+    assert off["env_after_disable"] is None
+
+
+def test_offline_load_with_kernels_installed_525() -> None:
+    """transformers 5.25 + the newest reachable `kernels` (0.17.2; 5.25 wants >=0.19.1), Hub offline:
+    from_pretrained after enable() neither hangs, crashes nor silently drops to torch."""
+    if _venv_python("5.25.0-kernels") is None:
+        pytest.skip("tf-5.25.0-kernels venv missing")
+    data = run_worker("5.25.0-kernels", "--families", "lfm2", "--skip-packed", "--offline-load", "qwen3_5_text")
+    assert data["kernels_installed"]
+    off = data["offline_load"]
+    assert "error" not in off, off.get("traceback")
+    assert off["use_kernels"] is False
+    assert off["diff"] <= ATOL
+    assert _kernel_calls(off["calls"], "fwd") >= 1
+    assert all(r["impl"].startswith("fastpath") for r in off["explain"] if r["op"].startswith("causal"))
