@@ -57,8 +57,8 @@ def test_bench_json_has_every_config_and_phase(bench_run):
     assert json.loads((out / "bench.json").read_text()) == json.loads(json.dumps(doc))  # same document on disk
     assert doc["settings"]["seq_len"] == 16 and doc["settings"]["device"] == "cpu"
     by_name = {r["config"]: r for r in doc["configs"]}
-    assert list(by_name) == ["reference", "fastpath", "fla+dao"]
-    assert "CUDA" in by_name["fla+dao"]["skipped"]  # the compiled peers need a GPU
+    assert list(by_name) == ["reference", "fastpath", "fla", "fla+dao"]
+    assert "CUDA" in by_name["fla"]["skipped"] and "CUDA" in by_name["fla+dao"]["skipped"]  # GPU-only peers
     for name in ("reference", "fastpath"):
         result = by_name[name]
         assert result["model"]["class"] == "Qwen3_5ForCausalLM" and result["model"]["layers"] == 2
@@ -94,6 +94,8 @@ def test_bench_markdown_table_lists_configs_phases_and_change(bench_run):
     assert "fla+dao: skipped" in text
     assert "### change vs previous run" in text and "| fastpath | prefill |" in text
     assert "fastpath kernel calls:" in text
+    assert "- fastpath routes: causal_conv1d_fn -> fastpath-triton" in text
+    assert "- reference routes: causal_conv1d_fn -> torch fallback" in text
 
 
 def test_bench_chart_is_a_png_with_one_panel_per_phase(bench_run):

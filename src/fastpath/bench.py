@@ -54,6 +54,9 @@ CONFIGS: dict[str, ConfigSpec] = {
     "reference": ConfigSpec("reference", "transformers torch fallback", enable=False,
                             hide=("causal_conv1d", "causal_conv1d_cuda", "fla")),
     "fastpath": ConfigSpec("fastpath", "fastpath.enable()", enable=True),
+    # FLA's gated delta rule with transformers' torch conv: what fastpath adds on top of FLA.
+    "fla": ConfigSpec("fla", "FLA, torch conv", enable=False, hide=("causal_conv1d", "causal_conv1d_cuda"),
+                      requires=("fla",), needs_cuda=True),
     # The compiled peers, as transformers binds them itself when they are installed.
     "fla+dao": ConfigSpec("fla+dao", "FLA + Dao causal-conv1d CUDA", enable=False,
                           requires=("causal_conv1d", "causal_conv1d_cuda", "fla"), needs_cuda=True),
@@ -438,6 +441,17 @@ def _cell(r: dict[str, Any], phase: str, speed: dict[str, dict[str, float]]) -> 
     return text
 
 
+def route_digest(rows: list[dict[str, Any]]) -> str:
+    """'causal_conv1d_fn -> fastpath-triton; chunk_gated_delta_rule -> torch fallback (...)'."""
+    by_op: dict[str, list[str]] = {}
+    for r in rows:
+        if "op" in r:
+            impls = by_op.setdefault(str(r["op"]), [])
+            if str(r.get("impl")) not in impls:
+                impls.append(str(r.get("impl")))
+    return "; ".join(f"{op} -> {' | '.join(impls)}" for op, impls in by_op.items()) or "no routed ops found"
+
+
 def markdown(doc: dict[str, Any], comparison: list[dict[str, Any]] | None = None) -> str:
     """The results as a markdown table (tokens/s, speed-up vs reference, peak memory)."""
     s = doc["settings"]
@@ -476,6 +490,8 @@ def markdown(doc: dict[str, Any], comparison: list[dict[str, Any]] | None = None
         for p, entry in r.get("phases", {}).items():
             if "error" in entry:
                 notes.append(f"- {r['config']} {PHASES[p]}: {entry['error']}")
+        if r.get("explain"):
+            notes.append(f"- {r['config']} routes: {route_digest(r['explain'])}")
         calls = r.get("kernel_calls")
         if r.get("config") == "fastpath" and calls is not None:
             notes.append(f"- fastpath kernel calls: {', '.join(f'{k} x{v}' for k, v in sorted(calls.items())) or 'none'}")
@@ -499,7 +515,7 @@ def chart(doc: dict[str, Any], path: Path) -> None:
 
     phases = doc["settings"]["phases"]
     configs = [r for r in doc["configs"] if "phases" in r]
-    colors = {"reference": "#9e9e9e", "fastpath": "#1f77b4", "fla+dao": "#ff7f0e"}
+    colors = {"reference": "#9e9e9e", "fastpath": "#1f77b4", "fla": "#2ca02c", "fla+dao": "#ff7f0e"}
     fig, axes = plt.subplots(1, len(phases), figsize=(4.2 * len(phases), 4.2), squeeze=False)
     for ax, phase in zip(axes[0], phases, strict=True):
         names, values = [], []

@@ -665,6 +665,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs")
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    parser.add_argument("--save", metavar="PATH", default=None, help="also write the result JSON to PATH")
 
 
 def resolve_dtype(name: str, device: str | None) -> str:
@@ -687,6 +688,12 @@ def main(args: argparse.Namespace) -> int:
             device=args.device, seed=args.seed,
             progress=lambda msg: status.update(f"verify: {msg}"),
         )
+    if args.save:
+        from pathlib import Path
+
+        path = Path(args.save)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result.to_json(), indent=1, default=str) + "\n")
     if args.json:
         json.dump(result.to_json(), sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
