@@ -189,19 +189,31 @@ async def run_command(argv: list[str], stdin_data: bytes, timeout: float) -> Com
         asyncio.ensure_future(pump(proc.stdout, out)),
         asyncio.ensure_future(pump(proc.stderr, err)),
     ]
+    async def exited() -> None:
+        # Not proc.wait(): before Python 3.12 it also waits for the pipes to close, which a
+        # daemonised grandchild (ssh ControlPersist master, `setsid cmd &`) can delay forever.
+        while proc.returncode is None:
+            await asyncio.sleep(0.02)
+
     timed_out = False
     try:
-        await asyncio.wait_for(proc.wait(), timeout=max(0.0, deadline - loop.time()))
+        await asyncio.wait_for(exited(), timeout=max(0.0, deadline - loop.time()))
     except asyncio.TimeoutError:
         timed_out = True
     _kill_group(proc.pid)
     if timed_out:
-        await proc.wait()
+        try:
+            await asyncio.wait_for(exited(), timeout=5)
+        except asyncio.TimeoutError:
+            pass
     grace = min(PIPE_GRACE_S, max(0.05, deadline - loop.time())) if not timed_out else 0.2
     _done, pending = await asyncio.wait(readers, timeout=grace)
     for task in [*pending, feeder]:
         task.cancel()
     await asyncio.gather(feeder, *readers, return_exceptions=True)
+    transport = getattr(proc, "_transport", None)
+    if transport is not None:  # close our pipe ends now, not in __del__ after the loop is gone
+        transport.close()
     return CommandResult(
         returncode=None if timed_out else proc.returncode,
         stdout=bytes(out),

@@ -1,15 +1,22 @@
 """`fastpath doctor --hosts FILE` over a real sshd: a 9-target fleet with an unreachable host, a
-hanging one, targets without python, injection attempts and a secret in a prefix."""
+hanging one, targets without python, injection attempts and a secret in a prefix.
+
+The fleet runs twice per session (JSON, then the table), shared by the tests below.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import os
 import shlex
 import stat
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,7 +24,8 @@ from sshd_server import ThrowawaySshd, closed_port, pid_alive
 
 from fastpath.fleet import majority_outliers, run_fleet
 
-TIMEOUT = 5.0
+# per-target timeout: the hanging target costs this much per run; generous for a loaded CI box
+TIMEOUT = 8.0
 
 
 def _fake_cuda(root: Path, version: str) -> Path:
@@ -29,38 +37,16 @@ def _fake_cuda(root: Path, version: str) -> Path:
     return home
 
 
-@pytest.fixture
-def fleet(
-    sshd: ThrowawaySshd,
-    no_python_bin: Path,
-    hang_target: tuple[Path, Path],
-    tmp_path: Path,
-) -> tuple[Path, Path, list[str]]:
-    """A prefix-list fleet file. Returns (file, hang pidfile, expected status per line)."""
-    cuda128, cuda130 = _fake_cuda(tmp_path, "12.8"), _fake_cuda(tmp_path, "13.0")
-    hang_script, pidfile = hang_target
-    pidfile.unlink(missing_ok=True)
-
-    def line(argv: list[str]) -> str:
-        return shlex.join(argv)
-
-    def nopy(cuda: Path) -> list[str]:
-        return sshd.prefix("env", "-i", f"PATH={cuda}/bin:{no_python_bin}")
-
-    lines = [
-        ("ok", line(sshd.prefix("env", "FASTPATH_PROBE_SKIP=imports", "HF_TOKEN=hunter2"))),
-        ("ok", line(nopy(cuda128))),
-        ("ok", line(nopy(cuda128))),
-        ("ok", line(nopy(cuda128))),
-        ("ok", line(nopy(cuda130))),  # the odd one out: a different nvcc
-        ("unreachable", line(sshd.prefix(port=closed_port()))),
-        ("timeout", line([str(hang_script), "ssh", "gpu-node-7"])),
-        ("ok", line(["env", "CUDA_HOME=$(id)", "CUDA_PATH=h;touch PWNED", "FASTPATH_PROBE_SKIP=imports"])),
-        ("unreachable", line([*sshd.ssh_args(), "-o", "HostName=127.0.0.1", "h;touch PWNED"])),
-    ]
-    path = tmp_path / "fleet.txt"
-    path.write_text("# test fleet\n" + "\n".join(text for _, text in lines) + "\n")
-    return path, pidfile, [status for status, _ in lines]
+@dataclass
+class FleetRun:
+    expected: list[str]
+    code_json: int
+    out_json: str
+    seconds_json: float
+    code_table: int
+    out_table: str
+    workdir: Path
+    hang_pidfile: Path
 
 
 def _args(hosts: Path, **kw: object) -> argparse.Namespace:
@@ -69,61 +55,91 @@ def _args(hosts: Path, **kw: object) -> argparse.Namespace:
     return argparse.Namespace(**base)
 
 
-def _check_hang_child_killed(pidfile: Path) -> None:
-    child = int(pidfile.read_text())
+def _run(args: argparse.Namespace) -> tuple[int, str, float]:
+    buf = io.StringIO()
+    started = time.monotonic()
+    with contextlib.redirect_stdout(buf):
+        code = run_fleet(args)
+    return code, buf.getvalue(), time.monotonic() - started
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    sshd: ThrowawaySshd,
+    no_python_bin: Path,
+    hang_target: tuple[Path, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> FleetRun:
+    """Write a 9-line prefix-list fleet file and run it (JSON with --model, then the table)."""
+    root = tmp_path_factory.mktemp("fleet")
+    workdir = root / "cwd"
+    workdir.mkdir()
+    cuda128, cuda130 = _fake_cuda(root, "12.8"), _fake_cuda(root, "13.0")
+    hang_script, pidfile = hang_target
+
+    def nopy(cuda: Path) -> list[str]:
+        return sshd.prefix("env", "-i", f"PATH={cuda}/bin:{no_python_bin}")
+
+    lines = [
+        ("ok", sshd.prefix("env", "FASTPATH_PROBE_SKIP=imports", "HF_TOKEN=hunter2")),
+        ("ok", nopy(cuda128)),
+        ("ok", nopy(cuda128)),
+        ("ok", nopy(cuda128)),
+        ("ok", nopy(cuda130)),  # the odd one out: a different nvcc
+        ("unreachable", sshd.prefix(port=closed_port())),
+        ("timeout", [str(hang_script), "ssh", "gpu-node-7"]),
+        ("ok", ["env", "CUDA_HOME=$(id)", "CUDA_PATH=h;touch PWNED", "FASTPATH_PROBE_SKIP=imports"]),
+        ("unreachable", [*sshd.ssh_args(), "-o", "HostName=127.0.0.1", "h;touch PWNED"]),
+    ]
+    path = root / "fleet.txt"
+    path.write_text("# test fleet\n" + "".join(shlex.join(argv) + "\n" for _, argv in lines))
+    old = os.getcwd()
+    os.chdir(workdir)  # a PWNED file would land here
+    try:
+        pidfile.unlink(missing_ok=True)
+        code_json, out_json, seconds = _run(_args(path, json=True, model="qwen3.5-27b"))
+        code_table, out_table, _ = _run(_args(path))
+    finally:
+        os.chdir(old)
+    return FleetRun([s for s, _ in lines], code_json, out_json, seconds, code_table, out_table,
+                    workdir, pidfile)
+
+
+def test_fleet_json(fleet: FleetRun) -> None:
+    report = json.loads(fleet.out_json)
+    assert fleet.code_json == 1  # unreachable and timed-out targets fail the run
+    assert report["schema"] == "fastpath.fleet/1" and report["exit_code"] == 1
+    targets = report["targets"]
+    assert [t["status"] for t in targets] == fleet.expected, [t["error"] for t in targets]
+    assert targets[5]["error"].startswith("unreachable: ") and "Connection refused" in targets[5]["error"]
+    assert targets[6]["error"] == f"timed out after {TIMEOUT:g}s"
+    assert targets[8]["error"] == "unreachable: hostname contains invalid characters"
+    assert fleet.seconds_json < 60  # the 600 s hang did not hold the run
+    # the hanging target's child was killed with its process group
+    child = int(fleet.hang_pidfile.read_text())
     deadline = time.monotonic() + 5
     while pid_alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not pid_alive(child), "the hanging target's child survived"
-
-
-def test_fleet_json(
-    fleet: tuple[Path, Path, list[str]], capsys: pytest.CaptureFixture[str], tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    path, pidfile, expected = fleet
-    monkeypatch.chdir(tmp_path)
-    started = time.monotonic()
-    code = run_fleet(_args(path, json=True, model="qwen3.5-27b"))
-    elapsed = time.monotonic() - started
-    out = capsys.readouterr().out
-    report = json.loads(out)
-    assert code == 1  # unreachable and timed-out targets fail the run
-    assert report["schema"] == "fastpath.fleet/1" and report["exit_code"] == 1
-    targets = report["targets"]
-    assert [t["status"] for t in targets] == expected, [t["error"] for t in targets]
-    assert targets[5]["error"].startswith("unreachable: ") and "Connection refused" in targets[5]["error"]
-    assert targets[6]["error"] == f"timed out after {TIMEOUT:g}s"
-    assert targets[8]["error"] == "unreachable: hostname contains invalid characters"
-    assert elapsed < 60  # the 600 s hang did not hold the run
-    _check_hang_child_killed(pidfile)
-    # every ok target carries its full report, facts included
+    # every ok target carries its full report, facts included, and a plan from its own facts
     for t in targets:
         if t["status"] == "ok":
-            facts = t["report"]["facts"]
-            assert facts["schema"] == "fastpath.facts/1"
+            assert t["report"]["facts"]["schema"] == "fastpath.facts/1"
+            assert t["report"]["model"]["model"].startswith("qwen3.5-27b")
     assert [targets[i]["report"]["facts"]["probe"]["kind"] for i in (0, 1, 4, 7)] == [
         "python", "sh", "sh", "python"
     ]
-    # --model: each target's plan comes from its own facts
-    for t in targets:
-        if t["status"] == "ok":
-            assert t["report"]["model"]["model"].startswith("qwen3.5-27b")
     # injection attempts stayed data
     assert targets[7]["report"]["facts"]["env"]["CUDA_HOME"] == "$(id)"
-    assert not (tmp_path / "PWNED").exists()
-    assert "uid=" not in out
+    assert not (fleet.workdir / "PWNED").exists()
+    assert "uid=" not in fleet.out_json
     # secrets: neither the prefix, the label nor the facts carry the value
-    assert "hunter2" not in out
+    assert "hunter2" not in fleet.out_json
     assert "HF_TOKEN=<redacted>" in targets[0]["prefix"]
 
 
-def test_fleet_table_marks_the_odd_one_out(
-    fleet: tuple[Path, Path, list[str]], capsys: pytest.CaptureFixture[str]
-) -> None:
-    path, _pidfile, _expected = fleet
-    code = run_fleet(_args(path, json=True))
-    targets = json.loads(capsys.readouterr().out)["targets"]
+def test_fleet_table_marks_the_odd_one_out(fleet: FleetRun) -> None:
+    targets = json.loads(fleet.out_json)["targets"]
     # four targets without python, three with the 12.8 toolkit: the 13.0 one is the odd one out
     nvcc = [t["table_row"]["nvcc"] for t in targets[1:5]]
     assert nvcc[0] == nvcc[1] == nvcc[2] != nvcc[3]
@@ -131,12 +147,11 @@ def test_fleet_table_marks_the_odd_one_out(
     assert [("nvcc" in t["differs_from_majority"]) for t in targets[1:5]] == [False] * 3 + [True]
     assert all(t["differs_from_majority"] == [] for t in targets if t["status"] != "ok")
 
-    code = run_fleet(_args(path))
-    out = capsys.readouterr().out
-    assert code == 1
+    out = fleet.out_table
+    assert fleet.code_table == 1
     assert f"{nvcc[3]} *" in out and f"{nvcc[0]} *" not in out  # the cell is marked in the table
     assert "* differs from the majority of the fleet" in out
-    assert "timed out after 5s" in out and "unreachable: " in out
+    assert f"timed out after {TIMEOUT:g}s" in out and "unreachable: " in out
     assert "h;touch PWNED" in out  # the hostile name is shown as data
     assert "hunter2" not in out
 

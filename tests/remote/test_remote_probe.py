@@ -235,3 +235,23 @@ def test_nothing_is_written_on_the_target(tmp_path: Path, monkeypatch: pytest.Mo
     assert probe_remote(prefix, timeout=120)["probe"]["kind"] == "python"
     assert probe_remote(prefix, python="no-such-python3", timeout=60)["probe"]["kind"] == "sh"
     assert [p for p in tmp_path.rglob("*") if p not in (home, tmp, cwd)] == []
+
+
+def test_daemon_holding_the_pipes_does_not_hang(tmp_path: Path) -> None:
+    """A target that leaves a daemonised process holding stdout/stderr (an ssh ControlPersist
+    master does this) still returns promptly with its facts."""
+    pidfile = tmp_path / "daemon.pid"
+    target = _script(
+        tmp_path / "leaves-daemon",
+        'echo \'{"schema": "fastpath.facts/1", "probe": {"kind": "python"}}\'\n'
+        f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 60' &\n"
+        "sleep 0.2\n",
+    )
+    try:
+        started = time.monotonic()
+        facts = probe_remote([str(target)], timeout=30)
+        assert facts["probe"]["kind"] == "python"
+        assert time.monotonic() - started < 15  # not the 30 s timeout
+    finally:
+        if pidfile.exists():
+            os.kill(int(pidfile.read_text()), 9)
