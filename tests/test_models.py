@@ -118,6 +118,27 @@ def test_checkpoint_directory_loads_its_weights_offline(tmp_path, monkeypatch):
     assert torch.equal(cut.model.model.layers[1].mlp.up_proj.weight, original.model.layers[1].mlp.up_proj.weight)
 
 
+def test_multimodal_qwen35_checkpoint_loads_as_its_text_decoder(tmp_path):
+    # Real Qwen3.5 checkpoints are Qwen3_5ForConditionalGeneration (vision + text); verify/bench
+    # build the text causal LM, and its weights must be the checkpoint's language-model weights.
+    from transformers import AutoConfig, Qwen3_5ForConditionalGeneration
+
+    text = {k: v for k, v in TINY_QWEN35.items() if k != "model_type"}
+    config = AutoConfig.for_model("qwen3_5", text_config=text, vision_config={
+        "depth": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "out_hidden_size": 32, "patch_size": 4})
+    torch.manual_seed(0)
+    vlm = Qwen3_5ForConditionalGeneration(config)
+    vlm.save_pretrained(tmp_path / "vlm")
+    built = build_model(str(tmp_path / "vlm"), device="cpu")
+    assert type(built.model).__name__ == "Qwen3_5ForCausalLM" and built.model_type == "qwen3_5_text"
+    assert not any("absent from the checkpoint" in n for n in built.notes)
+    want = vlm.state_dict()
+    got = built.model.state_dict()
+    assert torch.equal(got["model.layers.0.linear_attn.conv1d.weight"],
+                       want["model.language_model.layers.0.linear_attn.conv1d.weight"])
+    assert torch.equal(got["lm_head.weight"], want["lm_head.weight"])
+
+
 def test_bad_sources_are_usage_errors(tmp_path):
     with pytest.raises(UsageError, match="unknown preset"):
         build_model("no-such-preset", device="meta")

@@ -312,16 +312,21 @@ def build_model(
         # the host and move.
         direct = target.type == "cuda" and importlib.util.find_spec("accelerate") is not None
         try:
-            model = AutoModelForCausalLM.from_pretrained(
+            model, info = AutoModelForCausalLM.from_pretrained(
                 str(src.path),
                 config=config,
                 dtype=torch_type,
                 local_files_only=True,
                 attn_implementation=attn_implementation,
+                output_loading_info=True,
                 **({"device_map": str(target)} if direct else {}),
             )
         except (OSError, ValueError) as exc:
             raise UsageError(f"cannot load the checkpoint in {src.path}: {_first_line(exc)}") from None
+        missing = sorted(info.get("missing_keys") or [])
+        if missing:
+            notes.append(f"{len(missing)} tensors absent from the checkpoint were randomly initialised "
+                         f"(first: {missing[0]})")
         if not direct and target.type != "cpu":
             model = model.to(target)
         used_seed: int | None = None
