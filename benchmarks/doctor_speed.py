@@ -1,7 +1,9 @@
 """Wall time of `fastpath doctor --json` (local probe, no --model), N runs, median reported.
 
 Usage: python benchmarks/doctor_speed.py [-n 7] [--out benchmarks/results/doctor_speed.json]
-Records the load average next to the timings: on a shared 2-core box other jobs inflate them.
+Records the load average next to the timings (on a shared 2-core box other jobs inflate the wall
+time) and the CPU seconds of the whole process tree (doctor + its probe subprocesses), which the
+load does not inflate much.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -17,17 +20,21 @@ import time
 from datetime import datetime, timezone
 
 
-def run_once(extra: list[str]) -> tuple[float, int, float | None]:
+def run_once(extra: list[str]) -> tuple[float, int, float | None, float]:
+    """(wall s, exit code, probe's own seconds, CPU s of the whole process tree)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "fastpath", "doctor", "--json", *extra],
                           capture_output=True, text=True, timeout=300)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     probe_s = None
     try:
         probe_s = json.loads(proc.stdout)["facts"]["probe"]["seconds"]
     except (json.JSONDecodeError, KeyError, TypeError):
         pass
-    return wall, proc.returncode, probe_s
+    return wall, proc.returncode, probe_s, cpu
 
 
 def main() -> int:
@@ -38,11 +45,12 @@ def main() -> int:
     args = parser.parse_args()
     extra = ["--model", args.model] if args.model else []
     run_once(extra)  # warm the page cache / .pyc files
-    walls, probes, codes, loads = [], [], [], []
+    walls, probes, codes, loads, cpus = [], [], [], [], []
     for _ in range(args.n):
         loads.append(os.getloadavg()[0])
-        wall, code, probe_s = run_once(extra)
+        wall, code, probe_s, cpu = run_once(extra)
         walls.append(wall)
+        cpus.append(cpu)
         codes.append(code)
         if probe_s is not None:
             probes.append(probe_s)
@@ -57,6 +65,7 @@ def main() -> int:
         "median_wall_s": round(statistics.median(walls), 3),
         "min_wall_s": round(min(walls), 3),
         "median_probe_s": round(statistics.median(probes), 3) if probes else None,
+        "median_cpu_s": round(statistics.median(cpus), 3),
         "exit_codes": sorted(set(codes)),
         "load_avg_1min_before_each_run": [round(x, 2) for x in loads],
     }
