@@ -109,7 +109,14 @@ def diagnose(facts: dict[str, Any], model: str | dict[str, Any] | None = None) -
 # ------------------------------------------------------------------------------ CLI
 
 
+EXIT_CODES_HELP = (
+    "exit status: 0 nothing blocks the fast path (verdict fast, or unknown: no GPU visible to "
+    "judge); 1 slow path or a blocking finding; 2 bad usage or bad input."
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EXIT_CODES_HELP
     parser.add_argument("--model", metavar="X",
                         help="preset name, config.json path or local model dir: show its layer plan")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
