@@ -291,3 +291,13 @@ def test_rpm_database_is_a_candidate_source(fake_tree):
     c128 = next(c for c in facts["nvcc_candidates"]
                 if c["realpath"] == os.path.realpath(fake_tree["cuda128"] / "bin/nvcc"))
     assert "rpm cuda-nvcc-12-8 12.8.93" in c128["found_by"]
+
+
+def test_hanging_import_times_out_without_hanging_the_probe(tmp_path):
+    site = tmp_path / "site"
+    write_dist_info(site, "tilelang", "0.1.15",
+                    {"tilelang/__init__.py": b"import time\ntime.sleep(60)\n"})
+    env = dict(os.environ, PYTHONPATH=str(site))
+    r = probe.probe_import("tilelang", probe.Options(env=env, timeout=1.5))
+    assert r["ok"] is False and r["error_kind"] == "other"
+    assert "timed out" in r["error"]
