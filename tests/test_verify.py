@@ -19,6 +19,8 @@ import torch
 
 import fastpath
 from fastpath.causal_conv1d import causal_conv1d_fn as real_causal_conv1d_fn
+from fastpath.errors import FastpathError
+from fastpath.integrations.transformers import is_enabled as fastpath_is_enabled
 from fastpath.verify import TOLERANCES, compare, make_inputs, tensor_flags, verify_model
 
 # Qwen3.5's GatedDeltaNet: conv without bias, 3 linear-attention layers + 1 attention layer.
@@ -84,7 +86,7 @@ def test_qwen35_fast_path_matches_reference_forward_backward_and_decode(qwen):
     result = verify_model(qwen, dtype="fp32", seq_len=24, batch=2, backward=True, decode_tokens=4)
     assert result.ok, result.problems
     assert result.first_divergence is None
-    assert [d.name for d in result.layers] == ["embeddings", "layer 0", "layer 1", "layer 2", "layer 3"]
+    assert [d.name for d in result.layers] == ["embeddings", "layer 0", "layer 1", "layer 2", "layer 3 + final norm"]
     assert [d.kind for d in result.layers[1:]] == ["linear_attention"] * 3 + ["full_attention"]
     tol = TOLERANCES["fp32"]
     assert all(d.rel <= tol.rel and d.token_rel_max <= tol.token_rel for d in [*result.layers, result.logits])
@@ -147,6 +149,17 @@ def test_packed_gated_delta_rule_on_torch_fallback_is_reported(qwen):
     result = verify_model(qwen, dtype="fp32", seq_len=16, batch=2, packed=True, decode_tokens=0)
     assert not result.ok
     assert any("packed sequences" in p and "cu_seqlens" in p for p in result.problems)
+
+
+def test_a_kernel_that_raises_is_a_one_line_failure_not_a_traceback(lfm2):
+    def conv_refusing(x, weight, bias=None, seq_idx=None, initial_states=None, return_final_states=False,
+                      final_states_out=None, activation=None):
+        raise RuntimeError("no kernel image is available for execution on the device\n(more detail)")
+
+    with pytest.raises(FastpathError, match=r"^fast path raised RuntimeError: no kernel image is available") as info:
+        verify_model(lfm2, seq_len=8, batch=1, decode_tokens=0, enable_kwargs={"causal_conv1d_fn": conv_refusing})
+    assert "\n" not in str(info.value) and info.value.exit_code == 1
+    assert not fastpath_is_enabled()  # left disabled
 
 
 # --- the pieces -----------------------------------------------------------------------------------

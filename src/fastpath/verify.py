@@ -389,6 +389,11 @@ def check_decode(fast: Any, ref: Any, tol: Tolerance) -> DecodeCheck:
 # The whole verification
 
 
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else ""
+
+
 def _call_delta(before: Counter[str], after: Counter[str]) -> dict[str, int]:
     return {k: after[k] - before.get(k, 0) for k in sorted(after) if after[k] - before.get(k, 0) > 0}
 
@@ -453,10 +458,14 @@ def route_summary(rows: list[dict[str, Any]]) -> str:
 
 
 def layer_names(layer_types: list[str], count: int) -> list[tuple[str, str]]:
-    """(name, type) for output_hidden_states entries: embeddings, then one per decoder layer."""
+    """(name, type) for output_hidden_states entries: embeddings, then one per decoder layer.
+
+    transformers returns the last entry after the model's final norm (it is last_hidden_state).
+    """
     names = [("embeddings", "")]
     for i in range(count - 1):
-        names.append((f"layer {i}", layer_types[i] if i < len(layer_types) else "decoder"))
+        suffix = " + final norm" if i == count - 2 else ""
+        names.append((f"layer {i}{suffix}", layer_types[i] if i < len(layer_types) else "decoder"))
     return names
 
 
@@ -502,6 +511,7 @@ def verify_model(
     if backward:
         model.requires_grad_(True)
     problems: list[str] = []
+    stage = "reference path"
 
     try:
         fastpath.disable()
@@ -519,6 +529,7 @@ def verify_model(
             say("reference path in fp32: gradient oracle")
             oracle_grads = _fp32_oracle_grads(model, inputs)
 
+        stage = "fast path"
         say("fast path: enable()")
         report = fastpath.enable(**(enable_kwargs or {}))
         explain_rows = _explain_rows(model)
@@ -533,7 +544,12 @@ def verify_model(
     except FastpathError:
         raise
     except torch.cuda.OutOfMemoryError as exc:
-        raise FastpathError(f"out of GPU memory: {str(exc).splitlines()[0]}; try a smaller --seq-len/--batch/--layers") from None
+        raise FastpathError(f"{stage}: out of GPU memory: {_first_line(exc)}; "
+                            "try a smaller --seq-len/--batch/--layers") from None
+    except Exception as exc:
+        # A path that raises (a kernel refusing packed training, a shape error) is a failed
+        # verification, reported in one line: exit 1, not a traceback.
+        raise FastpathError(f"{stage} raised {exc.__class__.__name__}: {_first_line(exc)}") from None
     finally:
         fastpath.disable()
 
