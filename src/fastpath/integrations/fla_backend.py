@@ -20,7 +20,9 @@ uninstall.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -85,13 +87,16 @@ def _route_impl() -> Callable[..., Any]:
     return routed
 
 
-def _bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Named view of a chunk_bwd_dqkwg call (FLA's callers pass keywords, but be general)."""
-    import inspect
-
+@functools.cache
+def _signature() -> inspect.Signature:
     from fastpath.ops.fla_dqkwg import chunk_bwd_dqkwg
 
-    bound = inspect.signature(chunk_bwd_dqkwg).bind(*args, **kwargs)
+    return inspect.signature(chunk_bwd_dqkwg)
+
+
+def _bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Named view of a chunk_bwd_dqkwg call (FLA's callers pass keywords, but be general)."""
+    bound = _signature().bind(*args, **kwargs)
     bound.apply_defaults()
     return dict(bound.arguments)
 
@@ -151,7 +156,7 @@ def _patch_importers() -> None:
     for name in _IMPORTERS:
         try:
             mod = importlib.import_module(name)
-        except ImportError:
+        except Exception:  # an fla version without this module (or one that fails to import)
             continue
         original = getattr(mod, "chunk_bwd_dqkwg", None)
         if original is None or name in _state["patched"]:
