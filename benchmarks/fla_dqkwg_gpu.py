@@ -151,6 +151,14 @@ def speed(T: int) -> dict:
     out["op_route_s"] = _time(lambda: chunk_bwd_dqkwg(**kw))
     # "widened" here means cuBLAS out_dtype=float32 was unavailable: slower, same results.
     out["op_matmul_paths"] = dict(MATMUL_PATHS)
+    # The cuBLAS out_dtype paths vs the plain float32 path on the same values: rounding-level
+    # differences (~1e-3) are expected, O(1) would mean a broken fast path.
+    kw32 = {n: (x.float() if torch.is_tensor(x) and x.is_floating_point() else x)
+            for n, x in kw.items()}
+    out["op_bf16_vs_fp32_inputs_rel"] = {
+        n: _rel(a, b) for n, a, b in zip(("dq", "dk", "dw", "dg"), chunk_bwd_dqkwg(**kw),
+                                         chunk_bwd_dqkwg(**kw32), strict=True)}
+    del kw32
     floor = floor_seconds(1, T, H, HV, K, V, BT)
     out["op_floor"] = floor
     out["op_route_vs_floor"] = out["op_route_s"] / floor["floor_s"]
