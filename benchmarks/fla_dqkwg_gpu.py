@@ -170,10 +170,12 @@ def speed(T: int) -> dict:
             n: _rel(a, b) for n, a, b in zip(("dq", "dk", "dw", "dg"), mine, theirs, strict=True)}
     except Exception as exc:
         out["op_fla_triton_unguarded_s"] = f"{type(exc).__name__}: {exc}"
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     chunk_bwd_dqkwg(**kw)
     torch.cuda.synchronize()
-    out["op_route_peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    out["op_route_extra_mem_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
     return out
 
 
