@@ -72,7 +72,7 @@ def build(model_type: str, seed: int = 0) -> Any:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[model_type]
-    known = set(cls().to_dict())
+    known = set(cls().to_dict()) | set(getattr(cls, "attribute_map", {}))
     kwargs = {k: v for k, v in FAMILIES[model_type].items() if k in known or k in ALWAYS_PASS}
     config = cls(**kwargs)
     config._attn_implementation = "eager"
@@ -182,6 +182,11 @@ def offline_load(model_type: str) -> dict[str, Any]:
         ref = model(ids).logits
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
+        try:  # what the same load does without fastpath (5.25: use_kernels defaults to True)
+            AutoModelForCausalLM.from_pretrained(tmp)
+            out["baseline_error"] = None
+        except Exception as exc:
+            out["baseline_error"] = f"{type(exc).__name__}: {exc}"
         reset()
         fastpath.enable(warn=False)
         try:

@@ -95,12 +95,38 @@ def _ops_of_class(cls: type) -> tuple[str, ...]:
         if f"self.{attr}" in src or f"{glob}(" in src:
             ops.append(op)
     if module is not None:  # 5.15+: every other hub-fallback op the layer calls (mamba_ssm, fla KDA)
+        src = src + _helpers_source(module, src)
         for gname, value in vars(module).items():
             if gname in CONV_OPS or gname in {g for _, g in GDN_OPS.values()} or not _is_hub_fallback(value):
                 continue
             if f"{gname}(" in src:
                 ops.append(gname)
     return tuple(ops)
+
+
+def _helpers_source(module: ModuleType, src: str, depth: int = 2) -> str:
+    """Source of the module-level helper functions `src` calls (5.25 moves kernel calls into
+    kernelizable helpers such as `mamba2_scan_forward`), followed `depth` levels deep."""
+    extra = ""
+    frontier = src
+    seen: set[str] = set()
+    for _ in range(depth):
+        found = ""
+        for name, value in vars(module).items():
+            if name in seen or not inspect.isfunction(value) or _is_hub_fallback(value):
+                continue
+            if getattr(value, "__module__", None) != module.__name__ or f"{name}(" not in frontier:
+                continue
+            seen.add(name)
+            try:
+                found += inspect.getsource(value)
+            except (OSError, TypeError):
+                continue
+        if not found:
+            break
+        extra += found
+        frontier = found
+    return extra
 
 
 def _device_of(layer: Any) -> str:

@@ -57,7 +57,8 @@ def disable_hub_downloads(reg_env: dict[str, str | None]) -> str:
         # 5.14-5.24 read the variable once, at import; keep the module in step
         reg_env.setdefault("__hub_flag__", "1")
         hub._kernels_enabled = False  # type: ignore[attr-defined]
-    return f"set {ENV}=0 so from_pretrained(use_kernels=None) does not download Hub kernels"
+    return (f"set {ENV}=0: from_pretrained(use_kernels=None) neither downloads Hub kernels nor (5.25) "
+            "raises for a missing/old `kernels`; pass use_kernels=True with USE_HUB_KERNELS=1 to opt in")
 
 
 def restore_env(reg_env: dict[str, str | None]) -> None:
