@@ -52,7 +52,13 @@ def measure(fn: Any) -> dict[str, Any]:
     extra = fn()
     wall = time.perf_counter() - started
     b1, t1 = cpu_times()
-    out = {"wall_s": round(wall, 3), "cpu_busy_fraction": round((b1 - b0) / max(1, t1 - t0), 3)}
+    out = {
+        "wall_s": round(wall, 3),
+        "cpu_busy_fraction": round((b1 - b0) / max(1, t1 - t0), 3),
+        # machine-wide CPU time spent during the run (includes anything else running)
+        "machine_cpu_s": round((b1 - b0) / os.sysconf("SC_CLK_TCK"), 2),
+        "loadavg_1min_after": round(os.getloadavg()[0], 2),
+    }
     out.update(extra or {})
     return out
 
@@ -138,7 +144,10 @@ def main() -> int:
     Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
     Path(opts.out).write_text(json.dumps(record, indent=2) + "\n")
     for name, row in results.items():
-        print(f"{name:24s} wall {row['wall_s']:7.2f} s  cpu busy {row['cpu_busy_fraction']:.0%}  ok {row.get('ok')}")
+        print(
+            f"{name:24s} wall {row['wall_s']:7.2f} s  cpu busy {row['cpu_busy_fraction']:.0%}  "
+            f"machine cpu {row['machine_cpu_s']:7.1f} s  ok {row.get('ok')}"
+        )
     print(f"wrote {opts.out}")
     return 0
 

@@ -1,8 +1,9 @@
 """Fleet files: a list of target prefixes, or an Ansible inventory (INI or YAML).
 
 Every target ends up as an argv prefix (see fastpath.remote). From an Ansible inventory we build
-`ssh [ansible_ssh_common_args] [ansible_ssh_extra_args] -p PORT -l USER -- HOST`, honouring
-ansible_host, ansible_user, ansible_port and ansible_python_interpreter; `ansible_connection=local`
+`ssh [ansible_ssh_common_args] [ansible_ssh_extra_args] -p PORT -l USER [-i KEY] -o BatchMode=yes
+-- HOST`, honouring ansible_host, ansible_user, ansible_port, ansible_ssh_private_key_file and
+ansible_python_interpreter; `ansible_connection=local`
 runs on this machine, `docker` through `docker exec -i`. Host and user values are checked so they
 cannot smuggle ssh options in (a host `-oProxyCommand=...` would run a local command).
 """
@@ -253,7 +254,11 @@ def _target_from_vars(host: str, hostvars: dict[str, Any], groups: list[str]) ->
     user = hostvars.get("ansible_user", hostvars.get("ansible_ssh_user"))
     if user is not None:
         argv += ["-l", _checked(user, "ansible_user", host)]
-    argv += ["--", address]
+    key_file = hostvars.get("ansible_ssh_private_key_file", hostvars.get("ansible_private_key_file"))
+    if key_file:
+        argv += ["-i", str(key_file)]
+    # No password prompts from 32 parallel sessions (options given above take precedence).
+    argv += ["-o", "BatchMode=yes", "--", address]
     return Target(host, argv, python, groups)
 
 

@@ -17,6 +17,7 @@ INI = """\
 [gpu]
 node1 ansible_host=10.0.0.5 ansible_user=ops ansible_port=2222
 node[2:3] ansible_user=admin
+node2 ansible_ssh_private_key_file=/keys/n2
 
 [ctr]
 ct200 ansible_host=pve1 ansible_ssh_common_args='-J bastion -o StrictHostKeyChecking=no'
@@ -44,6 +45,7 @@ all:
           hosts:
             node1: {ansible_host: 10.0.0.5, ansible_user: ops, ansible_port: 2222}
             node[2:3]: {ansible_user: admin}
+            node2: {ansible_ssh_private_key_file: /keys/n2}
           vars:
             ansible_user: gpuadmin
             ansible_ssh_extra_args: "-o ConnectTimeout=3"
@@ -57,11 +59,12 @@ all:
           ansible_python_interpreter: /usr/bin/python3
 """
 
+BATCH = ["-o", "BatchMode=yes", "--"]
 EXPECTED = {
-    "node1": ["ssh", "-o", "ConnectTimeout=3", "-p", "2222", "-l", "ops", "--", "10.0.0.5"],
-    "node2": ["ssh", "-o", "ConnectTimeout=3", "-p", "22", "-l", "admin", "--", "node2"],
-    "node3": ["ssh", "-o", "ConnectTimeout=3", "-p", "22", "-l", "admin", "--", "node3"],
-    "ct200": ["ssh", "-J", "bastion", "-o", "StrictHostKeyChecking=no", "-p", "22", "--", "pve1"],
+    "node1": ["ssh", "-o", "ConnectTimeout=3", "-p", "2222", "-l", "ops", *BATCH, "10.0.0.5"],
+    "node2": ["ssh", "-o", "ConnectTimeout=3", "-p", "22", "-l", "admin", "-i", "/keys/n2", *BATCH, "node2"],
+    "node3": ["ssh", "-o", "ConnectTimeout=3", "-p", "22", "-l", "admin", *BATCH, "node3"],
+    "ct200": ["ssh", "-J", "bastion", "-o", "StrictHostKeyChecking=no", "-p", "22", *BATCH, "pve1"],
     "local-box": ["env"],
 }
 
