@@ -70,10 +70,12 @@ def causal_conv1d_fwd(
 ) -> tuple[Tensor, Tensor]:
     width = weight.shape[-1]
     if _triton_ok("fwd", width, x, weight, bias, initial_states):
-        from fastpath.ops.conv1d_fwd import causal_conv1d_fwd_triton
-
         CALLS["fwd:triton"] += 1
-        out = causal_conv1d_fwd_triton(x, weight, bias, seq_idx, initial_states, silu)
+        if x.stride(1) == 1:  # channel-last: sliding-row kernel, 16-byte vectors along D
+            from fastpath.ops.conv1d_rows import causal_conv1d_fwd_rows as kernel
+        else:  # contiguous: 2D tiles vectorized along L
+            from fastpath.ops.conv1d_fwd import causal_conv1d_fwd_triton as kernel
+        out = kernel(x, weight, bias, seq_idx, initial_states, silu)
     else:
         CALLS["fwd:reference"] += 1
         out = torch.empty_like(x)
@@ -144,10 +146,12 @@ def causal_conv1d_bwd(
 ) -> tuple[Tensor, Tensor, Tensor]:
     width = weight.shape[-1]
     if _triton_ok("bwd", width, x, weight, bias, initial_states, dout, dfinal_states, dx):
-        from fastpath.ops.conv1d_bwd import causal_conv1d_bwd_triton
-
         CALLS["bwd:triton"] += 1
-        dweight, dbias, dinit = causal_conv1d_bwd_triton(
+        if x.stride(1) == 1:
+            from fastpath.ops.conv1d_rows import causal_conv1d_bwd_rows as kernel
+        else:
+            from fastpath.ops.conv1d_bwd import causal_conv1d_bwd_triton as kernel
+        dweight, dbias, dinit = kernel(
             x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, silu,
             return_dinitial_states,
         )

@@ -104,6 +104,62 @@ def _causal_conv1d_update_kernel(
                      mask=md & (s < S)[None, :])
 
 
+@triton.jit
+def _causal_conv1d_update_step_kernel(
+    X, STATE, WEIGHT, BIAS, OUT, STATE_IDX,
+    D, S,
+    stride_xb, stride_xd,
+    stride_sb, stride_sd, stride_sl,
+    stride_ob, stride_od,
+    stride_wd, stride_wk,
+    WIDTH: tl.constexpr,
+    SILU: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_IDX: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    S_PAD: tl.constexpr,
+):
+    """One new token, shifting state (the transformers decode step): every load is issued
+    before the first store, so a program makes one trip to memory."""
+    pid_d = tl.program_id(0)
+    pid_b = tl.program_id(1).to(tl.int64)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    cols = tl.arange(0, S_PAD)
+    row = pid_b
+    md = mask_d[:, None]
+    if HAS_IDX:
+        row = tl.load(STATE_IDX + pid_b).to(tl.int64)
+        md = md & ((tl.zeros((1, 1), dtype=tl.int64) + row) >= 0)
+        row = tl.maximum(row, 0)
+    state_rows = STATE + row * stride_sb + offs_d[:, None] * stride_sd
+    # the state shifted left by one column, and the W-1 history columns read as one tile
+    shifted = tl.load(state_rows + (cols + 1)[None, :] * stride_sl,
+                      mask=md & ((cols + 1) < S)[None, :], other=0.0)
+    hist_cols = S - (WIDTH - 1) + cols
+    hist = tl.load(state_rows + hist_cols[None, :] * stride_sl,
+                   mask=md & (cols < WIDTH - 1)[None, :], other=0.0).to(tl.float32)
+    xv = tl.load(X + pid_b * stride_xb + offs_d * stride_xd, mask=mask_d, other=0.0)
+    w_rows = WEIGHT + offs_d[:, None] * stride_wd
+    w_hist = tl.load(w_rows + cols[None, :] * stride_wk,
+                     mask=mask_d[:, None] & (cols < WIDTH - 1)[None, :], other=0.0).to(tl.float32)
+    w_last = tl.load(WEIGHT + offs_d * stride_wd + (WIDTH - 1) * stride_wk, mask=mask_d,
+                     other=0.0).to(tl.float32)
+    acc = tl.sum(hist * w_hist, axis=1) + xv.to(tl.float32) * w_last
+    if HAS_BIAS:
+        acc += tl.load(BIAS + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    if SILU:
+        acc = silu_fp32(acc)
+    valid_d = tl.sum(md.to(tl.int32), axis=1) > 0
+    acc = tl.where(valid_d, acc, 0.0)  # padding rows: output 0
+    new = tl.where((cols == S - 1)[None, :], xv[:, None].to(tl.float32), shifted.to(tl.float32))
+    tl.debug_barrier()  # all reads of this program's state rows precede the writes
+    tl.store(OUT + pid_b * stride_ob + offs_d * stride_od, acc.to(OUT.dtype.element_ty),
+             mask=mask_d)
+    tl.store(state_rows + cols[None, :] * stride_sl, new.to(STATE.dtype.element_ty),
+             mask=md & (cols < S)[None, :])
+
+
 def update_config(dim: int, seqlen: int, state_len: int) -> dict:
     block_t = min(16, next_pow2(seqlen))
     block_s = min(16, next_pow2(state_len))
@@ -130,6 +186,8 @@ def causal_conv1d_update_triton(
     out = torch.empty_like(x)
     if out.numel() == 0:
         return out
+    if seqlen == 1 and cache_seqlens is None and state_len <= 16 and config is None:
+        return _update_step(x, conv_state, weight, bias, silu, conv_state_indices, out)
     if config is None:
         key = (dim, seqlen, state_len)
         config = _CONFIGS.get(key)
@@ -154,5 +212,27 @@ def causal_conv1d_update_triton(
         HAS_IDX=conv_state_indices is not None,
         BLOCK_D=block_d,
         **cfg,
+    )
+    return out
+
+
+_STEP_BLOCK_D = 256
+
+
+def _update_step(x, conv_state, weight, bias, silu, conv_state_indices, out):
+    """Launch the one-token kernel (the decode hot path: keep this thin)."""
+    batch, dim, _ = x.shape
+    state_len = conv_state.shape[-1]
+    _causal_conv1d_update_step_kernel[(triton.cdiv(dim, _STEP_BLOCK_D), batch)](
+        x, conv_state, weight, bias if bias is not None else weight, out,
+        conv_state_indices if conv_state_indices is not None else x,
+        dim, state_len,
+        x.stride(0), x.stride(1),
+        conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
+        out.stride(0), out.stride(1),
+        weight.stride(0), weight.stride(1),
+        WIDTH=weight.shape[-1], SILU=silu, HAS_BIAS=bias is not None,
+        HAS_IDX=conv_state_indices is not None,
+        BLOCK_D=_STEP_BLOCK_D, S_PAD=next_pow2(state_len), num_warps=4,
     )
     return out

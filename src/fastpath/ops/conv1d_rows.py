@@ -1,0 +1,461 @@
+"""Sliding-row Triton kernels for causal conv1d: each x / dy element is loaded once.
+
+Why: the 2D-tile kernels (conv1d_fwd / conv1d_bwd) load W (fwd) or 2W-1 (bwd) shifted copies
+of every tile; those loads are issued back to back, so each one goes to L2 again and the
+kernels top out at ~0.7x copy bandwidth (fwd) / ~1000 GB/s (bwd) on an H200. Here a program owns
+BLOCK_D channels (16-byte vectors along D in the channel-last layout) and a chunk of rows, walks
+the rows in order and keeps the last W-1 input rows (and, in the backward, the last W-1
+pre-activation gradients) in registers. Rows are taken 4 at a time: the 4 loads are issued
+before any store, so they are in flight together.
+
+Widths 2..4 use the width-4 formulation with the first 4-W taps at weight 0 (KPAD, as in
+conv1d_common). Position conventions: row r of batch b; negative rows are the initial state
+(or zeros); seq_idx is a per-row scalar.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fastpath.ops.conv1d_common import next_pow2, silu_fp32, silu_grad_fp32
+
+
+@triton.jit
+def _splat(mask_d, r):
+    """r broadcast over the channel vector (masks mixing a vector and a scalar condition trip
+    the interpreter; on GPU the splat folds away)."""
+    return r + tl.zeros(mask_d.shape, dtype=tl.int32)
+
+
+@triton.jit
+def _row(x_base, r, L, mask_d, stride_l):
+    return tl.load(x_base + r * stride_l, mask=mask_d & (_splat(mask_d, r) < L),
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _halo_row(x_base, init_base, r, L, mask_d, stride_l, stride_il,
+              WIDTH: tl.constexpr, HAS_INIT: tl.constexpr):
+    """x at row r for r possibly negative (then: initial state column W-1+r, or zero)."""
+    rv = _splat(mask_d, r)
+    v = tl.load(x_base + r * stride_l, mask=mask_d & (rv >= 0) & (rv < L), other=0.0).to(tl.float32)
+    if HAS_INIT:
+        v += tl.load(init_base + (r + WIDTH - 1) * stride_il,
+                     mask=mask_d & (rv < 0) & (rv >= 1 - WIDTH), other=0.0).to(tl.float32)
+    return v
+
+
+@triton.jit
+def _seq(seq_base, r, L, seq0, HAS_INIT: tl.constexpr):
+    """seq_idx of row r: the initial state counts as seq_idx[0]; other rows outside -> -1."""
+    s = tl.load(seq_base + r, mask=(r >= 0) & (r < L), other=-1)
+    if HAS_INIT:
+        s = tl.where(r < 0, seq0, s)
+    return s
+
+
+@triton.jit
+def _tap(xv, s, s_out, w, HAS_SEQ: tl.constexpr):
+    if HAS_SEQ:
+        return tl.where(s == s_out, xv, 0.0) * w
+    return xv * w
+
+
+@triton.jit
+def _pre(xm3, xm2, xm1, x0, sm3, sm2, sm1, s0, w0, w1, w2, w3, bias_v,
+         KPAD: tl.constexpr, HAS_SEQ: tl.constexpr):
+    """Pre-activation of the output at the row of x0 (xm1..xm3: the rows above)."""
+    acc = x0 * w3 + bias_v
+    if KPAD <= 2:
+        acc += _tap(xm1, sm1, s0, w2, HAS_SEQ)
+    if KPAD <= 1:
+        acc += _tap(xm2, sm2, s0, w1, HAS_SEQ)
+    if KPAD <= 0:
+        acc += _tap(xm3, sm3, s0, w0, HAS_SEQ)
+    return acc
+
+
+@triton.jit
+def _fwd_out(out_base, r, L, mask_d, stride_ol, pre, s0,
+             SILU: tl.constexpr, HAS_SEQ: tl.constexpr, c1):
+    y = pre
+    if HAS_SEQ:
+        y = tl.where(s0 >= 0, y, 0.0)
+    if SILU:
+        y = silu_fp32(y)
+    tl.store(out_base + r * stride_ol, y.to(out_base.dtype.element_ty),
+             mask=mask_d & (_splat(mask_d, r) < c1))
+
+
+@triton.jit
+def _causal_conv1d_fwd_rows_kernel(
+    X, WEIGHT, BIAS, SEQ, INIT, OUT,
+    L, D, rows_per_prog,
+    stride_xb, stride_xd, stride_xl,
+    stride_ob, stride_od, stride_ol,
+    stride_wd, stride_wk,
+    stride_ib, stride_id, stride_il,
+    stride_sb,
+    WIDTH: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr,
+    HAS_INIT: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    KPAD: tl.constexpr = 4 - WIDTH
+    pid_d = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    pid_b = tl.program_id(2).to(tl.int64)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    x_base = X + pid_b * stride_xb + offs_d * stride_xd
+    out_base = OUT + pid_b * stride_ob + offs_d * stride_od
+    init_base = INIT + pid_b * stride_ib + offs_d * stride_id
+    seq_base = SEQ + pid_b * stride_sb
+    w_base = WEIGHT + offs_d * stride_wd
+    zero = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    w3 = tl.load(w_base + (3 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
+    w2 = tl.load(w_base + (2 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
+    w1 = zero
+    w0 = zero
+    if KPAD <= 1:
+        w1 = tl.load(w_base + (1 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
+    if KPAD <= 0:
+        w0 = tl.load(w_base + (0 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
+    bias_v = zero
+    if HAS_BIAS:
+        bias_v = tl.load(BIAS + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+
+    c0 = pid_c * rows_per_prog
+    c1 = tl.minimum(c0 + rows_per_prog, L)
+    xm3 = _halo_row(x_base, init_base, c0 - 3, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
+    xm2 = _halo_row(x_base, init_base, c0 - 2, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
+    xm1 = _halo_row(x_base, init_base, c0 - 1, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
+    seq0 = 0
+    sm3 = 0
+    sm2 = 0
+    sm1 = 0
+    s0 = 0
+    s1 = 0
+    s2 = 0
+    s3 = 0
+    if HAS_SEQ:
+        if HAS_INIT:
+            seq0 = tl.load(seq_base)
+        sm3 = _seq(seq_base, c0 - 3, L, seq0, HAS_INIT)
+        sm2 = _seq(seq_base, c0 - 2, L, seq0, HAS_INIT)
+        sm1 = _seq(seq_base, c0 - 1, L, seq0, HAS_INIT)
+    for r in range(c0, c1, 4):
+        x0 = _row(x_base, r, L, mask_d, stride_xl)
+        x1 = _row(x_base, r + 1, L, mask_d, stride_xl)
+        x2 = _row(x_base, r + 2, L, mask_d, stride_xl)
+        x3 = _row(x_base, r + 3, L, mask_d, stride_xl)
+        if HAS_SEQ:
+            s0 = _seq(seq_base, r, L, seq0, False)
+            s1 = _seq(seq_base, r + 1, L, seq0, False)
+            s2 = _seq(seq_base, r + 2, L, seq0, False)
+            s3 = _seq(seq_base, r + 3, L, seq0, False)
+        p0 = _pre(xm3, xm2, xm1, x0, sm3, sm2, sm1, s0, w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
+        p1 = _pre(xm2, xm1, x0, x1, sm2, sm1, s0, s1, w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
+        p2 = _pre(xm1, x0, x1, x2, sm1, s0, s1, s2, w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
+        p3 = _pre(x0, x1, x2, x3, s0, s1, s2, s3, w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
+        _fwd_out(out_base, r, L, mask_d, stride_ol, p0, s0, SILU, HAS_SEQ, c1)
+        _fwd_out(out_base, r + 1, L, mask_d, stride_ol, p1, s1, SILU, HAS_SEQ, c1)
+        _fwd_out(out_base, r + 2, L, mask_d, stride_ol, p2, s2, SILU, HAS_SEQ, c1)
+        _fwd_out(out_base, r + 3, L, mask_d, stride_ol, p3, s3, SILU, HAS_SEQ, c1)
+        xm3 = x1
+        xm2 = x2
+        xm1 = x3
+        sm3 = s1
+        sm2 = s2
+        sm1 = s3
+
+
+@triton.jit
+def _grad(dy, pre, s0, SILU: tl.constexpr, HAS_SEQ: tl.constexpr):
+    g = dy
+    if SILU:
+        g = g * silu_grad_fp32(pre)
+    if HAS_SEQ:
+        g = tl.where(s0 >= 0, g, 0.0)
+    return g
+
+
+@triton.jit
+def _bwd_step(
+    x0, dy0, s0, r,
+    xm3, xm2, xm1, sm3, sm2, sm1, gm3, gm2, gm1,
+    acc_w0, acc_w1, acc_w2, acc_w3, acc_b,
+    w0, w1, w2, w3, bias_v,
+    dx_base, dinit_base, dfin_base, mask_d, L, c0, c1,
+    stride_dxl, stride_gl, stride_fl,
+    WIDTH: tl.constexpr, KPAD: tl.constexpr, SILU: tl.constexpr, HAS_SEQ: tl.constexpr,
+    HAS_DFIN: tl.constexpr, HAS_DINIT: tl.constexpr,
+):
+    """Row r: gradient g(r) of its pre-activation, dW/db partials, and dx of row p = r - 3."""
+    pre = bias_v
+    if SILU:
+        pre = _pre(xm3, xm2, xm1, x0, sm3, sm2, sm1, s0, w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
+    g0 = _grad(dy0, pre, s0, SILU, HAS_SEQ)
+    own = _splat(mask_d, r) < c1  # rows past the chunk belong to the next program's dW
+    g_own = tl.where(own, g0, 0.0)
+    acc_b += g_own
+    acc_w3 += g_own * x0
+    acc_w2 += _tap(xm1, sm1, s0, g_own, HAS_SEQ)
+    if KPAD <= 1:
+        acc_w1 += _tap(xm2, sm2, s0, g_own, HAS_SEQ)
+    if KPAD <= 0:
+        acc_w0 += _tap(xm3, sm3, s0, g_own, HAS_SEQ)
+    # dx(p) = sum_j w[3-j] g(p+j) [seq(p) == seq(p+j)], p = r - 3 (gm3 = g(p))
+    p = r - 3
+    dx = gm3 * w3 + _tap(gm2, sm2, sm3, w2, HAS_SEQ)
+    if KPAD <= 1:
+        dx += _tap(gm1, sm1, sm3, w1, HAS_SEQ)
+    if KPAD <= 0:
+        dx += _tap(g0, s0, sm3, w0, HAS_SEQ)
+    if HAS_DFIN:
+        f = p - L + (WIDTH - 1)
+        fv = _splat(mask_d, f)
+        dx += tl.load(dfin_base + f * stride_fl, mask=mask_d & (fv >= 0) & (fv < WIDTH - 1),
+                      other=0.0).to(tl.float32)
+    pv = _splat(mask_d, p)
+    tl.store(dx_base + p * stride_dxl, dx.to(dx_base.dtype.element_ty),
+             mask=mask_d & (pv >= c0) & (pv < c1))
+    if HAS_DINIT:
+        tl.store(dinit_base + (p + WIDTH - 1) * stride_gl, dx.to(dinit_base.dtype.element_ty),
+                 mask=mask_d & (pv < 0) & (pv >= 1 - WIDTH))
+    return g0, acc_w0, acc_w1, acc_w2, acc_w3, acc_b
+
+
+@triton.jit
+def _causal_conv1d_bwd_rows_kernel(
+    X, WEIGHT, BIAS, DOUT, SEQ, INIT, DFIN, DX, DINIT, DW_PART, DB_PART,
+    L, D, rows_per_prog, n_chunks,
+    stride_xb, stride_xd, stride_xl,
+    stride_ob, stride_od, stride_ol,
+    stride_dxb, stride_dxd, stride_dxl,
+    stride_wd, stride_wk,
+    stride_ib, stride_id, stride_il,
+    stride_fb, stride_fd, stride_fl,
+    stride_gb, stride_gd, stride_gl,
+    stride_sb,
+    WIDTH: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr,
+    HAS_INIT: tl.constexpr, HAS_DFIN: tl.constexpr, HAS_DINIT: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    KPAD: tl.constexpr = 4 - WIDTH
+    pid_d = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    pid_b = tl.program_id(2).to(tl.int64)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    x_base = X + pid_b * stride_xb + offs_d * stride_xd
+    dout_base = DOUT + pid_b * stride_ob + offs_d * stride_od
+    dx_base = DX + pid_b * stride_dxb + offs_d * stride_dxd
+    init_base = INIT + pid_b * stride_ib + offs_d * stride_id
+    dfin_base = DFIN + pid_b * stride_fb + offs_d * stride_fd
+    dinit_base = DINIT + pid_b * stride_gb + offs_d * stride_gd
+    seq_base = SEQ + pid_b * stride_sb
+    w_base = WEIGHT + offs_d * stride_wd
+    zero = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    w3 = tl.load(w_base + (3 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
+    w2 = tl.load(w_base + (2 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
+    w1 = zero
+    w0 = zero
+    if KPAD <= 1:
+        w1 = tl.load(w_base + (1 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
+    if KPAD <= 0:
+        w0 = tl.load(w_base + (0 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
+    bias_v = zero
+    if HAS_BIAS:
+        bias_v = tl.load(BIAS + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+
+    c0 = pid_c * rows_per_prog
+    c1 = tl.minimum(c0 + rows_per_prog, L)
+    xm3 = _halo_row(x_base, init_base, c0 - 3, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
+    xm2 = _halo_row(x_base, init_base, c0 - 2, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
+    xm1 = _halo_row(x_base, init_base, c0 - 1, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
+    gm3 = zero  # gradients of rows before the chunk never reach a stored dx (or are 0 at < 0)
+    gm2 = zero
+    gm1 = zero
+    seq0 = 0
+    sm3 = 0
+    sm2 = 0
+    sm1 = 0
+    s0 = 0
+    s1 = 0
+    s2 = 0
+    s3 = 0
+    if HAS_SEQ:
+        if HAS_INIT:
+            seq0 = tl.load(seq_base)
+        sm3 = _seq(seq_base, c0 - 3, L, seq0, HAS_INIT)
+        sm2 = _seq(seq_base, c0 - 2, L, seq0, HAS_INIT)
+        sm1 = _seq(seq_base, c0 - 1, L, seq0, HAS_INIT)
+    acc_w0 = zero
+    acc_w1 = zero
+    acc_w2 = zero
+    acc_w3 = zero
+    acc_b = zero
+    end = tl.minimum(c1 + 3, L + 3)  # 3 rows past the chunk: dx of its last rows needs g there
+    for r in range(c0, end, 4):
+        x0 = _row(x_base, r, L, mask_d, stride_xl)
+        x1 = _row(x_base, r + 1, L, mask_d, stride_xl)
+        x2 = _row(x_base, r + 2, L, mask_d, stride_xl)
+        x3 = _row(x_base, r + 3, L, mask_d, stride_xl)
+        dy0 = _row(dout_base, r, L, mask_d, stride_ol)
+        dy1 = _row(dout_base, r + 1, L, mask_d, stride_ol)
+        dy2 = _row(dout_base, r + 2, L, mask_d, stride_ol)
+        dy3 = _row(dout_base, r + 3, L, mask_d, stride_ol)
+        if HAS_SEQ:
+            s0 = _seq(seq_base, r, L, seq0, False)
+            s1 = _seq(seq_base, r + 1, L, seq0, False)
+            s2 = _seq(seq_base, r + 2, L, seq0, False)
+            s3 = _seq(seq_base, r + 3, L, seq0, False)
+        g0, acc_w0, acc_w1, acc_w2, acc_w3, acc_b = _bwd_step(
+            x0, dy0, s0, r, xm3, xm2, xm1, sm3, sm2, sm1, gm3, gm2, gm1,
+            acc_w0, acc_w1, acc_w2, acc_w3, acc_b, w0, w1, w2, w3, bias_v,
+            dx_base, dinit_base, dfin_base, mask_d, L, c0, c1, stride_dxl, stride_gl, stride_fl,
+            WIDTH, KPAD, SILU, HAS_SEQ, HAS_DFIN, HAS_DINIT)
+        g1, acc_w0, acc_w1, acc_w2, acc_w3, acc_b = _bwd_step(
+            x1, dy1, s1, r + 1, xm2, xm1, x0, sm2, sm1, s0, gm2, gm1, g0,
+            acc_w0, acc_w1, acc_w2, acc_w3, acc_b, w0, w1, w2, w3, bias_v,
+            dx_base, dinit_base, dfin_base, mask_d, L, c0, c1, stride_dxl, stride_gl, stride_fl,
+            WIDTH, KPAD, SILU, HAS_SEQ, HAS_DFIN, HAS_DINIT)
+        g2, acc_w0, acc_w1, acc_w2, acc_w3, acc_b = _bwd_step(
+            x2, dy2, s2, r + 2, xm1, x0, x1, sm1, s0, s1, gm1, g0, g1,
+            acc_w0, acc_w1, acc_w2, acc_w3, acc_b, w0, w1, w2, w3, bias_v,
+            dx_base, dinit_base, dfin_base, mask_d, L, c0, c1, stride_dxl, stride_gl, stride_fl,
+            WIDTH, KPAD, SILU, HAS_SEQ, HAS_DFIN, HAS_DINIT)
+        g3, acc_w0, acc_w1, acc_w2, acc_w3, acc_b = _bwd_step(
+            x3, dy3, s3, r + 3, x0, x1, x2, s0, s1, s2, g0, g1, g2,
+            acc_w0, acc_w1, acc_w2, acc_w3, acc_b, w0, w1, w2, w3, bias_v,
+            dx_base, dinit_base, dfin_base, mask_d, L, c0, c1, stride_dxl, stride_gl, stride_fl,
+            WIDTH, KPAD, SILU, HAS_SEQ, HAS_DFIN, HAS_DINIT)
+        xm3 = x1
+        xm2 = x2
+        xm1 = x3
+        sm3 = s1
+        sm2 = s2
+        sm1 = s3
+        gm3 = g1
+        gm2 = g2
+        gm1 = g3
+
+    part = pid_b * n_chunks + pid_c
+    dw_base = DW_PART + part * (WIDTH * D) + offs_d
+    tl.store(dw_base + (3 - KPAD) * D, acc_w3, mask=mask_d)
+    tl.store(dw_base + (2 - KPAD) * D, acc_w2, mask=mask_d)
+    if KPAD <= 1:
+        tl.store(dw_base + (1 - KPAD) * D, acc_w1, mask=mask_d)
+    if KPAD <= 0:
+        tl.store(dw_base + (0 - KPAD) * D, acc_w0, mask=mask_d)
+    if HAS_BIAS:
+        tl.store(DB_PART + part * D + offs_d, acc_b, mask=mask_d)
+
+
+# ------------------------------------------------------------------ launchers
+def rows_config(x: torch.Tensor, backward: bool) -> dict:
+    """BLOCK_D channels per program (8 per thread: 16-byte bf16 vectors) and rows per program
+    so that ~4 programs per SM-slot exist; rows_per_prog is a multiple of the 4-row unroll."""
+    dim = x.shape[1]
+    block_d = min(512, next_pow2(dim))
+    num_warps = max(1, block_d // 256)
+    return {"BLOCK_D": block_d, "ROWS": 128 if backward else 64, "num_warps": num_warps}
+
+
+def _rows_split(seqlen: int, rows: int) -> tuple[int, int]:
+    rows = max(4, (rows + 3) // 4 * 4)
+    return rows, max(1, triton.cdiv(seqlen, rows))
+
+
+def causal_conv1d_fwd_rows(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    seq_idx: torch.Tensor | None,
+    initial_states: torch.Tensor | None,
+    silu: bool,
+    config: dict | None = None,
+) -> torch.Tensor:
+    out = torch.empty_like(x)
+    batch, dim, seqlen = x.shape
+    if out.numel() == 0:
+        return out
+    cfg = dict(config or rows_config(x, backward=False))
+    block_d = cfg.pop("BLOCK_D")
+    rows, n_chunks = _rows_split(seqlen, cfg.pop("ROWS"))
+    init = initial_states if initial_states is not None else x
+    _causal_conv1d_fwd_rows_kernel[(triton.cdiv(dim, block_d), n_chunks, batch)](
+        x, weight, bias if bias is not None else weight,
+        seq_idx if seq_idx is not None else x, init, out,
+        seqlen, dim, rows,
+        x.stride(0), x.stride(1), x.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        weight.stride(0), weight.stride(1),
+        init.stride(0), init.stride(1), init.stride(2),
+        seq_idx.stride(0) if seq_idx is not None else 0,
+        WIDTH=weight.shape[-1], SILU=silu, HAS_BIAS=bias is not None,
+        HAS_SEQ=seq_idx is not None, HAS_INIT=initial_states is not None,
+        BLOCK_D=block_d, **cfg,
+    )
+    return out
+
+
+def causal_conv1d_bwd_rows(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    dout: torch.Tensor,
+    seq_idx: torch.Tensor | None,
+    initial_states: torch.Tensor | None,
+    dfinal_states: torch.Tensor | None,
+    dx: torch.Tensor,
+    silu: bool,
+    return_dinitial_states: bool,
+    config: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Writes dx; returns (dweight, dbias or None, dinitial_states or None)."""
+    batch, dim, seqlen = x.shape
+    width = weight.shape[-1]
+    want_dinit = return_dinitial_states and initial_states is not None
+    dinit = None
+    if want_dinit:
+        dinit = initial_states.new_empty((batch, width - 1, dim)).transpose(1, 2)
+    dweight = torch.empty_like(weight)
+    dbias = torch.empty_like(bias) if bias is not None else None
+    if batch == 0 or dim == 0 or seqlen == 0:
+        dweight.zero_()
+        if dbias is not None:
+            dbias.zero_()
+        if dinit is not None:
+            dinit.copy_(dfinal_states if dfinal_states is not None else torch.zeros_like(dinit))
+        return dweight, dbias, dinit
+    cfg = dict(config or rows_config(x, backward=True))
+    block_d = cfg.pop("BLOCK_D")
+    rows, n_chunks = _rows_split(seqlen, cfg.pop("ROWS"))
+    dw_part = torch.empty((batch * n_chunks, width, dim), device=x.device, dtype=torch.float32)
+    db_part = torch.empty((batch * n_chunks, dim), device=x.device, dtype=torch.float32)
+    init = initial_states if initial_states is not None else x
+    dfin = dfinal_states if dfinal_states is not None else x
+    dinit_t = dinit if dinit is not None else x
+    _causal_conv1d_bwd_rows_kernel[(triton.cdiv(dim, block_d), n_chunks, batch)](
+        x, weight, bias if bias is not None else weight, dout,
+        seq_idx if seq_idx is not None else x, init, dfin, dx, dinit_t, dw_part, db_part,
+        seqlen, dim, rows, n_chunks,
+        x.stride(0), x.stride(1), x.stride(2),
+        dout.stride(0), dout.stride(1), dout.stride(2),
+        dx.stride(0), dx.stride(1), dx.stride(2),
+        weight.stride(0), weight.stride(1),
+        init.stride(0), init.stride(1), init.stride(2),
+        dfin.stride(0), dfin.stride(1), dfin.stride(2),
+        dinit_t.stride(0), dinit_t.stride(1), dinit_t.stride(2),
+        seq_idx.stride(0) if seq_idx is not None else 0,
+        WIDTH=width, SILU=silu, HAS_BIAS=bias is not None, HAS_SEQ=seq_idx is not None,
+        HAS_INIT=initial_states is not None, HAS_DFIN=dfinal_states is not None,
+        HAS_DINIT=want_dinit, BLOCK_D=block_d, **cfg,
+    )
+    # fixed-order fp32 reductions of the per-chunk partials: deterministic
+    dweight.copy_(dw_part.sum(dim=0).t())
+    if dbias is not None:
+        dbias.copy_(db_part.sum(dim=0))
+    return dweight, dbias, dinit
