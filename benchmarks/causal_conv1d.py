@@ -204,45 +204,113 @@ def measure_update(name, upd) -> dict:
 
 
 def sweep() -> list[dict]:
-    """Tile configs of our kernels at (8, 4096) and the decode update."""
+    """Tile configs of our kernels at (8, 4096), the decode step, and host-side launch costs."""
+    from fastpath.ops import conv1d_update
+    from fastpath.ops.conv1d_rows import causal_conv1d_bwd_rows, causal_conv1d_fwd_rows
+
     rows = []
     x, w = make_inputs(8, 4096)
     nbytes = 2 * x.numel() * x.element_size()
-    for bl, bd, nw in [(32, 128, 4), (64, 128, 4), (16, 256, 4), (32, 256, 8), (64, 64, 4),
-                       (128, 64, 4), (64, 256, 8), (128, 128, 8), (16, 128, 4)]:
-        cfg = {"BLOCK_L": bl, "BLOCK_D": bd, "num_warps": nw}
+    for bd, rws, nw in [(512, 64, 2), (256, 64, 1), (1024, 64, 4), (512, 32, 2), (512, 128, 2),
+                        (512, 256, 2), (256, 128, 2), (512, 64, 4), (1024, 128, 4), (256, 32, 1)]:
+        cfg = {"BLOCK_D": bd, "ROWS": rws, "num_warps": nw}
         try:
-            ms = bench(lambda cfg=cfg: causal_conv1d_fwd_triton(x, w, None, None, None, True, cfg))
-            rows.append({"kernel": "fwd", **cfg, "ms": ms, "GBps": nbytes / ms / 1e6})
+            ms = bench(lambda cfg=cfg: causal_conv1d_fwd_rows(x, w, None, None, None, True, cfg))
+            rows.append({"kernel": "fwd_rows", **cfg, "ms": ms, "GBps": nbytes / ms / 1e6})
         except Exception as exc:
-            rows.append({"kernel": "fwd", **cfg, "error": str(exc)[:200]})
+            rows.append({"kernel": "fwd_rows", **cfg, "error": str(exc)[:200]})
+    cfg = {"BLOCK_L": 16, "BLOCK_D": 256, "num_warps": 4}
+    ms = bench(lambda: causal_conv1d_fwd_triton(x, w, None, None, None, True, cfg))
+    rows.append({"kernel": "fwd_tile", **cfg, "ms": ms, "GBps": nbytes / ms / 1e6})
     dout = torch.randn_like(x)
     dx = torch.empty_like(x)
-    for bl, bd, nw, tgt in [(16, 128, 4, 2048), (8, 128, 4, 2048), (16, 64, 4, 2048),
-                            (32, 128, 8, 2048), (16, 128, 4, 8192), (8, 256, 4, 2048),
-                            (16, 256, 8, 2048), (32, 64, 4, 2048), (16, 128, 4, 1024)]:
-        cfg = {"BLOCK_L": bl, "BLOCK_D": bd, "num_warps": nw, "TARGET_PROGRAMS": tgt}
+    for bd, rws, nw in [(512, 128, 2), (256, 128, 1), (1024, 128, 4), (512, 64, 2),
+                        (512, 256, 2), (256, 64, 1), (256, 256, 2), (512, 128, 4),
+                        (128, 128, 1), (1024, 256, 4)]:
+        cfg = {"BLOCK_D": bd, "ROWS": rws, "num_warps": nw}
         try:
-            ms = bench(lambda cfg=cfg: causal_conv1d_bwd_triton(
+            ms = bench(lambda cfg=cfg: causal_conv1d_bwd_rows(
                 x, w, None, dout, None, None, None, dx, True, False, cfg))
-            rows.append({"kernel": "bwd", **cfg, "ms": ms, "GBps": 1.5 * nbytes / ms / 1e6})
+            rows.append({"kernel": "bwd_rows", **cfg, "ms": ms, "GBps": 1.5 * nbytes / ms / 1e6})
         except Exception as exc:
-            rows.append({"kernel": "bwd", **cfg, "error": str(exc)[:200]})
+            rows.append({"kernel": "bwd_rows", **cfg, "error": str(exc)[:200]})
+    cfg = {"BLOCK_L": 8, "BLOCK_D": 128, "num_warps": 4, "TARGET_PROGRAMS": 2048}
+    ms = bench(lambda: causal_conv1d_bwd_triton(x, w, None, dout, None, None, None, dx, True,
+                                                False, cfg))
+    rows.append({"kernel": "bwd_tile", **cfg, "ms": ms, "GBps": 1.5 * nbytes / ms / 1e6})
     gen = torch.Generator(device="cuda").manual_seed(1)
     xu = torch.randn(UPDATE_B, D, 1, device="cuda", dtype=DT, generator=gen)
     su = torch.randn(UPDATE_B, D, W, device="cuda", dtype=DT, generator=gen)
-    for bd, nw in [(64, 1), (128, 1), (128, 2), (256, 2), (256, 4), (512, 4), (1024, 4), (1024, 8)]:
-        cfg = {"BLOCK_D": bd, "BLOCK_T": 1, "BLOCK_S": 4, "num_warps": nw}
+    saved = (conv1d_update._STEP_BLOCK_D, conv1d_update._STEP_WARPS)
+    for bd, nw in [(128, 1), (256, 1), (256, 2), (256, 4), (512, 2), (512, 4), (1024, 4),
+                   (1024, 8), (2048, 8)]:
+        conv1d_update._STEP_BLOCK_D, conv1d_update._STEP_WARPS = bd, nw
         try:
-            us = 1000 * bench_graph(lambda cfg=cfg: causal_conv1d_update_triton(
-                xu, su, w, None, True, None, None, cfg))
-            rows.append({"kernel": "update", **cfg, "us_cuda_graph": us})
+            us = 1000 * bench_graph(lambda: causal_conv1d_update_triton(
+                xu, su, w, None, True, None, None))
+            rows.append({"kernel": "update_step", "BLOCK_D": bd, "num_warps": nw,
+                         "us_cuda_graph": us})
         except Exception as exc:
-            rows.append({"kernel": "update", **cfg, "error": str(exc)[:200]})
-    # host-side cost of our thin eager path vs the raw launcher
-    rows.append({"kernel": "update_eager_impl", "us_do_bench": 1000 * bench(
-        lambda: update_impl(xu, su, w, None, True, None, None))})
+            rows.append({"kernel": "update_step", "BLOCK_D": bd, "error": str(exc)[:200]})
+    conv1d_update._STEP_BLOCK_D, conv1d_update._STEP_WARPS = saved
+    cfg = {"BLOCK_D": 256, "BLOCK_T": 1, "BLOCK_S": 4, "num_warps": 4}
+    us = 1000 * bench_graph(lambda: causal_conv1d_update_triton(xu, su, w, None, True, None,
+                                                                None, cfg))
+    rows.append({"kernel": "update_general", **cfg, "us_cuda_graph": us})
+    rows.extend(host_costs(xu, su, w))
     return rows
+
+
+def host_costs(xu, su, w) -> list[dict]:
+    """Where the eager decode step's host time goes (perf_counter over many calls)."""
+    from fastpath.ops import conv1d_update
+
+    def per_call_us(fn, n=3000):
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        return 1e6 * (time.perf_counter() - t0) / n
+
+    out = torch.empty_like(xu)
+    kern = conv1d_update._causal_conv1d_update_step_kernel
+    grid = (triton.cdiv(D, conv1d_update._STEP_BLOCK_D), UPDATE_B)
+
+    def plain_launch():
+        return kern[grid](xu, su, w, w, out, xu, D, W, xu.stride(0), xu.stride(1),
+                          su.stride(0), su.stride(1), su.stride(2), out.stride(0), out.stride(1),
+                          w.stride(0), w.stride(1), WIDTH=W, SILU=True, HAS_BIAS=False,
+                          HAS_IDX=False, BLOCK_D=conv1d_update._STEP_BLOCK_D, S_PAD=4,
+                          num_warps=conv1d_update._STEP_WARPS)
+
+    res = [
+        {"kernel": "host_face_update", "us": per_call_us(
+            lambda: ours.causal_conv1d_update(xu, su, w, None, "silu"))},
+        {"kernel": "host_update_impl", "us": per_call_us(
+            lambda: update_impl(xu, su, w, None, True, None, None))},
+        {"kernel": "host_plain_launch", "us": per_call_us(plain_launch)},
+        {"kernel": "host_empty_like", "us": per_call_us(lambda: torch.empty_like(xu))},
+    ]
+    try:  # the compiled kernel's own runner, skipping Triton's argument binding
+        compiled = plain_launch()
+        full = [xu, su, w, w, out, xu, D, W, xu.stride(0), xu.stride(1), su.stride(0),
+                su.stride(1), su.stride(2), out.stride(0), out.stride(1), w.stride(0),
+                w.stride(1), W, True, False, False, conv1d_update._STEP_BLOCK_D, 4]
+        runner = compiled[grid]
+        ref_state = su.clone()
+        plain_launch()
+        want = out.clone()
+        su.copy_(ref_state)
+        runner(*full)
+        same = bool(torch.equal(out, want))
+        res.append({"kernel": "host_compiled_runner", "us": per_call_us(lambda: runner(*full)),
+                    "same_output": same, "n_args": len(full)})
+    except Exception as exc:
+        res.append({"kernel": "host_compiled_runner", "error": f"{type(exc).__name__}: {exc}"[:300]})
+    return res
 
 
 def env_info() -> dict:

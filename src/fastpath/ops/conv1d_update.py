@@ -217,6 +217,7 @@ def causal_conv1d_update_triton(
 
 
 _STEP_BLOCK_D = 256
+_STEP_WARPS = 4
 
 
 def _update_step(x, conv_state, weight, bias, silu, conv_state_indices, out):
@@ -233,6 +234,6 @@ def _update_step(x, conv_state, weight, bias, silu, conv_state_indices, out):
         weight.stride(0), weight.stride(1),
         WIDTH=weight.shape[-1], SILU=silu, HAS_BIAS=bias is not None,
         HAS_IDX=conv_state_indices is not None,
-        BLOCK_D=_STEP_BLOCK_D, S_PAD=next_pow2(state_len), num_warps=4,
+        BLOCK_D=_STEP_BLOCK_D, S_PAD=next_pow2(state_len), num_warps=_STEP_WARPS,
     )
     return out
