@@ -117,6 +117,17 @@ def test_bf16_passes_with_its_own_tolerance(lfm2):
     assert result.dtype == "bf16" and result.tolerance == TOLERANCES["bf16"]
 
 
+def test_mamba2_hidden_states_are_labelled_without_embeddings(tmp_path):
+    # Mamba-style families return each layer's output and then the final norm (no embeddings).
+    path = tmp_path / "tiny-mamba2.json"
+    path.write_text(json.dumps({"model_type": "mamba2", "hidden_size": 64, "num_hidden_layers": 2, "num_heads": 8,
+                                "head_dim": 16, "state_size": 16, "n_groups": 1, "vocab_size": 128, "expand": 2}))
+    result = verify_model(str(path), seq_len=16, batch=1, decode_tokens=2)
+    assert result.ok, result.problems
+    assert [d.name for d in result.layers] == ["layer 0", "layer 1", "final norm"]
+    assert result.fast_calls.get("fwd:triton", 0) > 0
+
+
 # --- fails ----------------------------------------------------------------------------------------
 
 
