@@ -138,6 +138,13 @@ def _kill_group(pid: int) -> None:
         pass
 
 
+def _close_transport(proc: asyncio.subprocess.Process) -> None:
+    """Close our pipe ends now, not in a __del__ that runs after the event loop is gone."""
+    transport = getattr(proc, "_transport", None)
+    if transport is not None:
+        transport.close()
+
+
 async def run_command(argv: list[str], stdin_data: bytes, timeout: float) -> CommandResult:
     """Run argv (no shell) in a new process group, feed stdin, collect output, never hang.
 
@@ -200,6 +207,12 @@ async def run_command(argv: list[str], stdin_data: bytes, timeout: float) -> Com
         await asyncio.wait_for(exited(), timeout=max(0.0, deadline - loop.time()))
     except asyncio.TimeoutError:
         timed_out = True
+    except BaseException:  # Ctrl-C / cancellation: the target runs in its own session, so
+        _kill_group(proc.pid)  # it did not get the SIGINT; do not leave it running
+        for task in [feeder, *readers]:
+            task.cancel()
+        _close_transport(proc)
+        raise
     _kill_group(proc.pid)
     if timed_out:
         try:
@@ -211,9 +224,7 @@ async def run_command(argv: list[str], stdin_data: bytes, timeout: float) -> Com
     for task in [*pending, feeder]:
         task.cancel()
     await asyncio.gather(feeder, *readers, return_exceptions=True)
-    transport = getattr(proc, "_transport", None)
-    if transport is not None:  # close our pipe ends now, not in __del__ after the loop is gone
-        transport.close()
+    _close_transport(proc)
     return CommandResult(
         returncode=None if timed_out else proc.returncode,
         stdout=bytes(out),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shlex
@@ -15,7 +16,7 @@ import pytest
 from sshd_server import ThrowawaySshd, closed_port, pid_alive
 
 from fastpath.errors import TargetError, UsageError
-from fastpath.remote import parse_facts, parse_prefix, probe_remote
+from fastpath.remote import parse_facts, parse_prefix, probe_remote, probe_target
 
 
 def _script(path: Path, body: str) -> Path:
@@ -255,3 +256,25 @@ def test_daemon_holding_the_pipes_does_not_hang(tmp_path: Path) -> None:
     finally:
         if pidfile.exists():
             os.kill(int(pidfile.read_text()), 9)
+
+
+def test_cancelling_a_probe_kills_the_target(hang_target: tuple[Path, Path]) -> None:
+    """Ctrl-C (task cancellation) must not leave the target running: it sits in its own session,
+    so it never saw the terminal's SIGINT."""
+    script, pidfile = hang_target
+    pidfile.unlink(missing_ok=True)
+
+    async def cancel_soon() -> None:
+        task = asyncio.ensure_future(probe_target([str(script)], timeout=100))
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(asyncio.wait_for(cancel_soon(), timeout=30))
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while pid_alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(child)
