@@ -163,23 +163,27 @@ def elf_sections(path):
         return out
 
 
-def parse_fatbin(data):
-    """Parse concatenated fatbin containers; return [{kind: "sass"|"ptx", arch: int}].
+def _fatbin_entries(read_at, n):
+    """Walk concatenated fatbin containers of `n` bytes; read_at(pos, size) -> bytes.
 
+    Reads only the headers and seeks over payloads, so a 1 GB extension costs a few KB of I/O.
     Layout (undocumented; see module docstring sources): container header u32 magic 0xBA55ED50,
     u16 version 1, u16 header_size, u64 entries_size; entries each with u16 kind (1 PTX,
     2 cubin, 4 old cubin, 8 NVVM IR), u16, u32 header_size, u64 payload_size, ..., u32 arch at
-    offset 28. Anything else raises FatbinError rather than guessing.
+    offset 28, u64 flags at 40. Anything else raises FatbinError rather than guessing.
     """
     entries = []
-    pos, n = 0, len(data)
+    pos = 0
     while pos < n:
-        if data[pos] == 0:  # zero padding between containers
-            pos += 1
+        chunk = read_at(pos, min(64, n - pos))
+        skip = len(chunk) - len(chunk.lstrip(b"\0"))
+        if skip:  # zero padding between containers
+            pos += skip
             continue
-        if n - pos < 16:
+        head = read_at(pos, 16)
+        if len(head) < 16:
             raise FatbinError("truncated fatbin container header at %d" % pos)
-        magic, version, hsize, esize = struct.unpack_from("<IHHQ", data, pos)
+        magic, version, hsize, esize = struct.unpack("<IHHQ", head)
         if magic != FATBIN_MAGIC:
             raise FatbinError("bad fatbin magic 0x%08x at %d" % (magic, pos))
         if version != 1 or hsize < 16:
@@ -189,21 +193,27 @@ def parse_fatbin(data):
             raise FatbinError("fatbin container at %d runs past its section" % pos)
         epos = start
         while epos < end:
-            if end - epos < 32:
+            eh = read_at(epos, min(48, end - epos))
+            if len(eh) < 32:
                 raise FatbinError("truncated fatbin entry at %d" % epos)
-            kind, _, ehsize, payload = struct.unpack_from("<HHIQ", data, epos)
-            arch, = struct.unpack_from("<I", data, epos + 28)
+            kind, _, ehsize, payload = struct.unpack_from("<HHIQ", eh, 0)
+            arch, = struct.unpack_from("<I", eh, 28)
             if kind not in FATBIN_KINDS:
                 raise FatbinError("unknown fatbin entry kind %d at %d" % (kind, epos))
             if ehsize < 32 or epos + ehsize + payload > end:
                 raise FatbinError("bad fatbin entry sizes at %d" % epos)
-            flags, = struct.unpack_from("<Q", data, epos + 40) if ehsize >= 48 else (0,)
+            flags, = struct.unpack_from("<Q", eh, 40) if ehsize >= 48 and len(eh) >= 48 else (0,)
             suffix = "a" if flags & FATBIN_FLAG_ARCH_SPECIFIC else (
                 "f" if flags & FATBIN_FLAG_FAMILY_SPECIFIC else "")
             entries.append({"kind": FATBIN_KINDS[kind], "arch": arch, "suffix": suffix})
             epos += ehsize + payload
         pos = end
     return entries
+
+
+def parse_fatbin(data):
+    """Entries [{kind: "sass"|"ptx"|..., arch: int, suffix: ""|"a"|"f"}] of a fatbin blob."""
+    return _fatbin_entries(lambda pos, size: data[pos:pos + size], len(data))
 
 
 def read_fatbin_archs(path):
@@ -219,8 +229,12 @@ def read_fatbin_archs(path):
             if name not in sections:
                 continue
             offset, size = sections[name]
-            f.seek(offset)
-            for entry in parse_fatbin(f.read(size)):
+
+            def read_at(pos, n, _base=offset):
+                f.seek(_base + pos)
+                return f.read(n)
+
+            for entry in _fatbin_entries(read_at, size):
                 if entry["kind"] == "sass":
                     sass.add((entry["arch"], entry["suffix"]))
                 elif entry["kind"] == "ptx":
