@@ -201,6 +201,7 @@ def _check(got: tuple, want: dict, tol: float) -> None:
     for name, x in zip(("dq", "dk", "dw", "dg"), got, strict=True):
         ref = want[name]
         assert x.shape == ref.shape, (name, x.shape, ref.shape)
+        assert x.is_contiguous(), f"{name} must be dense: FLA passes it to Triton kernels"
         err = ((x - ref).norm() / ref.norm()).item()
         assert err < tol, f"{name}: relative error {err:.2e}"
 
@@ -274,6 +275,7 @@ def test_matches_fla_triton_kernel(fla_workers: dict, case: str) -> None:
     dtype = CASES[case][6]
     for name, info in res.items():
         assert info["shape_ok"] and info["dtype_ok"], (name, info)
+        assert info["contiguous"], f"{name} must be dense: FLA passes it to Triton kernels"
         assert info["err"] < TOL[dtype], f"{case} {name}: rel err {info['err']:.2e}"
     expected = {"dq", "dk"} | ({"dw"} if CASES[case][7] else set()) | (
         {"dg"} if CASES[case][8] == "g" else set())
@@ -375,7 +377,7 @@ def _worker_compare() -> dict:
                     res[name] = {"shape_ok": False, "dtype_ok": False, "err": 1.0}
                     continue
                 res[name] = {"shape_ok": x.shape == y.shape, "dtype_ok": x.dtype == y.dtype,
-                             "err": _rel(y, x)}
+                             "contiguous": y.is_contiguous(), "err": _rel(y, x)}
             out[case] = res
         except Exception as exc:  # report per case
             out[case] = {"error": f"{type(exc).__name__}: {exc}"}

@@ -188,7 +188,8 @@ class _Chunker:
         """[NC, BT, *rest] -> [B, T, *rest] (inverse of ``split`` on valid rows)."""
         rest = x.shape[2:]
         if not self.varlen:
-            return x.reshape(self.B, self.NT * self.BT, *rest)[:, : self.T]
+            # contiguous: FLA hands dq/dk/dw/dg to Triton kernels that assume dense strides.
+            return x.reshape(self.B, self.NT * self.BT, *rest)[:, : self.T].contiguous()
         flat = x.reshape(self.NC * self.BT, *rest)
         keep = self.valid.reshape(-1)
         out = x.new_zeros(self.T, *rest)
