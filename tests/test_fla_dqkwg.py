@@ -450,6 +450,19 @@ def _worker_e2e() -> dict:
     errors = {"o": _rel(o, ref)}
     for name, x, y in zip("q k v g beta".split(), leaves, ref_leaves, strict=True):
         errors["d" + name] = _rel(x.grad, y.grad)
+    # Packed sequences (cu_seqlens), as transformers passes them for padding-free training.
+    bounds = [0, 100, 300]
+    cu = torch.tensor(bounds, device=dev, dtype=torch.long)
+    leaves = [x.detach().clone().requires_grad_() for x in leaves]
+    o, _ = chunk_gated_delta_rule(*leaves, cu_seqlens=cu)
+    o.backward(do.to(torch.bfloat16))
+    ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
+    ref = torch.cat([gated_delta_rule_reference(*(x[:, a:b] for x in ref_leaves))
+                     for a, b in zip(bounds[:-1], bounds[1:], strict=True)], 1)
+    ref.backward(do.to(torch.bfloat16).double())
+    errors["varlen_o"] = _rel(o, ref)
+    for name, x, y in zip("q k v g beta".split(), leaves, ref_leaves, strict=True):
+        errors["varlen_d" + name] = _rel(x.grad, y.grad)
     return {"errors": errors, "route_calls": fla_backend.ROUTE_CALLS["dqkwg:torch"]}
 
 
