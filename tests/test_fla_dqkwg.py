@@ -18,6 +18,7 @@ bf16 is compared with FLA's fp32 result on the same bf16-representable values.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -458,7 +459,7 @@ def _worker_e2e() -> dict:
     o.backward(do.to(torch.bfloat16))
     ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
     ref = torch.cat([gated_delta_rule_reference(*(x[:, a:b] for x in ref_leaves))
-                     for a, b in zip(bounds[:-1], bounds[1:], strict=True)], 1)
+                     for a, b in itertools.pairwise(bounds)], 1)
     ref.backward(do.to(torch.bfloat16).double())
     errors["varlen_o"] = _rel(o, ref)
     for name, x, y in zip("q k v g beta".split(), leaves, ref_leaves, strict=True):
