@@ -1,6 +1,6 @@
 """GPU check of fastpath's chunk_bwd_dqkwg route for FLA #640 (run on the H200 by the lead).
 
-    pip install --no-deps .carry/fla_core-0.6.0-py3-none-any.whl   # plus einops
+    pip install --no-deps .carry/fla_core-0.6.0-py3-none-any.whl einops-*.whl  # fla needs einops
     python3 benchmarks/fla_dqkwg_gpu.py --out FILE
 
 (a) Accuracy: FLA's chunk_gated_delta_rule forward + backward (bf16) with the route installed,
@@ -189,6 +189,13 @@ def main() -> int:
         print("fla_dqkwg_gpu: error: needs a CUDA GPU", file=sys.stderr)
         return 2
     import triton
+
+    try:
+        import fla.ops.gated_delta_rule  # noqa: F401
+    except Exception as exc:  # einops is fla-core's one requirement besides torch/triton
+        print(f"fla_dqkwg_gpu: error: fla does not import ({type(exc).__name__}: {exc}); "
+              "install fla-core 0.6.0 and einops (pip install --no-deps <wheels>)", file=sys.stderr)
+        return 1
 
     cap = torch.cuda.get_device_capability()
     try:
