@@ -68,6 +68,9 @@ main() {
   if [ -z "$H_GLIBC" ] && have ldd; then
     H_GLIBC=$(ldd --version 2>&1 | first_line | sed -n 's/.* \([0-9][0-9]*\.[0-9][0-9]*\)$/\1/p')
   fi
+  if [ -z "$H_GLIBC" ]; then
+    add_error "host.glibc" "could not collect: neither getconf GNU_LIBC_VERSION nor ldd --version answered (musl or busybox?)"
+  fi
   HOST="{\"hostname\":$(jsn "$H_NAME"),\"os\":$(jsn "$H_OS"),\"kernel\":$(jsn "$H_KERNEL"),\"arch\":$(jsn "$H_ARCH"),\"glibc\":$(jsn "$H_GLIBC"),\"python\":null,\"source\":\"uname, /etc/os-release, getconf GNU_LIBC_VERSION (sh probe)\"}"
   add_error "host.python" "could not collect: $NO_PY_REASON"
 
@@ -118,7 +121,9 @@ EOF_SMI
   elif [ -r /proc/driver/nvidia/version ]; then
     drv=$(sed -n 's/.*Kernel Module *\([0-9][0-9.]*\).*/\1/p' /proc/driver/nvidia/version | first_line)
     DRIVER="{\"version\":$(jsn "$drv"),\"cuda_version\":null,\"source\":\"/proc/driver/nvidia/version\"}"
-    add_error "gpus" "could not collect: nvidia-smi not found on target"
+    add_error "gpus" "could not collect via nvidia-smi: nvidia-smi not found on PATH"
+  else
+    add_error "gpus" "could not collect via nvidia-smi: nvidia-smi not found on PATH"
   fi
 
   # --- nvcc candidates ------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import stat
 import sys
 from collections.abc import Iterator
@@ -29,16 +30,13 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThrowawaySshd]:
         server.stop()
 
 
-@pytest.fixture(scope="session")
-def no_python_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory holding sh and the few tools probe.sh needs, and no python at all.
-
-    Used as `env -i PATH=<dir>` at the end of a target prefix, so the target really cannot find
-    an interpreter (the remote login shell still can, the command it runs cannot).
-    """
-    bindir = tmp_path_factory.mktemp("nopy") / "bin"
-    bindir.mkdir()
+def _toolbox(root: Path, kind: str) -> Path:
+    bindir = root / kind / "bin"
+    bindir.mkdir(parents=True)
     for tool in SH_PROBE_TOOLS:
+        if kind == "busybox":
+            (bindir / tool).symlink_to(shutil.which("busybox") or "/bin/busybox")
+            continue
         for base in ("/usr/bin", "/bin"):
             src = Path(base) / tool
             if src.exists():
@@ -46,6 +44,25 @@ def no_python_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 break
     assert not any("python" in p.name for p in bindir.iterdir())
     return bindir
+
+
+@pytest.fixture(scope="session")
+def no_python_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding sh and the few tools probe.sh needs, and no python at all.
+
+    Used as `env -i PATH=<dir>` at the end of a target prefix, so the target really cannot find
+    an interpreter (the remote login shell still can, the command it runs cannot).
+    """
+    return _toolbox(tmp_path_factory.mktemp("nopy"), "debian")
+
+
+@pytest.fixture(scope="session", params=["debian", "busybox"])
+def no_python_toolbox(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Like no_python_bin, for both dash + GNU tools and busybox (ash + its applets, the usual
+    small container without python)."""
+    if request.param == "busybox" and shutil.which("busybox") is None:
+        pytest.skip("busybox not installed (scripts/setup_sshd.sh installs busybox-static)")
+    return _toolbox(tmp_path_factory.mktemp("nopy"), request.param)
 
 
 @pytest.fixture(scope="session")

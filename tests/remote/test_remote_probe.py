@@ -59,10 +59,11 @@ def test_python_probe_over_ssh(sshd: ThrowawaySshd) -> None:
 
 
 def test_no_python_target_gets_sh_probe(
-    sshd: ThrowawaySshd, no_python_bin: Path, fake_cuda: Path
+    sshd: ThrowawaySshd, no_python_toolbox: Path, fake_cuda: Path
 ) -> None:
-    """python3 cannot be found on the target: the sh probe still reports the toolchain facts."""
-    path = f"{fake_cuda}/bin:{no_python_bin}"
+    """python3 cannot be found on the target: the sh probe still reports the toolchain facts
+    (under dash + GNU tools, and under busybox ash + applets)."""
+    path = f"{fake_cuda}/bin:{no_python_toolbox}"
     prefix = sshd.prefix("env", "-i", f"PATH={path}", f"CUDA_HOME={fake_cuda}", "HF_TOKEN=hunter2")
     facts = probe_remote(prefix, timeout=30)
     assert facts["probe"]["kind"] == "sh"
