@@ -353,7 +353,8 @@ class Options(object):
     def describe(self):
         return {
             "root": self.root, "dpkg_status": self.dpkg_status,
-            "site_packages": self.site_packages, "skip": sorted(self.skip),
+            "site_packages": self.site_packages, "nvcc_site_dirs": _all_site_dirs(self),
+            "skip": sorted(self.skip),
         }
 
 
@@ -671,6 +672,25 @@ def probe_gcc(opts):
     return {"version": out.strip() or None, "path": exe, "source": "%s -dumpfullversion" % exe}
 
 
+def _all_site_dirs(opts):
+    """This Python's site-packages plus every other Python's on the host (system, conda, venv):
+    a pip nvcc wheel may sit in any of them."""
+    dirs = list(opts.site_packages)
+    if opts.custom_site_packages:
+        return dirs
+    patterns = [opts.sys_path("/usr/lib/python3*/dist-packages"),
+                opts.sys_path("/usr/local/lib/python3*/dist-packages"),
+                opts.sys_path("/usr/local/lib/python3*/site-packages")]
+    for var in ("CONDA_PREFIX", "VIRTUAL_ENV"):
+        if opts.env.get(var):
+            patterns.append(os.path.join(opts.env[var], "lib", "python3*", "site-packages"))
+    for pat in patterns:
+        for d in sorted(glob.glob(pat)):
+            if d not in dirs:
+                dirs.append(d)
+    return dirs
+
+
 def nvcc_candidate_sources(opts, dpkg_entries, dists, rpm_entries=()):
     """[(path, found_by, kind)] for every place an nvcc can hide (not deduplicated)."""
     env = opts.env
@@ -690,7 +710,7 @@ def nvcc_candidate_sources(opts, dpkg_entries, dists, rpm_entries=()):
     out.append((opts.sys_path("/usr/bin/nvcc"), "/usr/bin (Debian nvidia-cuda-toolkit)", "nvcc"))
     if env.get("CONDA_PREFIX"):
         out.append((os.path.join(env["CONDA_PREFIX"], "bin", "nvcc"), "CONDA_PREFIX", "nvcc"))
-    for sp in opts.site_packages:
+    for sp in _all_site_dirs(opts):
         out.append((os.path.join(sp, "nvidia", "cu13", "bin", "nvcc"),
                     "pip wheel nvidia-cuda-nvcc (nvidia/cu13)", "nvcc"))
         wheel_bin = os.path.join(sp, "nvidia", "cuda_nvcc", "bin")

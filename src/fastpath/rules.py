@@ -251,7 +251,8 @@ def check_no_nvcc(ctx: Context) -> dict | None:
               f"CUDA_PATH={env.get('CUDA_PATH', '(unset)')}", "/usr/local/cuda, /usr/local/cuda-*",
               "/opt/cuda*", "/usr/bin", f"$CONDA_PREFIX/bin ({env.get('CONDA_PREFIX', 'unset')})",
               "pip wheels nvidia/cu13/bin and nvidia/cuda_nvcc/bin in "
-              + ", ".join(opts.get("site_packages") or ["site-packages"]),
+              + ", ".join(opts.get("nvcc_site_dirs") or opts.get("site_packages")
+                          or ["site-packages"]),
               f"dpkg status {opts.get('dpkg_status', '/var/lib/dpkg/status')}", "rpm -qa"]
     return {"places": "; ".join(places)}
 
