@@ -15,7 +15,7 @@ import argparse
 import json
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,6 @@ class Diagnosis:
     model_plan: dict[str, Any] | None = None
     exit_code: int = 0
     top_remedy: str | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
