@@ -202,6 +202,9 @@ def _update_fake(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_in
     return torch.empty_like(x)
 
 
+_UPDATE_KERNEL = None
+
+
 def update_impl(
     x: Tensor,
     conv_state: Tensor,
@@ -211,16 +214,27 @@ def update_impl(
     cache_seqlens: Tensor | None,
     conv_state_indices: Tensor | None,
 ) -> Tensor:
-    """The update itself, (B, D, L) x only; eager callers skip the custom-op dispatcher
-    (microseconds matter at decode)."""
+    """The update itself, (B, D, L) x only. Eager callers come here directly, skipping the
+    custom-op dispatcher, and the checks are flat: at decode the host time is the cost."""
+    global _UPDATE_KERNEL
     width = weight.shape[-1]
-    if _triton_ok("update", width, x, weight, bias, conv_state):
-        from fastpath.ops.conv1d_update import causal_conv1d_update_triton
+    if (
+        (x.is_cuda or use_triton(x))
+        and 2 <= width <= MAX_TRITON_WIDTH
+        and x.dtype in TRITON_DTYPES
+        and weight.dtype in TRITON_DTYPES
+        and conv_state.dtype in TRITON_DTYPES
+        and (bias is None or bias.dtype in TRITON_DTYPES)
+        and x.numel() < 2**31
+        and conv_state.numel() < 2**31
+    ):
+        if _UPDATE_KERNEL is None:
+            from fastpath.ops.conv1d_update import causal_conv1d_update_triton
 
+            _UPDATE_KERNEL = causal_conv1d_update_triton
         CALLS["update:triton"] += 1
-        return causal_conv1d_update_triton(
-            x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices
-        )
+        return _UPDATE_KERNEL(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices)
+    _triton_ok("update", width, x, weight, bias, conv_state)  # warns when a kernel could run
     CALLS["update:reference"] += 1
     return reference.causal_conv1d_update_ref(
         x, conv_state, weight, bias, "silu" if silu else None, cache_seqlens, conv_state_indices

@@ -355,12 +355,17 @@ def _causal_conv1d_bwd_rows_kernel(
 
 # ------------------------------------------------------------------ launchers
 def rows_config(x: torch.Tensor, backward: bool) -> dict:
-    """BLOCK_D channels per program (8 per thread: 16-byte bf16 vectors) and rows per program
-    so that ~4 programs per SM-slot exist; rows_per_prog is a multiple of the 4-row unroll."""
-    dim = x.shape[1]
+    """BLOCK_D channels per program at 4 per thread (8-byte bf16 vectors: the H200 sweep of
+    2026-12-02 put 4/thread ahead of 8/thread, benchmarks/NOTES_causal_conv1d.md), and rows per
+    program halved from 64 (fwd) / 128 (bwd) down to 16 until >= 2048 programs fill the chip."""
+    batch, dim, seqlen = x.shape
     block_d = min(512, next_pow2(dim))
-    num_warps = max(1, block_d // 256)
-    return {"BLOCK_D": block_d, "ROWS": 128 if backward else 64, "num_warps": num_warps}
+    num_warps = max(1, min(4, block_d // 128))
+    rows = 128 if backward else 64
+    n_d = triton.cdiv(dim, block_d)
+    while rows > 16 and n_d * batch * triton.cdiv(seqlen, rows) < 2048:
+        rows //= 2
+    return {"BLOCK_D": block_d, "ROWS": rows, "num_warps": num_warps}
 
 
 def _rows_split(seqlen: int, rows: int) -> tuple[int, int]:
