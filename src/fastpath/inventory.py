@@ -302,12 +302,32 @@ def _select(inv: _Inventory, limit: str | None, source: str) -> list[str]:
     return chosen
 
 
+def _strip_comment(line: str) -> str:
+    """Drop a `# comment` the way sh does: '#' starts one only at the start of a word and
+    outside quotes (shlex's comments=True would also cut `host#2`)."""
+    quote = None
+    escaped = False
+    for i, ch in enumerate(line):
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quote != "'":
+            escaped = True
+        elif quote:
+            if ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i]
+    return line
+
+
 def parse_prefix_list(text: str, source: str) -> list[Target]:
-    """One target prefix per line; '#' starts a comment (outside quotes)."""
+    """One target prefix per line; '#' starts a comment (at a word start, outside quotes)."""
     targets: list[Target] = []
     for lineno, raw in enumerate(text.splitlines(), 1):
         try:
-            argv = shlex.split(raw, comments=True)
+            argv = shlex.split(_strip_comment(raw))
         except ValueError as exc:
             raise UsageError(f"{source}:{lineno}: {exc}") from None
         if argv:

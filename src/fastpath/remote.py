@@ -57,7 +57,7 @@ def parse_prefix(prefix: str | list[str] | tuple[str, ...]) -> list[str]:
         try:
             argv = shlex.split(prefix)
         except ValueError as exc:
-            raise UsageError(f"cannot split target prefix {prefix!r}: {exc}") from None
+            raise UsageError(f"cannot split target prefix {redact_text(prefix)!r}: {exc}") from None
     if not argv:
         raise UsageError("empty target prefix (expected e.g. 'ssh host' or 'docker exec -i ctr')")
     return argv

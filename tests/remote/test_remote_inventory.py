@@ -95,6 +95,7 @@ def test_prefix_list(tmp_path: Path) -> None:
         "ssh gpu1 pct exec 200 --   # the container\n"
         "docker exec -i 'my ctr'\n"
         "kubectl exec -i pod-0 --\n"
+        "ssh node#2 'echo # not a comment' # a comment\n"
     )
     targets = load_targets(path)
     assert [t.prefix for t in targets] == [
@@ -102,6 +103,7 @@ def test_prefix_list(tmp_path: Path) -> None:
         ["ssh", "gpu1", "pct", "exec", "200", "--"],
         ["docker", "exec", "-i", "my ctr"],
         ["kubectl", "exec", "-i", "pod-0", "--"],
+        ["ssh", "node#2", "echo # not a comment"],
     ]
     assert targets[2].name == "docker exec -i 'my ctr'"
     with pytest.raises(UsageError, match="--limit needs an Ansible inventory"):
