@@ -149,6 +149,9 @@ def causal_conv1d_bwd(
         CALLS["bwd:triton"] += 1
         if x.stride(1) == 1:
             from fastpath.ops.conv1d_rows import causal_conv1d_bwd_rows as kernel
+
+            if dout.stride(1) != 1:  # one copy beats strided row loads
+                dout = dout.transpose(1, 2).contiguous().transpose(1, 2)
         else:
             from fastpath.ops.conv1d_bwd import causal_conv1d_bwd_triton as kernel
         dweight, dbias, dinit = kernel(
