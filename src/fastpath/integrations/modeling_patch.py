@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import importlib.abc
 import importlib.machinery
+import inspect
 import os
 import re
 import sys
@@ -130,11 +131,18 @@ def _lift_device_gates(module: ModuleType, reg: PatchRegistry) -> None:
         if isinstance(obj, type) and obj.__module__ == module.__name__ and "cuda_kernels_forward" in obj.__dict__:
             original = obj.__dict__["forward"]
 
-            def forward(self: Any, *args: Any, __orig: Any = original, __mod: Any = module, **kwargs: Any) -> Any:
+            # forward(hidden_states, ...) and cuda_kernels_forward(x, ...) take the same arguments
+            # in the same order under different first names: translate by position
+            rename = dict(zip(list(inspect.signature(original).parameters)[1:],
+                              list(inspect.signature(obj.__dict__["cuda_kernels_forward"]).parameters)[1:],
+                              strict=False))
+
+            def forward(self: Any, *args: Any, __orig: Any = original, __mod: Any = module,
+                        __rename: dict[str, str] = rename, **kwargs: Any) -> Any:
                 first = next((a for a in (*args, *kwargs.values()) if hasattr(a, "device")), None)
                 if (getattr(__mod, "is_fast_path_available", False) and first is not None
                         and first.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"):
-                    return self.cuda_kernels_forward(*args, **kwargs)
+                    return self.cuda_kernels_forward(*args, **{__rename.get(k, k): v for k, v in kwargs.items()})
                 return __orig(self, *args, **kwargs)
 
             forward.__fastpath_lifted__ = True  # type: ignore[attr-defined]
