@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import sys
 import time
 from collections import Counter
@@ -193,7 +194,7 @@ def fleet_json(results: list[TargetResult], exit_code: int) -> dict[str, Any]:
         targets.append(
             {
                 "name": r.target.name,
-                "prefix": redact_text(" ".join(r.target.prefix)),
+                "prefix": redact_text(shlex.join(r.target.prefix)),
                 "groups": r.target.groups,
                 "status": r.status,
                 "verdict": r.verdict,

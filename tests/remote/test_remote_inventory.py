@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -159,3 +162,36 @@ def test_inventory_targets_reach_sshd(sshd: ThrowawaySshd, tmp_path: Path) -> No
     assert results[0].facts["probe"]["kind"] == "python"
     assert results[1].facts["probe"]["kind"] == "sh"  # its interpreter does not exist there
     assert "'/nonexistent/python3' not found" in results[1].facts["probe"]["errors"]["torch"]
+
+
+def test_cli_yaml_inventory_with_limit(sshd: ThrowawaySshd, tmp_path: Path) -> None:
+    """`fastpath doctor --hosts inv.yml --limit lab --json` end to end over the throwaway sshd."""
+    common = " ".join(sshd.ssh_args()[3:])
+    path = tmp_path / "inventory.yml"
+    path.write_text(
+        "all:\n"
+        "  children:\n"
+        "    lab:\n"
+        "      hosts:\n"
+        "        box1:\n"
+        "          ansible_host: 127.0.0.1\n"
+        "      vars:\n"
+        f"        ansible_port: {sshd.port}\n"
+        f"        ansible_user: {sshd.user}\n"
+        f"        ansible_ssh_common_args: '{common}'\n"
+        "        ansible_python_interpreter: /usr/bin/python3\n"
+        "    elsewhere:\n"
+        "      hosts:\n"
+        "        never-contacted: {ansible_host: 127.0.0.1, ansible_port: 1}\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "fastpath", "doctor", "--hosts", str(path), "--limit", "lab", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    report = json.loads(run.stdout)
+    assert [t["name"] for t in report["targets"]] == ["box1"]
+    [box1] = report["targets"]
+    assert box1["status"] == "ok", box1["error"]
+    assert box1["groups"] == ["lab"]
+    assert box1["report"]["facts"]["host"]["executable"] == "/usr/bin/python3"
+    assert run.returncode == (1 if box1["verdict"] == "slow" else 0)
