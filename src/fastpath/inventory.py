@@ -10,6 +10,7 @@ cannot smuggle ssh options in (a host `-oProxyCommand=...` would run a local com
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -283,22 +284,39 @@ def _looks_like_yaml_inventory(path: Path, text: str) -> bool:
     return False
 
 
+def _match(inv: _Inventory, pattern: str, source: str) -> list[str]:
+    """Hosts named by one --limit word: a group (with its children), a host, or a glob of either."""
+    if pattern in inv.groups:
+        return inv.expand(pattern)
+    if pattern in inv.host_vars:
+        return [pattern]
+    if any(ch in pattern for ch in "*?["):
+        hosts: list[str] = []
+        for group in fnmatch.filter(list(inv.groups), pattern):
+            hosts += [h for h in inv.expand(group) if h not in hosts]
+        hosts += [h for h in fnmatch.filter(inv.host_order, pattern) if h not in hosts]
+        if hosts:
+            return hosts
+    known = ", ".join(sorted(g for g in inv.groups if g not in ("ungrouped",)))
+    raise UsageError(f"--limit {pattern!r}: no such group or host in {source} (groups: {known})")
+
+
 def _select(inv: _Inventory, limit: str | None, source: str) -> list[str]:
+    """Ansible-style --limit: `a,b` or `a:b` union, `!x` excludes, `&x` intersects, globs allowed."""
     if not limit:
         return list(inv.host_order)
     chosen: list[str] = []
-    for part in re.split(r"[,:]", limit):
-        part = part.strip()
-        if not part:
-            continue
-        if part in inv.groups:
-            hosts = inv.expand(part)
-        elif part in inv.host_vars:
-            hosts = [part]
-        else:
-            known = ", ".join(sorted(g for g in inv.groups if g not in ("ungrouped",)))
-            raise UsageError(f"--limit {part!r}: no such group or host in {source} (groups: {known})")
-        chosen += [h for h in hosts if h not in chosen]
+    words = [w.strip() for w in re.split(r"[,:]", limit) if w.strip()]
+    for word in (w for w in words if w[0] not in "!&"):
+        chosen += [h for h in _match(inv, word, source) if h not in chosen]
+    if not chosen and words and all(w[0] in "!&" for w in words):
+        chosen = list(inv.host_order)  # `--limit '!db'`: everything but db
+    for word in (w for w in words if w[0] == "&"):
+        keep = set(_match(inv, word[1:], source))
+        chosen = [h for h in chosen if h in keep]
+    for word in (w for w in words if w[0] == "!"):
+        drop = set(_match(inv, word[1:], source))
+        chosen = [h for h in chosen if h not in drop]
     return chosen
 
 

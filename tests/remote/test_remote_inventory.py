@@ -85,8 +85,14 @@ def test_ansible_inventory(tmp_path: Path, name: str, text: str) -> None:
     assert [t.name for t in load_targets(path, "cluster")] == ["node1", "node2", "node3"]
     assert [t.name for t in load_targets(path, "ctr")] == ["ct200", "local-box"]
     assert [t.name for t in load_targets(path, "node3,ct200")] == ["node3", "ct200"]
+    assert [t.name for t in load_targets(path, "node*")] == ["node1", "node2", "node3"]
+    assert [t.name for t in load_targets(path, "cluster:!node2")] == ["node1", "node3"]
+    assert [t.name for t in load_targets(path, "all:&ctr")] == ["ct200", "local-box"]
+    assert [t.name for t in load_targets(path, "!gpu")] == ["ct200", "local-box"]
     with pytest.raises(UsageError, match="no such group or host"):
         load_targets(path, "nope")
+    with pytest.raises(UsageError, match="no such group or host"):
+        load_targets(path, "db*")
 
 
 def test_prefix_list(tmp_path: Path) -> None:
