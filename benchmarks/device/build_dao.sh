@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Build Dao-AILab causal-conv1d (the compiled peer) from its PyPI sdist on the device, sm_90 only,
-# in place under .build/ so it never touches the device's site-packages.
-# Usage: bash benchmarks/device/build_dao.sh SDIST OUTDIR   -> OUTDIR holds causal_conv1d/ + causal_conv1d_cuda*.so
+# as a wheel installed into a --target folder, so it never touches the device's site-packages and
+# the doctor sees real dist-info + a real compiled .so there.
+# Usage: bash benchmarks/device/build_dao.sh SDIST TARGET_DIR
 set -euo pipefail
-sdist=$1; out=$2
-mkdir -p "$out"
+sdist=$1; target=$2
 tmp=$(mktemp -d)
 tar xzf "$sdist" -C "$tmp"
 src=$(echo "$tmp"/causal_conv1d-*)
@@ -17,8 +17,9 @@ assert marker in s, "setup.py layout changed"
 s = s.replace(marker, '    cc_flag = ["-gencode", "arch=compute_90,code=sm_90"]\n' + marker, 1)
 p.write_text(s)
 PY
-cd "$src"
 start=$(date +%s)
-CAUSAL_CONV1D_FORCE_BUILD=TRUE MAX_JOBS=${MAX_JOBS:-16} python3 setup.py build_ext --inplace
+CAUSAL_CONV1D_FORCE_BUILD=TRUE MAX_JOBS=${MAX_JOBS:-16} \
+  python3 -m pip wheel -q --no-build-isolation --no-deps -w "$tmp/wheels" "$src"
 echo "dao build seconds: $(( $(date +%s) - start ))"
-cp -r causal_conv1d causal_conv1d_cuda*.so "$out"/
+python3 -m pip install -q --no-deps --target "$target" "$tmp"/wheels/causal_conv1d-*.whl
+ls "$target"
