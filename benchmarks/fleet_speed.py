@@ -4,7 +4,8 @@ Every target is this same machine reached through its own ssh session, so all N 
 machine's cores: the wall time is bounded below by the run's total CPU time / cores. Each scenario
 gets its own sshd, which is stopped and reaped afterwards, so `fleet_cpu_s` (getrusage of our
 children: ssh clients + sshd + remote shells + probes) is the run's own CPU cost, exact even when
-other work shares the machine; `wall_s` is not (see `loadavg_1min`).
+other work shares the machine; `wall_s` is not (see `loadavg_1min`). `client_cpu_s` is the local
+side alone (this process + its ssh clients): what a real fleet costs the machine running fastpath.
 
 Scenarios, N targets at the default --jobs:
   ssh_only      N `ssh ... true` sessions (the transport floor, no probe),
@@ -54,23 +55,32 @@ def children_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def self_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def measure(workdir: Path, fn: Any) -> dict[str, Any]:
     """Run fn(server) against a fresh sshd; wall time, machine load, and the run's own CPU."""
     server = start_sshd(workdir)
     try:
         c0 = children_cpu_s()
+        s0 = self_cpu_s()
         b0, t0 = cpu_times()
         started = time.perf_counter()
         extra = fn(server)
         wall = time.perf_counter() - started
         b1, t1 = cpu_times()
+        # before sshd is reaped: only this process and its ssh clients (the local side)
+        client = children_cpu_s() - c0 + self_cpu_s() - s0
     finally:
         server.stop()  # reaped: its sessions' CPU is now in our RUSAGE_CHILDREN
-    cpu = children_cpu_s() - c0
+    cpu = children_cpu_s() - c0 + self_cpu_s() - s0
     cores = os.cpu_count() or 1
     out = {
         "wall_s": round(wall, 3),
         "fleet_cpu_s": round(cpu, 2),
+        "client_cpu_s": round(client, 2),  # local side: fastpath + ssh clients
         "cpu_floor_wall_s": round(cpu / cores, 2),  # wall can't beat this on this machine
         "machine_busy_fraction": round((b1 - b0) / max(1, t1 - t0), 3),
         "loadavg_1min": round(os.getloadavg()[0], 2),
@@ -150,6 +160,7 @@ def main() -> int:
             results[name] = row = measure(Path(tmp) / f"sshd{i}", fn)
             print(
                 f"{name:24s} wall {row['wall_s']:7.2f} s  fleet cpu {row['fleet_cpu_s']:7.1f} s "
+                f"(client {row['client_cpu_s']:5.1f} s) "
                 f"(floor {row['cpu_floor_wall_s']:5.1f} s)  load {row['loadavg_1min']:5.1f}  ok {row.get('ok')}",
                 flush=True,
             )
