@@ -66,10 +66,13 @@ def explain_model(model: Any) -> Explanation:
             continue
         device = _device_of(layer)
         gate = _all_or_nothing_gate(layer, module, device)
+        limit = _kernel_limit(layer)
         for op in ops:
             impl, fast = _resolve(op, layer, module, device)
             if gate is not None and op in CONV_OPS:
                 impl, fast = f"torch ({gate})", False
+            elif limit is not None and op in CONV_OPS and impl.startswith("fastpath-triton"):
+                impl, fast = f"fastpath (torch reference: {limit})", False
             out.rows.append({"layer": name or "<root>", "layer_type": cls.__name__, "op": op,
                              "impl": impl, "fast": fast})
     return out
@@ -127,6 +130,25 @@ def _helpers_source(module: ModuleType, src: str, depth: int = 2) -> str:
         extra += found
         frontier = found
     return extra
+
+
+def _kernel_limit(layer: Any) -> str | None:
+    """Why fastpath's Triton causal conv would hand this layer's calls to its reference, if it would
+    (the kernels take widths 2..MAX_TRITON_WIDTH and fp32/fp16/bf16)."""
+    import torch
+
+    from fastpath.ops.causal_conv1d import MAX_TRITON_WIDTH
+    from fastpath.ops.dispatch import TRITON_DTYPES
+
+    for child in layer.children():
+        if isinstance(child, torch.nn.Conv1d) and child.groups == child.in_channels:
+            width = child.kernel_size[0]
+            if not 2 <= width <= MAX_TRITON_WIDTH:
+                return f"width {width} outside the kernel's 2..{MAX_TRITON_WIDTH}"
+            if child.weight.dtype not in TRITON_DTYPES:
+                return f"dtype {child.weight.dtype} not supported by the kernel"
+            return None
+    return None
 
 
 def _device_of(layer: Any) -> str:

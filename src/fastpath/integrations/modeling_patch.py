@@ -20,7 +20,6 @@ import importlib.abc
 import importlib.machinery
 import inspect
 import os
-import re
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -30,7 +29,6 @@ from typing import Any
 
 from fastpath.integrations.patch_registry import PatchRegistry
 
-MODELING_RE = re.compile(r"^transformers\.models\.[A-Za-z0-9_]+\.modeling_[A-Za-z0-9_]+$")
 CONV_GLOBALS = ("causal_conv1d_fn", "causal_conv1d_update")
 CONV_INSTANCE_ATTRS = ("causal_conv1d_fn", "causal_conv1d_update")
 # names a <=5.14 module-level `is_fast_path_available = all((...))` can be built from
