@@ -61,7 +61,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "zamba2": {**COMMON, **MAMBA2, "layers_block_type": ["mamba", "hybrid"], "mamba_headdim": 16,
                "n_mamba_heads": 4, "attention_head_dim": 16, "use_mem_rope": False, "num_mem_blocks": 1},
     # 5.25 newcomers found by discovery (no hard-coded routing for them in fastpath)
-    "lfm3": {**COMMON, **GDN, **MOE},
+    "lfm3": {**COMMON, **GDN, **MOE, "layer_types": ["conv", "full_attention"]},
     "lara_mini": {**COMMON, **GDN, **MOE},
     "bailing_hybrid": {**COMMON, **GDN, **MOE, "layer_types": ["linear_attention", "full_attention"],
                        "num_key_value_heads": 2, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
