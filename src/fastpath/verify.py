@@ -449,6 +449,33 @@ def packed_route_problems(explain_rows: list[dict[str, Any]]) -> list[str]:
             f"(first: {slow[0]}; FLA on a GPU keeps them apart)"]
 
 
+# The compiled packages transformers would bind instead of its torch fallbacks.
+COMPILED_PEERS = ("causal_conv1d", "causal_conv1d_cuda", "fla")
+REFERENCES = ("torch", "transformers")
+
+
+@contextlib.contextmanager
+def hidden_compiled_peers() -> Any:
+    """While the model is built, make Dao causal-conv1d and FLA unimportable.
+
+    Why: transformers 5.15+ binds causal_conv1d / FLA once, when it imports a modeling module,
+    and disable() restores that binding. With the peers hidden at that moment the reference is
+    the torch fallback, the spec, on every machine (with FLA bound instead, the reference
+    backward even raises on Hopper with Triton < 3.7.1, FLA #640). They are importable again
+    afterwards, so enable() can still route the gated delta rule to FLA. A modeling module
+    imported before this keeps its binding; verify reports the reference's routes either way.
+    """
+    hidden = [name for name in COMPILED_PEERS if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for name in hidden:
+            if sys.modules.get(name, False) is None:
+                del sys.modules[name]
+
+
 def _fp32_oracle_grads(model: Any, inputs: Inputs) -> dict[str, Any]:
     """Gradients of an fp32 copy of `model` on the active (reference) path, in the model's dtype
     layout; the copy is freed before returning."""
@@ -520,12 +547,15 @@ def verify_model(
     device: str | None = "auto",
     seed: int = 0,
     enable_kwargs: dict[str, Any] | None = None,
+    reference: str = "torch",
     progress: Callable[[str], None] | None = None,
 ) -> VerifyResult:
     """Run `source` on the reference path and on the fast path; compare (see module doc).
 
     enable_kwargs go to fastpath.enable() (tests route deliberately wrong kernels this way).
-    fastpath is left disabled afterwards.
+    reference="torch": transformers' torch fallbacks are the reference even where Dao
+    causal-conv1d / FLA are installed (see hidden_compiled_peers); "transformers": whatever
+    transformers binds in this environment. fastpath is left disabled afterwards.
     """
     if seq_len < 2:
         raise UsageError("--seq-len must be at least 2")
@@ -541,8 +571,14 @@ def verify_model(
     from fastpath.models import build_model, dtype_label
     from fastpath.ops.counters import CALLS
 
+    if reference not in REFERENCES:
+        raise UsageError(f"unknown reference {reference!r}; use {' or '.join(REFERENCES)}")
     say("building the model")
-    built = build_model(source, layers=layers, dtype=dtype, device=device, seed=seed)
+    if reference == "torch":
+        with hidden_compiled_peers():
+            built = build_model(source, layers=layers, dtype=dtype, device=device, seed=seed)
+    else:
+        built = build_model(source, layers=layers, dtype=dtype, device=device, seed=seed)
     tol = TOLERANCES[dtype_label(built.dtype)]
     inputs = make_inputs(built.vocab_size, batch, seq_len, packed, seed, built.device)
     model = built.model
@@ -722,6 +758,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-tokens", type=int, default=8, help="greedy cached decode steps to compare (0: skip)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs")
+    parser.add_argument("--reference", choices=REFERENCES, default="torch",
+                        help="torch: transformers' torch fallbacks (Dao causal-conv1d / FLA hidden while the model "
+                             "is built); transformers: whatever transformers binds here")
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     parser.add_argument("--save", metavar="PATH", default=None, help="also write the result JSON to PATH")
 
@@ -743,7 +782,7 @@ def main(args: argparse.Namespace) -> int:
         result = verify_model(
             args.model, dtype=dtype, seq_len=args.seq_len, batch=args.batch, packed=args.packed,
             backward=args.backward, layers=args.layers, decode_tokens=args.decode_tokens,
-            device=args.device, seed=args.seed,
+            device=args.device, seed=args.seed, reference=args.reference,
             progress=lambda msg: status.update(f"verify: {msg}"),
         )
     if args.save:
