@@ -112,13 +112,13 @@ def enable(
     with _LOCK:
         if _STATE is not None:
             disable()
+        from fastpath import causal_conv1d as face
+
         fla = fla_route.detect_fla(gated_delta_rule)
         if gated_delta_rule == "fla" and not fla.route:
             raise FastpathError(f"gated_delta_rule='fla' but FLA cannot be used: {fla.reason}")
         if fla.route:
             fla_route.use_dqkwg_route(fla)  # FLA #640 only; undone by disable()
-
-        from fastpath import causal_conv1d as face
 
         fn_impl = causal_conv1d_fn or face.causal_conv1d_fn
         upd_impl = causal_conv1d_update or face.causal_conv1d_update
@@ -155,20 +155,30 @@ def enable(
                     report.modules_pending.remove(module.__name__)
                 report.modules_patched.append(module.__name__)
 
-        report.notes.append(hub_kernels.disable_hub_downloads(env))
-        _provide_causal_conv1d_module(face, reg, report)
-        loaded = []
-        for name in sorted(targets):
-            module = sys.modules.get(name)
-            if module is None:
-                if name != hub_kernels.HUB_MODULE:
-                    report.modules_pending.append(name)
-                continue
-            on_loaded(module)
-            loaded.append(name)
-        report.layers_patched = patch_built_layers(set(loaded), routes, reg)
         hook = ModelingImportHook(targets, on_loaded)
-        sys.meta_path.insert(0, hook)
+        try:
+            report.notes.append(hub_kernels.disable_hub_downloads(env))
+            _provide_causal_conv1d_module(face, reg, report)
+            loaded = []
+            for name in sorted(targets):
+                module = sys.modules.get(name)
+                if module is None:
+                    if name != hub_kernels.HUB_MODULE:
+                        report.modules_pending.append(name)
+                    continue
+                on_loaded(module)
+                loaded.append(name)
+            report.layers_patched = patch_built_layers(set(loaded), routes, reg)
+            sys.meta_path.insert(0, hook)
+        except BaseException:  # leave nothing half-patched behind
+            hook.active = False
+            if hook in sys.meta_path:
+                sys.meta_path.remove(hook)
+            reg.undo()
+            hub_kernels.restore_env(env)
+            if fla.chunk_impl == fla_route.DQKWG_IMPL:
+                fla_route.undo_dqkwg_route()
+            raise
         if hub_kernels.kernels_installed():
             report.notes.append("`kernels` is installed: fastpath's routes are module globals, which "
                                 "Hub kernelize() does not replace while USE_HUB_KERNELS=0")
