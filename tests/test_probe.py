@@ -213,6 +213,24 @@ def test_probe_runs_from_stdin_and_prints_json(tmp_path):
         assert key in facts
 
 
+def test_probe_finds_dists_installed_with_pip_target_on_pythonpath(tmp_path):
+    """`pip install --target DIR` + PYTHONPATH=DIR: the package's dist-info (version, .so files)
+    must be found there, not only its module (seen on the H200: version None, no archs)."""
+    target = tmp_path / "target"
+    so = build_elf({".nv_fatbin": fatbin_container([("sass", 90), ("ptx", 90)])})
+    write_dist_info(target, "causal-conv1d", "1.7.0", {
+        "causal_conv1d/__init__.py": b"__version__ = '1.7.0'\n",
+        "causal_conv1d_cuda.cpython-311-x86_64-linux-gnu.so": so,
+    })
+    env = dict(os.environ, FASTPATH_PROBE_SKIP="rpm,nvcc", PYTHONPATH=str(target))
+    out = subprocess.run([sys.executable, "-"], input=PROBE_FILE.read_bytes(), capture_output=True,
+                         env=env, timeout=120, check=True)
+    pkg = json.loads(out.stdout)["packages"]["causal-conv1d"]
+    assert pkg["version"] == "1.7.0"
+    assert [s["sass"] for s in pkg["so_files"]] == [["sm_90"]]
+    assert [s["ptx"] for s in pkg["so_files"]] == [["compute_90"]]
+
+
 def test_real_machine_probe_sees_this_workplace_nvcc():
     """This workplace (and CI) has nvcc 13.0 at /usr/local/bin/nvcc from /usr/local/cuda-13.0."""
     if not os.path.exists("/usr/local/cuda-13.0/bin/nvcc"):

@@ -366,6 +366,10 @@ def _default_site_packages():
     except Exception:
         cands = []
     cands += [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    # `pip install --target DIR` + PYTHONPATH (common on shared clusters and in containers): any
+    # path entry that holds dist-info folders is a place packages are installed.
+    extra = sys.path + os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    cands += [p for p in extra if p and os.path.isdir(p) and glob.glob(os.path.join(p, "*.dist-info"))]
     for d in cands:
         if d and os.path.isdir(d) and d not in dirs:
             dirs.append(d)
