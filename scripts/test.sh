@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
 # torch CPU wheel (local disk on the dev/CI machines), Triton (its interpreter runs the kernels on CPU).
-"$PY" -m pip install -q --disable-pip-version-check "torch==2.13.0" "triton"
+"$PY" -m pip install -q --disable-pip-version-check "torch==2.13.0" "triton==3.9.0"
 "$PY" -m pip install -q --disable-pip-version-check -e ".[test]"
 # The in-process integration tests run against this transformers; others get their own venvs.
 "$PY" -m pip install -q --disable-pip-version-check "transformers==5.17.0"
