@@ -372,8 +372,20 @@ def check_fla_hopper(ctx: Context) -> dict | None:
     except InvalidVersion:
         return None
     if Version("3.4") <= tv < Version("3.7.1") and not package_ok(ctx.facts, "tilelang"):
-        return {"tv": tri, "fla": package_version(ctx.facts, "flash-linear-attention")}
+        fla = (package_version(ctx.facts, "flash-linear-attention")
+               or package_version(ctx.facts, "fla-core"))
+        return {"tv": tri, "fla": fla or "?"}
     return None
+
+
+def fla_dqkwg_route(ctx: Context) -> str | None:
+    """fastpath's own answer to FLA #640: only the refused op changes implementation."""
+    if not fastpath_route_available(ctx.facts):
+        return None
+    return ("Without new packages: `fastpath.enable()` (or `fastpath run -- python train.py`) keeps "
+            "FLA's kernels and routes only the refused op (chunk_bwd_dqkwg) to fastpath's PyTorch "
+            "implementation: the backward runs and is correct; that op is about 3.5x slower than "
+            "FLA's kernel (H200, BENCHMARKS.md).")
 
 
 def check_dao_sm103(ctx: Context) -> dict | None:
@@ -580,8 +592,9 @@ RULES: tuple[Rule, ...] = (
          check_fla_hopper,
          "fla {fla} with Triton {tv} on compute capability 9.x: the chunk backward gives wrong "
          "results for Triton >=3.4,<3.7.1, so FLA raises in training (forward is fine).",
-         ("`pip install -U \"triton>=3.7.1\"` (check torch compatibility), or `pip install "
-          "tilelang` so FLA uses its TileLang backward.",),
+         (fla_dqkwg_route,
+          "`pip install -U \"triton>=3.7.1\"` (check torch compatibility), or `pip install "
+          "tilelang` so FLA uses its TileLang backward."),
          "https://github.com/fla-org/flash-linear-attention/issues/640"),
     Rule("dao-sm103-nvcc13", "error", "Dao causal-conv1d built by nvcc 13 for sm_103 is wrong",
          check_dao_sm103,
