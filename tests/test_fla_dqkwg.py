@@ -74,6 +74,9 @@ def _start_worker(mode: str, extra_env: dict[str, str] | None = None,
     env.pop("TRITON_INTERPRET", None)
     if interpret:  # CPU tensors: FLA's Triton kernels run in the interpreter
         env["TRITON_INTERPRET"] = "1"
+        # On a GPU host FLA would detect the GPU at import (e.g. Hopper + Triton 3.6 arms the
+        # #640 guard even for CPU tensors): these workers are about the CPU interpreter only.
+        env["CUDA_VISIBLE_DEVICES"] = ""
     env["PYTHONPATH"] = os.pathsep.join(p for p in (path, str(REPO / "src"), env.get("PYTHONPATH", "")) if p)
     return subprocess.Popen([sys.executable, __file__, mode], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=str(REPO))
