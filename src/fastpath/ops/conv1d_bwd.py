@@ -25,6 +25,7 @@ from fastpath.ops.conv1d_common import (
     next_pow2,
     silu_grad_fp32,
 )
+from fastpath.ops.conv1d_grads import fill_empty_problem, new_grad_buffers, reduce_chunk_partials
 
 
 @triton.jit
@@ -251,15 +252,9 @@ def causal_conv1d_bwd_triton(
     batch, dim, seqlen = x.shape
     width = weight.shape[-1]
     want_dinit = return_dinitial_states and initial_states is not None
-    dinit = None
-    if want_dinit:
-        dinit = initial_states.new_empty((batch, width - 1, dim)).transpose(1, 2)
-    dweight = torch.empty_like(weight)
-    dbias = torch.empty_like(bias) if bias is not None else None
-    if batch == 0 or dim == 0:
-        dweight.zero_()
-        if dbias is not None:
-            dbias.zero_()
+    dweight, dbias, dinit = new_grad_buffers(x, weight, bias, initial_states, want_dinit)
+    if batch == 0 or dim == 0 or seqlen == 0:
+        fill_empty_problem(dweight, dbias, dinit, dfinal_states)
         return dweight, dbias, dinit
     cfg = dict(config or bwd_config(x))
     block_l, block_d = cfg.pop("BLOCK_L"), cfg.pop("BLOCK_D")
@@ -299,8 +294,5 @@ def causal_conv1d_bwd_triton(
         BLOCK_D=block_d,
         **cfg,
     )
-    # fixed-order fp32 reductions of the per-chunk partials: deterministic
-    dweight.copy_(dw_part.sum(dim=0).t())
-    if dbias is not None:
-        dbias.copy_(db_part.sum(dim=0))
+    reduce_chunk_partials(dw_part, db_part, dweight, dbias)
     return dweight, dbias, dinit

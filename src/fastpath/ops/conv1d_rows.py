@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from fastpath.ops.conv1d_common import next_pow2, silu_fp32, silu_grad_fp32
+from fastpath.ops.conv1d_grads import fill_empty_problem, new_grad_buffers, reduce_chunk_partials
 
 
 @triton.jit
@@ -423,17 +424,9 @@ def causal_conv1d_bwd_rows(
     batch, dim, seqlen = x.shape
     width = weight.shape[-1]
     want_dinit = return_dinitial_states and initial_states is not None
-    dinit = None
-    if want_dinit:
-        dinit = initial_states.new_empty((batch, width - 1, dim)).transpose(1, 2)
-    dweight = torch.empty_like(weight)
-    dbias = torch.empty_like(bias) if bias is not None else None
+    dweight, dbias, dinit = new_grad_buffers(x, weight, bias, initial_states, want_dinit)
     if batch == 0 or dim == 0 or seqlen == 0:
-        dweight.zero_()
-        if dbias is not None:
-            dbias.zero_()
-        if dinit is not None:
-            dinit.copy_(dfinal_states if dfinal_states is not None else torch.zeros_like(dinit))
+        fill_empty_problem(dweight, dbias, dinit, dfinal_states)
         return dweight, dbias, dinit
     cfg = dict(config or rows_config(x, backward=True))
     block_d = cfg.pop("BLOCK_D")
@@ -459,8 +452,5 @@ def causal_conv1d_bwd_rows(
         HAS_INIT=initial_states is not None, HAS_DFIN=dfinal_states is not None,
         HAS_DINIT=want_dinit, BLOCK_D=block_d, **cfg,
     )
-    # fixed-order fp32 reductions of the per-chunk partials: deterministic
-    dweight.copy_(dw_part.sum(dim=0).t())
-    if dbias is not None:
-        dbias.copy_(db_part.sum(dim=0))
+    reduce_chunk_partials(dw_part, db_part, dweight, dbias)
     return dweight, dbias, dinit
