@@ -37,6 +37,26 @@ def _row(x_base, r, L, mask_d, stride_l):
 
 
 @triton.jit
+def _load_taps(w_base, BIAS, offs_d, mask_d, stride_wk, KPAD: tl.constexpr, HAS_BIAS: tl.constexpr,
+               BLOCK_D: tl.constexpr):
+    """Weights of the 4 padded taps and the bias as fp32 (BLOCK_D,) each; taps below KPAD
+    (widths < 4) and a missing bias are zero, decided at compile time."""
+    zero = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    w3 = tl.load(w_base + (3 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
+    w2 = tl.load(w_base + (2 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
+    w1 = zero
+    w0 = zero
+    if KPAD <= 1:
+        w1 = tl.load(w_base + (1 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
+    if KPAD <= 0:
+        w0 = tl.load(w_base + (0 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
+    bias_v = zero
+    if HAS_BIAS:
+        bias_v = tl.load(BIAS + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    return w0, w1, w2, w3, bias_v
+
+
+@triton.jit
 def _halo_row(x_base, init_base, r, L, mask_d, stride_l, stride_il,
               WIDTH: tl.constexpr, HAS_INIT: tl.constexpr):
     """x at row r for r possibly negative (then: initial state column W-1+r, or zero)."""
@@ -113,18 +133,8 @@ def _causal_conv1d_fwd_rows_kernel(
     init_base = INIT + pid_b * stride_ib + offs_d * stride_id
     seq_base = SEQ + pid_b * stride_sb
     w_base = WEIGHT + offs_d * stride_wd
-    zero = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    w3 = tl.load(w_base + (3 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
-    w2 = tl.load(w_base + (2 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
-    w1 = zero
-    w0 = zero
-    if KPAD <= 1:
-        w1 = tl.load(w_base + (1 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
-    if KPAD <= 0:
-        w0 = tl.load(w_base + (0 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
-    bias_v = zero
-    if HAS_BIAS:
-        bias_v = tl.load(BIAS + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    w0, w1, w2, w3, bias_v = _load_taps(w_base, BIAS, offs_d, mask_d, stride_wk, KPAD, HAS_BIAS,
+                                        BLOCK_D)
 
     c0 = pid_c * rows_per_prog
     c1 = tl.minimum(c0 + rows_per_prog, L)
@@ -258,17 +268,8 @@ def _causal_conv1d_bwd_rows_kernel(
     seq_base = SEQ + pid_b * stride_sb
     w_base = WEIGHT + offs_d * stride_wd
     zero = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    w3 = tl.load(w_base + (3 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
-    w2 = tl.load(w_base + (2 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
-    w1 = zero
-    w0 = zero
-    if KPAD <= 1:
-        w1 = tl.load(w_base + (1 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
-    if KPAD <= 0:
-        w0 = tl.load(w_base + (0 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
-    bias_v = zero
-    if HAS_BIAS:
-        bias_v = tl.load(BIAS + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    w0, w1, w2, w3, bias_v = _load_taps(w_base, BIAS, offs_d, mask_d, stride_wk, KPAD, HAS_BIAS,
+                                        BLOCK_D)
 
     c0 = pid_c * rows_per_prog
     c1 = tl.minimum(c0 + rows_per_prog, L)
