@@ -414,6 +414,23 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else ""
 
 
+def _run_side(name: str, model: Any, inputs: Inputs, *, packed_reference: bool, backward: bool,
+              decode_tokens: int, say: Callable[[str], None]) -> tuple[PathRun, Any, dict[str, int]]:
+    """One side of the comparison: forward (+ backward), optional greedy decode, and the kernel
+    calls it made (counted at the kernels' own entry points)."""
+    from fastpath.greedy import greedy_decode
+    from fastpath.ops.counters import CALLS
+
+    say(f"{name}: forward" + (" + backward" if backward else ""))
+    before = Counter(CALLS)
+    run = run_path(model, inputs, packed_reference=packed_reference, backward=backward)
+    decode = None
+    if decode_tokens:
+        say(f"{name}: greedy decode")
+        decode = greedy_decode(model, inputs.ids, decode_tokens)
+    return run, decode, _call_delta(before, Counter(CALLS))
+
+
 def _call_delta(before: Counter[str], after: Counter[str]) -> dict[str, int]:
     return {k: after[k] - before.get(k, 0) for k in sorted(after) if after[k] - before.get(k, 0) > 0}
 
@@ -567,9 +584,7 @@ def verify_model(
     import torch
 
     import fastpath
-    from fastpath.greedy import greedy_decode
     from fastpath.models import build_model, dtype_label
-    from fastpath.ops.counters import CALLS
 
     if reference not in REFERENCES:
         raise UsageError(f"unknown reference {reference!r}; use {' or '.join(REFERENCES)}")
@@ -592,14 +607,8 @@ def verify_model(
         tf32.__enter__()
         fastpath.disable()
         reference_rows = _explain_rows(model)
-        say("reference path: forward" + (" + backward" if backward else ""))
-        before = Counter(CALLS)
-        ref = run_path(model, inputs, packed_reference=True, backward=backward)
-        ref_decode = None
-        if decode_tokens:
-            say("reference path: greedy decode")
-            ref_decode = greedy_decode(model, inputs.ids, decode_tokens)
-        ref_calls = _call_delta(before, Counter(CALLS))
+        ref, ref_decode, ref_calls = _run_side("reference path", model, inputs, packed_reference=True,
+                                               backward=backward, decode_tokens=decode_tokens, say=say)
         oracle_grads = None
         if backward and built.dtype != torch.float32:
             say("reference path in fp32: gradient oracle")
@@ -609,14 +618,9 @@ def verify_model(
         say("fast path: enable()")
         report = fastpath.enable(**(enable_kwargs or {}))
         explain_rows = _explain_rows(model)
-        say("fast path: forward" + (" + backward" if backward else ""))
-        before = Counter(CALLS)
-        fast = run_path(model, inputs, packed_reference=False, backward=backward)
-        fast_decode = None
-        if decode_tokens:
-            say("fast path: greedy decode")
-            fast_decode = greedy_decode(model, inputs.ids, decode_tokens)
-        fast_calls = _call_delta(before, Counter(CALLS))
+        fast, fast_decode, fast_calls = _run_side("fast path", model, inputs, packed_reference=False,
+                                                  backward=backward, decode_tokens=decode_tokens,
+                                                  say=say)
     except FastpathError:
         raise
     except torch.cuda.OutOfMemoryError as exc:
