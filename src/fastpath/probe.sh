@@ -217,32 +217,28 @@ EOF_R
   CUDA_HOME_JSON="{\"torch_would_use\":$(jsn "$th"),\"how\":$(jsn "$how"),\"has_nvcc\":$hn,\"headers\":{\"cuda_runtime.h\":$h1,\"cusparse.h\":$h2},\"cuda_home_env\":$(jsn "$CUDA_HOME"),\"cuda_path_env\":$(jsn "$CUDA_PATH"),\"diverge\":$div,\"source\":\"torch.utils.cpp_extension._find_cuda_home rules, evaluated by the sh probe\"}"
 
   # --- package databases ----------------------------------------------------------------------
+  # "name|version" lines -> [{"name":..,"version":..}, ...]
+  name_version_rows_json() {
+    out=""
+    while IFS='|' read -r pname pver; do
+      [ -n "$pname" ] || continue
+      if [ -n "$out" ]; then out="$out,"; fi
+      out="$out{\"name\":$(js "$pname"),\"version\":$(js "$pver")}"
+    done <<EOF_ROWS
+$1
+EOF_ROWS
+    printf '[%s]' "$out"
+  }
   DPKG="[]"
   if have dpkg-query; then
     rows=$(dpkg-query -W -f='${db:Status-Abbrev}|${Package}|${Version}\n' 'cuda-nvcc-*' 'nvidia-cuda-toolkit' \
       'cuda-toolkit-*' 'cuda-cudart-dev-*' 'libcusparse-dev-*' 2>/dev/null | sed -n 's/^ii *|//p')
-    DPKG=""
-    while IFS='|' read -r pname pver; do
-      [ -n "$pname" ] || continue
-      if [ -n "$DPKG" ]; then DPKG="$DPKG,"; fi
-      DPKG="$DPKG{\"name\":$(js "$pname"),\"version\":$(js "$pver")}"
-    done <<EOF_D
-$rows
-EOF_D
-    DPKG="[$DPKG]"
+    DPKG=$(name_version_rows_json "$rows")
   fi
   RPM="[]"
   if have rpm; then
     rows=$(rpm -qa --qf '%{NAME}|%{VERSION}-%{RELEASE}\n' 'cuda-nvcc*' 'cuda-toolkit*' 'cuda-cudart-devel*' 2>/dev/null)
-    RPM=""
-    while IFS='|' read -r pname pver; do
-      [ -n "$pname" ] || continue
-      if [ -n "$RPM" ]; then RPM="$RPM,"; fi
-      RPM="$RPM{\"name\":$(js "$pname"),\"version\":$(js "$pver")}"
-    done <<EOF_P
-$rows
-EOF_P
-    RPM="[$RPM]"
+    RPM=$(name_version_rows_json "$rows")
   fi
   if ! have dpkg-query && ! have rpm; then
     add_error "package_db" "could not collect: neither dpkg-query nor rpm found on target"
