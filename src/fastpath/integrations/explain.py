@@ -9,7 +9,6 @@ without triggering a Hub download.
 from __future__ import annotations
 
 import inspect
-import os
 import sys
 from dataclasses import dataclass, field
 from functools import cache
@@ -19,6 +18,7 @@ from typing import Any
 from fastpath.integrations.conv_route import FASTPATH_ROUTE_ATTR
 from fastpath.integrations.fla_route import ROUTE_ATTR as GDN_ROUTE_ATTR
 from fastpath.integrations.modeling_patch import FAST_PATH_INPUTS
+from fastpath.ops.dispatch import triton_interpreter_on
 
 CONV_OPS = ("causal_conv1d_fn", "causal_conv1d_update")
 GDN_OPS = {  # op -> (<=5.14 instance attribute, 5.15+ module global)
@@ -157,10 +157,6 @@ def _device_of(layer: Any) -> str:
     return "cpu"
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def _all_or_nothing_gate(layer: Any, module: ModuleType, device: str) -> str | None:
     """<=5.14: layers with `cuda_kernels_forward` take it only if every kernel is present and the
     weights are on CUDA; otherwise the whole mixer runs in torch, causal_conv1d included."""
@@ -177,7 +173,7 @@ def _all_or_nothing_gate(layer: Any, module: ModuleType, device: str) -> str | N
         return f"all-or-nothing fast path, missing {', '.join(missing)}{needs}"
     if device != "cuda":
         forward = type(layer).__dict__.get("forward")
-        if not (getattr(forward, "__fastpath_lifted__", False) and _interpreting()):
+        if not (getattr(forward, "__fastpath_lifted__", False) and triton_interpreter_on()):
             return "kernel path is gated on CUDA tensors"
     return None
 
@@ -213,7 +209,7 @@ def _classify(value: Any, device: str, package: str | None) -> tuple[str, bool]:
             return f"fastpath route -> override {getattr(impl, '__name__', impl)}", True
         if device == "cuda":
             return "fastpath-triton", True
-        if device == "cpu" and _interpreting():
+        if device == "cpu" and triton_interpreter_on():
             return "fastpath-triton (interpreter)", True
         return f"fastpath (torch reference on {device})", False
     gdn = getattr(value, GDN_ROUTE_ATTR, None)
@@ -239,7 +235,7 @@ def _classify(value: Any, device: str, package: str | None) -> tuple[str, bool]:
 def _classify_plain(value: Any, device: str) -> tuple[str, bool]:
     mod = getattr(value, "__module__", "") or ""
     if mod.startswith("fastpath."):
-        return ("fastpath-triton", True) if device == "cuda" or _interpreting() else (
+        return ("fastpath-triton", True) if device == "cuda" or triton_interpreter_on() else (
             f"fastpath (torch reference on {device})", False)
     top = mod.split(".")[0]
     if top in ("causal_conv1d", "fla", "mamba_ssm"):

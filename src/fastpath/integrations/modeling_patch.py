@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import Any
 
 from fastpath.integrations.patch_registry import PatchRegistry
+from fastpath.ops.dispatch import triton_interpreter_on
 
 CONV_GLOBALS = ("causal_conv1d_fn", "causal_conv1d_update")
 CONV_INSTANCE_ATTRS = ("causal_conv1d_fn", "causal_conv1d_update")
@@ -139,7 +140,7 @@ def _lift_device_gates(module: ModuleType, reg: PatchRegistry) -> None:
                         __rename: dict[str, str] = rename, **kwargs: Any) -> Any:
                 first = next((a for a in (*args, *kwargs.values()) if hasattr(a, "device")), None)
                 if (getattr(__mod, "is_fast_path_available", False) and first is not None
-                        and first.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"):
+                        and first.device.type == "cpu" and triton_interpreter_on()):
                     return self.cuda_kernels_forward(*args, **{__rename.get(k, k): v for k, v in kwargs.items()})
                 return __orig(self, *args, **kwargs)
 

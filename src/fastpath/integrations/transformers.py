@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import sys
 import threading
 import warnings
@@ -30,6 +29,7 @@ from fastpath.integrations.modeling_patch import (
     patch_module,
 )
 from fastpath.integrations.patch_registry import PatchRegistry
+from fastpath.ops.dispatch import triton_interpreter_on
 
 __all__ = ["EnableReport", "Explanation", "assert_fast", "disable", "enable", "explain", "is_enabled"]
 
@@ -107,7 +107,7 @@ def enable(
     global _STATE
     if gated_delta_rule not in _GDN_MODES:
         raise UsageError(f"gated_delta_rule must be one of {_GDN_MODES}, got {gated_delta_rule!r}")
-    if lift_device_gate and os.environ.get("TRITON_INTERPRET") != "1":
+    if lift_device_gate and not triton_interpreter_on():
         raise UsageError("lift_device_gate=True is a testing option and needs TRITON_INTERPRET=1")
     with _LOCK:
         if _STATE is not None:

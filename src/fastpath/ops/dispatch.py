@@ -21,11 +21,16 @@ def _triton_importable() -> bool:
     return True
 
 
+def triton_interpreter_on() -> bool:
+    """TRITON_INTERPRET=1: Triton runs kernels on CPU tensors (how the tests exercise them)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def use_triton(x: torch.Tensor) -> bool:
     """True when `x`'s device can run our Triton kernels right now."""
     if x.is_cuda:
         return _triton_importable()
-    if x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+    if x.device.type == "cpu" and triton_interpreter_on():
         return _triton_importable()
     return False
 
