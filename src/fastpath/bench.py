@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastpath.errors import FastpathError, UsageError
+from fastpath.errors import FastpathError, UsageError, first_line
 
 SCHEMA = "fastpath.bench/1"
 PHASES: dict[str, str] = {"prefill": "prefill", "train": "forward+backward", "decode": "decode"}
@@ -131,8 +131,7 @@ class _Timer:
 
 
 def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{exc.__class__.__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return f"{exc.__class__.__name__}: {first_line(exc)}".rstrip(": ")
 
 
 def _phase_runner(name: str, model: Any, ids: Any, settings: BenchSettings) -> tuple[Callable[[], Any], Callable[[], Any] | None, int]:

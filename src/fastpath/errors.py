@@ -19,3 +19,9 @@ class TargetError(FastpathError):
     """A remote target could not be probed (unreachable, timed out, no output)."""
 
     exit_code = 1
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message ("" when it has none): reports stay one line."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else ""

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastpath.errors import UsageError
+from fastpath.errors import UsageError, first_line
 
 DTYPE_NAMES: dict[str, str] = {
     "bf16": "bfloat16",
@@ -194,8 +194,7 @@ def transformers_config(config: dict[str, Any], layers: int | None = None) -> An
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else exc.__class__.__name__
+    return first_line(exc) or exc.__class__.__name__
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fastpath.errors import FastpathError, UsageError
+from fastpath.errors import FastpathError, UsageError, first_line
 
 
 @dataclass(frozen=True)
@@ -409,11 +409,6 @@ class _Tf32Off:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.saved
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else ""
-
-
 def _run_side(name: str, model: Any, inputs: Inputs, *, packed_reference: bool, backward: bool,
               decode_tokens: int, say: Callable[[str], None]) -> tuple[PathRun, Any, dict[str, int]]:
     """One side of the comparison: forward (+ backward), optional greedy decode, and the kernel
@@ -624,12 +619,12 @@ def verify_model(
     except FastpathError:
         raise
     except torch.cuda.OutOfMemoryError as exc:
-        raise FastpathError(f"{stage}: out of GPU memory: {_first_line(exc)}; "
+        raise FastpathError(f"{stage}: out of GPU memory: {first_line(exc)}; "
                             "try a smaller --seq-len/--batch/--layers") from None
     except Exception as exc:
         # A path that raises (a kernel refusing packed training, a shape error) is a failed
         # verification, reported in one line: exit 1, not a traceback.
-        raise FastpathError(f"{stage} raised {exc.__class__.__name__}: {_first_line(exc)}") from None
+        raise FastpathError(f"{stage} raised {exc.__class__.__name__}: {first_line(exc)}") from None
     finally:
         fastpath.disable()
         tf32.__exit__(None, None, None)
