@@ -256,11 +256,11 @@ def sweep() -> list[dict]:
     us = 1000 * bench_graph(lambda: causal_conv1d_update_triton(xu, su, w, None, True, None,
                                                                 None, cfg))
     rows.append({"kernel": "update_general", **cfg, "us_cuda_graph": us})
-    rows.extend(host_costs(xu, su, w))
+    rows.extend(host_costs(xu, su, w, {}))
     return rows
 
 
-def host_costs(xu, su, w) -> list[dict]:
+def host_costs(xu, su, w, table) -> list[dict]:
     """Where the eager decode step's host time goes (perf_counter over many calls)."""
     from fastpath.ops import conv1d_update
 
@@ -293,6 +293,9 @@ def host_costs(xu, su, w) -> list[dict]:
         {"kernel": "host_plain_launch", "us": per_call_us(plain_launch)},
         {"kernel": "host_empty_like", "us": per_call_us(lambda: torch.empty_like(xu))},
     ]
+    # every implementation's eager update, host side, in the same process (peers included)
+    for name, (_, upd) in table.items():
+        res.append({"kernel": f"host_update_{name}", "us": per_call_us(lambda u=upd: u(xu, su, w))})
     return res
 
 
@@ -396,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         xu = torch.randn(UPDATE_B, D, 1, device="cuda", dtype=DT, generator=gen)
         su = torch.randn(UPDATE_B, D, W, device="cuda", dtype=DT, generator=gen)
         wu = torch.randn(D, W, device="cuda", generator=gen).to(DT)
-        result["sweep"] = host_costs(xu, su, wu)
+        result["sweep"] = host_costs(xu, su, wu, table)
     if args.sweep:
         result["sweep"] = sweep()
         for row in result["sweep"]:

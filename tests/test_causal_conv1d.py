@@ -243,6 +243,30 @@ def test_update_transformers_decode_shape_updates_state_in_place():
     assert _rel_err(out, ref) < TOL[torch.bfloat16]
 
 
+def test_update_step_repeated_calls_across_alignments_and_strides():
+    """The decode step relaunches a cached compiled kernel on a GPU (ops.launch): a kernel
+    compiled for 16-byte-aligned pointers or stride % 16 == 0 must never be reused for inputs
+    without that property. Alternate such inputs, each twice, against the float64 reference."""
+    gen = torch.Generator().manual_seed(5)
+    w_ = 4
+    variants = []
+    for d, offset, padded_row in [(32, 0, 0), (32, 1, 0), (30, 0, 0), (32, 0, 3), (32, 3, 5)]:
+        # x rows of length d + padded_row, starting `offset` elements into the buffer
+        buf = torch.randn(2 * (d + padded_row) + offset, generator=gen).to(DEVICE, torch.bfloat16)
+        x = buf[offset:].as_strided((2, d, 1), (d + padded_row, 1, 1))
+        sbuf = torch.randn(2 * d * w_ + offset, generator=gen).to(DEVICE, torch.bfloat16)
+        state = sbuf[offset:].view(2, d, w_)
+        weight = torch.randn(d, w_, generator=gen).to(DEVICE, torch.bfloat16)
+        variants.append((x, state, weight))
+    for _ in range(2):
+        for x, state, weight in variants:
+            ref_state = state.double().clone()
+            ref = causal_conv1d_update_ref(x.double(), ref_state, weight.double(), None, "silu")
+            out = causal_conv1d_update(x, state, weight, None, "silu")
+            assert _rel_err(out, ref) < TOL[torch.bfloat16]
+            assert torch.equal(state.double(), ref_state.to(torch.bfloat16).double())
+
+
 def test_bwd_function_writes_preallocated_dx_like_mamba_ssm():
     gen = torch.Generator().manual_seed(1)
     b, d, seqlen, w_ = 2, 24, 33, 4

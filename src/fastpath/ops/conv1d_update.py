@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from fastpath.ops.conv1d_common import next_pow2, silu_fp32
+from fastpath.ops.launch import CachedLauncher
 
 
 @triton.jit
@@ -229,16 +230,20 @@ def _update_step(x, conv_state, weight, bias, silu, conv_state_indices, out):
     os_ = out.stride()
     ws = weight.stride()
     state_len = conv_state.shape[2]
-    _causal_conv1d_update_step_kernel[(triton.cdiv(dim, _STEP_BLOCK_D), batch)](
-        x, conv_state, weight, weight if bias is None else bias, out,
-        x if conv_state_indices is None else conv_state_indices,
-        dim, state_len, xs[0], xs[1], ss[0], ss[1], ss[2], os_[0], os_[1], ws[0], ws[1],
-        WIDTH=weight.shape[1], SILU=silu, HAS_BIAS=bias is not None,
-        HAS_IDX=conv_state_indices is not None,
-        BLOCK_D=_STEP_BLOCK_D, S_PAD=_S_PAD[state_len] if state_len < 17 else 32,
-        num_warps=_STEP_WARPS,
+    _STEP_LAUNCH(
+        (triton.cdiv(dim, _STEP_BLOCK_D), batch, 1),
+        (x, conv_state, weight, weight if bias is None else bias, out,
+         x if conv_state_indices is None else conv_state_indices,
+         dim, state_len, xs[0], xs[1], ss[0], ss[1], ss[2], os_[0], os_[1], ws[0], ws[1]),
+        (weight.shape[1], silu, bias is not None, conv_state_indices is not None,
+         _STEP_BLOCK_D, _S_PAD[state_len] if state_len < 17 else 32),
+        _STEP_WARPS,
     )
     return out
 
 
+_STEP_LAUNCH = CachedLauncher(
+    _causal_conv1d_update_step_kernel,
+    ("WIDTH", "SILU", "HAS_BIAS", "HAS_IDX", "BLOCK_D", "S_PAD"),
+)
 _S_PAD = [next_pow2(n) for n in range(17)]
