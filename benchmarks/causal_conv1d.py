@@ -20,6 +20,7 @@ import platform
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -62,7 +63,7 @@ def bench_graph(fn, calls=20) -> float:
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    got = got.double()
+    got, ref = got.detach().double(), ref.detach()
     return float((got - ref).norm() / ref.norm())
 
 
@@ -92,14 +93,23 @@ def load_fla():
 
 
 def load_dao():
-    """Dao's real package, never our alias (we never alias in this process; check anyway)."""
+    """Dao's real package, never our alias (we never alias in this process; check anyway).
+    This script is named like Dao's package and its folder is sys.path[0]: leave that folder out
+    while importing, or `import causal_conv1d` finds this file."""
+    here = Path(__file__).resolve().parent
+    saved = sys.path[:]
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
     try:
         importlib.import_module("causal_conv1d_cuda")
         mod = importlib.import_module("causal_conv1d")
     except Exception as exc:
         return None, f"{type(exc).__name__}: {exc}"
+    finally:
+        sys.path[:] = saved
     if getattr(mod, "__fastpath__", False):
         return None, "causal_conv1d resolves to fastpath's alias"
+    if not hasattr(mod, "causal_conv1d_fn"):
+        return None, f"causal_conv1d resolves to {mod.__file__}, not Dao's package"
     return mod, None
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Device call 2 of 3 (lent H200): the kernel benchmark (again, if call 1 ran short) and verify.
-#   bash benchmarks/device/call2_bench.sh "$OUT" [--no-kernels]   (carry .carry, with .carry/dao/)
-# Writes OUT/{log.txt, kernels.json, verify.json, verify_packed.json}.
+# Device call 2 of 3 (lent H200): the kernel benchmark with every peer in one process, then the
+# FLA #640 route tests and check (call 1 runs them while Dao builds, where they can time out).
+#   bash benchmarks/device/call2_bench.sh "$OUT"      (carry .carry, with .carry/dao/ from call 1)
+# Writes OUT/{log.txt, kernels.json, fla_dqkwg.json}.
 set -uo pipefail
 out=${1:?usage: call2_bench.sh OUTDIR}
 root=$PWD
@@ -11,16 +12,13 @@ date -u
 [ -d .dev/site/fla ] || python3 -m pip install -q --no-deps --target .dev/site .carry/fla_core-0.6.0-py3-none-any.whl
 [ -d .dev/dao/causal_conv1d ] || bash benchmarks/device/install_dao.sh .carry/dao .dev/dao
 export PYTHONPATH="$root/src:$root/.dev/site"
-if [ "${2:-}" != "--no-kernels" ]; then
-  echo "== causal_conv1d kernels: copy, torch, FLA, Dao CUDA, fastpath"
-  PYTHONPATH="$PYTHONPATH:$root/.dev/dao" timeout 200 python3 benchmarks/causal_conv1d.py --out "$out/kernels.json" --host-costs
-fi
-echo "== verify qwen3.5-27b (8 layers, bf16, fwd+bwd, decode)"
-timeout 150 python3 -m fastpath verify qwen3.5-27b --layers 8 --dtype bf16 --seq-len 1024 --batch 2 \
-  --backward --decode-tokens 16 --save "$out/verify.json"
-echo "verify exit: $?"
-echo "== verify qwen3.5-27b packed sequences"
-timeout 90 python3 -m fastpath verify qwen3.5-27b --layers 8 --dtype bf16 --seq-len 1024 --batch 2 \
-  --packed --decode-tokens 0 --save "$out/verify_packed.json"
-echo "verify --packed exit: $?"
+echo "== causal_conv1d kernels: copy, torch, FLA, Dao CUDA, fastpath"
+PYTHONPATH="$PYTHONPATH:$root/.dev/dao" timeout 240 python3 benchmarks/causal_conv1d.py --out "$out/kernels.json" --host-costs
+echo "kernel bench exit: $?"
+echo "== FLA-route tests"
+timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_fla_dqkwg.py
+echo "pytest exit: $?"
+echo "== FLA #640 dqkwg route check"
+timeout 120 python3 benchmarks/fla_dqkwg_gpu.py --out "$out/fla_dqkwg.json"
+echo "fla check exit: $?"
 date -u
