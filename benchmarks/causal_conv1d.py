@@ -92,20 +92,24 @@ def load_fla():
     return mod, None
 
 
-def load_dao():
-    """Dao's real package, never our alias (we never alias in this process; check anyway).
-    This script is named like Dao's package and its folder is sys.path[0]: leave that folder out
-    while importing, or `import causal_conv1d` finds this file."""
+def drop_own_folder() -> None:
+    """This script is named like Dao's package and its folder is sys.path[0], so any
+    `import causal_conv1d` (FLA tries one when it is imported) would find this file instead of the
+    compiled peer. Take the folder off sys.path before anything imports peers."""
     here = Path(__file__).resolve().parent
-    saved = sys.path[:]
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
+    mod = sys.modules.get("causal_conv1d")
+    if mod is not None and Path(getattr(mod, "__file__", "") or ".").resolve().parent == here:
+        del sys.modules["causal_conv1d"]
+
+
+def load_dao():
+    """Dao's real package, never our alias (we never alias in this process; check anyway)."""
     try:
         importlib.import_module("causal_conv1d_cuda")
         mod = importlib.import_module("causal_conv1d")
     except Exception as exc:
         return None, f"{type(exc).__name__}: {exc}"
-    finally:
-        sys.path[:] = saved
     if getattr(mod, "__fastpath__", False):
         return None, "causal_conv1d resolves to fastpath's alias"
     if not hasattr(mod, "causal_conv1d_fn"):
@@ -306,7 +310,56 @@ def host_costs(xu, su, w, table) -> list[dict]:
     # every implementation's eager update, host side, in the same process (peers included)
     for name, (_, upd) in table.items():
         res.append({"kernel": f"host_update_{name}", "us": per_call_us(lambda u=upd: u(xu, su, w))})
+    res.extend(launch_layers(xu, su, w, out, per_call_us))
     return res
+
+
+def launch_layers(xu, su, w, out, per_call_us) -> list[dict]:
+    """The layers of one decode-step launch, each timed alone: our cache key, our cached
+    launcher, CompiledKernel[grid](...), and CompiledKernel.run(...) with the stream, function and
+    metadata fetched once (the floor: Triton's C launcher). The last is also checked to write
+    exactly what the ordinary launch writes."""
+    from fastpath.ops import conv1d_update, launch
+
+    bd = conv1d_update._STEP_BLOCK_D
+    grid = (triton.cdiv(D, bd), UPDATE_B, 1)
+    args = (xu, su, w, w, out, xu, D, W, *xu.stride()[:2], *su.stride(), *out.stride()[:2],
+            *w.stride())
+    consts = (W, True, False, False, bd, 4)
+    warps = conv1d_update._STEP_WARPS
+    launcher = conv1d_update._STEP_LAUNCH
+    launcher(grid, args, consts, warps)
+    launcher(grid, args, consts, warps)
+    rows = [
+        {"kernel": "host_spec_key", "us": per_call_us(lambda: tuple(map(launch._spec, args)))},
+        {"kernel": "host_cached_launcher", "us": per_call_us(
+            lambda: launcher(grid, args, consts, warps))},
+        {"kernel": "host_raw_stream", "us": per_call_us(
+            lambda: torch._C._cuda_getCurrentRawStream(0))},
+    ]
+    if not launcher._compiled:
+        return [*rows, {"kernel": "host_launch_layers", "error": "nothing cached"}]
+    compiled = next(iter(launcher._compiled.values()))
+    rows.append({"kernel": "host_compiled_getitem", "us": per_call_us(
+        lambda: compiled[grid](*args, *consts))})
+    run, fn, meta = compiled.run, compiled.function, compiled.packed_metadata
+    stream = torch._C._cuda_getCurrentRawStream(0)
+
+    def direct():
+        run(grid[0], grid[1], grid[2], stream, fn, meta, None, None, None, *args, *consts)
+
+    rows.append({"kernel": "host_compiled_run_direct", "us": per_call_us(direct)})
+    s0 = su.clone()
+    su.copy_(s0)
+    launcher(grid, args, consts, warps)
+    want_out, want_state = out.clone(), su.clone()
+    su.copy_(s0)
+    out.fill_(float("nan"))
+    direct()
+    torch.cuda.synchronize()
+    rows.append({"kernel": "host_direct_run_same_result",
+                 "same": bool(torch.equal(out, want_out) and torch.equal(su, want_state))})
+    return rows
 
 
 def extra_checks() -> list[dict]:
@@ -374,7 +427,8 @@ def print_table(result: dict) -> None:
               f"{row['rel_err']:8.1e} state_exact={row['state_exact']}")
     for row in result.get("sweep", []):
         if row["kernel"].startswith("host_"):
-            print(f"{row['kernel']:22s} {row['us']:7.1f} us/call (host, perf_counter)")
+            print(f"{row['kernel']:26s} {row.get('us', float('nan')):7.1f} us/call (host, perf_counter) "
+                  f"{'' if 'us' in row else row}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -388,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("causal_conv1d benchmark: error: needs a CUDA device", file=sys.stderr)
         return 2
+    drop_own_folder()
     fla, fla_why = load_fla()
     dao, dao_why = load_dao()
     result: dict = {"env": env_info(), "peers": {"fla": fla_why or "ok", "dao": dao_why or "ok"},

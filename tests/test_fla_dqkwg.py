@@ -436,6 +436,7 @@ def _worker_e2e() -> dict:
     from fastpath.integrations import fla_backend
 
     fla_backend.install_dqkwg_route()
+    _single_config_autotune()  # a correctness check: autotuning every config costs minutes
     torch.manual_seed(0)
     B, T, H, HV, K, V = 1, 300, 2, 4, 64, 64
     dev = "cuda"
