@@ -18,6 +18,7 @@ bf16 is compared with FLA's fp32 result on the same bf16-representable values.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import math
@@ -266,7 +267,9 @@ def test_reference_recurrence_matches_transformers_torch_path() -> None:
     q, k, v = r(1, 70, 2, 16), torch.nn.functional.normalize(r(1, 70, 2, 16), dim=-1), r(1, 70, 2, 8)
     g = torch.nn.functional.logsigmoid(r(1, 70, 2))
     beta = torch.rand(1, 70, 2, generator=gen, dtype=torch.float64)
-    want, _ = modeling.torch_chunk_gated_delta_rule(q, k, v, g, beta)  # computes in float32
+    # transformers >= 5.15 wraps it to dispatch to FLA when FLA imports; compare with the torch path
+    torch_path = inspect.unwrap(modeling.torch_chunk_gated_delta_rule)
+    want, _ = torch_path(q, k, v, g, beta)  # computes in float32
     got = gated_delta_rule_reference(q, k, v, g, beta)
     torch.testing.assert_close(got, want.to(got.dtype), rtol=1e-5, atol=1e-5)
 

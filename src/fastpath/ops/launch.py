@@ -1,80 +1,109 @@
 """Cheap repeat launches of a Triton kernel, for the decode hot path.
 
-Why: the one-token update runs in ~6 us on an H200, but `kernel[grid](...)` in Triton 3.6 spends
-20-30 us of host time per call on that machine's CPU (binding and specialising every argument,
-building a cache key string, reading knobs) - so eager decode measured the launcher, not the
-kernel. Here the first call of each specialisation goes through Triton as usual and keeps the
-CompiledKernel it returns; later calls with the same specialisation launch that compiled kernel
-directly through CompiledKernel's own `[grid](*args)` entry.
+Why: the one-token update runs in ~6 us on an H200, but `kernel[grid](...)` in Triton 3.6 costs
+~24 us of host time per call on that machine's CPU (binding and specialising every argument,
+building a cache key, reading knobs), so eager decode measured the launcher, not the kernel.
+Measured there (benchmarks/results/h200-2026-12-02/causal_conv1d_dao.json, host_* rows): Triton's
+launch 23.7 us, CompiledKernel[grid](...) 9.1 us, CompiledKernel.run(...) with the stream, function
+and metadata fetched once 7.1 us (and it wrote exactly what the ordinary launch wrote).
 
-Our key is at least as fine as Triton's specialisation (so a cached kernel is only reused where
-Triton would have picked the same binary): per tensor its dtype and 16-byte alignment; per int
-whether it is 1, divisible by 16, and fits in int32; every other value as itself; the constexprs;
-num_warps; the device. Anything unusual (launch hooks set by a profiler, the CPU interpreter, a
-Triton whose CompiledKernel lacks the entry) takes the ordinary path.
+So the first call of each specialisation goes through Triton as usual and keeps the
+CompiledKernel it returns; later calls with the same key call its C launcher directly. The key is
+finer than Triton's specialisation, so a cached binary is only reused where Triton would have
+picked the same one: per tensor its dtype and 16-byte alignment, every other argument as its
+exact value (ints included), the constexprs, num_warps and the device.
+
+Limits, on purpose: launch hooks (a profiler such as proton) are honoured when set before the
+first call of a specialisation; one set later does not see these launches. Where the installed
+Triton's CompiledKernel does not launch the way this module replicates (checked once, from its
+source), cached calls use CompiledKernel[grid](...) instead, which works on every Triton 3.x.
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 import torch
 
-_I32 = 2**31
+Launch = Callable[[tuple[int, int, int], tuple, tuple], None]
 
 
 def _spec(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return (value.dtype, value.data_ptr() % 16 == 0)
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int):
-        return (value == 1, value % 16 == 0, -_I32 <= value < _I32)
     return value
 
 
 class CachedLauncher:
     """Launch `fn` (a @triton.jit function whose constexpr parameters all come last) with
-    positional runtime args and constexprs given in signature order."""
+    positional runtime args and the constexprs in signature order."""
 
     def __init__(self, fn: Any, constexpr_names: tuple[str, ...]) -> None:
         self.fn = fn
         self.constexpr_names = constexpr_names
-        names = list(getattr(fn, "arg_names", ()))
-        if names and tuple(names[-len(constexpr_names):]) != constexpr_names:
+        names = tuple(getattr(fn, "arg_names", ()))
+        if names and names[-len(constexpr_names):] != constexpr_names:
             raise ValueError(f"{fn}: constexprs must be the last parameters, in order")
-        self._compiled: dict[tuple, Any] = {}
+        self._cached: dict[tuple, Launch] = {}
 
-    def __call__(self, grid: tuple[int, int], args: tuple, constexprs: tuple,
+    def __call__(self, grid: tuple[int, int, int], args: tuple, constexprs: tuple,
                  num_warps: int) -> None:
-        key = (tuple(map(_spec, args)), constexprs, num_warps, args[0].device.index)
-        compiled = self._compiled.get(key)
-        if compiled is not None and not _hooks_set():
-            compiled[grid](*args, *constexprs)
+        key = (*map(_spec, args), *constexprs, num_warps, args[0].get_device())
+        launch = self._cached.get(key)
+        if launch is not None:
+            launch(grid, args, constexprs)
             return
         kernel = self.fn[grid](*args, **dict(zip(self.constexpr_names, constexprs, strict=True)),
                                num_warps=num_warps)
-        if args[0].is_cuda and hasattr(kernel, "__getitem__") and hasattr(kernel, "function"):
-            self._compiled[key] = kernel
+        if args[0].is_cuda and hasattr(kernel, "packed_metadata"):
+            self._cached[key] = _launcher_for(kernel, args[0].get_device())
+
+
+def _launcher_for(kernel: Any, device: int) -> Launch:
+    """The cheapest launch of `kernel` this Triton allows (see the module docstring)."""
+    if _direct_ok() and not _hooks_set():
+        run, function, meta = kernel.run, kernel.function, kernel.packed_metadata
+        stream = torch._C._cuda_getCurrentRawStream  # what Triton's own launch path asks too
+
+        def direct(grid: tuple[int, int, int], args: tuple, constexprs: tuple) -> None:
+            run(grid[0], grid[1], grid[2], stream(device), function, meta, None, None, None,
+                *args, *constexprs)
+
+        return direct
+
+    def via_compiled(grid: tuple[int, int, int], args: tuple, constexprs: tuple) -> None:
+        kernel[grid](*args, *constexprs)
+
+    return via_compiled
+
+
+# The call CompiledKernel[grid](...) makes in Triton 3.2-3.9; `direct` above makes the same one.
+_RUNNER_CALL = ("self.run(grid[0], grid[1], grid[2], stream, self.function, self.packed_metadata, "
+                "launch_metadata,")
+
+
+@cache
+def _direct_ok() -> bool:
+    try:
+        from triton.compiler.compiler import CompiledKernel
+
+        src = " ".join(inspect.getsource(CompiledKernel.__getitem__).split())
+    except Exception:
+        return False
+    return _RUNNER_CALL in src and hasattr(torch._C, "_cuda_getCurrentRawStream")
 
 
 def _hooks_set() -> bool:
-    """A profiler (proton, a user hook) wants to see every launch: let Triton do them."""
-    rt = _knobs_runtime()
-    if rt is None:
-        return False
-    return rt.launch_enter_hook is not None or rt.launch_exit_hook is not None
-
-
-_RUNTIME: list[Any] = []
-
-
-def _knobs_runtime() -> Any:
-    if not _RUNTIME:
-        try:
-            from triton import knobs
-
-            _RUNTIME.append(knobs.runtime)
-        except Exception:  # Triton < 3.4 has no knobs; CompiledKernel there reads no hooks
-            _RUNTIME.append(None)
-    return _RUNTIME[0]
+    """A profiler wants to see every launch: leave those to Triton. Triton >= 3.5 keeps the hooks
+    as HookChains (empty = nothing to call); older ones as None or a callable."""
+    try:
+        from triton import knobs
+    except ImportError:  # Triton < 3.4 keeps the hooks on CompiledKernel
+        from triton.compiler.compiler import CompiledKernel as holder
+    else:
+        holder = knobs.runtime
+    hooks = (getattr(holder, "launch_enter_hook", None), getattr(holder, "launch_exit_hook", None))
+    return any(h is not None and (not hasattr(h, "calls") or bool(h.calls)) for h in hooks)

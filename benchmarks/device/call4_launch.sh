@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Device call 4 (lent H200): after a change to the decode-step launch (ops/launch.py), the kernel
+# tests at GPU shapes and the update + host-cost timings, peers included.
+#   bash benchmarks/device/call4_launch.sh "$OUT"      (carry .carry, with .carry/dao/ from call 1)
+# Writes OUT/{log.txt, kernels_quick.json}.
+set -uo pipefail
+out=${1:?usage: call4_launch.sh OUTDIR}
+root=$PWD
+exec > >(tee -a "$out/log.txt") 2>&1
+export PYTHONUNBUFFERED=1 USE_HUB_KERNELS=0 HF_HUB_OFFLINE=1 COLUMNS=120
+date -u
+[ -d .dev/site/fla ] || python3 -m pip install -q --no-deps --target .dev/site .carry/fla_core-0.6.0-py3-none-any.whl
+[ -d .dev/dao/causal_conv1d ] || bash benchmarks/device/install_dao.sh .carry/dao .dev/dao
+export PYTHONPATH="$root/src:$root/.dev/site"
+echo "== kernel tests at GPU shapes"
+timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_causal_conv1d.py tests/test_launch.py
+echo "pytest exit: $?"
+echo "== update + host costs: torch, FLA, Dao CUDA, fastpath"
+PYTHONPATH="$PYTHONPATH:$root/.dev/dao" timeout 150 python3 benchmarks/causal_conv1d.py --quick --out "$out/kernels_quick.json" --host-costs
+echo "kernel bench exit: $?"
+date -u
