@@ -556,32 +556,79 @@ def probe_import(module, opts):
     return r
 
 
-def find_distributions(opts):
-    """{normalized dist name: importlib.metadata.Distribution} across the site-packages dirs."""
-    import importlib.metadata as md
-    found = {}
-    for dist in md.distributions(path=list(opts.site_packages)):
+class Dist(object):
+    """What the probe needs of an installed distribution. Name and version come from the
+    .dist-info folder's name (`name-version.dist-info`, as installers write it), RECORD is read only
+    when asked: importlib.metadata parses every METADATA with the email parser, ~1 ms each, which
+    was most of an import-free probe's time in an environment of ~140 packages."""
+
+    def __init__(self, name, version, path, site):
+        self.name, self.version, self._path, self.site = name, version, path, site
+
+    def locate_file(self, rel):
+        return os.path.join(self.site, str(rel))
+
+    @property
+    def files(self):
         try:
-            name = dist.metadata["Name"]
-        except Exception:
+            with open(os.path.join(self._path, "RECORD"), encoding="utf-8", errors="replace") as fh:
+                return [line.split(",", 1)[0] for line in fh if line.strip()]
+        except OSError:
+            return None
+
+
+_INFO_RE = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+?)(?:-py\d[\d.]*)?\.(?:dist|egg)-info$")
+
+
+def _read_headers(path):
+    """Name and Version from a METADATA / PKG-INFO file's header block."""
+    out = {}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                if key in ("Name", "Version") and key not in out:
+                    out[key] = value.strip()
+    except OSError:
+        pass
+    return out.get("Name"), out.get("Version")
+
+
+def find_distributions(opts):
+    """{normalized dist name: Dist} across the site-packages dirs (first one found wins)."""
+    found = {}
+    for site in opts.site_packages:
+        try:
+            entries = sorted(os.listdir(site))
+        except OSError:
             continue
-        if name and _norm(name) not in found:
-            found[_norm(name)] = dist
+        for entry in entries:
+            if not (entry.endswith(".dist-info") or entry.endswith(".egg-info")):
+                continue
+            path = os.path.join(site, entry)
+            m = _INFO_RE.match(entry)
+            if m:
+                name, version = m.group("name"), m.group("version")
+            else:  # e.g. `name.egg-info`: no version in the folder name
+                meta = "PKG-INFO" if os.path.isdir(path) else None
+                name, version = _read_headers(os.path.join(path, meta) if meta else path)
+            if name and _norm(name) not in found:
+                found[_norm(name)] = Dist(name, version, path, site)
     return found
 
 
 def _dist_path(dist):
-    p = getattr(dist, "_path", None)
-    return str(p) if p is not None else str(dist.locate_file(""))
+    return str(dist._path)
 
 
 def compiled_files(dist):
     """Absolute paths of the compiled extension modules a dist installed (from its RECORD)."""
     out = []
     for f in dist.files or []:
-        s = str(f)
-        if s.endswith(".so") or ".so." in os.path.basename(s):
-            out.append(os.path.normpath(str(dist.locate_file(f))))
+        if f.endswith(".so") or ".so." in os.path.basename(f):
+            out.append(os.path.normpath(dist.locate_file(f)))
     return out
 
 
