@@ -128,13 +128,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=None, help="parallel targets (with --hosts)")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="per-target timeout")
+    parser.add_argument("--probe", choices=("full", "static"), default=None,
+                        help="full: also import torch, triton and each kernel package in "
+                             "subprocesses (~3 CPU-s per target); static: read versions, archs "
+                             "and an ELF link check from the files, import nothing (~0.2 CPU-s). "
+                             "Default: full for one target, static for --hosts")
 
 
-def probe_with_python(python: str, timeout: float | None) -> dict[str, Any]:
+def probe_with_python(python: str, timeout: float | None, static: bool = False) -> dict[str, Any]:
     """Run probe.py under another local interpreter (a venv, a conda env) by stdin."""
     src = Path(__file__).with_name("probe.py").read_bytes()
     try:
-        out = subprocess.run([python, "-"], input=src, capture_output=True,
+        out = subprocess.run([python, "-", *(["--static"] if static else [])], input=src,
+                             capture_output=True,
                              timeout=timeout or 120)
     except FileNotFoundError:
         raise UsageError(f"--python {python}: no such interpreter") from None
@@ -161,6 +167,7 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError("--limit/--jobs need --hosts")
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    static = getattr(args, "probe", None) == "static"
     if args.model:  # bad input fails before any probing
         from fastpath.model_source import load_config
 
@@ -168,16 +175,16 @@ def main(args: argparse.Namespace) -> int:
     if args.on:
         from fastpath.remote import probe_remote
 
-        kwargs = {"python": args.python}
+        kwargs = {"python": args.python, "static": static}
         if args.timeout is not None:
             kwargs["timeout"] = args.timeout
         facts = probe_remote(args.on, **kwargs)
     elif args.python:
-        facts = probe_with_python(args.python, args.timeout)
+        facts = probe_with_python(args.python, args.timeout, static)
     else:
         from fastpath.probe import collect
 
-        facts = collect()
+        facts = collect(skip=["imports"] if static else None)
     diagnosis = diagnose(facts, args.model)
     if args.json:
         sys.stdout.write(json.dumps(diagnosis.to_json(), indent=2, default=str) + "\n")

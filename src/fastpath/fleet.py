@@ -61,8 +61,11 @@ async def probe_fleet(
     timeout: float = DEFAULT_TIMEOUT,
     jobs: int = DEFAULT_JOBS,
     on_done: Callable[[TargetResult], None] | None = None,
+    static: bool = True,
 ) -> list[TargetResult]:
-    """Probe every target, at most `jobs` at a time; results in the targets' order."""
+    """Probe every target, at most `jobs` at a time; results in the targets' order. static (the
+    fleet default): the probe imports nothing on the targets, so a fleet costs each host ~0.2
+    CPU-s instead of ~3 (see BENCHMARKS.md, fleet doctor)."""
     sources = probe_sources()
     gate = asyncio.Semaphore(jobs)
 
@@ -71,7 +74,8 @@ async def probe_fleet(
             started = time.monotonic()
             try:
                 facts = await probe_target(
-                    target.prefix, python=target.python or python, timeout=timeout, sources=sources
+                    target.prefix, python=target.python or python, timeout=timeout,
+                    sources=sources, static=static,
                 )
                 result = TargetResult(target, "ok", None, time.monotonic() - started, facts)
             except TargetError as exc:
@@ -324,7 +328,7 @@ def fleet_exit_code(results: list[TargetResult]) -> int:
 
 def run_fleet(args: Any) -> int:
     """Entry point for `fastpath doctor --hosts FILE` (args: hosts, limit, jobs, timeout, python,
-    model, json)."""
+    model, json, probe)."""
     jobs = getattr(args, "jobs", None) or DEFAULT_JOBS
     if jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {jobs}")
@@ -342,7 +346,7 @@ def run_fleet(args: Any) -> int:
         results = asyncio.run(
             probe_fleet(
                 targets, python=getattr(args, "python", None), timeout=timeout, jobs=jobs,
-                on_done=progress,
+                on_done=progress, static=(getattr(args, "probe", None) or "static") == "static",
             )
         )
     _diagnose_all(results, model)

@@ -248,6 +248,138 @@ def read_fatbin_archs(path):
     }
 
 
+# ---------------------------------------------------------------------------------------------
+# ELF dynamic symbols: a link check that needs no import
+# ---------------------------------------------------------------------------------------------
+# An extension built against another torch fails `import` with "undefined symbol: _ZN3c10...":
+# a c10/at/torch symbol it needs is not exported by the installed torch's libraries. The same check
+# can be made from the files alone (what the loader would look up), without importing torch.
+
+_TORCH_NAMESPACES = ("c10", "at", "torch", "caffe2")
+
+
+def _elf_ident(f):
+    ident = f.read(6)
+    if len(ident) < 6 or ident[:4] != b"\x7fELF" or ident[4] not in (1, 2) or ident[5] not in (1, 2):
+        raise FatbinError("not an ELF file")
+    return ident[4] == 2, "<" if ident[5] == 1 else ">"
+
+
+def _cstr(blob, off):
+    end = blob.find(b"\0", off)
+    return blob[off:end if end >= 0 else len(blob)].decode("latin-1")
+
+
+class ElfDynamic(object):
+    """The dynamic symbol table of one ELF file, with GNU-hash lookups (no set of every name:
+    libtorch_cpu.so exports ~75k symbols)."""
+
+    def __init__(self, path):
+        sections = elf_sections(path)
+        if ".dynsym" not in sections or ".dynstr" not in sections:
+            raise FatbinError("no dynamic symbol table")
+        with open(path, "rb") as f:
+            self.is64, self.end = _elf_ident(f)
+
+            def read(name):
+                off, size = sections[name]
+                f.seek(off)
+                return f.read(size)
+
+            self.dynsym, self.dynstr = read(".dynsym"), read(".dynstr")
+            self.gnu_hash = read(".gnu.hash") if ".gnu.hash" in sections else None
+        self.entsize = 24 if self.is64 else 16
+        self._defined = None
+
+    def symbol(self, i):
+        """(name offset, bind, section index) of symbol i."""
+        if self.is64:
+            name, info, _, shndx = struct.unpack_from(self.end + "IBBH", self.dynsym, i * 24)
+        else:
+            name, _, _, info, _, shndx = struct.unpack_from(self.end + "IIIBBH", self.dynsym, i * 16)
+        return name, info >> 4, shndx
+
+    def undefined(self):
+        """Names this file needs from elsewhere (non-weak: a weak one may stay unresolved)."""
+        out = []
+        for i in range(1, len(self.dynsym) // self.entsize):
+            name, bind, shndx = self.symbol(i)
+            if shndx == 0 and bind == 1 and name:
+                out.append(_cstr(self.dynstr, name))
+        return out
+
+    def defines(self, name):
+        """True when this file exports `name` (a defined global or weak dynamic symbol)."""
+        if self.gnu_hash is None or len(self.gnu_hash) < 16:
+            if self._defined is None:
+                self._defined = set(
+                    _cstr(self.dynstr, n) for n, bind, shndx in
+                    (self.symbol(i) for i in range(1, len(self.dynsym) // self.entsize))
+                    if shndx != 0 and bind in (1, 2))
+            return name in self._defined
+        end, gh = self.end, self.gnu_hash
+        nbuckets, symoffset, bloom_size, shift = struct.unpack_from(end + "IIII", gh, 0)
+        if nbuckets == 0 or bloom_size == 0:
+            return False
+        h = 5381
+        for c in name.encode("latin-1"):
+            h = (h * 33 + c) & 0xFFFFFFFF
+        bits = 64 if self.is64 else 32
+        word_fmt = end + ("Q" if self.is64 else "I")
+        word, = struct.unpack_from(word_fmt, gh, 16 + (bits // 8) * ((h // bits) % bloom_size))
+        mask = (1 << (h % bits)) | (1 << ((h >> shift) % bits))
+        if word & mask != mask:
+            return False
+        buckets = 16 + (bits // 8) * bloom_size
+        idx, = struct.unpack_from(end + "I", gh, buckets + 4 * (h % nbuckets))
+        if idx < symoffset:
+            return False
+        chain = buckets + 4 * nbuckets
+        while chain + 4 * (idx - symoffset) + 4 <= len(gh):
+            h2, = struct.unpack_from(end + "I", gh, chain + 4 * (idx - symoffset))
+            if (h | 1) == (h2 | 1):
+                off, _bind, shndx = self.symbol(idx)
+                if shndx != 0 and _cstr(self.dynstr, off) == name:
+                    return True
+            if h2 & 1:
+                return False
+            idx += 1
+        return False
+
+
+def torch_symbol(name):
+    """True for a mangled C++ name in torch's namespaces (_ZN3c10..., _ZNK2at..., _ZTVN5torch...)."""
+    if not name.startswith("_Z"):
+        return False
+    s = name[2:]
+    if s[:1] == "T" and s[1:2] in ("V", "I", "S"):
+        s = s[2:]
+    if s[:1] == "N":
+        s = s[1:]
+        while s[:1] in ("K", "V", "r"):
+            s = s[1:]
+    m = re.match(r"(\d+)", s)
+    if not m:
+        return False
+    n = int(m.group(1))
+    return s[len(m.group(1)):len(m.group(1)) + n] in _TORCH_NAMESPACES
+
+
+def link_check(so_path, lib_paths):
+    """Which torch symbols `so_path` needs that none of `lib_paths` exports (what `import` would
+    report as "undefined symbol")."""
+    needed = [n for n in ElfDynamic(so_path).undefined() if torch_symbol(n)]
+    libs = []
+    for p in lib_paths:
+        try:
+            libs.append(ElfDynamic(p))
+        except (FatbinError, OSError, struct.error):
+            continue
+    missing = [n for n in needed if not any(lib.defines(n) for lib in libs)]
+    return {"checked": len(needed), "missing": missing[:5], "missing_count": len(missing),
+            "against": sorted(set(os.path.dirname(p) for p in lib_paths))}
+
+
 def arch_number(text):
     """'sm_90' / 'compute_90' / '9.0' / '90' -> 90; None if not an arch."""
     if text is None:
@@ -872,6 +1004,99 @@ def _gpu_visible(opts):
     return bool(glob.glob(opts.sys_path("/dev/nvidia[0-9]*")))
 
 
+# Kernel packages that cannot import without torch.
+NEEDS_TORCH = ("causal-conv1d", "flash-linear-attention", "fla-core", "mamba-ssm", "flash-attn")
+_TORCH_CUDA_RE = re.compile(r"""^cuda\s*(?::[^=\n]*)?=\s*(?:'([^']*)'|"([^"]*)"|None)""", re.M)
+
+
+def torch_lib_files(dists):
+    """torch's own shared libraries (what an extension's torch symbols resolve against)."""
+    dist = dists.get("torch")
+    if dist is None:
+        return []
+    return sorted(glob.glob(os.path.join(dist.locate_file("torch"), "lib", "lib*.so*")))
+
+
+def torch_static(dists, gpus, driver):
+    """torch's facts from its files alone (the import-free probe): version.py for the CUDA
+    version, libc10.so's symbol names for the C++ ABI, libtorch_cuda.so's fatbin for the archs."""
+    dist = dists.get("torch")
+    if dist is None:
+        return None
+    pkg = dist.locate_file("torch")
+    t = {"version": dist.version, "cuda": None, "file": os.path.join(pkg, "__init__.py"),
+         "cxx11_abi": None, "arch_list": [], "devices": [],
+         "source": "static: %s/version.py and torch's libraries (torch not imported)" % pkg}
+    try:
+        with open(os.path.join(pkg, "version.py"), encoding="utf-8") as fh:
+            m = _TORCH_CUDA_RE.search(fh.read())
+        if m:
+            t["cuda"] = m.group(1) or m.group(2) or None
+    except OSError:
+        t["source"] += "; no version.py"
+    try:
+        t["cxx11_abi"] = b"__cxx11" in ElfDynamic(os.path.join(pkg, "lib", "libc10.so")).dynstr
+    except (FatbinError, OSError, struct.error):
+        pass
+    cuda_lib = os.path.join(pkg, "lib", "libtorch_cuda.so")
+    if os.path.isfile(cuda_lib):
+        try:
+            r = read_fatbin_archs(cuda_lib)
+            t["arch_list"] = r["sass"] + r["ptx"]
+        except (FatbinError, OSError, struct.error) as exc:
+            t["arch_error"] = "%s: %s" % (type(exc).__name__, exc)
+    # Without importing: a CUDA build, a GPU nvidia-smi sees, a driver new enough for the build.
+    if t["cuda"] is None or not gpus:
+        t["cuda_available"] = False
+    elif driver and driver.get("cuda_version"):
+        t["cuda_available"] = int(str(driver["cuda_version"]).split(".")[0]) >= \
+            int(str(t["cuda"]).split(".")[0])
+    else:
+        t["cuda_available"] = None
+    return t
+
+
+def _spec_found(module, opts):
+    """A top-level module this Python would find (located, not imported)."""
+    if opts.custom_site_packages:
+        return False
+    import importlib.util
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _module_present(dist, module):
+    site = dist.site
+    return (os.path.isdir(os.path.join(site, module)) or os.path.isfile(os.path.join(site, module + ".py"))
+            or bool(glob.glob(os.path.join(site, module + ".*.so"))))
+
+
+def static_import(dist_name, module, dists, links):
+    """The import verdict from files alone: dist-info, module folder, torch present, and the link
+    check of every compiled .so (`links`: {so path: link_check result})."""
+    dist = dists[dist_name]
+    how = "static: dist-info, module files and a link check against torch's libraries; not imported"
+    if not _module_present(dist, module):
+        return {"ok": False, "error_kind": "not-installed", "how": how,
+                "error": "%s has dist-info but no %s module in %s" % (dist_name, module, dist.site)}
+    if dist_name in NEEDS_TORCH and "torch" not in dists:
+        return {"ok": False, "error_kind": "other", "how": how,
+                "error": "%s needs torch, which is not installed" % dist_name}
+    for so, r in sorted(links.items()):
+        if r.get("missing_count"):
+            return {"ok": False, "error_kind": "abi-mismatch", "how": how, "link_check": r,
+                    "error": "undefined symbol: %s (%s needs %d torch symbols that %s does not "
+                             "export)" % (r["missing"][0], os.path.basename(so), r["missing_count"],
+                                          ", ".join(r["against"]) or "torch")}
+    out = {"ok": True, "error_kind": None, "error": None, "how": how}
+    if links:
+        out["link_check"] = {"so_files": len(links),
+                             "torch_symbols": sum(r.get("checked", 0) for r in links.values())}
+    return out
+
+
 def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None, timeout=None):
     """Gather every fact; never raises for a failed probe (it lands in probe.errors)."""
     started = time.time()
@@ -903,17 +1128,10 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
         dists = guard("packages", find_distributions, opts) or {}
         import_f = {}
         seen_modules = set()
-        import importlib.util
         for dist_name, module in KERNEL_DISTS:
             if not run_imports or module in seen_modules:
                 continue
-            installed = dist_name in dists
-            try:
-                spec_found = importlib.util.find_spec(module) is not None \
-                    if not opts.custom_site_packages else False
-            except (ImportError, ValueError):
-                spec_found = False
-            if installed or spec_found:
+            if dist_name in dists or _spec_found(module, opts):
                 seen_modules.add(module)
                 import_f[module] = pool.submit(probe_import, module, opts)
         rpm_f = pool.submit(guard, "package_db", probe_rpm, opts) if "rpm" not in opts.skip else None
@@ -934,11 +1152,14 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
                 version_f[c["realpath"]] = pool.submit(probe_nvcc_version, c["path"], opts)
         facts["cuda_home"] = guard("cuda_home", torch_cuda_home, opts)
         facts["nvrtc"] = guard("nvrtc", probe_nvrtc, opts, dists)
-        so_f = {}
+        so_f, link_f = {}, {}
+        torch_libs = torch_lib_files(dists) if not run_imports else []
         for dist_name, _ in KERNEL_DISTS:
             if dist_name in dists:
                 for path in guard("packages", compiled_files, dists[dist_name]) or []:
                     so_f[path] = pool.submit(probe_so, path)
+                    if torch_libs and dist_name in NEEDS_TORCH:
+                        link_f[path] = pool.submit(guard, "packages", link_check, path, torch_libs)
 
         # 3. join
         for c in candidates:
@@ -963,12 +1184,15 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
             errors["gpus"] = "could not collect via nvidia-smi: %s" % smi_note
 
         torch_info = torch_f.result() if torch_f is not None else None
+        if not run_imports:
+            torch_info = {"torch": guard("torch", torch_static, dists, gpus, driver)}
         t = (torch_info or {}).get("torch")
         torch_error = (torch_info or {}).get("torch_error") or ""
         if torch_info is not None and t is None and "No module named 'torch'" not in torch_error:
             errors["torch"] = "could not collect: %s" % torch_error
         if t is not None:
-            t["source"] = "import torch in %s (subprocess)" % sys.executable
+            if run_imports:
+                t["source"] = "import torch in %s (subprocess)" % sys.executable
             if not gpus and t.get("devices"):
                 gpus = [dict(d, driver=None, source="torch.cuda.get_device_properties")
                         for d in t["devices"]]
@@ -979,8 +1203,6 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
                     [a for a in t["arch_list"] if a.startswith("compute_")], cc)[0]
             else:
                 t["device_arch_covered"] = None
-        elif "torch" in dists and not run_imports:
-            t = None
         facts["gpus"] = gpus
         facts["driver"] = driver
         facts["torch"] = t
@@ -1027,6 +1249,16 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
                      "no dist-info in %s" % os.pathsep.join(opts.site_packages)}
             if module in import_f:
                 entry["import"] = import_f[module].result()
+            elif not run_imports and dist is not None and dist_name not in dict(VERSION_ONLY_DISTS):
+                links = {}
+                for path in compiled_files(dist):
+                    r = link_f[path].result() if path in link_f else None
+                    if r is not None:
+                        links[path] = r
+                entry["import"] = static_import(dist_name, module, dists, links)
+            elif not run_imports and dist is not None and (dist_name != "torch" or t is not None):
+                entry["import"] = {"ok": True, "error_kind": None, "error": None,
+                                   "how": "static: dist-info present; not imported"}
             elif dist_name == "torch" and t is not None:
                 entry["import"] = {"ok": True, "error_kind": None, "error": None}
             elif dist_name == "torch" and "torch" in errors:
@@ -1038,7 +1270,7 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
                 err = torch_info["triton_error"]
                 entry["import"] = {"ok": False, "error_kind": classify_import_error(err),
                                    "error": err}
-            elif dist is None and run_imports:
+            elif dist is None and (run_imports or not _spec_found(module, opts)):
                 entry["import"] = {"ok": False, "error_kind": "not-installed",
                                    "error": "no distribution %s and no module %s" % (
                                        dist_name, module)}
@@ -1059,7 +1291,11 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
 
 
 def main():
-    json.dump(collect(), sys.stdout, indent=1, sort_keys=False, default=str)
+    # `python3 - --static` (how `doctor --probe static` runs it on a target): no imports at all
+    skip = None
+    if "--static" in sys.argv[1:]:
+        skip = [p for p in os.environ.get("FASTPATH_PROBE_SKIP", "").split(",") if p] + ["imports"]
+    json.dump(collect(skip=skip), sys.stdout, indent=1, sort_keys=False, default=str)
     sys.stdout.write("\n")
 
 

@@ -295,8 +295,10 @@ async def probe_target(
     python: str | None = None,
     timeout: float | None = None,
     sources: tuple[bytes, bytes] | None = None,
+    static: bool = False,
 ) -> dict[str, Any]:
-    """Gather one target's facts (redacted); raise TargetError with a one-line reason."""
+    """Gather one target's facts (redacted); raise TargetError with a one-line reason.
+    static: the probe imports nothing there (`python3 - --static`)."""
     argv = parse_prefix(prefix)
     timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
     if timeout <= 0:
@@ -306,7 +308,8 @@ async def probe_target(
     interpreter = python or "python3"
     started = time.monotonic()
 
-    first = await run_command([*argv, interpreter, "-"], probe_py, timeout)
+    first = await run_command([*argv, interpreter, "-", *(["--static"] if static else [])],
+                              probe_py, timeout)
     facts = parse_facts(first.stdout)
     if facts is not None:
         return _annotate(redact_facts(facts), label, time.monotonic() - started)
@@ -337,7 +340,8 @@ async def probe_target(
 
 
 def probe_remote(
-    prefix: str | list[str], python: str | None = None, timeout: float | None = DEFAULT_TIMEOUT
+    prefix: str | list[str], python: str | None = None, timeout: float | None = DEFAULT_TIMEOUT,
+    static: bool = False,
 ) -> dict[str, Any]:
     """Blocking form of `probe_target` for `fastpath doctor --on PREFIX`."""
-    return asyncio.run(probe_target(prefix, python=python, timeout=timeout))
+    return asyncio.run(probe_target(prefix, python=python, timeout=timeout, static=static))

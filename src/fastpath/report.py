@@ -192,9 +192,12 @@ def render(diagnosis: Any, console: Any) -> None:
     if diagnosis.top_remedy:
         console.print(f"[bold]Top remedy:[/] {diagnosis.top_remedy}", highlight=False)
     host = facts.get("host") or {}
+    probe = facts.get("probe") or {}
+    static = "imports" in ((probe.get("options") or {}).get("skip") or [])
     console.print(f"[dim]host {host.get('hostname')}: {host.get('os')}, {host.get('glibc')}, "
-                  f"Python {host.get('python')}, {host.get('arch')}; probe "
-                  f"{(facts.get('probe') or {}).get('seconds')} s")
+                  f"Python {host.get('python')}, {host.get('arch')}; probe {probe.get('seconds')} s"
+                  + ("; static: nothing imported, import verdicts from files and an ELF link "
+                     "check (--probe full imports)" if static else ""))
     _gpu_section(console, facts)
     _torch_section(console, facts)
     _nvcc_section(console, facts)

@@ -183,3 +183,33 @@ def test_cli_limit_and_usage_errors(tmp_path: Path) -> None:
         assert needle in run.stderr
         assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1
 
+
+
+def test_fleet_probe_static_by_default_full_on_request(sshd: ThrowawaySshd, tmp_path: Path) -> None:
+    """Fleets default to the import-free probe (`python3 - --static` on the target);
+    `--probe full` imports torch and the kernel packages there."""
+    path = tmp_path / "one.txt"
+    path.write_text(shlex.join(sshd.prefix()) + "\n")
+    modes = {}
+    for probe in (None, "full"):
+        code, out, _ = _run(_args(path, json=True, probe=probe))
+        target = json.loads(out)["targets"][0]
+        assert target["status"] == "ok", target["error"]
+        facts = target["report"]["facts"]
+        modes[probe] = facts
+    assert "imports" in modes[None]["probe"]["options"]["skip"]
+    assert "imports" not in modes["full"]["probe"]["options"]["skip"]
+    static_torch, full_torch = modes[None]["torch"], modes["full"]["torch"]
+    assert (static_torch is None) == (full_torch is None)
+    if full_torch is not None:  # the same torch seen both ways
+        assert static_torch["source"].startswith("static")
+        assert full_torch["source"].startswith("import torch")
+        assert static_torch["version"] == full_torch["version"]
+        assert static_torch["cuda"] == full_torch["cuda"]
+        assert static_torch["cxx11_abi"] == full_torch["cxx11_abi"]
+    for name, pkg in modes["full"]["packages"].items():  # same verdicts, without importing
+        static_ok = modes[None]["packages"][name]["import"]["ok"]
+        if pkg["import"]["ok"] is None:  # full mode skips triton's import without a GPU
+            assert static_ok in (None, True), name
+        else:
+            assert static_ok == pkg["import"]["ok"], name
