@@ -9,10 +9,11 @@ side alone (this process + its ssh clients): what a real fleet costs the machine
 
 Scenarios, N targets at the default --jobs:
   ssh_only      N `ssh ... true` sessions (the transport floor, no probe),
-  probe_light   the Python probe with FASTPATH_PROBE_SKIP=imports (no torch/transformers import),
-  probe_full    the Python probe as shipped (imports torch & the kernel packages in subprocesses),
-  cli_full      `fastpath doctor --hosts FILE --json` end to end,
-plus one target alone (`*_one_target`) and, with --serial, the light probe at --jobs 1.
+  probe_static  the probe as fleets run it by default (`python3 - --static`: imports nothing),
+  probe_full    the probe with --probe full (imports torch & the kernel packages in subprocesses),
+  cli_default   `fastpath doctor --hosts FILE --json` end to end (the fleet default: static),
+  cli_full      the same with `--probe full`,
+plus one target alone (`*_one_target`) and, with --serial, the static probe at --jobs 1.
 
     python3 benchmarks/fleet_speed.py [--targets 32] [--serial] [--out benchmarks/results/fleet_speed.json]
 """
@@ -89,8 +90,8 @@ def measure(workdir: Path, fn: Any) -> dict[str, Any]:
     return out
 
 
-def fleet_run(targets: list[Target], jobs: int) -> dict[str, Any]:
-    results = asyncio.run(probe_fleet(targets, jobs=jobs, timeout=120))
+def fleet_run(targets: list[Target], jobs: int, static: bool) -> dict[str, Any]:
+    results = asyncio.run(probe_fleet(targets, jobs=jobs, timeout=120, static=static))
     statuses = [r.status for r in results]
     return {
         "ok": statuses.count("ok"),
@@ -108,9 +109,10 @@ def ssh_only(server: ThrowawaySshd, n: int) -> dict[str, Any]:
     return {"ok": codes.count(0)}
 
 
-def cli_run(fleet_file: Path) -> dict[str, Any]:
+def cli_run(fleet_file: Path, *extra: str) -> dict[str, Any]:
     proc = subprocess.run(
-        [sys.executable, "-m", "fastpath", "doctor", "--hosts", str(fleet_file), "--json", "--timeout", "120"],
+        [sys.executable, "-m", "fastpath", "doctor", "--hosts", str(fleet_file), "--json", "--timeout", "120",
+         *extra],
         capture_output=True,
         text=True,
         timeout=600,
@@ -126,7 +128,7 @@ def cli_run(fleet_file: Path) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", type=int, default=32)
-    parser.add_argument("--serial", action="store_true", help="also time the light probe at --jobs 1")
+    parser.add_argument("--serial", action="store_true", help="also time the static probe at --jobs 1")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fleet_speed.json"))
     opts = parser.parse_args()
     reason = sshd_missing_reason()
@@ -134,26 +136,26 @@ def main() -> int:
         print(f"fleet_speed: skipped: {reason}", file=sys.stderr)
         return 2
     n = opts.targets
-    light_remote = ("env", "FASTPATH_PROBE_SKIP=imports")
 
-    def targets(server: ThrowawaySshd, count: int, *remote: str) -> list[Target]:
-        return [Target(f"t{i}", server.prefix(*remote)) for i in range(count)]
+    def targets(server: ThrowawaySshd, count: int) -> list[Target]:
+        return [Target(f"t{i}", server.prefix()) for i in range(count)]
 
-    def cli(server: ThrowawaySshd) -> dict[str, Any]:
+    def cli(server: ThrowawaySshd, *extra: str) -> dict[str, Any]:
         fleet_file = Path(tmp) / "fleet.txt"
         fleet_file.write_text("".join(shlex.join(server.prefix()) + "\n" for _ in range(n)))
-        return cli_run(fleet_file)
+        return cli_run(fleet_file, *extra)
 
     scenarios: dict[str, Any] = {
         "ssh_only": lambda srv: ssh_only(srv, n),
-        "probe_light_one_target": lambda srv: fleet_run(targets(srv, 1, *light_remote), DEFAULT_JOBS),
-        "probe_light": lambda srv: fleet_run(targets(srv, n, *light_remote), DEFAULT_JOBS),
-        "probe_full_one_target": lambda srv: fleet_run(targets(srv, 1), DEFAULT_JOBS),
-        "probe_full": lambda srv: fleet_run(targets(srv, n), DEFAULT_JOBS),
-        "cli_full": cli,
+        "probe_static_one_target": lambda srv: fleet_run(targets(srv, 1), DEFAULT_JOBS, True),
+        "probe_static": lambda srv: fleet_run(targets(srv, n), DEFAULT_JOBS, True),
+        "cli_default": cli,
+        "probe_full_one_target": lambda srv: fleet_run(targets(srv, 1), DEFAULT_JOBS, False),
+        "probe_full": lambda srv: fleet_run(targets(srv, n), DEFAULT_JOBS, False),
+        "cli_full": lambda srv: cli(srv, "--probe", "full"),
     }
     if opts.serial:
-        scenarios["probe_light_jobs1"] = lambda srv: fleet_run(targets(srv, n, *light_remote), 1)
+        scenarios["probe_static_jobs1"] = lambda srv: fleet_run(targets(srv, n), 1, True)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, fn) in enumerate(scenarios.items()):

@@ -63,6 +63,28 @@ def parse_prefix(prefix: str | list[str] | tuple[str, ...]) -> list[str]:
     return argv
 
 
+# `TOOL exec` forwards stdin only with -i / --interactive (docker, podman, nerdctl) or -i / --stdin
+# (kubectl, oc); without it the probe would read an empty stdin and print nothing.
+_EXEC_TOOLS = {"docker", "podman", "nerdctl", "kubectl", "oc"}
+_STDIN_LONG = ("--interactive", "--stdin")
+
+
+def stdin_not_forwarded(argv: list[str]) -> str | None:
+    """The `TOOL exec` in argv that would not pass the probe's stdin on, or None."""
+    for i, word in enumerate(argv[:-1]):
+        if os.path.basename(word) not in _EXEC_TOOLS or argv[i + 1] != "exec":
+            continue
+        for opt in argv[i + 2:]:
+            if opt == "--":
+                break
+            if opt in _STDIN_LONG or opt.startswith(tuple(f"{o}=t" for o in _STDIN_LONG)):
+                return None
+            if opt.startswith("-") and not opt.startswith("--") and "i" in opt[1:]:
+                return None
+        return f"{os.path.basename(word)} exec"
+    return None
+
+
 def describe_prefix(argv: list[str]) -> str:
     """The prefix as one printable, secret-free string (for tables and error messages)."""
     return redact_text(shlex.join(argv))
@@ -305,6 +327,10 @@ async def probe_target(
         raise UsageError(f"--timeout must be positive, got {timeout:g}")
     probe_py, probe_sh = sources if sources is not None else probe_sources()
     label = describe_prefix(argv)
+    tool = stdin_not_forwarded(argv)
+    if tool is not None:
+        raise UsageError(f"`{tool}` without -i does not pass stdin on, and the probe travels on "
+                         f"stdin: add -i (e.g. '{tool} -i NAME')")
     interpreter = python or "python3"
     started = time.monotonic()
 

@@ -192,7 +192,7 @@ def test_fleet_probe_static_by_default_full_on_request(sshd: ThrowawaySshd, tmp_
     path.write_text(shlex.join(sshd.prefix()) + "\n")
     modes = {}
     for probe in (None, "full"):
-        code, out, _ = _run(_args(path, json=True, probe=probe))
+        _code, out, _ = _run(_args(path, json=True, probe=probe))
         target = json.loads(out)["targets"][0]
         assert target["status"] == "ok", target["error"]
         facts = target["report"]["facts"]
