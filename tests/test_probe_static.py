@@ -161,3 +161,14 @@ def test_cli_probe_static_json(tmp_path):
     assert out.returncode in (0, 1), out.stderr
     report = json.loads(out.stdout)
     assert "imports" in report["facts"]["probe"]["options"]["skip"]
+
+
+@needs_gcc
+def test_static_probe_reports_a_corrupt_extension(tmp_path):
+    lib, good, _ = _libs(tmp_path)
+    corrupt = tmp_path / "corrupt.so"
+    corrupt.write_bytes(good.read_bytes()[:200])  # an ELF header, cut short
+    imp = _static_facts(_site(tmp_path, lib, corrupt, "12.8"))["packages"]["causal-conv1d"]["import"]
+    assert imp["ok"] is False and imp["error_kind"] == "other"
+    assert imp["error"].startswith("cannot load causal_conv1d_cuda.cpython-311-x86_64-linux-gnu.so: ")
+    assert "\n" not in imp["error"]

@@ -5,13 +5,7 @@
 # Writes OUT/{log.txt, kernels.json, fla_dqkwg.json}.
 set -uo pipefail
 out=${1:?usage: call2_bench.sh OUTDIR}
-root=$PWD
-exec > >(tee -a "$out/log.txt") 2>&1
-export PYTHONUNBUFFERED=1 USE_HUB_KERNELS=0 HF_HUB_OFFLINE=1 COLUMNS=120
-date -u
-[ -d .dev/site/fla ] || python3 -m pip install -q --no-deps --target .dev/site .carry/fla_core-0.6.0-py3-none-any.whl
-[ -d .dev/dao/causal_conv1d ] || bash benchmarks/device/install_dao.sh .carry/dao .dev/dao
-export PYTHONPATH="$root/src:$root/.dev/site"
+source benchmarks/device/peers_env.sh
 echo "== causal_conv1d kernels: copy, torch, FLA, Dao CUDA, fastpath"
 PYTHONPATH="$PYTHONPATH:$root/.dev/dao" timeout 240 python3 benchmarks/causal_conv1d.py --out "$out/kernels.json" --host-costs
 echo "kernel bench exit: $?"

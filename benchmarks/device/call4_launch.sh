@@ -5,13 +5,7 @@
 # Writes OUT/{log.txt, kernels_quick.json}.
 set -uo pipefail
 out=${1:?usage: call4_launch.sh OUTDIR}
-root=$PWD
-exec > >(tee -a "$out/log.txt") 2>&1
-export PYTHONUNBUFFERED=1 USE_HUB_KERNELS=0 HF_HUB_OFFLINE=1 COLUMNS=120
-date -u
-[ -d .dev/site/fla ] || python3 -m pip install -q --no-deps --target .dev/site .carry/fla_core-0.6.0-py3-none-any.whl
-[ -d .dev/dao/causal_conv1d ] || bash benchmarks/device/install_dao.sh .carry/dao .dev/dao
-export PYTHONPATH="$root/src:$root/.dev/site"
+source benchmarks/device/peers_env.sh
 echo "== kernel tests at GPU shapes"
 timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_causal_conv1d.py tests/test_launch.py
 echo "pytest exit: $?"

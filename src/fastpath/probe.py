@@ -367,8 +367,12 @@ def torch_symbol(name):
 
 def link_check(so_path, lib_paths):
     """Which torch symbols `so_path` needs that none of `lib_paths` exports (what `import` would
-    report as "undefined symbol")."""
-    needed = [n for n in ElfDynamic(so_path).undefined() if torch_symbol(n)]
+    report as "undefined symbol"). A file that is not a readable ELF gives {"error": ...}: the
+    loader would refuse it too."""
+    try:
+        needed = [n for n in ElfDynamic(so_path).undefined() if torch_symbol(n)]
+    except (FatbinError, OSError, struct.error) as exc:
+        return {"error": "%s: %s" % (type(exc).__name__, exc)}
     libs = []
     for p in lib_paths:
         try:
@@ -1085,6 +1089,9 @@ def static_import(dist_name, module, dists, links):
         return {"ok": False, "error_kind": "other", "how": how,
                 "error": "%s needs torch, which is not installed" % dist_name}
     for so, r in sorted(links.items()):
+        if r.get("error"):
+            return {"ok": False, "error_kind": "other", "how": how, "link_check": r,
+                    "error": "cannot load %s: %s" % (os.path.basename(so), r["error"])}
         if r.get("missing_count"):
             return {"ok": False, "error_kind": "abi-mismatch", "how": how, "link_check": r,
                     "error": "undefined symbol: %s (%s needs %d torch symbols that %s does not "
@@ -1093,7 +1100,7 @@ def static_import(dist_name, module, dists, links):
     out = {"ok": True, "error_kind": None, "error": None, "how": how}
     if links:
         out["link_check"] = {"so_files": len(links),
-                             "torch_symbols": sum(r.get("checked", 0) for r in links.values())}
+                             "torch_symbols": sum(r["checked"] for r in links.values())}
     return out
 
 
