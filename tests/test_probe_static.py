@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fakeenv import write_dist_info
+from fakeenv import build_elf, fatbin_container, write_dist_info
 from fastpath import probe
 from fastpath.doctor import diagnose
 
@@ -172,3 +172,42 @@ def test_static_probe_reports_a_corrupt_extension(tmp_path):
     assert imp["ok"] is False and imp["error_kind"] == "other"
     assert imp["error"].startswith("cannot load causal_conv1d_cuda.cpython-311-x86_64-linux-gnu.so: ")
     assert "\n" not in imp["error"]
+
+
+def _cuda_torch(tmp: Path, rodata: bytes) -> dict:
+    """A CUDA torch tree: libtorch_python.so with `rodata`, libtorch_cuda.so with a fatbin of
+    sm_80 + sm_90a SASS and compute_90 PTX (files built with struct, not gcc)."""
+    site = tmp / "site"
+    version_py = b"__version__ = '2.11.0+cu130'\ncuda: Optional[str] = '13.0'\n"
+    cuda_lib = build_elf({".nv_fatbin": fatbin_container([("sass", 80), ("sass", 90), ("ptx", 90)])})
+    write_dist_info(site, "torch", "2.11.0+cu130", {
+        "torch/__init__.py": b"", "torch/version.py": version_py,
+        "torch/lib/libtorch_python.so": build_elf({".rodata": rodata}),
+        "torch/lib/libtorch_cuda.so": cuda_lib})
+    return probe.find_distributions(probe.Options(site_packages=[str(site)]))
+
+
+def test_static_arch_list_is_the_builds_arch_flags(tmp_path):
+    """torch.cuda.get_arch_list() is a constant in libtorch_python.so (checked by hand against
+    torch 2.11.0+cu130's wheel: 'sm_75 sm_80 sm_86 sm_90 sm_100 sm_120', what the H200 reported
+    on import); the static probe reads that string, not the fatbin's per-kernel extras."""
+    rodata = b"\0unrelated sm_70 text\0sm_75 sm_80 sm_86 sm_90 sm_100 sm_120\0%s: sm_%d\0"
+    t = probe.torch_static(_cuda_torch(tmp_path, rodata), [], None)
+    assert t["version"] == "2.11.0+cu130" and t["cuda"] == "13.0"
+    assert t["arch_list"] == ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+    assert t["arch_source"].startswith("libtorch_python.so")
+
+
+def test_static_arch_list_falls_back_to_the_fatbin(tmp_path):
+    t = probe.torch_static(_cuda_torch(tmp_path, b"\0no flags here\0"), [], None)
+    assert t["arch_list"] == ["sm_80", "sm_90", "compute_90"]
+    assert t["arch_source"].startswith("libtorch_cuda.so")
+
+
+def test_static_cuda_available_follows_gpu_and_driver(tmp_path):
+    dists = _cuda_torch(tmp_path, b"\0sm_90\0")
+    gpu = [{"index": 0, "name": "NVIDIA H200", "compute_capability": "9.0"}]
+    assert probe.torch_static(dists, gpu, {"cuda_version": "13.0"})["cuda_available"] is True
+    assert probe.torch_static(dists, gpu, {"cuda_version": "12.8"})["cuda_available"] is False
+    assert probe.torch_static(dists, gpu, None)["cuda_available"] is None
+    assert probe.torch_static(dists, [], {"cuda_version": "13.0"})["cuda_available"] is False

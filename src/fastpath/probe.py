@@ -1010,6 +1010,7 @@ def _gpu_visible(opts):
 
 # Kernel packages that cannot import without torch.
 NEEDS_TORCH = ("causal-conv1d", "flash-linear-attention", "fla-core", "mamba-ssm", "flash-attn")
+_TORCH_VERSION_RE = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.M)
 _TORCH_CUDA_RE = re.compile(r"""^cuda\s*(?::[^=\n]*)?=\s*(?:'([^']*)'|"([^"]*)"|None)""", re.M)
 
 
@@ -1019,6 +1020,24 @@ def torch_lib_files(dists):
     if dist is None:
         return []
     return sorted(glob.glob(os.path.join(dist.locate_file("torch"), "lib", "lib*.so*")))
+
+
+# torch.cuda.get_arch_list() returns a string compiled into libtorch_python.so, e.g.
+# "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120" in torch 2.11.0+cu130: a NUL-terminated constant.
+_ARCH_FLAGS_RE = re.compile(rb"\x00((?:sm|compute)_\d+[af]?(?: (?:sm|compute)_\d+[af]?)*)\x00")
+
+
+def torch_arch_flags(path):
+    """The archs torch was built for, from that string in .rodata; None unless exactly one."""
+    try:
+        off, size = elf_sections(path).get(".rodata", (0, 0))
+        with open(path, "rb") as f:
+            f.seek(off)
+            data = f.read(size)
+    except (FatbinError, OSError, struct.error):
+        return None
+    found = set(m.group(1).decode("ascii") for m in _ARCH_FLAGS_RE.finditer(data))
+    return found.pop().split() if len(found) == 1 else None
 
 
 def torch_static(dists, gpus, driver):
@@ -1033,9 +1052,13 @@ def torch_static(dists, gpus, driver):
          "source": "static: %s/version.py and torch's libraries (torch not imported)" % pkg}
     try:
         with open(os.path.join(pkg, "version.py"), encoding="utf-8") as fh:
-            m = _TORCH_CUDA_RE.search(fh.read())
+            text = fh.read()
+        m = _TORCH_CUDA_RE.search(text)
         if m:
             t["cuda"] = m.group(1) or m.group(2) or None
+        v = _TORCH_VERSION_RE.search(text)  # torch.__version__: '2.11.0+cu130' where the
+        if v:                               # PyPI wheel's dist-info says 2.11.0
+            t["version"] = v.group(1)
     except OSError:
         t["source"] += "; no version.py"
     try:
@@ -1044,11 +1067,17 @@ def torch_static(dists, gpus, driver):
         pass
     cuda_lib = os.path.join(pkg, "lib", "libtorch_cuda.so")
     if os.path.isfile(cuda_lib):
-        try:
-            r = read_fatbin_archs(cuda_lib)
-            t["arch_list"] = r["sass"] + r["ptx"]
-        except (FatbinError, OSError, struct.error) as exc:
-            t["arch_error"] = "%s: %s" % (type(exc).__name__, exc)
+        flags = torch_arch_flags(os.path.join(pkg, "lib", "libtorch_python.so"))
+        if flags:
+            t["arch_list"] = flags
+            t["arch_source"] = "libtorch_python.so: the build's arch flags string"
+        else:
+            try:
+                r = read_fatbin_archs(cuda_lib)
+                t["arch_list"] = r["sass"] + r["ptx"]
+                t["arch_source"] = "libtorch_cuda.so: SASS/PTX in its fatbin"
+            except (FatbinError, OSError, struct.error) as exc:
+                t["arch_error"] = "%s: %s" % (type(exc).__name__, exc)
     # Without importing: a CUDA build, a GPU nvidia-smi sees, a driver new enough for the build.
     if t["cuda"] is None or not gpus:
         t["cuda_available"] = False
