@@ -41,9 +41,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=7, help="runs (after one warm-up run)")
     parser.add_argument("--model", help="also plan this model (default: none)")
+    parser.add_argument("--probe", choices=("full", "static"), help="pass --probe to the doctor")
     parser.add_argument("--out", help="write the result JSON here too")
     args = parser.parse_args()
-    extra = ["--model", args.model] if args.model else []
+    extra = (["--model", args.model] if args.model else []) + (
+        ["--probe", args.probe] if args.probe else [])
     run_once(extra)  # warm the page cache / .pyc files
     walls, probes, codes, loads, cpus = [], [], [], [], []
     for _ in range(args.n):
@@ -56,7 +58,7 @@ def main() -> int:
             probes.append(probe_s)
     result = {
         "benchmark": "doctor_speed",
-        "command": "fastpath doctor --json" + (" --model " + args.model if args.model else ""),
+        "command": " ".join(["fastpath", "doctor", "--json", *extra]),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version()},
