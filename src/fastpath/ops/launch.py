@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 Launch = Callable[[tuple[int, int, int], tuple, tuple], None]
+_MAX_KEYS = 1024
 
 
 def _spec(value: Any) -> Any:
@@ -59,6 +60,8 @@ class CachedLauncher:
         kernel = self.fn[grid](*args, **dict(zip(self.constexpr_names, constexprs, strict=True)),
                                num_warps=num_warps)
         if args[0].is_cuda and hasattr(kernel, "packed_metadata"):
+            if len(self._cached) >= _MAX_KEYS:  # exact ints in the key: bound the table
+                self._cached.clear()           # (Triton keeps its compiled kernels anyway)
             self._cached[key] = _launcher_for(kernel, args[0].get_device())
 
 
