@@ -1123,9 +1123,10 @@ def static_import(dist_name, module, dists, links):
                     "error": "cannot load %s: %s" % (os.path.basename(so), r["error"])}
         if r.get("missing_count"):
             return {"ok": False, "error_kind": "abi-mismatch", "how": how, "link_check": r,
-                    "error": "undefined symbol: %s (%s needs %d torch symbols that %s does not "
-                             "export)" % (r["missing"][0], os.path.basename(so), r["missing_count"],
-                                          ", ".join(r["against"]) or "torch")}
+                    "error": "undefined symbol: %s (%s needs %d torch symbol%s that %s does "
+                             "not export)" % (r["missing"][0], os.path.basename(so),
+                                              r["missing_count"], "" if r["missing_count"] == 1
+                                              else "s", ", ".join(r["against"]) or "torch")}
     out = {"ok": True, "error_kind": None, "error": None, "how": how}
     if links:
         out["link_check"] = {"so_files": len(links),
