@@ -3,6 +3,8 @@
 # as a wheel installed into a --target folder, so it never touches the device's site-packages and
 # the doctor sees real dist-info + a real compiled .so there.
 # Usage: bash benchmarks/device/build_dao.sh SDIST TARGET_DIR [WHEEL_OUT_DIR]
+# SDIST (put it in .carry/, git-ignored): https://files.pythonhosted.org/packages/f4/d1/
+#   eba27735f31bd5527d39a3c7f693e6ded7b844cab275db719a15ad37b6cd/causal_conv1d-1.7.0.tar.gz
 # WHEEL_OUT_DIR gets the wheel in 15 MiB parts (the device tool returns files of <= 16 MiB), so a
 # later call can carry it back instead of building again (the machine goes cold 30 s after a call).
 set -euo pipefail
