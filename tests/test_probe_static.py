@@ -211,3 +211,24 @@ def test_static_cuda_available_follows_gpu_and_driver(tmp_path):
     assert probe.torch_static(dists, gpu, {"cuda_version": "12.8"})["cuda_available"] is False
     assert probe.torch_static(dists, gpu, None)["cuda_available"] is None
     assert probe.torch_static(dists, [], {"cuda_version": "13.0"})["cuda_available"] is False
+
+
+@needs_gcc
+def test_static_probe_code_runs_on_python_38(tmp_path):
+    """The probe must run on the oldest Python a target may have: drive every static path
+    (torch facts, link check, arch flags) with Python 3.8 over a fake site-packages."""
+    pythons = sorted(glob.glob("/root/.pyenv/versions/3.8*/bin/python3"))
+    if not pythons:
+        pytest.skip("no Python 3.8 interpreter on this machine")
+    lib, _, bad = _libs(tmp_path)
+    site = _site(tmp_path, lib, bad, "12.8")
+    env = dict(os.environ, FASTPATH_PROBE_SITE_PACKAGES=str(site), FASTPATH_PROBE_SKIP="rpm",
+               PYTHONPATH="")
+    out = subprocess.run([pythons[0], "-", "--static"], input=Path(probe.__file__).read_bytes(),
+                         capture_output=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    facts = json.loads(out.stdout)
+    assert facts["host"]["python"].startswith("3.8")
+    assert facts["torch"]["cuda"] == "12.8" and facts["torch"]["source"].startswith("static")
+    assert facts["packages"]["causal-conv1d"]["import"]["error_kind"] == "abi-mismatch"
+    assert facts["probe"]["errors"].keys() <= {"gpus"}
