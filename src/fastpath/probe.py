@@ -1041,8 +1041,9 @@ def torch_arch_flags(path):
 
 
 def torch_static(dists, gpus, driver):
-    """torch's facts from its files alone (the import-free probe): version.py for the CUDA
-    version, libc10.so's symbol names for the C++ ABI, libtorch_cuda.so's fatbin for the archs."""
+    """torch's facts from its files alone (the import-free probe): version.py for the version and
+    CUDA, libc10.so's symbol names for the C++ ABI, libtorch_python.so's arch-flags string (else
+    libtorch_cuda.so's fatbin) for the archs, nvidia-smi's GPUs and driver for cuda_available."""
     dist = dists.get("torch")
     if dist is None:
         return None
@@ -1106,12 +1107,13 @@ def _module_present(dist, module):
             or bool(glob.glob(os.path.join(site, module + ".*.so"))))
 
 
-def static_import(dist_name, module, dists, links):
+def static_import(dist_name, module, dists, links, opts):
     """The import verdict from files alone: dist-info, module folder, torch present, and the link
     check of every compiled .so (`links`: {so path: link_check result})."""
     dist = dists[dist_name]
     how = "static: dist-info, module files and a link check against torch's libraries; not imported"
-    if not _module_present(dist, module):
+    # (an editable install keeps its module elsewhere: ask the import system where, without importing)
+    if not _module_present(dist, module) and not _spec_found(module, opts):
         return {"ok": False, "error_kind": "not-installed", "how": how,
                 "error": "%s has dist-info but no %s module in %s" % (dist_name, module, dist.site)}
     if dist_name in NEEDS_TORCH and "torch" not in dists:
@@ -1292,7 +1294,7 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
                     r = link_f[path].result() if path in link_f else None
                     if r is not None:
                         links[path] = r
-                entry["import"] = static_import(dist_name, module, dists, links)
+                entry["import"] = static_import(dist_name, module, dists, links, opts)
             elif not run_imports and dist is not None and (dist_name != "torch" or t is not None):
                 entry["import"] = {"ok": True, "error_kind": None, "error": None,
                                    "how": "static: dist-info present; not imported"}
