@@ -3,7 +3,7 @@
 Why: the one-token update runs in ~6 us on an H200, but `kernel[grid](...)` in Triton 3.6 costs
 ~24 us of host time per call on that machine's CPU (binding and specialising every argument,
 building a cache key, reading knobs), so eager decode measured the launcher, not the kernel.
-Measured there (benchmarks/results/h200-2026-12-02/causal_conv1d_dao.json, host_* rows): Triton's
+Measured there (benchmarks/results/h200-2026-12-02-session2/causal_conv1d_dao.json, host_* rows): Triton's
 launch 23.7 us, CompiledKernel[grid](...) 9.1 us, CompiledKernel.run(...) with the stream, function
 and metadata fetched once 7.1 us (and it wrote exactly what the ordinary launch wrote).
 
@@ -83,7 +83,8 @@ def _launcher_for(kernel: Any, device: int) -> Launch:
     return via_compiled
 
 
-# The call CompiledKernel[grid](...) makes in Triton 3.2-3.9; `direct` above makes the same one.
+# The call CompiledKernel[grid](...) makes (read in the Triton 3.6 and 3.9 sources); `direct` above
+# makes the same one, and only where this text is found in the installed Triton.
 _RUNNER_CALL = ("self.run(grid[0], grid[1], grid[2], stream, self.function, self.packed_metadata, "
                 "launch_metadata,")
 
