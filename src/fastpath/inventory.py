@@ -4,8 +4,10 @@ Every target ends up as an argv prefix (see fastpath.remote). From an Ansible in
 `ssh [ansible_ssh_common_args] [ansible_ssh_extra_args] -p PORT -l USER [-i KEY] -o BatchMode=yes
 -- HOST`, honouring ansible_host, ansible_user, ansible_port, ansible_ssh_private_key_file and
 ansible_python_interpreter; `ansible_connection=local`
-runs on this machine, `docker` through `docker exec -i`. Host and user values are checked so they
-cannot smuggle ssh options in (a host `-oProxyCommand=...` would run a local command).
+runs on this machine, `docker` through `docker exec -i`, `kubectl` through `kubectl exec -i POD --`
+(ansible_kubectl_pod / _namespace / _container / _context / _kubeconfig) and `lxd` through
+`lxc exec NAME --`. Host and user values are checked so they cannot smuggle options in (a host
+`-oProxyCommand=...` would run a local command).
 """
 
 from __future__ import annotations
@@ -239,10 +241,14 @@ def _target_from_vars(host: str, hostvars: dict[str, Any], groups: list[str]) ->
     address = _checked(hostvars.get("ansible_host", host), "ansible_host", host)
     if connection in ("docker", "community.docker.docker"):
         return Target(host, ["docker", "exec", "-i", address], python, groups)
+    if connection in ("kubectl", "kubernetes.core.kubectl", "community.kubernetes.kubectl"):
+        return Target(host, _kubectl_prefix(host, hostvars), python, groups)
+    if connection in ("lxd", "community.general.lxd"):
+        return Target(host, ["lxc", "exec", address, "--"], python, groups)
     if connection not in ("ssh", "smart", "ansible.builtin.ssh"):
         raise UsageError(
             f"inventory host {host!r}: ansible_connection={connection!r} is not supported "
-            "(ssh, local, docker); write the prefix in a prefix list instead"
+            "(ssh, local, docker, kubectl, lxd); write the prefix in a prefix list instead"
         )
     argv = ["ssh"]
     argv += _split_args(hostvars.get("ansible_ssh_common_args", ""), "ansible_ssh_common_args", host)
@@ -261,6 +267,32 @@ def _target_from_vars(host: str, hostvars: dict[str, Any], groups: list[str]) ->
     # No password prompts from 32 parallel sessions (options given above take precedence).
     argv += ["-o", "BatchMode=yes", "--", address]
     return Target(host, argv, python, groups)
+
+
+def _kubectl_prefix(host: str, hostvars: dict[str, Any]) -> list[str]:
+    """`kubectl [--kubeconfig K] [--context C] exec -i [-n NS] POD [-c CTR] --`, from the
+    variables Ansible's kubectl connection reads (the pod defaults to the inventory name)."""
+    def var(name: str) -> str | None:
+        value = hostvars.get(f"ansible_kubectl_{name}")
+        if not value:
+            return None
+        if name == "kubeconfig":  # a path: any characters, but never an option
+            if str(value).startswith("-"):
+                raise UsageError(f"inventory host {host!r}: unsafe ansible_kubectl_kubeconfig")
+            return str(value)
+        return _checked(value, f"ansible_kubectl_{name}", host)
+
+    argv = ["kubectl"]
+    for flag, name in (("--kubeconfig", "kubeconfig"), ("--context", "context")):
+        if var(name):
+            argv += [flag, var(name)]
+    argv += ["exec", "-i"]
+    if var("namespace"):
+        argv += ["-n", var("namespace")]
+    argv.append(var("pod") or _checked(host, "inventory name", host))
+    if var("container"):
+        argv += ["-c", var("container")]
+    return [*argv, "--"]
 
 
 def _looks_like_ini_inventory(text: str) -> bool:

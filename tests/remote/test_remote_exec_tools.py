@@ -185,3 +185,22 @@ def test_seed_story_ssh_then_pct_exec(world, sshd: ThrowawaySshd):
     missing = _doctor(world, "--on", shlex.join(sshd.prefix(*remote_env, "pct", "exec", "201", "--")))
     assert missing.returncode != 0
     assert "201.conf' does not exist" in missing.stderr.strip().splitlines()[-1]
+
+
+def test_fleet_from_an_ansible_inventory_of_pods(world, tmp_path):
+    """An inventory host with `ansible_connection=kubectl` is probed inside its pod."""
+    reason = _unshare_reason()
+    if reason:
+        pytest.skip(reason)
+    if not os.path.isdir(HOST_CUDA):
+        pytest.skip("not this workplace image: no host CUDA to hide")
+    inv = tmp_path / "hosts.ini"
+    inv.write_text("[pods]\ntrainer ansible_connection=kubectl ansible_kubectl_pod=gpu1\n"
+                   "gone ansible_connection=kubectl ansible_kubectl_pod=nosuch\n")
+    out = _doctor(world, "--hosts", str(inv), "--json", "--timeout", "60")
+    report = json.loads(out.stdout)
+    by_name = {t["name"]: t for t in report["targets"]}
+    assert by_name["trainer"]["status"] == "ok", by_name["trainer"]["error"]
+    assert _nvcc_versions(by_name["trainer"]["report"]) == {"12.8.93"}
+    assert by_name["gone"]["status"] != "ok" and 'pods "nosuch" not found' in by_name["gone"]["error"]
+    assert out.returncode == 1  # a failed target fails the run

@@ -127,6 +127,9 @@ def test_prefix_list(tmp_path: Path) -> None:
         ("evil ansible_user='-oProxyCommand=x'", "unsafe ansible_user"),
         ("evil ansible_port='22;id'", "is not a number"),
         ("evil ansible_connection=paramiko", "not supported"),
+        ("evil ansible_connection=kubectl ansible_kubectl_pod=-it", "unsafe ansible_kubectl_pod"),
+        ("evil ansible_connection=kubectl ansible_kubectl_namespace='a b'", "unsafe ansible_kubectl"),
+        ("evil ansible_connection=kubectl ansible_kubectl_kubeconfig=-x", "unsafe ansible_kubectl"),
         ("evil notakeyvalue", "expected key=value"),
     ],
 )
@@ -201,3 +204,25 @@ def test_cli_yaml_inventory_with_limit(sshd: ThrowawaySshd, tmp_path: Path) -> N
     assert box1["groups"] == ["lab"]
     assert box1["report"]["facts"]["host"]["executable"] == "/usr/bin/python3"
     assert run.returncode == (1 if box1["verdict"] == "slow" else 0)
+
+
+def test_container_connections(tmp_path: Path) -> None:
+    """docker, kubectl and lxd hosts become the exec prefixes Ansible's connections would use."""
+    path = tmp_path / "hosts.ini"
+    path.write_text(
+        "[pods]\n"
+        "trainer-0 ansible_connection=kubernetes.core.kubectl ansible_kubectl_namespace=ml "
+        "ansible_kubectl_container=main ansible_kubectl_kubeconfig=/etc/kube/config\n"
+        "trainer-1 ansible_connection=kubectl ansible_kubectl_pod=trainer-1-abcde "
+        "ansible_kubectl_context=prod\n"
+        "[boxes]\n"
+        "box ansible_connection=docker ansible_host=gpu-box\n"
+        "ct200 ansible_connection=community.general.lxd\n"
+    )
+    prefixes = {t.name: t.prefix for t in load_targets(path)}
+    assert prefixes["trainer-0"] == ["kubectl", "--kubeconfig", "/etc/kube/config", "exec", "-i",
+                                     "-n", "ml", "trainer-0", "-c", "main", "--"]
+    assert prefixes["trainer-1"] == ["kubectl", "--context", "prod", "exec", "-i",
+                                     "trainer-1-abcde", "--"]
+    assert prefixes["box"] == ["docker", "exec", "-i", "gpu-box"]
+    assert prefixes["ct200"] == ["lxc", "exec", "ct200", "--"]
