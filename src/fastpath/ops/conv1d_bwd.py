@@ -25,7 +25,12 @@ from fastpath.ops.conv1d_common import (
     next_pow2,
     silu_grad_fp32,
 )
-from fastpath.ops.conv1d_grads import fill_empty_problem, new_grad_buffers, reduce_chunk_partials
+from fastpath.ops.conv1d_grads import (
+    bwd_operands,
+    fill_empty_problem,
+    new_grad_buffers,
+    reduce_chunk_partials,
+)
 
 
 @triton.jit
@@ -268,21 +273,10 @@ def causal_conv1d_bwd_triton(
     n_chunks = max(1, triton.cdiv(rows, n_iters * block_l))
     dw_part = torch.empty((batch * n_chunks, width, dim), device=x.device, dtype=torch.float32)
     db_part = torch.empty((batch * n_chunks, dim), device=x.device, dtype=torch.float32)
-    init = initial_states if initial_states is not None else x
-    dfin = dfinal_states if dfinal_states is not None else x
-    dinit_t = dinit if dinit is not None else x
+    ptrs, strides = bwd_operands(x, weight, bias, dout, seq_idx, initial_states, dfinal_states,
+                                 dx, dinit, dw_part, db_part)
     _causal_conv1d_bwd_kernel[(n_d, n_chunks, batch)](
-        x, weight, bias if bias is not None else weight, dout,
-        seq_idx if seq_idx is not None else x, init, dfin, dx, dinit_t, dw_part, db_part,
-        seqlen, dim, n_iters, n_chunks,
-        x.stride(0), x.stride(1), x.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2),
-        dx.stride(0), dx.stride(1), dx.stride(2),
-        weight.stride(0), weight.stride(1),
-        init.stride(0), init.stride(1), init.stride(2),
-        dfin.stride(0), dfin.stride(1), dfin.stride(2),
-        dinit_t.stride(0), dinit_t.stride(1), dinit_t.stride(2),
-        seq_idx.stride(0) if seq_idx is not None else 0,
+        *ptrs, seqlen, dim, n_iters, n_chunks, *strides,
         WIDTH=width,
         SILU=silu,
         HAS_BIAS=bias is not None,

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from fastpath.ops.conv1d_common import (
+    fwd_operands,
     load_seq_tap,
     load_weight_tap,
     load_x_tap,
@@ -105,17 +106,10 @@ def causal_conv1d_fwd_triton(
         return out
     cfg = dict(config or fwd_config(x))
     block_l, block_d = cfg.pop("BLOCK_L"), cfg.pop("BLOCK_D")
-    init = initial_states if initial_states is not None else x
+    ptrs, strides = fwd_operands(x, weight, bias, seq_idx, initial_states, out)
     grid = (triton.cdiv(seqlen, block_l), triton.cdiv(dim, block_d), batch)
     _causal_conv1d_fwd_kernel[grid](
-        x, weight, bias if bias is not None else weight,
-        seq_idx if seq_idx is not None else x, init, out,
-        seqlen, dim,
-        x.stride(0), x.stride(1), x.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        weight.stride(0), weight.stride(1),
-        init.stride(0), init.stride(1), init.stride(2),
-        seq_idx.stride(0) if seq_idx is not None else 0,
+        *ptrs, seqlen, dim, *strides,
         WIDTH=weight.shape[-1],
         SILU=silu,
         HAS_BIAS=bias is not None,

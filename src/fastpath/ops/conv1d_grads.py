@@ -45,3 +45,28 @@ def reduce_chunk_partials(
     dweight.copy_(dw_part.sum(dim=0).t())
     if dbias is not None:
         dbias.copy_(db_part.sum(dim=0))
+
+
+def bwd_operands(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    dout: torch.Tensor,
+    seq_idx: torch.Tensor | None,
+    initial_states: torch.Tensor | None,
+    dfinal_states: torch.Tensor | None,
+    dx: torch.Tensor,
+    dinit: torch.Tensor | None,
+    dw_part: torch.Tensor,
+    db_part: torch.Tensor,
+) -> tuple[tuple, tuple]:
+    """The backward kernels' shared arguments, in their order: 11 pointers (an absent optional
+    one is x, never read: its HAS_* flag is off) and the 23 strides that follow the sizes."""
+    init = initial_states if initial_states is not None else x
+    dfin = dfinal_states if dfinal_states is not None else x
+    dinit_t = dinit if dinit is not None else x
+    ptrs = (x, weight, bias if bias is not None else weight, dout,
+            seq_idx if seq_idx is not None else x, init, dfin, dx, dinit_t, dw_part, db_part)
+    strides = (*x.stride(), *dout.stride(), *dx.stride(), *weight.stride(), *init.stride(),
+               *dfin.stride(), *dinit_t.stride(), seq_idx.stride(0) if seq_idx is not None else 0)
+    return ptrs, strides
