@@ -25,12 +25,7 @@ from fastpath.ops.conv1d_common import (
     next_pow2,
     silu_grad_fp32,
 )
-from fastpath.ops.conv1d_grads import (
-    bwd_operands,
-    fill_empty_problem,
-    new_grad_buffers,
-    reduce_chunk_partials,
-)
+from fastpath.ops.conv1d_grads import begin_backward, bwd_operands, reduce_chunk_partials
 
 
 @triton.jit
@@ -256,25 +251,22 @@ def causal_conv1d_bwd_triton(
     """Writes dx; returns (dweight, dbias or None, dinitial_states or None)."""
     batch, dim, seqlen = x.shape
     width = weight.shape[-1]
-    want_dinit = return_dinitial_states and initial_states is not None
-    dweight, dbias, dinit = new_grad_buffers(x, weight, bias, initial_states, want_dinit)
-    if batch == 0 or dim == 0 or seqlen == 0:
-        fill_empty_problem(dweight, dbias, dinit, dfinal_states)
+    dweight, dbias, dinit, empty = begin_backward(x, weight, bias, initial_states, dfinal_states,
+                                                  return_dinitial_states)
+    if empty:
         return dweight, dbias, dinit
     cfg = dict(config or bwd_config(x))
     block_l, block_d = cfg.pop("BLOCK_L"), cfg.pop("BLOCK_D")
     target = cfg.pop("TARGET_PROGRAMS", 2048)
-    front = width - 1 if want_dinit else 0
+    front = width - 1 if dinit is not None else 0
     rows = seqlen + front
     n_d = triton.cdiv(dim, block_d)
     max_chunks = max(1, triton.cdiv(rows, block_l))
     n_chunks = min(max_chunks, max(1, triton.cdiv(target, n_d * batch)))
     n_iters = max(1, triton.cdiv(triton.cdiv(rows, n_chunks), block_l))
     n_chunks = max(1, triton.cdiv(rows, n_iters * block_l))
-    dw_part = torch.empty((batch * n_chunks, width, dim), device=x.device, dtype=torch.float32)
-    db_part = torch.empty((batch * n_chunks, dim), device=x.device, dtype=torch.float32)
-    ptrs, strides = bwd_operands(x, weight, bias, dout, seq_idx, initial_states, dfinal_states,
-                                 dx, dinit, dw_part, db_part)
+    ptrs, strides, partials = bwd_operands(x, weight, bias, dout, seq_idx, initial_states,
+                                           dfinal_states, dx, dinit, n_chunks)
     _causal_conv1d_bwd_kernel[(n_d, n_chunks, batch)](
         *ptrs, seqlen, dim, n_iters, n_chunks, *strides,
         WIDTH=width,
@@ -288,5 +280,5 @@ def causal_conv1d_bwd_triton(
         BLOCK_D=block_d,
         **cfg,
     )
-    reduce_chunk_partials(dw_part, db_part, dweight, dbias)
+    reduce_chunk_partials(partials, dweight, dbias)
     return dweight, dbias, dinit

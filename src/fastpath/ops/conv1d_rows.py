@@ -20,12 +20,7 @@ import triton
 import triton.language as tl
 
 from fastpath.ops.conv1d_common import fwd_operands, next_pow2, silu_fp32, silu_grad_fp32
-from fastpath.ops.conv1d_grads import (
-    bwd_operands,
-    fill_empty_problem,
-    new_grad_buffers,
-    reduce_chunk_partials,
-)
+from fastpath.ops.conv1d_grads import begin_backward, bwd_operands, reduce_chunk_partials
 
 
 @triton.jit
@@ -422,23 +417,20 @@ def causal_conv1d_bwd_rows(
     """Writes dx; returns (dweight, dbias or None, dinitial_states or None)."""
     batch, dim, seqlen = x.shape
     width = weight.shape[-1]
-    want_dinit = return_dinitial_states and initial_states is not None
-    dweight, dbias, dinit = new_grad_buffers(x, weight, bias, initial_states, want_dinit)
-    if batch == 0 or dim == 0 or seqlen == 0:
-        fill_empty_problem(dweight, dbias, dinit, dfinal_states)
+    dweight, dbias, dinit, empty = begin_backward(x, weight, bias, initial_states, dfinal_states,
+                                                  return_dinitial_states)
+    if empty:
         return dweight, dbias, dinit
     cfg = dict(config or rows_config(x, backward=True))
     block_d = cfg.pop("BLOCK_D")
     rows, n_chunks = _rows_split(seqlen, cfg.pop("ROWS"))
-    dw_part = torch.empty((batch * n_chunks, width, dim), device=x.device, dtype=torch.float32)
-    db_part = torch.empty((batch * n_chunks, dim), device=x.device, dtype=torch.float32)
-    ptrs, strides = bwd_operands(x, weight, bias, dout, seq_idx, initial_states, dfinal_states,
-                                 dx, dinit, dw_part, db_part)
+    ptrs, strides, partials = bwd_operands(x, weight, bias, dout, seq_idx, initial_states,
+                                           dfinal_states, dx, dinit, n_chunks)
     _causal_conv1d_bwd_rows_kernel[(triton.cdiv(dim, block_d), n_chunks, batch)](
         *ptrs, seqlen, dim, rows, n_chunks, *strides,
         WIDTH=width, SILU=silu, HAS_BIAS=bias is not None, HAS_SEQ=seq_idx is not None,
         HAS_INIT=initial_states is not None, HAS_DFIN=dfinal_states is not None,
-        HAS_DINIT=want_dinit, BLOCK_D=block_d, **cfg,
+        HAS_DINIT=dinit is not None, BLOCK_D=block_d, **cfg,
     )
-    reduce_chunk_partials(dw_part, db_part, dweight, dbias)
+    reduce_chunk_partials(partials, dweight, dbias)
     return dweight, dbias, dinit
