@@ -83,11 +83,15 @@ exec "$FAKE_CONTAINERS/fakectr" "$FAKE_CONTAINERS/$vmid" "$@"
 """
 
 
-def _unshare_reason() -> str | None:
+def _need_container() -> None:
+    """Skip unless a mount namespace can hide this machine's CUDA (root, unshare, CUDA present)."""
     if os.geteuid() != 0:
-        return "needs root for a mount namespace"
+        pytest.skip("needs root for a mount namespace")
     r = subprocess.run(["unshare", "-m", "true"], capture_output=True, text=True)
-    return None if r.returncode == 0 else f"unshare -m failed: {r.stderr.strip()}"
+    if r.returncode != 0:
+        pytest.skip(f"unshare -m failed: {r.stderr.strip()}")
+    if not os.path.isdir(HOST_CUDA):
+        pytest.skip("not this workplace image: no host CUDA to hide")
 
 
 def _exe(path: Path, text: str) -> Path:
@@ -132,11 +136,7 @@ def _nvcc_versions(report: dict) -> set[str]:
 @pytest.mark.parametrize("prefix", ["docker exec -i gpu1", "docker exec -e X=1 --interactive gpu1",
                                     "kubectl exec -i gpu1 --"])
 def test_probe_runs_inside_the_container(world, prefix):
-    reason = _unshare_reason()
-    if reason:
-        pytest.skip(reason)
-    if not os.path.isdir(HOST_CUDA):
-        pytest.skip("not this workplace image: no host CUDA to hide")
+    _need_container()
     out = _doctor(world, "--on", prefix, "--json", "--probe", "static")
     assert out.returncode in (0, 1), out.stderr
     report = json.loads(out.stdout)
@@ -168,11 +168,7 @@ def test_seed_story_ssh_then_pct_exec(world, sshd: ThrowawaySshd):
     """`ssh HOST pct exec 200 --`: container 200 has no nvcc although the host has CUDA 13.0;
     the probe, run in there through two hops, says so, and the plan shows 48 of 64 layers slow
     (the container's python has no kernels, nor transformers: the plan covers every release)."""
-    reason = _unshare_reason()
-    if reason:
-        pytest.skip(reason)
-    if not os.path.isdir(HOST_CUDA):
-        pytest.skip("not this workplace image: no host CUDA to hide")
+    _need_container()
     remote_env = ["env", f"PATH={world['tools']}:/usr/bin:/bin", f"FAKE_CONTAINERS={world['ctrs']}"]
     prefix = shlex.join(sshd.prefix(*remote_env, "pct", "exec", "200", "--"))
     out = _doctor(world, "--on", prefix, "--json", "--model", "qwen3.5-27b")
@@ -189,11 +185,7 @@ def test_seed_story_ssh_then_pct_exec(world, sshd: ThrowawaySshd):
 
 def test_fleet_from_an_ansible_inventory_of_pods(world, tmp_path):
     """An inventory host with `ansible_connection=kubectl` is probed inside its pod."""
-    reason = _unshare_reason()
-    if reason:
-        pytest.skip(reason)
-    if not os.path.isdir(HOST_CUDA):
-        pytest.skip("not this workplace image: no host CUDA to hide")
+    _need_container()
     inv = tmp_path / "hosts.ini"
     inv.write_text("[pods]\ntrainer ansible_connection=kubectl ansible_kubectl_pod=gpu1\n"
                    "gone ansible_connection=kubectl ansible_kubectl_pod=nosuch\n")
