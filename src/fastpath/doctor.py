@@ -140,8 +140,7 @@ def probe_with_python(python: str, timeout: float | None, static: bool = False) 
     src = Path(__file__).with_name("probe.py").read_bytes()
     try:
         out = subprocess.run([python, "-", *(["--static"] if static else [])], input=src,
-                             capture_output=True,
-                             timeout=timeout or 120)
+                             capture_output=True, timeout=timeout or 120)
     except FileNotFoundError:
         raise UsageError(f"--python {python}: no such interpreter") from None
     except subprocess.TimeoutExpired:

@@ -251,9 +251,11 @@ def render_table(results: list[TargetResult], console: Any) -> None:
         console.print(Text(redact_text(f"{r.target.name}: {r.error}")), soft_wrap=True)
     counts = Counter(r.verdict for r in results)
     console.print(", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
-    probes = [(r.facts or {}).get("probe") or {} for r in results if r.status == "ok"]
-    skips = [(p.get("options") or {}).get("skip") or [] for p in probes if p.get("kind") == "python"]
-    if skips and all("imports" in s for s in skips):
+    from fastpath.report import ran_static
+
+    python_probes = [r.facts for r in results
+                     if r.status == "ok" and ((r.facts or {}).get("probe") or {}).get("kind") == "python"]
+    if python_probes and all(ran_static(f) for f in python_probes):
         console.print("probe: static (nothing imported on the targets; import verdicts from files "
                       "and an ELF link check). --probe full imports them.")
 

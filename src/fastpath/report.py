@@ -185,6 +185,14 @@ def _plan_section(console: Any, plan: dict[str, Any]) -> None:
                       f"{plan['layers_total']} layers still slow")
 
 
+def ran_static(facts: dict[str, Any]) -> bool:
+    """The Python probe ran without imports (`--probe static`): its import verdicts are inferred
+    from files."""
+    probe = facts.get("probe") or {}
+    return probe.get("kind") == "python" and "imports" in (
+        (probe.get("options") or {}).get("skip") or [])
+
+
 def render(diagnosis: Any, console: Any) -> None:
     facts = diagnosis.facts
     style = VERDICT_STYLE.get(diagnosis.verdict, "bold")
@@ -193,7 +201,7 @@ def render(diagnosis: Any, console: Any) -> None:
         console.print(f"[bold]Top remedy:[/] {diagnosis.top_remedy}", highlight=False)
     host = facts.get("host") or {}
     probe = facts.get("probe") or {}
-    static = "imports" in ((probe.get("options") or {}).get("skip") or [])
+    static = ran_static(facts)
     console.print(f"[dim]host {host.get('hostname')}: {host.get('os')}, {host.get('glibc')}, "
                   f"Python {host.get('python')}, {host.get('arch')}; probe {probe.get('seconds')} s"
                   + ("; static: nothing imported, import verdicts from files and an ELF link "
