@@ -28,11 +28,11 @@ import triton
 from triton.testing import do_bench
 
 import fastpath.causal_conv1d as ours
-from fastpath.ops.causal_conv1d import update_impl
-from fastpath.ops.conv1d_bwd import causal_conv1d_bwd_triton
-from fastpath.ops.conv1d_fwd import causal_conv1d_fwd_triton
-from fastpath.ops.conv1d_update import causal_conv1d_update_triton
-from fastpath.ops.reference import causal_conv1d_ref
+from fastpath.kernels.causal_conv1d.interface import update_impl
+from fastpath.kernels.causal_conv1d.naive import causal_conv1d_ref
+from fastpath.kernels.causal_conv1d.tile_bwd import causal_conv1d_bwd_triton
+from fastpath.kernels.causal_conv1d.tile_fwd import causal_conv1d_fwd_triton
+from fastpath.kernels.causal_conv1d.update import causal_conv1d_update_triton
 
 D, W = 10240, 4
 DT = torch.bfloat16
@@ -221,8 +221,8 @@ def measure_update(name, upd) -> dict:
 
 def sweep() -> list[dict]:
     """Tile configs of our kernels at (8, 4096), the decode step, and host-side launch costs."""
-    from fastpath.ops import conv1d_update
-    from fastpath.ops.conv1d_rows import causal_conv1d_bwd_rows, causal_conv1d_fwd_rows
+    from fastpath.kernels.causal_conv1d import update as conv1d_update
+    from fastpath.kernels.causal_conv1d.rows import causal_conv1d_bwd_rows, causal_conv1d_fwd_rows
 
     rows = []
     x, w = make_inputs(8, 4096)
@@ -307,7 +307,8 @@ def launch_layers(xu, su, w, out, per_call_us) -> list[dict]:
     launcher, Triton's kernel[grid](...), CompiledKernel[grid](...), and CompiledKernel.run(...)
     with the stream, function and metadata fetched once (the floor: Triton's C launcher). Our
     launcher is also checked to write exactly what Triton's ordinary launch writes."""
-    from fastpath.ops import conv1d_update, launch
+    from fastpath.kernels import compiled_launch as launch
+    from fastpath.kernels.causal_conv1d import update as conv1d_update
 
     bd = conv1d_update._STEP_BLOCK_D
     grid = (triton.cdiv(D, bd), UPDATE_B, 1)

@@ -4,7 +4,7 @@
     python3 benchmarks/fla_dqkwg_gpu.py --out FILE
 
 (a) Accuracy: FLA's chunk_gated_delta_rule forward + backward (bf16) with the route installed,
-    against a float64 token-by-token recurrence (fastpath.ops.fla_dqkwg.gated_delta_rule_reference)
+    against a float64 token-by-token recurrence (fastpath.kernels.gated_delta_rule.naive.gated_delta_rule_reference)
     at B=1, T=1024, H=16, HV=48, K=V=128. FLA's own Triton dqkwg with its guard bypassed is
     measured too, as a contrast only: on Hopper + Triton 3.4-3.7.0 it is the buggy kernel.
 (b) Speed at B=1, T=4096, same heads: fwd+bwd of chunk_gated_delta_rule with the route, the
@@ -24,13 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch
 
-from fastpath.integrations import fla_backend
-from fastpath.ops.fla_dqkwg import (
+from fastpath.kernels.gated_delta_rule.dqkwg import (
     MATMUL_PATHS,
     chunk_bwd_dqkwg,
     floor_seconds,
-    gated_delta_rule_reference,
 )
+from fastpath.kernels.gated_delta_rule.naive import gated_delta_rule_reference
+from fastpath.routing import fla_backend
 
 H, HV, K, V = 16, 48, 128, 128
 

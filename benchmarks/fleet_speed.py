@@ -39,9 +39,9 @@ sys.path.insert(0, str(REPO / "tests" / "remote"))
 
 from sshd_server import ThrowawaySshd, sshd_missing_reason, start_sshd  # noqa: E402
 
-from fastpath.fleet import DEFAULT_JOBS, probe_fleet  # noqa: E402
-from fastpath.inventory import Target  # noqa: E402
-from fastpath.remote import run_command  # noqa: E402
+from fastpath.doctor.fleet import DEFAULT_JOBS, probe_fleet  # noqa: E402
+from fastpath.doctor.inventory import Target  # noqa: E402
+from fastpath.doctor.remote import run_command  # noqa: E402
 
 
 def cpu_times() -> tuple[int, int]:

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from fastpath import probe
+from fastpath.doctor import probe
 
 
 def check(ext: str, site: str) -> dict:

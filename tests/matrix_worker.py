@@ -3,7 +3,7 @@
 For every hybrid family that version has: build a tiny random model, run forward + a short greedy
 generate (with cache) on the reference path, then again after fastpath.enable() (the model built
 BEFORE enable, and a second one built AFTER it), count calls at fastpath's kernel entry points
-(fastpath.ops.counters.CALLS) and record fastpath.explain(). Also: lfm2 packed sequences vs the
+(fastpath.kernels.counters.CALLS) and record fastpath.explain(). Also: lfm2 packed sequences vs the
 sequences run one by one, and (with --offline-load) save_pretrained + from_pretrained offline.
 tests/test_enable_matrix.py asserts on the JSON; this file decides nothing.
 """
@@ -96,14 +96,14 @@ def run_model(model: Any, ids: torch.Tensor, gen_tokens: int) -> tuple[torch.Ten
 
 
 def calls() -> dict[str, int]:
-    from fastpath.ops.counters import CALLS
+    from fastpath.kernels.counters import CALLS
 
     return dict(CALLS)
 
 
 def family_case(model_type: str, interp: bool, gen_tokens: int) -> dict[str, Any]:
     import fastpath
-    from fastpath.ops.counters import reset
+    from fastpath.kernels.counters import reset
 
     res: dict[str, Any] = {"family": MODULE_OF.get(model_type, model_type)}
     ids = torch.randint(3, 64, (2, 7), generator=torch.Generator().manual_seed(1))
@@ -139,7 +139,7 @@ def family_case(model_type: str, interp: bool, gen_tokens: int) -> dict[str, Any
 def packed_lfm2(interp: bool) -> dict[str, Any]:
     """Two sequences packed into one row (seq_idx) must equal the two run separately."""
     import fastpath
-    from fastpath.ops.counters import reset
+    from fastpath.kernels.counters import reset
 
     FAMILIES["lfm2"]["layer_types"] = ["conv", "conv"]  # conv only: packing isolates the kernel
     try:
@@ -179,7 +179,7 @@ def offline_load(model_type: str) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     import fastpath
-    from fastpath.ops.counters import reset
+    from fastpath.kernels.counters import reset
 
     out: dict[str, Any] = {}
     model = build(model_type)
@@ -223,7 +223,7 @@ def main() -> int:
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-    import fastpath.integrations.modeling_patch as mp
+    import fastpath.routing.modeling_patch as mp
 
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     wanted = [f for f in (args.families.split(",") if args.families else FAMILIES) if f]

@@ -12,8 +12,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
-from fastpath.bench import SCHEMA, compare_docs, load_previous, markdown, speedups
 from fastpath.errors import UsageError
+from fastpath.proof.bench import SCHEMA, compare_docs, load_previous, markdown, speedups
 
 TINY_QWEN35 = {
     "model_type": "qwen3_5_text", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,

@@ -29,8 +29,8 @@ from fastpath.causal_conv1d.causal_conv1d_varlen import (
     causal_conv1d_varlen_states,
     causal_conv1d_varlen_states_ref,
 )
-from fastpath.ops.counters import CALLS
-from fastpath.ops.dispatch import use_triton
+from fastpath.kernels.counters import CALLS
+from fastpath.kernels.dispatch import use_triton
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"

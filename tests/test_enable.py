@@ -1,7 +1,7 @@
 """fastpath.enable()/disable()/explain()/assert_fast() in-process, with the system python's
 transformers (5.17.0) and tiny random models; plus fresh-interpreter cases (enable before import,
 CPU without the Triton interpreter, fla-core on the path). Kernel calls are counted at fastpath's
-own entry points (fastpath.ops.counters.CALLS); nothing is mocked.
+own entry points (fastpath.kernels.counters.CALLS); nothing is mocked.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ transformers = pytest.importorskip("transformers")
 
 import fastpath  # noqa: E402
 from fastpath.errors import FastpathError, UsageError  # noqa: E402
-from fastpath.integrations.conv_route import seq_idx_from_cu_seqlens  # noqa: E402
-from fastpath.integrations.fla_route import chunk_backward_unsafe  # noqa: E402
-from fastpath.ops.counters import CALLS, reset  # noqa: E402
+from fastpath.kernels.counters import CALLS, reset  # noqa: E402
+from fastpath.routing.conv_route import seq_idx_from_cu_seqlens  # noqa: E402
+from fastpath.routing.fla_route import chunk_backward_unsafe  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FLA_DIR = ROOT / ".venvs" / "fla"
@@ -217,7 +217,7 @@ HELPERS = f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r})\nfrom test_e
 def test_enable_before_transformers_is_imported() -> None:
     out = _fresh(HELPERS.replace("from test_enable", "import fastpath\nfastpath.enable(warn=False)\nfrom test_enable") + """
 import json, torch
-from fastpath.ops.counters import CALLS
+from fastpath.kernels.counters import CALLS
 assert "transformers.models.qwen3_5.modeling_qwen3_5" not in sys.modules or True
 model = tiny_qwen3_5()
 ids = torch.randint(3, 64, (1, 7))
@@ -242,7 +242,7 @@ print(json.dumps({"calls": calls, "patched": patched, "restored": restored,
 def test_cpu_without_interpreter_takes_the_reference() -> None:
     out = _fresh(HELPERS + """
 import json, torch, fastpath
-from fastpath.ops.counters import CALLS
+from fastpath.kernels.counters import CALLS
 model = tiny_lfm2()
 fastpath.enable(warn=False)
 with torch.no_grad():
@@ -270,7 +270,7 @@ def test_fla_forward_torch_backward_gradients_match_autograd() -> None:
     equal plain autograd (inputs, initial state and final-state gradient included)."""
     from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 
-    from fastpath.integrations.fla_route import _fla_forward_torch_backward
+    from fastpath.routing.fla_route import _fla_forward_torch_backward
 
     raw = m.torch_chunk_gated_delta_rule.__wrapped__
     g = torch.Generator().manual_seed(0)

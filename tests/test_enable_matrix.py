@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from fastpath.families import CONV_MODEL_TYPES, family_for
+from fastpath.doctor.families import CONV_MODEL_TYPES, family_for
 
 ROOT = Path(__file__).resolve().parents[1]
 VENVS = Path(os.environ.get("FASTPATH_VENVS", ROOT / ".venvs"))

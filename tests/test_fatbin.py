@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from fakeenv import build_elf, fatbin_container, fatbin_entry
-from fastpath.probe import (
+from fastpath.doctor.probe import (
     FatbinError,
     arch_number,
     arch_runs_on,

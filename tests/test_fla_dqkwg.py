@@ -31,8 +31,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastpath.integrations.fla_backend import dqkwg_route_needed
-from fastpath.ops.fla_dqkwg import chunk_bwd_dqkwg, gated_delta_rule_reference
+from fastpath.kernels.gated_delta_rule.dqkwg import chunk_bwd_dqkwg
+from fastpath.kernels.gated_delta_rule.naive import gated_delta_rule_reference
+from fastpath.routing.fla_backend import dqkwg_route_needed
 
 REPO = Path(__file__).resolve().parents[1]
 LN2 = math.log(2.0)
@@ -136,15 +137,14 @@ def test_route_needed(cap, triton, tilelang, needed) -> None:
     assert dqkwg_route_needed(cap, triton, tilelang) is needed
 
 
-def test_route_needed_rejects_bad_version() -> None:
-    with pytest.raises(ValueError, match="not a version"):
-        dqkwg_route_needed((9, 0), "three.six", False)
+def test_route_needed_claims_nothing_for_an_unreadable_version() -> None:
+    assert dqkwg_route_needed((9, 0), "three.six", False) is False
 
 
 def test_install_without_fla_returns_false() -> None:
     import importlib.util
 
-    from fastpath.integrations import fla_backend
+    from fastpath.routing import fla_backend
 
     if importlib.util.find_spec("fla") is not None:
         pytest.skip("fla is importable in this interpreter; installing would affect other tests")
@@ -395,7 +395,7 @@ def _worker_route() -> dict:
     import fla.ops.common.chunk_o as chunk_o
     import fla.ops.gated_delta_rule.chunk as gdr_chunk
 
-    from fastpath.integrations import fla_backend
+    from fastpath.routing import fla_backend
 
     _single_config_autotune()
     kw = _make_inputs(1, 100, 2, 4, 32, 32, "float32", True, "g", False, None, seed=3)
@@ -436,7 +436,7 @@ def _worker_route() -> dict:
 def _worker_e2e() -> dict:
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-    from fastpath.integrations import fla_backend
+    from fastpath.routing import fla_backend
 
     fla_backend.install_dqkwg_route()
     _single_config_autotune()  # a correctness check: autotuning every config costs minutes

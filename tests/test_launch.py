@@ -9,7 +9,7 @@ import inspect
 import pytest
 import torch
 
-from fastpath.ops import launch
+from fastpath.kernels import compiled_launch as launch
 
 
 def test_runner_call_matches_installed_triton():
@@ -50,7 +50,7 @@ def test_profiler_hooks_are_seen():
 
 
 def test_constexprs_must_come_last_in_order():
-    from fastpath.ops.conv1d_update import _causal_conv1d_update_step_kernel as kern
+    from fastpath.kernels.causal_conv1d.update import _causal_conv1d_update_step_kernel as kern
 
     with pytest.raises(ValueError, match="constexprs must be the last"):
         launch.CachedLauncher(kern, ("SILU", "WIDTH", "HAS_BIAS", "HAS_IDX", "BLOCK_D", "S_PAD"))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fastpath.launcher import BOOTSTRAP_DIR, launch_environment
+from fastpath.routing.run import BOOTSTRAP_DIR, launch_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ PROBE = textwrap.dedent(
     """
     import json, os, subprocess, sys
     import transformers
-    from fastpath.integrations.transformers import is_enabled
+    from fastpath.routing.transformers import is_enabled
     level = int(sys.argv[1])
     out = {"level": level, "enabled": is_enabled(), "pid": os.getpid()}
     if level < 2:
@@ -106,7 +106,7 @@ def test_torchrun_workers_get_enable(tmp_path: Path) -> None:
         """
         import json, os
         import transformers
-        from fastpath.integrations.transformers import is_enabled
+        from fastpath.routing.transformers import is_enabled
         print(json.dumps({"rank": int(os.environ["RANK"]), "enabled": is_enabled()}), flush=True)
         """
     ))

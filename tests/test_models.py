@@ -1,4 +1,4 @@
-"""fastpath.models: where verify/bench models come from (presets, config.json, checkpoint dirs),
+"""fastpath.proof.models: where verify/bench models come from (presets, config.json, checkpoint dirs),
 cutting big presets to N layers with their layer-type pattern, fixed-seed random weights."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from fastpath.errors import UsageError
 from fastpath.model_source import load_config
-from fastpath.models import (
+from fastpath.proof.models import (
     build_model,
     cut_layers,
     layer_types,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 
 from fakeenv import seed_facts
+from fastpath.doctor.plan import plan_model
 from fastpath.model_source import load_config
-from fastpath.plan import plan_model
 
 
 def _ok(facts, dist, version="1.0"):

@@ -20,7 +20,7 @@ from fakeenv import (
     write_fake_nvidia_smi,
     write_script,
 )
-from fastpath import probe
+from fastpath.doctor import probe
 
 PROBE_FILE = Path(probe.__file__)
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from fakeenv import build_elf, fatbin_container, write_dist_info
-from fastpath import probe
-from fastpath.doctor import diagnose
+from fastpath.doctor import probe
+from fastpath.doctor.diagnosis import diagnose
 
 GCC = shutil.which("gcc")
 needs_gcc = pytest.mark.skipif(GCC is None, reason="gcc not installed")

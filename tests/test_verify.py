@@ -20,8 +20,8 @@ import torch
 import fastpath
 from fastpath.causal_conv1d import causal_conv1d_fn as real_causal_conv1d_fn
 from fastpath.errors import FastpathError
-from fastpath.integrations.transformers import is_enabled as fastpath_is_enabled
-from fastpath.verify import TOLERANCES, compare, make_inputs, tensor_flags, verify_model
+from fastpath.proof.verify import TOLERANCES, compare, make_inputs, tensor_flags, verify_model
+from fastpath.routing.transformers import is_enabled as fastpath_is_enabled
 
 # Qwen3.5's GatedDeltaNet: conv without bias, 3 linear-attention layers + 1 attention layer.
 TINY_QWEN35 = {

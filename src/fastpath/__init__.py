@@ -16,27 +16,27 @@ __all__ = ["__version__", "assert_fast", "disable", "enable", "explain"]
 
 def enable(**kwargs: Any) -> Any:
     """Route transformers' causal_conv1d (and safe FLA) calls to fastpath's kernels."""
-    from fastpath.integrations.transformers import enable as _enable
+    from fastpath.routing.transformers import enable as _enable
 
     return _enable(**kwargs)
 
 
 def disable() -> None:
     """Undo enable(): transformers takes the paths it would have taken without fastpath."""
-    from fastpath.integrations.transformers import disable as _disable
+    from fastpath.routing.transformers import disable as _disable
 
     _disable()
 
 
 def explain(model: Any) -> Any:
     """For each layer of a live model, which implementation each op resolves to right now."""
-    from fastpath.integrations.transformers import explain as _explain
+    from fastpath.routing.transformers import explain as _explain
 
     return _explain(model)
 
 
 def assert_fast(model: Any) -> None:
     """Raise (with the explain() table) if any op of the model would take a torch fallback."""
-    from fastpath.integrations.transformers import assert_fast as _assert_fast
+    from fastpath.routing.transformers import assert_fast as _assert_fast
 
     _assert_fast(model)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from sshd_server import ThrowawaySshd, closed_port, pid_alive
 
-from fastpath.fleet import majority_outliers, run_fleet
+from fastpath.doctor.fleet import majority_outliers, run_fleet
 
 # per-target timeout: the hanging target costs this much per run; generous for a loaded CI box
 TIMEOUT = 8.0

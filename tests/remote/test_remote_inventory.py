@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from sshd_server import ThrowawaySshd
 
+from fastpath.doctor.fleet import probe_fleet
+from fastpath.doctor.inventory import load_targets
 from fastpath.errors import UsageError
-from fastpath.fleet import probe_fleet
-from fastpath.inventory import load_targets
 
 INI = """\
 # a Proxmox node and the containers behind it

@@ -1,4 +1,4 @@
-"""fastpath.remote over a real OpenSSH server on 127.0.0.1 and real local argv prefixes."""
+"""fastpath.doctor.remote over a real OpenSSH server on 127.0.0.1 and real local argv prefixes."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from sshd_server import ThrowawaySshd, closed_port, pid_alive
 
+from fastpath.doctor.remote import parse_facts, parse_prefix, probe_remote, probe_target
 from fastpath.errors import TargetError, UsageError
-from fastpath.remote import parse_facts, parse_prefix, probe_remote, probe_target
 
 
 def _script(path: Path, body: str) -> Path:

@@ -9,8 +9,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fastpath.ops.causal_conv1d import causal_conv1d_fwd, causal_conv1d_update_op, update_impl
-from fastpath.ops.reference import (
+from fastpath.kernels.causal_conv1d.interface import (
+    causal_conv1d_fwd,
+    causal_conv1d_update_op,
+    update_impl,
+)
+from fastpath.kernels.causal_conv1d.naive import (
     causal_conv1d_ref,
     causal_conv1d_update_ref,
     check_activation,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from fastpath.ops.causal_conv1d import varlen_states
-from fastpath.ops.reference import causal_conv1d_varlen_states_ref
+from fastpath.kernels.causal_conv1d.interface import varlen_states
+from fastpath.kernels.causal_conv1d.naive import causal_conv1d_varlen_states_ref
 
 __all__ = ["causal_conv1d_varlen_states", "causal_conv1d_varlen_states_ref"]
 

@@ -9,7 +9,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fastpath.ops.causal_conv1d import causal_conv1d_bwd, causal_conv1d_fwd, update_impl
+from fastpath.kernels.causal_conv1d.interface import (
+    causal_conv1d_bwd,
+    causal_conv1d_fwd,
+    update_impl,
+)
 
 __all__ = [
     "causal_conv1d_bwd_function",

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fastpath.doctor.redact import redact_facts, redact_text
 from fastpath.errors import TargetError, UsageError
-from fastpath.redact import redact_facts, redact_text
 
 DEFAULT_TIMEOUT = 60.0
 # A facts report is a few tens of KiB; anything far larger is not our probe talking.

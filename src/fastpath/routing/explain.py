@@ -15,10 +15,10 @@ from functools import cache
 from types import ModuleType
 from typing import Any
 
-from fastpath.integrations.conv_route import FASTPATH_ROUTE_ATTR
-from fastpath.integrations.fla_route import ROUTE_ATTR as GDN_ROUTE_ATTR
-from fastpath.integrations.modeling_patch import FAST_PATH_INPUTS
-from fastpath.ops.dispatch import triton_interpreter_on
+from fastpath.kernels.dispatch import triton_interpreter_on
+from fastpath.routing.conv_route import FASTPATH_ROUTE_ATTR
+from fastpath.routing.fla_route import ROUTE_ATTR as GDN_ROUTE_ATTR
+from fastpath.routing.modeling_patch import FAST_PATH_INPUTS
 
 CONV_OPS = ("causal_conv1d_fn", "causal_conv1d_update")
 GDN_OPS = {  # op -> (<=5.14 instance attribute, 5.15+ module global)
@@ -137,8 +137,8 @@ def _kernel_limit(layer: Any) -> str | None:
     (the kernels take widths 2..MAX_TRITON_WIDTH and fp32/fp16/bf16)."""
     import torch
 
-    from fastpath.ops.causal_conv1d import MAX_TRITON_WIDTH
-    from fastpath.ops.dispatch import TRITON_DTYPES
+    from fastpath.kernels.causal_conv1d.interface import MAX_TRITON_WIDTH
+    from fastpath.kernels.dispatch import TRITON_DTYPES
 
     for child in layer.children():
         if isinstance(child, torch.nn.Conv1d) and child.groups == child.in_channels:

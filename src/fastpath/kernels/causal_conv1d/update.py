@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from fastpath.ops.conv1d_common import next_pow2, silu_fp32
-from fastpath.ops.launch import CachedLauncher
+from fastpath.kernels.causal_conv1d.common import next_pow2, silu_fp32
+from fastpath.kernels.compiled_launch import CachedLauncher
 
 
 @triton.jit

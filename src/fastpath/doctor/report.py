@@ -102,7 +102,7 @@ def _nvcc_section(console: Any, facts: dict[str, Any]) -> None:
 def _packages_section(console: Any, facts: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from fastpath.probe import arch_runs_on
+    from fastpath.doctor.probe import arch_runs_on
 
     _section(console, "Kernel packages")
     cc = next((g.get("compute_capability") for g in facts.get("gpus") or []

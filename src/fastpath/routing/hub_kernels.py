@@ -16,7 +16,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from fastpath.integrations.patch_registry import PatchRegistry
+from fastpath.routing.patch_registry import PatchRegistry
 
 HUB_MODULE = "transformers.integrations.hub_kernels"
 ENV = "USE_HUB_KERNELS"

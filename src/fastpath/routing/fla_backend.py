@@ -3,7 +3,7 @@
 fla-core 0.6.0 raises in ``fla.ops.common.chunk_o.chunk_bwd_dqkwg`` for gated calls on Hopper with
 Triton >= 3.4, < 3.7.1 (its Triton kernel gives wrong results there, FLA issue #640) unless its
 TileLang backend is usable. That one op is the only blocker of FLA's gated-delta-rule backward,
-so we hand exactly that op to :mod:`fastpath.ops.fla_dqkwg`.
+so we hand exactly that op to :mod:`fastpath.kernels.gated_delta_rule.dqkwg`.
 
 How: FLA wraps the op with ``@dispatch('common')`` (fla/backends.py): each call walks the
 backends registered for operation ``'common'`` (sorted by priority), asks
@@ -26,6 +26,8 @@ import inspect
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
+
+from fastpath.known_issues import fla_640
 
 __all__ = [
     "ROUTE_CALLS",
@@ -55,30 +57,14 @@ _IMPORTERS = (
 _state: dict[str, Any] = {"active": False, "registered": False, "patched": {}}
 
 
-def _parse_version(text: str) -> Any:
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return Version(text)
-    except InvalidVersion as exc:
-        raise ValueError(f"not a version: {text!r}") from exc
-
-
 def dqkwg_route_needed(device_capability: tuple[int, int], triton_version: str,
                        tilelang_available: bool) -> bool:
-    """True where FLA 0.6.0 would refuse the gated chunk backward and has no TileLang way out.
-
-    Mirrors FLA's guard: Hopper (compute capability major 9) and ``3.4.0 <= triton < 3.7.1``
-    compared with ``packaging`` like fla/utils/env.py does (so ``3.7.1rc1`` still needs it).
-    """
-    if tilelang_available or device_capability[0] != 9:
-        return False
-    ver = _parse_version(triton_version)
-    return _parse_version("3.4.0") <= ver < _parse_version("3.7.1")
+    """True where FLA would refuse the gated chunk backward: `known_issues.fla_640`, nothing else."""
+    return fla_640(device_capability, triton_version, tilelang_available)
 
 
 def _route_impl() -> Callable[..., Any]:
-    from fastpath.ops.fla_dqkwg import chunk_bwd_dqkwg
+    from fastpath.kernels.gated_delta_rule.dqkwg import chunk_bwd_dqkwg
 
     def routed(*args: Any, **kwargs: Any) -> Any:
         ROUTE_CALLS["dqkwg:torch"] += 1
@@ -89,7 +75,7 @@ def _route_impl() -> Callable[..., Any]:
 
 @functools.cache
 def _signature() -> inspect.Signature:
-    from fastpath.ops.fla_dqkwg import chunk_bwd_dqkwg
+    from fastpath.kernels.gated_delta_rule.dqkwg import chunk_bwd_dqkwg
 
     return inspect.signature(chunk_bwd_dqkwg)
 
@@ -103,7 +89,7 @@ def _bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def _accepts(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, str | None]:
     """Take gated calls our implementation supports; leave the rest to FLA's Triton kernel."""
-    from fastpath.ops.fla_dqkwg import unsupported_reason
+    from fastpath.kernels.gated_delta_rule.dqkwg import unsupported_reason
 
     call = _bind(args, kwargs)
     if call["g"] is None:

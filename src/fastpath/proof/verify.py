@@ -413,8 +413,8 @@ def _run_side(name: str, model: Any, inputs: Inputs, *, packed_reference: bool, 
               decode_tokens: int, say: Callable[[str], None]) -> tuple[PathRun, Any, dict[str, int]]:
     """One side of the comparison: forward (+ backward), optional greedy decode, and the kernel
     calls it made (counted at the kernels' own entry points)."""
-    from fastpath.greedy import greedy_decode
-    from fastpath.ops.counters import CALLS
+    from fastpath.kernels.counters import CALLS
+    from fastpath.proof.greedy import greedy_decode
 
     say(f"{name}: forward" + (" + backward" if backward else ""))
     before = Counter(CALLS)
@@ -579,7 +579,7 @@ def verify_model(
     import torch
 
     import fastpath
-    from fastpath.models import build_model, dtype_label
+    from fastpath.proof.models import build_model, dtype_label
 
     if reference not in REFERENCES:
         raise UsageError(f"unknown reference {reference!r}; use {' or '.join(REFERENCES)}")
@@ -767,7 +767,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def resolve_dtype(name: str, device: str | None) -> str:
     if name != "auto":
         return name
-    from fastpath.models import resolve_device
+    from fastpath.proof.models import resolve_device
 
     return "bf16" if resolve_device(device).type == "cuda" else "fp32"
 

@@ -19,17 +19,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastpath.errors import FastpathError, UsageError
-from fastpath.integrations import conv_route, fla_route, hub_kernels
-from fastpath.integrations.explain import Explanation, explain_model
-from fastpath.integrations.modeling_patch import (
+from fastpath.kernels.dispatch import triton_interpreter_on
+from fastpath.routing import conv_route, fla_route, hub_kernels
+from fastpath.routing.explain import Explanation, explain_model
+from fastpath.routing.modeling_patch import (
     ModelingImportHook,
     Routes,
     discover_modeling_modules,
     patch_built_layers,
     patch_module,
 )
-from fastpath.integrations.patch_registry import PatchRegistry
-from fastpath.ops.dispatch import triton_interpreter_on
+from fastpath.routing.patch_registry import PatchRegistry
 
 __all__ = ["EnableReport", "Explanation", "assert_fast", "disable", "enable", "explain", "is_enabled"]
 

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fastpath.doctor.inventory import Target, load_targets
+from fastpath.doctor.redact import redact_facts, redact_text
+from fastpath.doctor.remote import DEFAULT_TIMEOUT, probe_sources, probe_target
 from fastpath.errors import FastpathError, TargetError, UsageError
-from fastpath.inventory import Target, load_targets
-from fastpath.redact import redact_facts, redact_text
-from fastpath.remote import DEFAULT_TIMEOUT, probe_sources, probe_target
 
 DEFAULT_JOBS = 32
 FLEET_SCHEMA = "fastpath.fleet/1"
@@ -251,7 +251,7 @@ def render_table(results: list[TargetResult], console: Any) -> None:
         console.print(Text(redact_text(f"{r.target.name}: {r.error}")), soft_wrap=True)
     counts = Counter(r.verdict for r in results)
     console.print(", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
-    from fastpath.report import ran_static
+    from fastpath.doctor.report import ran_static
 
     python_probes = [r.facts for r in results
                      if r.status == "ok" and ((r.facts or {}).get("probe") or {}).get("kind") == "python"]
@@ -314,9 +314,9 @@ class _Progress:
 
 def _diagnose_all(results: list[TargetResult], model: str | None) -> None:
     try:
-        from fastpath.doctor import diagnose
+        from fastpath.doctor.diagnosis import diagnose
     except ImportError as exc:
-        raise FastpathError(f"fastpath.doctor.diagnose is not available: {exc}") from None
+        raise FastpathError(f"fastpath.doctor.diagnosis.diagnose is not available: {exc}") from None
     for r in results:
         if r.status != "ok" or r.facts is None:
             continue

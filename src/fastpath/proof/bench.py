@@ -138,7 +138,7 @@ def _phase_runner(name: str, model: Any, ids: Any, settings: BenchSettings) -> t
     """(timed fn, untimed setup before each call or None, tokens processed per call)."""
     import torch
 
-    from fastpath.greedy import prefill, step
+    from fastpath.proof.greedy import prefill, step
 
     batch, length = ids.shape
     if name == "prefill":
@@ -180,8 +180,8 @@ def run_config(spec: ConfigSpec, settings: BenchSettings, report: Callable[[str]
     import torch
 
     import fastpath
-    from fastpath.models import build_model
-    from fastpath.ops.counters import CALLS
+    from fastpath.kernels.counters import CALLS
+    from fastpath.proof.models import build_model
 
     result: dict[str, Any] = {"config": spec.name, "label": spec.label, "phases": {}}
     if spec.enable:
@@ -270,7 +270,7 @@ def _environment(device: Any) -> dict[str, Any]:
 
 
 def _worker_main(argv: list[str]) -> int:
-    """`python -m fastpath.bench --worker SPEC.json`: run one configuration, write its JSON."""
+    """`python -m fastpath.proof.bench --worker SPEC.json`: run one configuration, write its JSON."""
     spec_path = Path(argv[argv.index("--worker") + 1])
     job = json.loads(spec_path.read_text())
     spec = CONFIGS[job["config"]]
@@ -308,7 +308,7 @@ def _run_worker(spec: ConfigSpec, settings: BenchSettings, workdir: Path, on_pro
     env.setdefault("USE_HUB_KERNELS", "0")
     log_path = workdir / f"{spec.name}.stderr.txt"
     with log_path.open("w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "fastpath.bench", "--worker", str(job_path)],
+        proc = subprocess.Popen([sys.executable, "-m", "fastpath.proof.bench", "--worker", str(job_path)],
                                 stdout=subprocess.PIPE, stderr=log, text=True, env=env)
         try:
             assert proc.stdout is not None
@@ -336,7 +336,7 @@ def preflight(settings: BenchSettings, configs: list[str]) -> None:
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
         raise UsageError(f"unknown config {unknown[0]!r}; configs: {', '.join(CONFIGS)}")
-    from fastpath.models import resolve_source, transformers_config
+    from fastpath.proof.models import resolve_source, transformers_config
 
     transformers_config(resolve_source(settings.source).config, settings.layers)
 
@@ -579,8 +579,8 @@ def main(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from fastpath.models import resolve_device
-    from fastpath.verify import resolve_dtype
+    from fastpath.proof.models import resolve_device
+    from fastpath.proof.verify import resolve_dtype
 
     device = str(resolve_device(args.device))
     settings = BenchSettings(

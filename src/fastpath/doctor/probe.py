@@ -40,7 +40,7 @@ Knobs (for tests and unusual hosts; the defaults probe the real machine):
                                  import subprocesses), nvidia-smi, rpm
   FASTPATH_PROBE_TIMEOUT         seconds per subprocess (default 30)
 The ELF + fatbin reader (`read_fatbin_archs`) lives here so the probe stays one file; other code
-imports it from `fastpath.probe`.
+imports it from `fastpath.doctor.probe`.
 """
 
 from __future__ import annotations
@@ -270,7 +270,7 @@ def _cstr(blob, off):
     return blob[off:end if end >= 0 else len(blob)].decode("latin-1")
 
 
-class ElfDynamic(object):
+class ElfDynamic:
     """The dynamic symbol table of one ELF file, with GNU-hash lookups (no set of every name:
     libtorch_cpu.so exports ~75k symbols)."""
 
@@ -461,7 +461,7 @@ def _norm(name):
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-class Options(object):
+class Options:
     """Where to look. Defaults probe the real machine; tests point these at fake trees."""
 
     def __init__(self, env=None, root=None, dpkg_status=None, site_packages=None, skip=None,
@@ -692,7 +692,7 @@ def probe_import(module, opts):
     return r
 
 
-class Dist(object):
+class Dist:
     """What the probe needs of an installed distribution. Name and version come from the
     .dist-info folder's name (`name-version.dist-info`, as installers write it), RECORD is read only
     when asked: importlib.metadata parses every METADATA with the email parser, ~1 ms each, which

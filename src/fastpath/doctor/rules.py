@@ -14,8 +14,9 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from fastpath.plan import FALLBACK, fastpath_route_available, package_ok, package_version
-from fastpath.probe import arch_runs_on
+from fastpath.doctor.plan import FALLBACK, fastpath_route_available, package_ok, package_version
+from fastpath.doctor.probe import arch_runs_on
+from fastpath.known_issues import fla_640
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 CONV_DIST = "causal-conv1d"
@@ -76,6 +77,15 @@ class Context:
             if g.get("compute_capability"):
                 return str(g["compute_capability"])
         return None
+
+    @property
+    def device_cc_tuple(self) -> tuple[int, int] | None:
+        """(major, minor) of the first GPU, or None when unknown or unreadable."""
+        parts = (self.device_cc or "").split(".")
+        try:
+            return (int(parts[0]), int(parts[1])) if len(parts) == 2 else None
+        except ValueError:
+            return None
 
     @property
     def gpu_present(self) -> bool:
@@ -363,19 +373,13 @@ def check_ext_arch(ctx: Context) -> dict | None:
 
 def check_fla_hopper(ctx: Context) -> dict | None:
     tri = (ctx.facts.get("triton") or {}).get("version")
-    if not (ctx.device_cc and ctx.device_cc.startswith("9.") and tri):
-        return None
     if not package_ok(ctx.facts, "flash-linear-attention"):
         return None
-    try:
-        tv = Version(tri.split("+")[0])
-    except InvalidVersion:
+    if not fla_640(ctx.device_cc_tuple, tri, package_ok(ctx.facts, "tilelang")):
         return None
-    if Version("3.4") <= tv < Version("3.7.1") and not package_ok(ctx.facts, "tilelang"):
-        fla = (package_version(ctx.facts, "flash-linear-attention")
-               or package_version(ctx.facts, "fla-core"))
-        return {"tv": tri, "fla": fla or "?"}
-    return None
+    fla = (package_version(ctx.facts, "flash-linear-attention")
+           or package_version(ctx.facts, "fla-core"))
+    return {"tv": tri, "fla": fla or "?"}
 
 
 def fla_dqkwg_route(ctx: Context) -> str | None:

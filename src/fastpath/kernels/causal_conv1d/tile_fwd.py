@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fastpath.ops.conv1d_common import (
+from fastpath.kernels.causal_conv1d.common import (
     fwd_operands,
     load_seq_tap,
     load_weight_tap,

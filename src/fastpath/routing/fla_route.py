@@ -20,33 +20,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-FLA_ISSUE_640 = "https://github.com/fla-org/flash-linear-attention/issues/640"
+from fastpath.known_issues import FLA_ISSUE_640, fla_640
+
 REMEDY_640 = "pip install -U 'triton>=3.7.1'  (or: pip install tilelang)"
 ROUTE_ATTR = "__fastpath_gdn_route__"
 
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    out: list[int] = []
-    for part in text.split("+")[0].split("."):
-        digits = "".join(ch for ch in part if ch.isdigit())
-        if not digits:
-            break
-        out.append(int(digits))
-    return tuple(out)
 
 
 def chunk_backward_unsafe(compute_capability: tuple[int, int] | None, triton_version: str | None,
                           tilelang_available: bool) -> str | None:
     """Why FLA's gated chunk backward would refuse to run here (FLA #640), or None if it runs.
 
-    Pure function of the facts so it is testable without a GPU."""
-    if compute_capability is None or triton_version is None or tilelang_available:
+    The decision is `known_issues.fla_640`, the one the doctor uses too; this adds the words."""
+    if not fla_640(compute_capability, triton_version, tilelang_available):
         return None
-    tv = _version_tuple(triton_version)
-    if compute_capability[0] == 9 and (3, 4, 0) <= tv < (3, 7, 1):
-        return (f"FLA refuses the gated chunk backward on Hopper (sm_{compute_capability[0]}"
-                f"{compute_capability[1]}) with Triton {triton_version} (>=3.4,<3.7.1; {FLA_ISSUE_640})")
-    return None
+    assert compute_capability is not None
+    return (f"FLA refuses the gated chunk backward on Hopper (sm_{compute_capability[0]}"
+            f"{compute_capability[1]}) with Triton {triton_version} (>=3.4,<3.7.1; {FLA_ISSUE_640})")
 
 
 @dataclass
@@ -170,12 +160,12 @@ DQKWG_IMPL = "fla (bwd dqkwg: fastpath torch, FLA #640)"
 
 def use_dqkwg_route(status: FlaStatus) -> bool:
     """In the FLA #640 case, prefer handing FLA's one refused op (gated chunk_bwd_dqkwg) to
-    fastpath's PyTorch implementation (fastpath.integrations.fla_backend): FLA keeps its own
+    fastpath's PyTorch implementation (fastpath.routing.fla_backend): FLA keeps its own
     kernels for everything else. Falls back to "fla-fwd+torch-bwd" when that cannot be installed."""
     if status.chunk_impl != "fla-fwd+torch-bwd":
         return False
     try:
-        from fastpath.integrations.fla_backend import install_dqkwg_route
+        from fastpath.routing.fla_backend import install_dqkwg_route
     except Exception:
         return False
     if not install_dqkwg_route():
@@ -188,7 +178,7 @@ def use_dqkwg_route(status: FlaStatus) -> bool:
 
 def undo_dqkwg_route() -> None:
     try:
-        from fastpath.integrations.fla_backend import uninstall_dqkwg_route
+        from fastpath.routing.fla_backend import uninstall_dqkwg_route
     except Exception:
         return
     uninstall_dqkwg_route()

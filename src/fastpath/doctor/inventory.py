@@ -1,6 +1,6 @@
 """Fleet files: a list of target prefixes, or an Ansible inventory (INI or YAML).
 
-Every target ends up as an argv prefix (see fastpath.remote). From an Ansible inventory we build
+Every target ends up as an argv prefix (see fastpath.doctor.remote). From an Ansible inventory we build
 `ssh [ansible_ssh_common_args] [ansible_ssh_extra_args] -p PORT -l USER [-i KEY] -o BatchMode=yes
 -- HOST`, honouring ansible_host, ansible_user, ansible_port, ansible_ssh_private_key_file and
 ansible_python_interpreter; `ansible_connection=local`
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fastpath.doctor.remote import target_label
 from fastpath.errors import UsageError
-from fastpath.remote import target_label
 
 
 @dataclass

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from fastpath.integrations.patch_registry import PatchRegistry
-from fastpath.ops.dispatch import triton_interpreter_on
+from fastpath.kernels.dispatch import triton_interpreter_on
+from fastpath.routing.patch_registry import PatchRegistry
 
 CONV_GLOBALS = ("causal_conv1d_fn", "causal_conv1d_update")
 CONV_INSTANCE_ATTRS = ("causal_conv1d_fn", "causal_conv1d_update")

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fastpath.ops.conv1d_common import next_pow2
+from fastpath.kernels.causal_conv1d.common import next_pow2
 
 
 @triton.jit

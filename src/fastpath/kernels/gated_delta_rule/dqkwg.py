@@ -35,7 +35,6 @@ __all__ = [
     "MATMUL_PATHS",
     "chunk_bwd_dqkwg",
     "floor_seconds",
-    "gated_delta_rule_reference",
     "prepare_chunk_indices",
     "unsupported_reason",
 ]
@@ -346,30 +345,3 @@ def floor_seconds(B: int, T: int, H: int, HV: int, K: int, V: int, chunk_size: i
     return {"flops": flops, "bytes": float(nbytes), "flop_s": flops / flops_per_s,
             "byte_s": nbytes / bytes_per_s,
             "floor_s": max(flops / flops_per_s, nbytes / bytes_per_s)}
-
-
-def gated_delta_rule_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                               g: torch.Tensor, beta: torch.Tensor,
-                               scale: float | None = None) -> torch.Tensor:
-    """Token-by-token gated delta rule in the inputs' dtype: the spec that checks use.
-
-    q, k: [B, T, H, K]; v: [B, T, HV, V]; g (natural-log decay), beta: [B, T, HV]; value head i
-    reads q/k head i // (HV // H). Per step: S *= exp(g_t); S += k_t (beta_t (v_t - S^T k_t))^T;
-    o_t = scale * S^T q_t. Differentiable (autograd), zero initial state, returns [B, T, HV, V].
-    """
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    if scale is None:
-        scale = K ** -0.5
-    G = HV // H
-    q = q.repeat_interleave(G, dim=2)
-    k = k.repeat_interleave(G, dim=2)
-    state = q.new_zeros(B, HV, K, V)
-    outs = []
-    for t in range(T):
-        state = state * g[:, t].exp()[..., None, None]
-        kt = k[:, t]
-        err = v[:, t] - torch.einsum("bhkv,bhk->bhv", state, kt)
-        state = state + kt[..., None] * (beta[:, t, :, None] * err)[:, :, None, :]
-        outs.append(torch.einsum("bhkv,bhk->bhv", state, q[:, t]) * scale)
-    return torch.stack(outs, 1)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fastpath.ops import reference
-from fastpath.ops.counters import CALLS
-from fastpath.ops.dispatch import TRITON_DTYPES, use_triton, warn_fallback
+from fastpath.kernels.causal_conv1d import naive as reference
+from fastpath.kernels.counters import CALLS
+from fastpath.kernels.dispatch import TRITON_DTYPES, use_triton, warn_fallback
 
 MAX_TRITON_WIDTH = 4
 
@@ -72,9 +72,9 @@ def causal_conv1d_fwd(
     if _triton_ok("fwd", width, x, weight, bias, initial_states):
         CALLS["fwd:triton"] += 1
         if x.stride(1) == 1:  # channel-last: sliding-row kernel, 16-byte vectors along D
-            from fastpath.ops.conv1d_rows import causal_conv1d_fwd_rows as kernel
+            from fastpath.kernels.causal_conv1d.rows import causal_conv1d_fwd_rows as kernel
         else:  # contiguous: 2D tiles vectorized along L
-            from fastpath.ops.conv1d_fwd import causal_conv1d_fwd_triton as kernel
+            from fastpath.kernels.causal_conv1d.tile_fwd import causal_conv1d_fwd_triton as kernel
         out = kernel(x, weight, bias, seq_idx, initial_states, silu)
     else:
         CALLS["fwd:reference"] += 1
@@ -148,12 +148,12 @@ def causal_conv1d_bwd(
     if _triton_ok("bwd", width, x, weight, bias, initial_states, dout, dfinal_states, dx):
         CALLS["bwd:triton"] += 1
         if x.stride(1) == 1:
-            from fastpath.ops.conv1d_rows import causal_conv1d_bwd_rows as kernel
+            from fastpath.kernels.causal_conv1d.rows import causal_conv1d_bwd_rows as kernel
 
             if dout.stride(1) != 1:  # one copy beats strided row loads
                 dout = dout.transpose(1, 2).contiguous().transpose(1, 2)
         else:
-            from fastpath.ops.conv1d_bwd import causal_conv1d_bwd_triton as kernel
+            from fastpath.kernels.causal_conv1d.tile_bwd import causal_conv1d_bwd_triton as kernel
         dweight, dbias, dinit = kernel(
             x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, silu,
             return_dinitial_states,
@@ -232,7 +232,7 @@ def update_impl(
         and conv_state.numel() < 2**31
     ):
         if _UPDATE_KERNEL is None:
-            from fastpath.ops.conv1d_update import causal_conv1d_update_triton
+            from fastpath.kernels.causal_conv1d.update import causal_conv1d_update_triton
 
             _UPDATE_KERNEL = causal_conv1d_update_triton
         CALLS["update:triton"] += 1
@@ -248,7 +248,7 @@ def update_impl(
 def varlen_states(x: Tensor, cu_seqlens: Tensor, state_len: int) -> Tensor:
     """Last state_len tokens of each packed sequence: (B, D, state_len), channel-last."""
     if use_triton(x) and x.dtype in TRITON_DTYPES:
-        from fastpath.ops.varlen_states import causal_conv1d_varlen_states_triton
+        from fastpath.kernels.causal_conv1d.varlen import causal_conv1d_varlen_states_triton
 
         CALLS["varlen_states:triton"] += 1
         return causal_conv1d_varlen_states_triton(x, cu_seqlens, state_len)

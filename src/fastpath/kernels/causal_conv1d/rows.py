@@ -19,8 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from fastpath.ops.conv1d_common import fwd_operands, next_pow2, silu_fp32, silu_grad_fp32
-from fastpath.ops.conv1d_grads import begin_backward, bwd_operands, reduce_chunk_partials
+from fastpath.kernels.causal_conv1d.common import fwd_operands, next_pow2, silu_fp32, silu_grad_fp32
+from fastpath.kernels.causal_conv1d.grads import begin_backward, bwd_operands, reduce_chunk_partials
 
 
 @triton.jit

@@ -18,14 +18,14 @@ import torch
 import triton
 import triton.language as tl
 
-from fastpath.ops.conv1d_common import (
+from fastpath.kernels.causal_conv1d.common import (
     load_seq_tap,
     load_weight_tap,
     load_x_tap,
     next_pow2,
     silu_grad_fp32,
 )
-from fastpath.ops.conv1d_grads import begin_backward, bwd_operands, reduce_chunk_partials
+from fastpath.kernels.causal_conv1d.grads import begin_backward, bwd_operands, reduce_chunk_partials
 
 
 @triton.jit

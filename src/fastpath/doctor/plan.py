@@ -18,7 +18,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from fastpath.families import Family, Op, family_for
+from fastpath.doctor.families import Family, Op, family_for
 from fastpath.model_source import text_config
 
 FAST = "fast-kernel"

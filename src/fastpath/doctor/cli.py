@@ -1,0 +1,99 @@
+"""`fastpath doctor` arguments and entry point: pick where the facts come from (here, another
+interpreter, a remote prefix, a fleet), then hand them to `diagnosis.diagnose` and a renderer."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from fastpath.doctor.diagnosis import diagnose
+from fastpath.errors import FastpathError, UsageError
+
+EXIT_CODES_HELP = (
+    "exit status: 0 nothing blocks the fast path (verdict fast, or unknown: no GPU visible to "
+    "judge); 1 slow path or a blocking finding; 2 bad usage or bad input."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EXIT_CODES_HELP
+    parser.add_argument("--model", metavar="X",
+                        help="preset name, config.json path or local model dir: show its layer plan")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--on", metavar="PREFIX",
+                        help="probe a remote target through an argv prefix, e.g. 'ssh h pct exec 200 --'")
+    parser.add_argument("--python", metavar="PATH",
+                        help="interpreter that runs the probe (on the target, or locally)")
+    parser.add_argument("--hosts", metavar="FILE", help="probe every target of an inventory file")
+    parser.add_argument("--limit", metavar="GROUP", help="only this inventory group (with --hosts)")
+    parser.add_argument("--jobs", type=int, default=None, help="parallel targets (with --hosts)")
+    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                        help="per-target timeout")
+    parser.add_argument("--probe", choices=("full", "static"), default=None,
+                        help="full: also import torch, triton and each kernel package in "
+                             "subprocesses (~3 CPU-s per target); static: read versions, archs "
+                             "and an ELF link check from the files, import nothing (~0.2 CPU-s). "
+                             "Default: full for one target, static for --hosts")
+
+
+def probe_with_python(python: str, timeout: float | None, static: bool = False) -> dict[str, Any]:
+    """Run probe.py under another local interpreter (a venv, a conda env) by stdin."""
+    src = Path(__file__).with_name("probe.py").read_bytes()
+    try:
+        out = subprocess.run([python, "-", *(["--static"] if static else [])], input=src,
+                             capture_output=True, timeout=timeout or 120)
+    except FileNotFoundError:
+        raise UsageError(f"--python {python}: no such interpreter") from None
+    except subprocess.TimeoutExpired:
+        raise FastpathError(f"probe under {python} timed out") from None
+    try:
+        facts = json.loads(out.stdout)
+    except json.JSONDecodeError:
+        tail = (out.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        raise FastpathError(f"probe under {python} failed (exit {out.returncode}): {tail}") from None
+    if not isinstance(facts, dict):
+        raise FastpathError(f"probe under {python} printed no facts object")
+    return facts
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.hosts:
+        if args.on:
+            raise UsageError("--hosts and --on are exclusive")
+        from fastpath.doctor.fleet import run_fleet
+
+        return run_fleet(args)
+    if args.limit or args.jobs is not None:
+        raise UsageError("--limit/--jobs need --hosts")
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    static = getattr(args, "probe", None) == "static"
+    if args.model:  # bad input fails before any probing
+        from fastpath.model_source import load_config
+
+        load_config(args.model)
+    if args.on:
+        from fastpath.doctor.remote import probe_remote
+
+        kwargs = {"python": args.python, "static": static}
+        if args.timeout is not None:
+            kwargs["timeout"] = args.timeout
+        facts = probe_remote(args.on, **kwargs)
+    elif args.python:
+        facts = probe_with_python(args.python, args.timeout, static)
+    else:
+        from fastpath.doctor.probe import collect
+
+        facts = collect(skip=["imports"] if static else None)
+    diagnosis = diagnose(facts, args.model)
+    if args.json:
+        sys.stdout.write(json.dumps(diagnosis.to_json(), indent=2, default=str) + "\n")
+    else:
+        from fastpath.doctor.report import print_report
+
+        print_report(diagnosis)
+    return diagnosis.exit_code
