@@ -2,7 +2,8 @@
 
 Computed from FACTS only (transformers version, package import states, CUDA availability, env),
 never by importing transformers here, so the same code plans for a remote target. The version
-rules follow reference/transformers-fastpath.md:
+rules follow transformers' own code (src/transformers/utils/import_utils.py `is_causal_conv1d_available`
+at v4.57.6, src/transformers/integrations/hub_kernels.py at v5.14.0, v5.15.0 and v5.25.0):
 - <= 5.14: module-level imports; the compiled package must import AND torch must see CUDA
   (4.57 also needs dist-info metadata for causal_conv1d). Mamba families load causal-conv1d via
   `lazy_load_kernel`: with `kernels` installed only the hub is tried.

@@ -941,7 +941,8 @@ def merge_candidates(sources):
 
 
 def torch_cuda_home(opts):
-    """Re-implementation of torch.utils.cpp_extension._find_cuda_home (see FACTS.md)."""
+    """Re-implementation of torch.utils.cpp_extension._find_cuda_home
+    (https://github.com/pytorch/pytorch/blob/main/torch/utils/cpp_extension.py)."""
     env = opts.env
     home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
     how = None

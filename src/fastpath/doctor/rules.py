@@ -21,8 +21,9 @@ from fastpath.known_issues import fla_640
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 CONV_DIST = "causal-conv1d"
 
-# Dao-AILab/causal-conv1d release wheels (reference/causal-conv1d.md §2): stored snapshot is
-# v1.6.1.post4; .github/workflows/_build.yml matrix below.
+# Dao-AILab/causal-conv1d release wheels: setup.py `get_wheel_url` names them; the matrix below is
+# .github/workflows/_build.yml at v1.6.1.post4
+# (https://github.com/Dao-AILab/causal-conv1d/blob/v1.6.1.post4/.github/workflows/_build.yml).
 CAUSAL_CONV1D_RELEASE = "1.6.1.post4"
 CAUSAL_CONV1D_WHEEL_TORCH = ("2.6", "2.7", "2.8", "2.9", "2.10")
 CAUSAL_CONV1D_WHEEL_CUDA_MAJOR = (11, 12, 13)
@@ -135,7 +136,8 @@ class Context:
             return None
 
 
-# torch.utils.cpp_extension CUDA_GCC_VERSIONS (reference/doctor-anchors.md §3): CUDA -> (min, max)
+# torch.utils.cpp_extension CUDA_GCC_VERSIONS
+# (https://github.com/pytorch/pytorch/blob/main/torch/utils/cpp_extension.py): CUDA -> (min, max)
 # host gcc major, max exclusive. Only the versions we have a source for.
 CUDA_GCC_BOUNDS = {"12.8": (6, 14)}
 
@@ -484,7 +486,6 @@ class Rule:
     remedies: tuple[str | Callable[[Context], str | None], ...]
     source: str
     fastpath_first: bool = False  # prepend the compiler-free route when it applies
-    severity_if: Callable[[Context, dict], str] | None = None
 
 
 def _conv_fastpath(ctx: Context, params: dict) -> bool:
@@ -515,7 +516,7 @@ RULES: tuple[Rule, ...] = (
     Rule("causal-conv1d-missing", "error", "causal-conv1d is not installed: torch fallback",
          check_conv_missing,
          "{what}. transformers falls back per function to F.conv1d + SiLU: 13-16x slower "
-         "forward than Dao's kernel on an H200 at D=10240 (FACTS.md).",
+         "forward than Dao's kernel on an H200 at D=10240 (BENCHMARKS.md, causal_conv1d kernels).",
          (wheel_remedy, toolkit_route),
          "https://github.com/Dao-AILab/causal-conv1d/issues/103", fastpath_first=True),
     Rule("fla-missing", "error", "flash-linear-attention is not importable: torch GatedDeltaNet",
@@ -591,7 +592,7 @@ RULES: tuple[Rule, ...] = (
          "https://docs.nvidia.com/deploy/cuda-compatibility/"),
     Rule("extension-import-error", "warning", "Extension import fails", check_import_other,
          "{errors}.", ("Reinstall the package: `pip install --force-reinstall {dists}`.",),
-         "https://docs.python.org/3/reference/import.html"),
+         "https://docs.python.org/3/library/importlib.html"),
     Rule("fla-hopper-backward", "error", "FLA refuses the gated-delta backward on Hopper with this Triton",
          check_fla_hopper,
          "fla {fla} with Triton {tv} on compute capability 9.x: the chunk backward gives wrong "
@@ -666,7 +667,6 @@ def evaluate(facts: dict[str, Any], plan: dict[str, Any] | None = None) -> list[
         items = [r for r in remedies if r]
         if rule.fastpath_first and ctx.fastpath_applies and _conv_fastpath(ctx, params):
             items.insert(0, fastpath_route(ctx))
-        severity = rule.severity_if(ctx, params) if rule.severity_if else rule.severity
-        findings.append(Finding(rule.id, severity, rule.title, _render(rule.detail, ctx, params)
+        findings.append(Finding(rule.id, rule.severity, rule.title, _render(rule.detail, ctx, params)
                                 or "", tuple(items), rule.source))
     return sorted(findings, key=lambda f: SEVERITY_ORDER.get(f.severity, 9))
