@@ -16,9 +16,9 @@ class UsageError(FastpathError):
 
 
 class TargetError(FastpathError):
-    """A remote target could not be probed (unreachable, timed out, no output)."""
+    """A target could not be diagnosed (unreachable, timed out, probe failed, no facts): exit 3."""
 
-    exit_code = 1
+    exit_code = 3
 
 
 def first_line(exc: BaseException, *, with_type: bool = False) -> str:

@@ -37,3 +37,23 @@ def fla_640(compute_capability: tuple[int, int] | None, triton_version: str | No
         return False
     tv = parse_version(triton_version)
     return tv is not None and _FLA_640_LOW <= tv < _FLA_640_HIGH
+
+
+DAO_ISSUE_105 = "https://github.com/Dao-AILab/causal-conv1d/issues/105"
+
+
+def dao_sm103_nvcc13(compute_capability: tuple[int, int] | None, conv_sass: list[str],
+                     conv_installed: bool, nvcc_majors: list[int]) -> str | None:
+    """Where Dao causal-conv1d's sm_103 code (built by nvcc 13) would compute wrong outputs on a
+    B300-class device (Dao-AILab/causal-conv1d#105; its setup.py now skips sm_103), or None.
+
+    Affected: the device is 10.3 and either the installed .so carries sm_103 SASS, or the package
+    is not installed yet and this host's nvcc 13 would build it."""
+    if compute_capability != (10, 3):
+        return None
+    for arch in conv_sass:
+        if arch.startswith("sm_103"):
+            return f"installed build has {arch} SASS"
+    if not conv_installed and 13 in nvcc_majors:
+        return "a source build with this host's nvcc 13"
+    return None

@@ -188,9 +188,9 @@ def _plan_section(console: Any, plan: dict[str, Any]) -> None:
 def ran_static(facts: dict[str, Any]) -> bool:
     """The Python probe ran without imports (`--probe static`): its import verdicts are inferred
     from files."""
-    probe = facts.get("probe") or {}
-    return probe.get("kind") == "python" and "imports" in (
-        (probe.get("options") or {}).get("skip") or [])
+    from fastpath.doctor.facts import FactsView
+
+    return FactsView(facts).static_probe
 
 
 def render(diagnosis: Any, console: Any) -> None:
