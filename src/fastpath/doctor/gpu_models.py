@@ -37,7 +37,7 @@ GPU_MODELS: tuple[tuple[tuple[str, ...], tuple[int, int], str], ...] = (
     (("GB10", "DGX Spark"), (12, 1), CUDA_GUIDE),
 )
 
-_SM_RE = re.compile(r"^(?:sm_?|compute_?)(\d)(\d+)([af]?)$", re.I)
+_SM_RE = re.compile(r"^(?:sm_?|compute_?)(\d{1,2})(\d)([af]?)$", re.I)
 _DOTTED_RE = re.compile(r"^(\d{1,2})\.(\d)([af]?)$", re.I)
 
 

@@ -101,7 +101,7 @@ def after_enable(op: Op, impl: str, fv: FactsView) -> tuple[str, str | None]:
     if impl in (FAST, HUB):
         return impl, None
     if op.name in FASTPATH_ROUTED_OPS:
-        if fv.fastpath_route_available and fv.gpu_present:
+        if fv.fastpath_route_available and fv.gpu_present and fv.torch_arch_covered is not False:
             return "fastpath-triton", None
         return FALLBACK, _needs_a_device(fv)
     if not fv.package_ok(op.dist):
