@@ -109,8 +109,8 @@ def toolkit_route(ctx: Context) -> str:
     cuda = ctx.torch_cuda or "<torch's CUDA>"
     mm = cuda.replace(".", "-")
     return (f"CUDA toolkit {cuda} (torch's CUDA): from NVIDIA's CUDA apt repository (cuda-keyring) "
-            f"`apt-get install cuda-nvcc-{mm} cuda-cudart-dev-{mm} libcusparse-dev-{mm} "
-            f"libcublas-dev-{mm}`, then `CUDA_HOME=/usr/local/cuda-{cuda} pip install causal-conv1d "
+            f"`apt-get install cuda-nvcc-{mm} cuda-cudart-dev-{mm}` and "
+            f"`apt-get install libcusparse-dev-{mm} libcublas-dev-{mm}`, then `CUDA_HOME=/usr/local/cuda-{cuda} pip install causal-conv1d "
             f"--no-build-isolation`. The compiler's major must equal torch's ({ctx.torch_major}); "
             f"pip cannot provide nvcc {cuda}.")
 
