@@ -43,6 +43,7 @@ def test_a_crashing_import_is_named_and_the_rest_still_run(tmp_path):
     assert v["ok"] is False and "SIGSEGV" in v["error"] and v["error_kind"] == "other"
     assert r["module:pkga"]["ok"] and r["module:pkgb"]["ok"]
     assert r["module:pkga"]["version"] != r["module:pkgb"]["version"]  # a fresh interpreter
+    assert r["_interpreters"] == 2
 
 
 def test_a_hanging_import_times_out_and_the_rest_still_run(tmp_path):
@@ -57,6 +58,7 @@ def test_a_package_printing_on_import_does_not_confuse_the_protocol(tmp_path):
     noisy = b"print('FASTPATH_JSON not json'); print('hello')\n__version__ = '9'\n"
     site = _site(tmp_path, {"noisy": noisy})
     r = probe.run_import_steps(["module:noisy"], _opts(site))
+    assert r["_interpreters"] == 1 and r["module:noisy"].pop("_seconds") >= 0
     assert r["module:noisy"] == {"ok": True, "version": "9",
                                  "file": str(site / "noisy" / "__init__.py")}
 
@@ -72,3 +74,5 @@ def test_collect_imports_packages_but_reads_transformers_from_dist_info(tmp_path
     assert pk["transformers"]["version"] == "5.17.0"
     assert pk["transformers"]["import"]["ok"] is True
     assert "not imported" in pk["transformers"]["import"]["how"]
+    assert facts["probe"]["import_interpreters"] == 1
+    assert set(facts["probe"]["import_seconds"]) == {"torch", "module:kernels"}

@@ -603,10 +603,13 @@ def probe_nvidia_smi(opts):
 # failure and starts a fresh interpreter for the steps after it, so one bad import never hides
 # the others. The child leaves with os._exit: nothing of its teardown (CUDA, thread pools) is paid.
 _IMPORTS_SCRIPT = r"""
-import importlib, json, os, sys
+import importlib, json, os, sys, time
 
-def emit(tag, step, value=None):
-    sys.stdout.write("%s %s\n" % (tag, json.dumps({"step": step, "value": value})))
+def emit(tag, step, value=None, seconds=None):
+    msg = {"step": step, "value": value}
+    if seconds is not None:
+        msg["seconds"] = round(seconds, 3)
+    sys.stdout.write("%s %s\n" % (tag, json.dumps(msg)))
     sys.stdout.flush()
 
 def why(e):
@@ -661,13 +664,14 @@ def do_module(name):
 
 for step in sys.argv[1:]:
     emit("FASTPATH_BEGIN", step)
+    began = time.perf_counter()
     if step == "torch":
         value = do_torch()
     elif step == "triton":
         value = do_triton()
     else:
         value = do_module(step[len("module:"):])
-    emit("FASTPATH_JSON", step, value)
+    emit("FASTPATH_JSON", step, value, time.perf_counter() - began)
 sys.stdout.flush()
 os._exit(0)
 """
@@ -721,6 +725,8 @@ def _run_steps_once(steps, opts):
                         deadline = time.monotonic() + opts.timeout  # each step gets the timeout
                     else:
                         done[msg["step"]] = msg["value"]
+                        if isinstance(msg["value"], dict) and "seconds" in msg:
+                            msg["value"]["_seconds"] = msg["seconds"]
                         current = None
         finally:
             sel.close()
@@ -745,10 +751,12 @@ def _run_steps_once(steps, opts):
 def run_import_steps(steps, opts):
     """Run `steps` ("torch", "triton", "module:NAME") in as few interpreters as possible: one,
     unless a step crashes or hangs it; that step gets {"failed": why, "timed_out": bool} and the
-    steps after it run in a fresh interpreter."""
-    results = {}
+    steps after it run in a fresh interpreter. A step's own seconds are in its "_seconds"; the
+    number of interpreters started is in results["_interpreters"]."""
+    results = {"_interpreters": 0}
     pending = list(steps)
     while pending:
+        results["_interpreters"] += 1
         done, failed, why = _run_steps_once(pending, opts)
         results.update(done)
         if failed is None:
@@ -783,6 +791,7 @@ def import_verdict(result):
         return {"ok": False, "error_kind": classify_import_error(result["failed"]) or "other",
                 "error": result["failed"]}
     r = dict(result)
+    r.pop("_seconds", None)
     r["error_kind"] = None if r.get("ok") else classify_import_error(r.get("error"))
     r.setdefault("error", None)
     return r
@@ -798,7 +807,7 @@ def torch_triton_facts(results):
         if "failed" in r:
             out[step + "_error"] = r["failed"]
         else:
-            out.update(r)
+            out.update((k, v) for k, v in r.items() if k != "_seconds")
     return out
 
 
@@ -1273,6 +1282,7 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
         return None
 
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=16)
+    import_results = {}
     try:
         # 1. start the slow subprocesses first. The guarded imports are the critical path: one
         # interpreter imports torch (+ triton where a GPU is visible) and then each kernel package.
@@ -1452,6 +1462,11 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
         pool.shutdown(wait=False)
     facts["probe"] = {"kind": "python", "python": platform.python_version(), "errors": errors,
                       "seconds": round(time.time() - started, 3), "options": opts.describe()}
+    if import_results:  # where the guarded imports spent their time (benchmarks read this)
+        facts["probe"]["import_interpreters"] = import_results.get("_interpreters")
+        facts["probe"]["import_seconds"] = {
+            k: v.get("_seconds") for k, v in import_results.items()
+            if isinstance(v, dict) and "_seconds" in v}
     return facts
 
 
