@@ -130,3 +130,16 @@ def test_bad_gpu_spec_is_a_usage_error(spec):
 def test_every_product_row_has_a_source_url():
     for names, (major, minor), source in GPU_MODELS:
         assert names and source.startswith("https://") and 7 <= major <= 12 and minor <= 9
+
+
+def test_no_gpu_extension_built_for_no_gpu_torch_supports():
+    facts = _no_gpu_seed(["sm_80", "sm_90", "sm_100", "sm_120"])
+    facts["packages"]["causal-conv1d"] = {
+        "version": "1.6.1", "import": {"ok": True, "error_kind": None, "error": None},
+        "so_files": [{"path": "/site/causal_conv1d_cuda.so", "sass": ["sm_70"], "ptx": []}]}
+    d = diagnose(facts, "qwen3.5-27b")
+    (f,) = [f for f in d.findings if f.id == "extension-missing-arch"]
+    assert d.verdict == "unknown" and d.exit_code == 1
+    assert "runs on none of the GPUs torch 2.11.0+cu128 is built for" in f.detail
+    facts["packages"]["causal-conv1d"]["so_files"][0]["sass"] = ["sm_70", "sm_90"]
+    assert "extension-missing-arch" not in [f.id for f in diagnose(facts, "qwen3.5-27b").findings]

@@ -57,3 +57,22 @@ def dao_sm103_nvcc13(compute_capability: tuple[int, int] | None, conv_sass: list
     if not conv_installed and 13 in nvcc_majors:
         return "a source build with this host's nvcc 13"
     return None
+
+
+# torch.utils.cpp_extension CUDA_GCC_VERSIONS
+# (https://github.com/pytorch/pytorch/blob/main/torch/utils/cpp_extension.py): CUDA -> host gcc
+# major (min, max exclusive). Only the versions with a source.
+CUDA_GCC_BOUNDS = {"12.8": (6, 14)}
+
+
+def host_gcc_unsupported(cuda: str | None, gcc_version: str | None) -> tuple[int, int] | None:
+    """The (lowest, highest) gcc major nvcc `cuda` accepts when `gcc_version` is outside it
+    (a source build of an extension then fails in the host compiler step), else None."""
+    bounds = CUDA_GCC_BOUNDS.get(str(cuda))
+    if bounds is None or not gcc_version:
+        return None
+    try:
+        major = int(str(gcc_version).split(".")[0])
+    except ValueError:
+        return None
+    return None if bounds[0] <= major < bounds[1] else (bounds[0], bounds[1] - 1)

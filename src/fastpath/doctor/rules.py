@@ -18,7 +18,7 @@ from fastpath.doctor.facts import FactsView, view
 from fastpath.doctor.gpu_models import AssumedGpu
 from fastpath.doctor.plan import FALLBACK
 from fastpath.doctor.probe import arch_runs_on
-from fastpath.known_issues import dao_sm103_nvcc13, fla_640
+from fastpath.known_issues import dao_sm103_nvcc13, fla_640, host_gcc_unsupported
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 CONV_DIST = "causal-conv1d"
@@ -89,11 +89,6 @@ class Context(FactsView):
     def pkg(self, dist: str) -> dict[str, Any]:
         return self.package(dist)
 
-
-# torch.utils.cpp_extension CUDA_GCC_VERSIONS
-# (https://github.com/pytorch/pytorch/blob/main/torch/utils/cpp_extension.py): CUDA -> (min, max)
-# host gcc major, max exclusive. Only the versions we have a source for.
-CUDA_GCC_BOUNDS = {"12.8": (6, 14)}
 
 # ------------------------------------------------------------------ remedy texts
 
@@ -261,16 +256,12 @@ def check_cuda_home(ctx: Context) -> dict | None:
 
 def check_gcc(ctx: Context) -> dict | None:
     gcc = (ctx.facts.get("gcc") or {}).get("version")
-    bounds = CUDA_GCC_BOUNDS.get(str(ctx.torch_cuda))
-    if not gcc or not bounds or not ctx.model_uses_conv:
+    if not ctx.model_uses_conv:
         return None
-    try:
-        major = int(str(gcc).split(".")[0])
-    except ValueError:
+    bounds = host_gcc_unsupported(ctx.torch_cuda, gcc)
+    if bounds is None:
         return None
-    if bounds[0] <= major < bounds[1]:
-        return None
-    return {"gcc": gcc, "cuda": ctx.torch_cuda, "lo": bounds[0], "hi": bounds[1] - 1}
+    return {"gcc": gcc, "cuda": ctx.torch_cuda, "lo": bounds[0], "hi": bounds[1]}
 
 
 def check_diverge(ctx: Context) -> dict | None:
