@@ -76,3 +76,17 @@ def test_collect_imports_packages_but_reads_transformers_from_dist_info(tmp_path
     assert "not imported" in pk["transformers"]["import"]["how"]
     assert facts["probe"]["import_interpreters"] == 1
     assert set(facts["probe"]["import_seconds"]) == {"torch", "module:kernels"}
+
+
+def test_a_hanging_torch_does_not_cost_a_timeout_per_package(tmp_path):
+    site = tmp_path / "site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text("import time\ntime.sleep(60)\n")  # shadows torch
+    (site / "fla").mkdir()
+    (site / "fla" / "__init__.py").write_text("import torch\n")
+    write_dist_info(site, "pkgb", "1.0", {"pkgb/__init__.py": PID_MODULE})
+    r = probe.run_import_steps(["torch", "module:fla", "module:pkgb"], _opts(site, timeout=1.5))
+    assert "timed out after 1.5s" in r["torch"]["failed"]
+    fla = probe.import_verdict(r["module:fla"])
+    assert fla["ok"] is False and fla["error"].startswith("not attempted: import torch timed out")
+    assert r["module:pkgb"]["ok"] and r["_interpreters"] == 2

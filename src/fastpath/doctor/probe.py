@@ -763,6 +763,11 @@ def run_import_steps(steps, opts):
             break
         results[failed] = {"failed": why[0], "timed_out": why[1]}
         pending = [s for s in pending[pending.index(failed) + 1:] if s not in results]
+        if failed == "torch":  # packages built on torch would only crash or hang the same way
+            for s in [s for s in pending if s[len("module:"):] in TORCH_MODULES]:
+                results[s] = {"failed": "not attempted: import torch %s" % why[0],
+                              "timed_out": False}
+                pending.remove(s)
     return results
 
 
@@ -1134,6 +1139,9 @@ def _gpu_visible(opts):
     return bool(glob.glob(opts.sys_path("/dev/nvidia[0-9]*")))
 
 
+# Import names of the kernel packages that import torch first (skipped after torch's own import
+# crashed or hung in the guarded interpreter).
+TORCH_MODULES = ("causal_conv1d", "fla", "mamba_ssm", "flash_attn")
 # Read from dist-info, not imported, when the dist-info is there.
 NOT_IMPORTED_WITH_DIST_INFO = ("transformers",)
 # Kernel packages that cannot import without torch.
