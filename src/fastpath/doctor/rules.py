@@ -101,7 +101,11 @@ def fastpath_route(ctx: Context) -> str:
 
 
 def toolkit_route(ctx: Context) -> str:
-    cuda = ctx.torch_cuda or "<torch's CUDA>"
+    if not ctx.torch_cuda:
+        return ("First install a CUDA build of torch (this one has no CUDA); then the "
+                "compiler-free route `fastpath.enable()` needs no nvcc, and a toolkit for a "
+                "source build must match that torch's CUDA major.")
+    cuda = ctx.torch_cuda
     mm = cuda.replace(".", "-")
     return (f"CUDA toolkit {cuda} (torch's CUDA): from NVIDIA's CUDA apt repository (cuda-keyring) "
             f"`apt-get install cuda-nvcc-{mm} cuda-cudart-dev-{mm}` and "
