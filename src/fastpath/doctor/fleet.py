@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shlex
 import sys
 import time
@@ -370,7 +371,7 @@ def run_fleet(args: Any) -> int:
         from rich.console import Console
 
         console = Console()
-        if not console.is_terminal:  # piped or captured: do not fold the table at 80 columns
-            console = Console(width=max(console.width, 160))
+        if not console.is_terminal and not os.environ.get("COLUMNS"):
+            console = Console(width=max(console.width, 160))  # piped: do not fold at 80 columns
         render_table(results, console)
     return code
