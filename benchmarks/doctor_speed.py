@@ -155,7 +155,7 @@ def main() -> int:
         "full_over_collect_env": ratio,
         "runs": runs,
         "load_avg_1min_before_each_run": loads,
-        "profile_median_wall_s": None if args.no_profile else profile(3),
+        "profile_median_wall_s": None if args.no_profile else profile(2),
     }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
