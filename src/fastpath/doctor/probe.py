@@ -10,7 +10,9 @@ A probe that fails leaves its fact null and says why in `probe.errors[key]` ("co
 
 Facts schema ("fastpath.facts/1"; every fact says where it came from in `source`):
   schema: "fastpath.facts/1"
-  probe:  {kind: "python", python, errors: {key: "could not collect: ..."}, seconds, options}
+  probe:  {kind: "python", python, errors: {key: "could not collect: ..."}, seconds, options,
+           import_seconds: {step: s}, import_interpreters: n}   # (the last two: full probe only;
+           a remote sh fallback adds python_fallback: why)
   host:   {hostname, os, kernel, arch, glibc, python, executable, source}
   env:    {NAME: value} relevant variables only; names with TOKEN/SECRET/PASSWORD/KEY/CREDENTIAL
           are "<redacted>"
