@@ -143,3 +143,21 @@ def test_no_gpu_extension_built_for_no_gpu_torch_supports():
     assert "runs on none of the GPUs torch 2.11.0+cu128 is built for" in f.detail
     facts["packages"]["causal-conv1d"]["so_files"][0]["sass"] = ["sm_70", "sm_90"]
     assert "extension-missing-arch" not in [f.id for f in diagnose(facts, "qwen3.5-27b").findings]
+
+
+def test_after_enable_says_what_each_op_needs_without_a_gpu():
+    facts = _no_gpu_seed(["sm_90"])
+    facts["packages"]["fla-core"] = {"version": None, "so_files": [], "import": {
+        "ok": False, "error_kind": "not-installed", "error": "No module named 'fla'"}}
+    d = diagnose(facts, "qwen3.5-27b")
+    needs = {r["op"]: r["with_fastpath_needs"] for t in d.model_plan["layer_types"] for r in t["ops"]}
+    assert needs["chunk_gated_delta_rule"] == "needs fla-core: pip install fla-core"
+    assert needs["causal_conv1d_fn"] == "needs a GPU"
+    assert {"fla-missing", "causal-conv1d-missing"} <= {f.id for f in d.findings}
+    mamba = diagnose(_no_gpu_seed(["sm_90"]), "mamba2", parse_gpu_spec("sm_90"))
+    rows = [r for t in mamba.model_plan["layer_types"] for r in t["ops"]]
+    ssm = next(r for r in rows if r["op"] == "mamba_chunk_scan_combined")
+    conv = next(r for r in rows if r["op"] == "causal_conv1d_fn")
+    assert ssm["with_fastpath_needs"] == "needs mamba-ssm: pip install mamba-ssm --no-build-isolation"
+    assert conv["with_fastpath"] == "torch-fallback"  # all-or-nothing: the conv alone does not help
+    assert conv["with_fastpath_needs"].startswith("all-or-nothing: needs mamba-ssm")
