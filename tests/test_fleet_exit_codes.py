@@ -27,3 +27,13 @@ def test_fleet_exit_codes():
     assert fleet_exit_code([fast, fast]) == 0
     assert fleet_exit_code([fast, down]) == 3
     assert fleet_exit_code([fast, down, slow]) == 1
+
+
+def test_a_target_with_empty_facts_is_undiagnosed_not_fatal():
+    from fastpath.doctor.fleet import _diagnose_all
+
+    empty = TargetResult(Target("e", ["env"]), "ok", None, 0.1, {})
+    fast = _fast()
+    _diagnose_all([empty, fast], None)
+    assert empty.status == "failed" and "no facts" in empty.error
+    assert fleet_exit_code([empty, fast]) == 3

@@ -323,6 +323,8 @@ def _diagnose_all(results: list[TargetResult], model: str | None, assumed: Any =
             continue
         try:
             r.diagnosis = diagnose(r.facts, model, assumed)
+        except TargetError as exc:  # this target's facts are empty: it alone is undiagnosed
+            r.status, r.error = "failed", redact_text(str(exc))
         except FastpathError:
             raise  # bad --model etc. is the user's input, not the target's
         except Exception as exc:  # a target's odd facts must not hide the other targets
