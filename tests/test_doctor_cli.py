@@ -157,3 +157,9 @@ def test_bare_word_in_a_hosts_file_is_a_host_to_ssh_to(tmp_path):
     assert first.name == "gpu-node-1" and first.prefix[0] == "ssh"
     assert first.prefix[-2:] == ["--", "gpu-node-1"] and "BatchMode=yes" in first.prefix
     assert second.prefix == ["ssh", "-p", "2222", "gpu-node-2"]
+
+
+def test_fleet_json_is_one_document_also_for_a_bad_hosts_file(tmp_path):
+    r = _doctor("--json", "--hosts", str(tmp_path / "missing.ini"))
+    report = json.loads(r.stdout)
+    assert r.returncode == 2 and report["exit_code"] == 2 and "no such file" in report["error"]
