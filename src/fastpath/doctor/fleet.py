@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shlex
 import sys
 import time
@@ -251,11 +252,11 @@ def render_table(results: list[TargetResult], console: Any) -> None:
         console.print(Text(redact_text(f"{r.target.name}: {r.error}")), soft_wrap=True)
     counts = Counter(r.verdict for r in results)
     console.print(", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
-    from fastpath.doctor.report import ran_static
+    from fastpath.doctor.facts import FactsView
 
-    python_probes = [r.facts for r in results
+    python_probes = [FactsView(r.facts) for r in results
                      if r.status == "ok" and ((r.facts or {}).get("probe") or {}).get("kind") == "python"]
-    if python_probes and all(ran_static(f) for f in python_probes):
+    if python_probes and all(fv.static_probe for fv in python_probes):
         console.print("probe: static (nothing imported on the targets; import verdicts from files "
                       "and an ELF link check). --probe full imports them.")
 
@@ -312,7 +313,7 @@ class _Progress:
             )
 
 
-def _diagnose_all(results: list[TargetResult], model: str | None) -> None:
+def _diagnose_all(results: list[TargetResult], model: str | None, assumed: Any = None) -> None:
     try:
         from fastpath.doctor.diagnosis import diagnose
     except ImportError as exc:
@@ -321,7 +322,9 @@ def _diagnose_all(results: list[TargetResult], model: str | None) -> None:
         if r.status != "ok" or r.facts is None:
             continue
         try:
-            r.diagnosis = diagnose(r.facts, model)
+            r.diagnosis = diagnose(r.facts, model, assumed)
+        except TargetError as exc:  # this target's facts are empty: it alone is undiagnosed
+            r.status, r.error = "failed", redact_text(str(exc))
         except FastpathError:
             raise  # bad --model etc. is the user's input, not the target's
         except Exception as exc:  # a target's odd facts must not hide the other targets
@@ -329,8 +332,14 @@ def _diagnose_all(results: list[TargetResult], model: str | None) -> None:
 
 
 def fleet_exit_code(results: list[TargetResult]) -> int:
-    """1 if any target is slow or could not be probed, else 0."""
-    return int(any(r.status != "ok" or r.verdict == "slow" for r in results))
+    """1 if any target is slow (or has a blocking finding), else 3 if any could not be
+    diagnosed, else 0 (the single-target codes, combined)."""
+    if any(r.status == "ok" and r.diagnosis is not None and r.diagnosis.exit_code == 1
+           for r in results):
+        return 1
+    if any(r.status != "ok" or r.diagnosis is None for r in results):
+        return 3
+    return 0
 
 
 def run_fleet(args: Any) -> int:
@@ -356,7 +365,7 @@ def run_fleet(args: Any) -> int:
                 on_done=progress, static=(getattr(args, "probe", None) or "static") == "static",
             )
         )
-    _diagnose_all(results, model)
+    _diagnose_all(results, model, getattr(args, "assumed_gpu", None))
     code = fleet_exit_code(results)
     if getattr(args, "json", False):
         sys.stdout.write(json.dumps(fleet_json(results, code), indent=2, default=str) + "\n")
@@ -364,7 +373,7 @@ def run_fleet(args: Any) -> int:
         from rich.console import Console
 
         console = Console()
-        if not console.is_terminal:  # piped or captured: do not fold the table at 80 columns
-            console = Console(width=max(console.width, 160))
+        if not console.is_terminal and not os.environ.get("COLUMNS"):
+            console = Console(width=max(console.width, 160))  # piped: do not fold at 80 columns
         render_table(results, console)
     return code

@@ -373,14 +373,17 @@ def _strip_comment(line: str) -> str:
 
 
 def parse_prefix_list(text: str, source: str) -> list[Target]:
-    """One target prefix per line; '#' starts a comment (at a word start, outside quotes)."""
+    """One target prefix per line; '#' starts a comment (at a word start, outside quotes). A line
+    that is one bare word is a host name to ssh to, as in an Ansible inventory."""
     targets: list[Target] = []
     for lineno, raw in enumerate(text.splitlines(), 1):
         try:
             argv = shlex.split(_strip_comment(raw))
         except ValueError as exc:
             raise UsageError(f"{source}:{lineno}: {exc}") from None
-        if argv:
+        if len(argv) == 1 and _SAFE_TOKEN.match(argv[0]) and not argv[0].startswith("-"):
+            targets.append(_target_from_vars(argv[0], {}, []))
+        elif argv:
             targets.append(Target(target_label(argv), argv))
     return targets
 

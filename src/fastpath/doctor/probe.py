@@ -2,14 +2,17 @@
 
 ONE self-contained, stdlib-only file (Python >= 3.8). It never imports fastpath, so it can be
 piped to any host or container: `python3 - < probe.py` prints ONE JSON object. Importing torch,
-triton and the kernel packages happens only in `sys.executable` subprocesses with timeouts, run
-concurrently with the filesystem probes, so a slow or crashing import cannot hang or kill the probe.
+triton and the kernel packages happens only in a guarded `sys.executable` subprocess (torch imported
+once, then each package in order; a fresh one after a step that crashes or hangs), run concurrently
+with the filesystem probes, so a slow or crashing import cannot hang or kill the probe.
 A probe that fails leaves its fact null and says why in `probe.errors[key]` ("could not collect:
 <reason>") without hiding the others.
 
 Facts schema ("fastpath.facts/1"; every fact says where it came from in `source`):
   schema: "fastpath.facts/1"
-  probe:  {kind: "python", python, errors: {key: "could not collect: ..."}, seconds, options}
+  probe:  {kind: "python", python, errors: {key: "could not collect: ..."}, seconds, options,
+           import_seconds: {step: s}, import_interpreters: n}   # (the last two: full probe only;
+           a remote sh fallback adds python_fallback: why)
   host:   {hostname, os, kernel, arch, glibc, python, executable, source}
   env:    {NAME: value} relevant variables only; names with TOKEN/SECRET/PASSWORD/KEY/CREDENTIAL
           are "<redacted>"
@@ -595,11 +598,30 @@ def probe_nvidia_smi(opts):
     return gpus, driver, None
 
 
-_TORCH_SCRIPT = r"""
-import json, sys
-out = {}
-try:
-    import torch
+# One guarded interpreter imports torch once and then each package in order (issue: a
+# subprocess per package paid torch's import and CUDA start-up once per package: 16-22 s on an
+# H200 host). The child announces each step before it starts and prints its result after, so a
+# step that crashes the interpreter or hangs is known by name; the parent classifies that step's
+# failure and starts a fresh interpreter for the steps after it, so one bad import never hides
+# the others. The child leaves with os._exit: nothing of its teardown (CUDA, thread pools) is paid.
+_IMPORTS_SCRIPT = r"""
+import importlib, json, os, sys, time
+
+def emit(tag, step, value=None, seconds=None):
+    msg = {"step": step, "value": value}
+    if seconds is not None:
+        msg["seconds"] = round(seconds, 3)
+    sys.stdout.write("%s %s\n" % (tag, json.dumps(msg)))
+    sys.stdout.flush()
+
+def why(e):
+    return "%s: %s" % (type(e).__name__, e)
+
+def do_torch():
+    try:
+        import torch
+    except BaseException as e:
+        return {"torch_error": why(e)}
     t = {"version": torch.__version__, "cuda": torch.version.cuda, "file": torch.__file__}
     t["cxx11_abi"] = bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", False))
     flags = getattr(torch._C, "_cuda_getArchFlags", None)
@@ -608,7 +630,7 @@ try:
         t["cuda_available"] = bool(torch.cuda.is_available())
     except Exception as e:
         t["cuda_available"] = False
-        t["cuda_error"] = "%s: %s" % (type(e).__name__, e)
+        t["cuda_error"] = why(e)
     devs = []
     if t["cuda_available"]:
         for i in range(torch.cuda.device_count()):
@@ -616,51 +638,139 @@ try:
             devs.append({"index": i, "name": p.name, "compute_capability": "%d.%d" % (p.major, p.minor),
                          "memory_mib": int(p.total_memory // (1024 * 1024))})
     t["devices"] = devs
-    out["torch"] = t
-except BaseException as e:
-    out["torch_error"] = "%s: %s" % (type(e).__name__, e)
-if "--triton" in sys.argv:
+    return {"torch": t}
+
+def do_triton():
     try:
         import triton
-        tr = {"version": triton.__version__}
-        try:
-            from triton.runtime import driver
-            target = driver.active.get_current_target()
-            tr["gpu_backend"] = target.backend in ("cuda", "hip")
-            tr["target"] = "%s:%s" % (target.backend, target.arch)
-        except BaseException as e:
-            tr["gpu_backend"] = False
-            tr["backend_error"] = "%s: %s" % (type(e).__name__, e)
-        out["triton"] = tr
     except BaseException as e:
-        out["triton_error"] = "%s: %s" % (type(e).__name__, e)
-print("FASTPATH_JSON " + json.dumps(out))
+        return {"triton_error": why(e)}
+    tr = {"version": triton.__version__}
+    try:
+        from triton.runtime import driver
+        target = driver.active.get_current_target()
+        tr["gpu_backend"] = target.backend in ("cuda", "hip")
+        tr["target"] = "%s:%s" % (target.backend, target.arch)
+    except BaseException as e:
+        tr["gpu_backend"] = False
+        tr["backend_error"] = why(e)
+    return {"triton": tr}
+
+def do_module(name):
+    try:
+        m = importlib.import_module(name)
+        return {"ok": True, "version": getattr(m, "__version__", None),
+                "file": getattr(m, "__file__", None)}
+    except BaseException as e:
+        return {"ok": False, "error": why(e)}
+
+for step in sys.argv[1:]:
+    emit("FASTPATH_BEGIN", step)
+    began = time.perf_counter()
+    if step == "torch":
+        value = do_torch()
+    elif step == "triton":
+        value = do_triton()
+    else:
+        value = do_module(step[len("module:"):])
+    emit("FASTPATH_JSON", step, value, time.perf_counter() - began)
+sys.stdout.flush()
+os._exit(0)
 """
 
-_IMPORT_SCRIPT = r"""
-import importlib, json, sys
-name = sys.argv[1]
-try:
-    m = importlib.import_module(name)
-    r = {"ok": True, "version": getattr(m, "__version__", None), "file": getattr(m, "__file__", None)}
-except BaseException as e:
-    r = {"ok": False, "error": "%s: %s" % (type(e).__name__, e)}
-print("FASTPATH_JSON " + json.dumps(r))
-"""
+
+def _signal_name(rc):
+    try:
+        import signal
+        return signal.Signals(-rc).name
+    except (ValueError, AttributeError):
+        return "signal %d" % -rc
 
 
-def _python_json(args, opts):
-    """Run this Python on a script; return the JSON it printed (or raise with the reason)."""
-    rc, out, err = _run([sys.executable, "-c", *args], opts.timeout, env=opts.env)
-    for line in reversed(out.splitlines()):
-        if line.startswith("FASTPATH_JSON "):
-            return json.loads(line[len("FASTPATH_JSON "):])
-    tail = (err.strip().splitlines() or ["no output"])[-1]
-    raise RuntimeError("python exited %d without a result: %s" % (rc, tail[:300]))
+def _run_steps_once(steps, opts):
+    """One child interpreter over `steps`. Returns ({step: value}, failed step or None, why)."""
+    import selectors
+    import tempfile
+
+    done = {}
+    current = None
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, "-c", _IMPORTS_SCRIPT, *steps],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
+                                env=opts.env, start_new_session=True)
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        buf = b""
+        deadline = time.monotonic() + opts.timeout
+        timed_out = False
+        try:
+            while len(done) < len(steps):
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    timed_out = True
+                    break
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    tag, _, payload = line.decode("utf-8", "replace").partition(" ")
+                    if tag not in ("FASTPATH_BEGIN", "FASTPATH_JSON"):
+                        continue  # a package printing on import
+                    try:
+                        msg = json.loads(payload)
+                    except ValueError:
+                        continue
+                    if tag == "FASTPATH_BEGIN":
+                        current = msg["step"]
+                        deadline = time.monotonic() + opts.timeout  # each step gets the timeout
+                    else:
+                        done[msg["step"]] = msg["value"]
+                        if isinstance(msg["value"], dict) and "seconds" in msg:
+                            msg["value"]["_seconds"] = msg["seconds"]
+                        current = None
+        finally:
+            sel.close()
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, 9)
+                except OSError:
+                    proc.kill()
+            rc = proc.wait()
+            proc.stdout.close()
+        if len(done) == len(steps):
+            return done, None, None
+        failed = current or next(s for s in steps if s not in done)
+        if timed_out:
+            return done, failed, ("timed out after %gs" % opts.timeout, True)
+        err.seek(0)
+        tail = (err.read().decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
+        how = ("killed by %s" % _signal_name(rc)) if rc < 0 else ("exited %d" % rc)
+        return done, failed, ("python %s without a result: %s" % (how, tail[:300]), False)
 
 
-def probe_torch_triton(opts, want_triton):
-    return _python_json([_TORCH_SCRIPT] + (["--triton"] if want_triton else []), opts)
+def run_import_steps(steps, opts):
+    """Run `steps` ("torch", "triton", "module:NAME") in as few interpreters as possible: one,
+    unless a step crashes or hangs it; that step gets {"failed": why, "timed_out": bool} and the
+    steps after it run in a fresh interpreter. A step's own seconds are in its "_seconds"; the
+    number of interpreters started is in results["_interpreters"]."""
+    results = {"_interpreters": 0}
+    pending = list(steps)
+    while pending:
+        results["_interpreters"] += 1
+        done, failed, why = _run_steps_once(pending, opts)
+        results.update(done)
+        if failed is None:
+            break
+        results[failed] = {"failed": why[0], "timed_out": why[1]}
+        pending = [s for s in pending[pending.index(failed) + 1:] if s not in results]
+        if failed == "torch":  # packages built on torch would only crash or hang the same way
+            for s in [s for s in pending if s[len("module:"):] in TORCH_MODULES]:
+                results[s] = {"failed": "not attempted: import torch %s" % why[0],
+                              "timed_out": False}
+                pending.remove(s)
+    return results
 
 
 def classify_import_error(text):
@@ -678,18 +788,40 @@ def classify_import_error(text):
     return "other"
 
 
-def probe_import(module, opts):
-    try:
-        r = _python_json([_IMPORT_SCRIPT, module], opts)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "error_kind": "other",
-                "error": "import timed out after %gs" % opts.timeout}
-    except RuntimeError as exc:  # crashed (segfault, abort) without printing a result
-        return {"ok": False, "error_kind": classify_import_error(str(exc)) or "other",
-                "error": str(exc)}
+def import_verdict(result):
+    """The packages[dist]["import"] fact from one module step's result."""
+    if result is None:
+        return {"ok": False, "error_kind": "other", "error": "import not attempted"}
+    if "failed" in result:
+        if result.get("timed_out"):
+            return {"ok": False, "error_kind": "other", "error": "import " + result["failed"]}
+        return {"ok": False, "error_kind": classify_import_error(result["failed"]) or "other",
+                "error": result["failed"]}
+    r = dict(result)
+    r.pop("_seconds", None)
     r["error_kind"] = None if r.get("ok") else classify_import_error(r.get("error"))
     r.setdefault("error", None)
     return r
+
+
+def torch_triton_facts(results):
+    """{"torch"|"torch_error", "triton"|"triton_error"} from the torch and triton steps."""
+    out = {}
+    for step in ("torch", "triton"):
+        r = results.get(step)
+        if r is None:
+            continue
+        if "failed" in r:
+            out[step + "_error"] = r["failed"]
+        else:
+            out.update((k, v) for k, v in r.items() if k != "_seconds")
+    return out
+
+
+def probe_import(module, opts):
+    """Import one module in a guarded interpreter (the collect() path batches them)."""
+    step = "module:" + module
+    return import_verdict(run_import_steps([step], opts).get(step))
 
 
 class Dist:
@@ -941,7 +1073,8 @@ def merge_candidates(sources):
 
 
 def torch_cuda_home(opts):
-    """Re-implementation of torch.utils.cpp_extension._find_cuda_home (see FACTS.md)."""
+    """Re-implementation of torch.utils.cpp_extension._find_cuda_home
+    (https://github.com/pytorch/pytorch/blob/main/torch/utils/cpp_extension.py)."""
     env = opts.env
     home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
     how = None
@@ -1008,6 +1141,11 @@ def _gpu_visible(opts):
     return bool(glob.glob(opts.sys_path("/dev/nvidia[0-9]*")))
 
 
+# Import names of the kernel packages that import torch first (skipped after torch's own import
+# crashed or hung in the guarded interpreter).
+TORCH_MODULES = ("causal_conv1d", "fla", "mamba_ssm", "flash_attn")
+# Read from dist-info, not imported, when the dist-info is there.
+NOT_IMPORTED_WITH_DIST_INFO = ("transformers",)
 # Kernel packages that cannot import without torch.
 NEEDS_TORCH = ("causal-conv1d", "flash-linear-attention", "fla-core", "mamba-ssm", "flash-attn")
 _TORCH_VERSION_RE = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.M)
@@ -1154,25 +1292,28 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
         return None
 
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=16)
+    import_results = {}
     try:
-        # 1. start the slow subprocesses first
-        # torch's import is the critical path: start it before anything else
+        # 1. start the slow subprocesses first. The guarded imports are the critical path: one
+        # interpreter imports torch (+ triton where a GPU is visible) and then each kernel package.
         run_imports = "imports" not in opts.skip
         want_triton = _gpu_visible(opts)
-        torch_f = pool.submit(guard, "torch", probe_torch_triton, opts, want_triton) \
-            if run_imports else None
         smi_f = None
         if "nvidia-smi" not in opts.skip:
             smi_f = pool.submit(guard, "gpus", probe_nvidia_smi, opts)
         dists = guard("packages", find_distributions, opts) or {}
-        import_f = {}
+        steps = ["torch"] + (["triton"] if want_triton else [])
         seen_modules = set()
         for dist_name, module in KERNEL_DISTS:
             if not run_imports or module in seen_modules:
                 continue
+            if dist_name in NOT_IMPORTED_WITH_DIST_INFO and dist_name in dists:
+                continue  # its version is all the plan reads: importing it cost ~1 s
             if dist_name in dists or _spec_found(module, opts):
                 seen_modules.add(module)
-                import_f[module] = pool.submit(probe_import, module, opts)
+                steps.append("module:" + module)
+        imports_f = pool.submit(guard, "torch", run_import_steps, steps, opts) \
+            if run_imports else None
         rpm_f = pool.submit(guard, "package_db", probe_rpm, opts) if "rpm" not in opts.skip else None
         gcc_f = pool.submit(guard, "gcc", probe_gcc, opts)
 
@@ -1222,7 +1363,8 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
         if smi_note and "gpus" not in errors:
             errors["gpus"] = "could not collect via nvidia-smi: %s" % smi_note
 
-        torch_info = torch_f.result() if torch_f is not None else None
+        import_results = (imports_f.result() or {}) if imports_f is not None else {}
+        torch_info = torch_triton_facts(import_results) if imports_f is not None else None
         if not run_imports:
             torch_info = {"torch": guard("torch", torch_static, dists, gpus, driver)}
         t = (torch_info or {}).get("torch")
@@ -1286,8 +1428,12 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
             entry = {"version": dist.version if dist else None, "module": module,
                      "source": ("package metadata " + _dist_path(dist)) if dist else
                      "no dist-info in %s" % os.pathsep.join(opts.site_packages)}
-            if module in import_f:
-                entry["import"] = import_f[module].result()
+            if run_imports and "module:" + module in import_results:
+                entry["import"] = import_verdict(import_results["module:" + module])
+            elif run_imports and dist is not None and dist_name in NOT_IMPORTED_WITH_DIST_INFO:
+                entry["import"] = {"ok": True, "error_kind": None, "error": None,
+                                   "how": "dist-info present; not imported (its version is what "
+                                          "the plan reads)"}
             elif not run_imports and dist is not None and dist_name not in dict(VERSION_ONLY_DISTS):
                 links = {}
                 for path in compiled_files(dist):
@@ -1326,6 +1472,11 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
         pool.shutdown(wait=False)
     facts["probe"] = {"kind": "python", "python": platform.python_version(), "errors": errors,
                       "seconds": round(time.time() - started, 3), "options": opts.describe()}
+    if import_results:  # where the guarded imports spent their time (benchmarks read this)
+        facts["probe"]["import_interpreters"] = import_results.get("_interpreters")
+        facts["probe"]["import_seconds"] = {
+            k: v.get("_seconds") for k, v in import_results.items()
+            if isinstance(v, dict) and "_seconds" in v}
     return facts
 
 

@@ -1,7 +1,7 @@
 # fastpath POSIX sh probe: the toolchain facts that can be gathered on a target WITHOUT Python.
 #
 # Sent on stdin to `sh -s` when the target has no usable python3 (see fastpath/remote.py).
-# Prints one JSON object, a subset of the "fastpath.facts/1" schema (docs: CONTRACTS.md), with
+# Prints one JSON object, a subset of the "fastpath.facts/1" schema (described in probe.py's docstring), with
 # probe.kind = "sh"; every fact it cannot collect is null and named in probe.errors with the
 # reason. Writes nothing on the target. Needs only sh, sed and tr; uses uname, nvidia-smi,
 # dpkg-query, rpm, gcc and readlink when present.
@@ -127,7 +127,8 @@ EOF_SMI
   fi
 
   # --- nvcc candidates ------------------------------------------------------------------------
-  # Every place nvcc is known to live (reference/doctor-anchors.md §3), each with how it was found.
+  # Every place nvcc is known to live (the same list as probe.py's nvcc_candidate_sources), each
+  # with how it was found.
   CANDS=""  # newline-separated "path|found_by"
   add_cand() { CANDS="$CANDS
 $1|$2"; }

@@ -357,6 +357,8 @@ async def probe_target(
         if second.timed_out:
             raise TargetError(f"timed out after {timeout:g}s")
         raise TargetError(reason)
+    if isinstance(facts.get("probe"), dict):
+        facts["probe"]["python_fallback"] = why  # the report's headline says the sh probe ran
     if why != NO_PYTHON_REASON:
         errors = facts.get("probe", {}).get("errors", {})
         for key, value in list(errors.items()):

@@ -180,9 +180,9 @@ def transformers_config(config: dict[str, Any], layers: int | None = None) -> An
     try:
         full = AutoConfig.for_model(model_type, **raw)
     except (ValueError, KeyError) as exc:
-        raise UsageError(f"transformers cannot build a {model_type!r} config: {_first_line(exc)}") from None
+        raise UsageError(f"transformers cannot build a {model_type!r} config: {first_line(exc)}") from None
     except TypeError as exc:
-        raise UsageError(f"malformed {model_type!r} config: {_first_line(exc)}") from None
+        raise UsageError(f"malformed {model_type!r} config: {first_line(exc)}") from None
     text = full.get_text_config() if hasattr(full, "get_text_config") else full
     if layers is None:
         return text
@@ -190,11 +190,7 @@ def transformers_config(config: dict[str, Any], layers: int | None = None) -> An
     try:
         return type(text).from_dict(cut_layers(data, layers))
     except (ValueError, TypeError, KeyError) as exc:
-        raise UsageError(f"cannot cut {model_type!r} to {layers} layers: {_first_line(exc)}") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    return first_line(exc) or exc.__class__.__name__
+        raise UsageError(f"cannot cut {model_type!r} to {layers} layers: {first_line(exc)}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,7 +317,7 @@ def build_model(
                 **({"device_map": str(target)} if direct else {}),
             )
         except (OSError, ValueError) as exc:
-            raise UsageError(f"cannot load the checkpoint in {src.path}: {_first_line(exc)}") from None
+            raise UsageError(f"cannot load the checkpoint in {src.path}: {first_line(exc)}") from None
         missing = sorted(info.get("missing_keys") or [])
         if missing:
             notes.append(f"{len(missing)} tensors absent from the checkpoint were randomly initialised "

@@ -78,15 +78,6 @@ def is_enabled() -> bool:
     return _STATE is not None
 
 
-def current_routes() -> Routes | None:
-    """The routes installed now (explain() compares against them)."""
-    return _STATE.routes if _STATE is not None else None
-
-
-def current_fla() -> fla_route.FlaStatus | None:
-    return _STATE.fla if _STATE is not None else None
-
-
 def enable(
     *,
     causal_conv1d_fn: Callable[..., Any] | None = None,
