@@ -5,18 +5,34 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from fastpath.doctor.diagnosis import diagnose
+from fastpath.doctor.facts_check import check_json
+from fastpath.doctor.plain_text import plain
+from fastpath.doctor.redact import redact_facts
+from fastpath.doctor.remote import arrived, parse_facts, positive_int, positive_seconds
 from fastpath.errors import FastpathError, UsageError
 
 EXIT_CODES_HELP = (
     "exit status: 0 nothing blocks the fast path (verdict fast, or unknown: no GPU visible to "
     "judge); 1 slow path or a blocking finding; 2 bad usage or bad input."
 )
+
+
+def _arg(parse: Any) -> Any:
+    """An argparse `type=` whose ValueError message becomes the one-line usage error (exit 2)."""
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = parse.__name__
+    return convert
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,8 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="interpreter that runs the probe (on the target, or locally)")
     parser.add_argument("--hosts", metavar="FILE", help="probe every target of an inventory file")
     parser.add_argument("--limit", metavar="GROUP", help="only this inventory group (with --hosts)")
-    parser.add_argument("--jobs", type=int, default=None, help="parallel targets (with --hosts)")
-    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--jobs", type=_arg(positive_int), default=None,
+                        help="parallel targets (with --hosts)")
+    parser.add_argument("--timeout", type=_arg(positive_seconds), default=None, metavar="SECONDS",
                         help="per-target timeout")
     parser.add_argument("--probe", choices=("full", "static"), default=None,
                         help="full: also import torch, triton and each kernel package in "
@@ -44,19 +61,17 @@ def probe_with_python(python: str, timeout: float | None, static: bool = False) 
     """Run probe.py under another local interpreter (a venv, a conda env) by stdin."""
     src = Path(__file__).with_name("probe.py").read_bytes()
     try:
-        out = subprocess.run([python, "-", *(["--static"] if static else [])], input=src,
-                             capture_output=True, timeout=timeout or 120)
+        out = subprocess.run([python, "-", "--framed", *(["--static"] if static else [])],
+                             input=src, capture_output=True, timeout=timeout or 120)
     except FileNotFoundError:
         raise UsageError(f"--python {python}: no such interpreter") from None
     except subprocess.TimeoutExpired:
         raise FastpathError(f"probe under {python} timed out") from None
-    try:
-        facts = json.loads(out.stdout)
-    except json.JSONDecodeError:
-        tail = (out.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
-        raise FastpathError(f"probe under {python} failed (exit {out.returncode}): {tail}") from None
-    if not isinstance(facts, dict):
-        raise FastpathError(f"probe under {python} printed no facts object")
+    facts = parse_facts(out.stdout)
+    if facts is None:
+        tail = (out.stderr[-8192:].decode(errors="replace").strip().splitlines() or ["no output"])
+        raise FastpathError(f"probe under {python} failed (exit {out.returncode}): "
+                            f"{plain(tail[-1], 300)}")
     return facts
 
 
@@ -69,9 +84,13 @@ def main(args: argparse.Namespace) -> int:
         return run_fleet(args)
     if args.limit or args.jobs is not None:
         raise UsageError("--limit/--jobs need --hosts")
-    if args.timeout is not None and args.timeout <= 0:
-        raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
     static = getattr(args, "probe", None) == "static"
+    from fastpath.doctor.probe import probe_timeout
+
+    try:
+        probe_timeout(os.environ.get("FASTPATH_PROBE_TIMEOUT"))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if args.model:  # bad input fails before any probing
         from fastpath.model_source import load_config
 
@@ -89,9 +108,11 @@ def main(args: argparse.Namespace) -> int:
         from fastpath.doctor.probe import collect
 
         facts = collect(skip=["imports"] if static else None)
-    diagnosis = diagnose(facts, args.model)
+    # One pass for every source (local too): checked against the schema, secrets redacted.
+    diagnosis = diagnose(arrived(facts), args.model)
     if args.json:
-        sys.stdout.write(json.dumps(diagnosis.to_json(), indent=2, default=str) + "\n")
+        doc = redact_facts(check_json(diagnosis.to_json()))
+        sys.stdout.write(json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n")
     else:
         from fastpath.doctor.report import print_report
 
