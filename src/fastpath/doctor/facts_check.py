@@ -115,6 +115,9 @@ def _check(value: Any, spec: Any, depth: int, path: str, bad: list[str]) -> Any:
                 raise _Bad(f"{path}: expected a list, got {_what(value)}")
             out = []
             for i, item in enumerate(value[:MAX_ITEMS]):
+                if item is None and inner != "any":
+                    bad.append(f"{path}[{i}]: null")
+                    continue
                 try:
                     out.append(_check(item, inner, depth + 1, f"{path}[{i}]", bad))
                 except _Bad as exc:
@@ -124,6 +127,9 @@ def _check(value: Any, spec: Any, depth: int, path: str, bad: list[str]) -> Any:
             raise _Bad(f"{path}: expected an object, got {_what(value)}")
         out_map: dict[str, Any] = {}
         for key, item in list(value.items())[:MAX_ITEMS]:
+            if item is None and isinstance(inner, dict):
+                bad.append(f"{path}.{str(key)[:40]}: null")
+                continue
             try:
                 out_map[str(key)[:MAX_STRING]] = _check(item, inner, depth + 1,
                                                         f"{path}.{str(key)[:40]}", bad)
@@ -133,9 +139,14 @@ def _check(value: Any, spec: Any, depth: int, path: str, bad: list[str]) -> Any:
     if isinstance(spec, dict):
         if not isinstance(value, dict):
             raise _Bad(f"{path}: expected an object, got {_what(value)}")
+        for key in spec.get(_REQUIRED, ()):
+            if not isinstance(value.get(key), str):
+                raise _Bad(f"{path}: no {key}")
         out_obj: dict[str, Any] = {}
         for key, item in list(value.items())[:MAX_ITEMS]:
             key = str(key)[:MAX_STRING]
+            if key == _REQUIRED:
+                continue
             try:
                 out_obj[key] = _check(item, spec.get(key, "any"), depth + 1,
                                       f"{path}.{key[:40]}", bad)
@@ -146,13 +157,14 @@ def _check(value: Any, spec: Any, depth: int, path: str, bad: list[str]) -> Any:
     raise TypeError(f"bad spec at {path}")  # a bug in SCHEMA below, not in the facts
 
 
+_REQUIRED = "__required__"  # in an object spec: fields that must be present, as strings
 _IMPORT = {"ok": bool, "error_kind": str, "error": str, "how": str, "link_check": "any"}
 _SO = {"path": str, "sass": ("list", str), "ptx": ("list", str), "sections": ("list", str),
        "error": str}
 _NVCC = {"path": str, "realpath": str, "paths": ("list", str), "found_by": ("list", str),
          "kind": str, "version": str, "major": int, "minor": int, "major_matches_torch": bool,
          "source": str, "error": str}
-_NAME_VERSION = {"name": str, "version": str, "status": str}
+_NAME_VERSION = {"name": str, "version": str, "status": str, _REQUIRED: ("name",)}
 
 SCHEMA: dict[str, Any] = {
     "schema": str,
@@ -173,7 +185,7 @@ SCHEMA: dict[str, Any] = {
     "nvcc_candidates": ("list", _NVCC),
     "cuda_home": {"torch_would_use": str, "how": str, "has_nvcc": bool,
                   "headers": ("map", bool), "include_dir": str, "cuda_home_env": str,
-                  "cuda_path_env": str, "diverge": bool, "nvcc_version": str},
+                  "cuda_path_env": str, "diverge": bool, "nvcc_version": "version"},
     "package_db": {"dpkg": ("list", _NAME_VERSION), "rpm": ("list", _NAME_VERSION),
                    "source": str},
     "gcc": {"version": str, "path": str, "source": str},

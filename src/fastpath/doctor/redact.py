@@ -41,12 +41,13 @@ _NOT_SECRET = frozenset(
 )
 
 _NAME_CHARS = "A-Za-z0-9_.-"
-# NAME=value, NAME: value, "NAME": "value" and 'NAME'='value'. The name starts only where a run of
-# name characters starts (no re-scan from every character of a long word).
-_ASSIGNMENT = re.compile(
-    rf"""(?<![{_NAME_CHARS}])(?P<name>[{_NAME_CHARS}]+)(?P<q1>["']?)(?P<sep>[ \t]*[:=][ \t]*)"""
-    r"""(?:"(?P<dq>[^"\n]*)"?|'(?P<sq>[^'\n]*)'?|(?P<val>[^\s,;}\]"']+))"""
+# NAME= / NAME: / "NAME": / 'NAME'= (the value is read by _VALUE after a secret name). The name
+# starts only where a run of name characters starts (no re-scan from every character of a long
+# word), and values are not consumed here, so `note: TOKEN=x` still finds TOKEN.
+_NAME_SEP = re.compile(
+    rf"""(?<![{_NAME_CHARS}])(?P<name>[{_NAME_CHARS}]+)(?P<q1>["']?)[ \t]*[:=][ \t]*"""
 )
+_VALUE = re.compile(r""""(?P<dq>[^"\n]*)"?|'(?P<sq>[^'\n]*)'?|(?P<val>[^\s,;}\]"']+)""")
 # sshpass -p X / -pX (after any other sshpass options).
 _SSHPASS = re.compile(r"(?<![\w-])(?P<head>sshpass(?:[ \t]+-[A-OQ-Za-z]\S*)*[ \t]+-p[ \t]*)(?P<val>[^\s\"']+)")
 # --password X, --db-token=X, --api-key X (long options naming a secret).
@@ -72,19 +73,28 @@ def is_secret_name(name: str) -> bool:
     return name.lower() not in _NOT_SECRET and bool(_SECRET_NAME.search(name))
 
 
-def _assignment(match: re.Match[str]) -> str:
-    name = match.group("name")
-    if not is_secret_name(name) or name.endswith(("Error", "Exception")):
-        return match.group(0)
-    head = name + match.group("q1") + match.group("sep")
-    if match.group("dq") is not None:
-        return f'{head}"{REDACTED}"'
-    if match.group("sq") is not None:
-        return f"{head}'{REDACTED}'"
-    value = match.group("val")
-    if value == REDACTED or value.startswith(REDACTED):
-        return match.group(0)
-    return head + REDACTED
+def _redact_assignments(text: str) -> str:
+    out: list[str] = []
+    pos = 0
+    for match in _NAME_SEP.finditer(text):
+        name = match.group("name")
+        if match.start() < pos or not is_secret_name(name) or name.endswith(("Error", "Exception")):
+            continue
+        value = _VALUE.match(text, match.end())
+        if value is None:
+            continue
+        if value.group("dq") is not None:
+            new = f'"{REDACTED}"'
+        elif value.group("sq") is not None:
+            new = f"'{REDACTED}'"
+        elif value.group("val").startswith(REDACTED):
+            continue
+        else:
+            new = REDACTED
+        out += [text[pos:match.end()], new]
+        pos = value.end()
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def _keep_head(match: re.Match[str]) -> str:
@@ -107,7 +117,7 @@ def redact_text(text: str) -> str:
     text = _AUTH_HEADER.sub(_auth, text)
     text = _SSHPASS.sub(_keep_head, text)
     text = _LONG_FLAG.sub(_keep_head, text)
-    return _ASSIGNMENT.sub(_assignment, text)
+    return _redact_assignments(text)
 
 
 # Deeper than this is not a facts report; the walk stops there instead of recursing on.
