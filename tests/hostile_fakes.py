@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+# The fastpath sources the `fastpath` subprocesses run (this checkout; point it at another tree
+# to run the suite against an older version, as done to see each test fail before the fix).
+SRC = Path(os.environ.get("FASTPATH_HOSTILE_SRC") or ROOT / "src")
 
 FRAME_BEGIN = "--- fastpath facts begin ---"
 FRAME_END = "--- fastpath facts end ---"
@@ -100,7 +103,7 @@ def fake_target(tmp: Path, name: str, **spec: Any) -> list[str]:
 def env(**extra: str) -> dict[str, str]:
     """The environment for a `fastpath` subprocess: this checkout's src first."""
     out = dict(os.environ)
-    out["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), out.get("PYTHONPATH", "")])
+    out["PYTHONPATH"] = os.pathsep.join([str(SRC), out.get("PYTHONPATH", "")])
     out.pop("FORCE_COLOR", None)
     out.update(extra)
     return out
