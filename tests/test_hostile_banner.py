@@ -10,16 +10,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from hostile_fakes import BASE_FACTS, fake_target, fastpath, framed
 
 from fastpath.doctor.remote import parse_facts
+from hostile_fakes import BASE_FACTS, fake_target, fastpath, framed
 
 PY = shlex.quote(sys.executable)
 
 
 @pytest.mark.parametrize("shell", [
     # .bashrc-style banner before, `logout`-style noise after; the real probe runs in between
-    f"sh -c 'echo Welcome to gpu1; echo \"{{not json}}\"; \"$@\"; echo logout; echo \"{{}}\"' b",
+    "sh -c 'echo Welcome to gpu1; echo \"{not json}\"; \"$@\"; echo logout; echo \"{}\"' b",
     # a banner that is itself one JSON line (a motd "status" feed)
     "sh -c 'echo \"{\\\"motd\\\": 1}\"; exec \"$@\"' b",
 ])

@@ -13,9 +13,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from hostile_fakes import env, facts, fake_target, fastpath, framed
-
 from fastpath.doctor.remote import parse_facts
+from hostile_fakes import env, facts, fake_target, fastpath, framed
 
 
 def _python(code: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

