@@ -14,10 +14,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from fakeenv import build_elf, fatbin_container, write_dist_info
-from hostile_fakes import env, fastpath
 
+from fakeenv import build_elf, fatbin_container, write_dist_info
 from fastpath.doctor.probe import link_check, probe_so
+from hostile_fakes import env, fastpath
 
 GOOD = build_elf({".nv_fatbin": fatbin_container([("sass", 90)]), ".dynsym": b"\0" * 48,
                   ".dynstr": b"\0_ZN3c104impl3fooEv\0"})
