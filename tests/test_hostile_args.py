@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from hostile_fakes import SRC, env, fastpath, one_line_error
 
 from fastpath.routing.run import BOOTSTRAP_DIR, launch_environment
+from hostile_fakes import SRC, env, fastpath, one_line_error
 
 
 @pytest.mark.parametrize("args", [

@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-from hostile_fakes import fastpath, one_line_error
 
 from fastpath.errors import UsageError
 from fastpath.model_source import load_config, load_preset_with_source
+from hostile_fakes import fastpath, one_line_error
 
 BASE = {k: v for k, v in load_preset_with_source("qwen3-next").items() if k != "_fastpath_source"}
 
