@@ -76,14 +76,22 @@ def test_signal_kills_every_target(tmp_path: Path, sig: signal.Signals, mode: st
         shells = _sleepers(tag)
         return len(shells) >= expected and len(_children(shells)) >= expected
 
+    shells: list[int] = []
     try:
         assert _wait_for(started, 60), "targets did not start"
-        children = _children(_sleepers(tag))
+        shells = _sleepers(tag)
+        children = _children(shells)
         proc.send_signal(sig)
         _out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
+        leftovers = [pid for pid in shells if os.path.exists(f"/proc/{pid}")]
+        for pid in leftovers:  # this test's own targets (each leads its process group)
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
     assert proc.returncode == (130 if sig == signal.SIGINT else 128 + sig), err.decode()
     text = err.decode()
     assert "Traceback" not in text and "Unknown child process" not in text, text
