@@ -91,10 +91,15 @@ def test_malformed_elf_is_could_not_read(tmp_path: Path, kind: str) -> None:
 
 
 def test_fifo_so_is_refused_without_blocking(tmp_path: Path) -> None:
+    """In a subprocess with a timeout: opening a FIFO for reading blocks until a writer comes."""
     fifo = tmp_path / "ext.so"
     os.mkfifo(fifo)
-    assert "not a regular file" in probe_so(str(fifo))["error"]
-    assert "not a regular file" in link_check(str(fifo), [])["error"]
+    code = ("import json; from fastpath.doctor.probe import link_check, probe_so; "
+            f"print(json.dumps([probe_so({str(fifo)!r}), link_check({str(fifo)!r}, [])]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env(), timeout=60)
+    so, link = json.loads(proc.stdout)
+    assert "not a regular file" in so["error"] and "not a regular file" in link["error"]
 
 
 def _sparse(path: Path, head: bytes, total: int) -> None:
