@@ -60,6 +60,6 @@ def test_real_configs_still_load(tmp_path: Path) -> None:
 @pytest.mark.parametrize("case", ["layers-1e9", "hidden-negative"])
 def test_commands_exit_2_in_one_line(tmp_path: Path, command: list[str], case: str) -> None:
     path = _write(tmp_path, case, {**BASE, **BAD[case]})
-    proc = fastpath(*command, str(path), timeout=120)
+    proc = fastpath(*command, str(path), timeout=120, cwd=tmp_path)  # outputs land in tmp
     assert proc.returncode == 2, proc.stderr.decode()[-2000:]
     assert "outside" in one_line_error(proc)
