@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from fastpath.doctor.diagnosis import diagnose
+from fastpath.doctor.facts_check import check_json
+from fastpath.doctor.plain_text import plain
+from fastpath.doctor.redact import redact_facts
+from fastpath.doctor.remote import arrived, parse_facts, positive_int, positive_seconds
 from fastpath.errors import FastpathError, TargetError, UsageError
 
 EXIT_CODES_HELP = (
@@ -20,6 +25,17 @@ EXIT_CODES_HELP = (
     "target is slow, else 3 if any could not be diagnosed, else 0. --json prints exactly one JSON "
     "document on stdout, also when the target could not be diagnosed."
 )
+
+
+def _arg(parse: Any) -> Any:
+    """An argparse `type=` whose ValueError message becomes the one-line usage error (exit 2)."""
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = parse.__name__
+    return convert
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,8 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="interpreter that runs the probe (on the target, or locally)")
     parser.add_argument("--hosts", metavar="FILE", help="probe every target of an inventory file")
     parser.add_argument("--limit", metavar="GROUP", help="only this inventory group (with --hosts)")
-    parser.add_argument("--jobs", type=int, default=None, help="parallel targets (with --hosts)")
-    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--jobs", type=_arg(positive_int), default=None,
+                        help="parallel targets (with --hosts)")
+    parser.add_argument("--timeout", type=_arg(positive_seconds), default=None, metavar="SECONDS",
                         help="per-target timeout")
     parser.add_argument("--probe", choices=("full", "static"), default=None,
                         help="full: also import torch, triton and each kernel package in "
@@ -52,19 +69,17 @@ def probe_with_python(python: str, timeout: float | None, static: bool = False) 
     """Run probe.py under another local interpreter (a venv, a conda env) by stdin."""
     src = Path(__file__).with_name("probe.py").read_bytes()
     try:
-        out = subprocess.run([python, "-", *(["--static"] if static else [])], input=src,
-                             capture_output=True, timeout=timeout or 120)
+        out = subprocess.run([python, "-", "--framed", *(["--static"] if static else [])],
+                             input=src, capture_output=True, timeout=timeout or 120)
     except (FileNotFoundError, PermissionError, NotADirectoryError):
         raise UsageError(f"--python {python}: no such interpreter") from None
     except subprocess.TimeoutExpired:
         raise TargetError(f"probe under {python} timed out") from None
-    try:
-        facts = json.loads(out.stdout)
-    except json.JSONDecodeError:
-        tail = (out.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
-        raise TargetError(f"probe under {python} failed (exit {out.returncode}): {tail}") from None
-    if not isinstance(facts, dict) or not facts:
-        raise TargetError(f"probe under {python} printed no facts object")
+    facts = parse_facts(out.stdout)
+    if not facts:
+        tail = (out.stderr[-8192:].decode(errors="replace").strip().splitlines() or ["no output"])
+        raise TargetError(f"probe under {python} failed (exit {out.returncode}): "
+                          f"{plain(tail[-1], 300)}")
     return facts
 
 
@@ -82,6 +97,12 @@ def _check_usage(args: argparse.Namespace) -> Any:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
     if args.python is not None and not args.python.strip():
         raise UsageError("--python needs an interpreter path")
+    from fastpath.doctor.probe import probe_timeout
+
+    try:
+        probe_timeout(os.environ.get("FASTPATH_PROBE_TIMEOUT"))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     assumed = None
     if getattr(args, "gpu", None) is not None:
         from fastpath.doctor.gpu_models import parse_gpu_spec
@@ -118,7 +139,8 @@ def main(args: argparse.Namespace) -> int:
             args.assumed_gpu = assumed
             return run_fleet(args)
         static = getattr(args, "probe", None) == "static"
-        diagnosis = diagnose(_facts(args, static), args.model, assumed)
+        # One pass for every source (local too): checked against the schema, secrets redacted.
+        diagnosis = diagnose(arrived(_facts(args, static)), args.model, assumed)
     except FastpathError as exc:
         if args.json:  # stdout stays one JSON document; the one-line error goes to stderr
             from fastpath.doctor.diagnosis import failure_json
@@ -128,7 +150,8 @@ def main(args: argparse.Namespace) -> int:
                                         indent=2) + "\n")
         raise
     if args.json:
-        sys.stdout.write(json.dumps(diagnosis.to_json(), indent=2, default=str) + "\n")
+        doc = redact_facts(check_json(diagnosis.to_json()))
+        sys.stdout.write(json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n")
     else:
         from fastpath.doctor.report import print_report
 

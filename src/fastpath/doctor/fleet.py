@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import shlex
 import sys
@@ -19,9 +20,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fastpath.doctor.facts_check import check_json
 from fastpath.doctor.inventory import Target, load_targets
+from fastpath.doctor.plain_text import plain
 from fastpath.doctor.redact import redact_facts, redact_text
-from fastpath.doctor.remote import DEFAULT_TIMEOUT, probe_sources, probe_target
+from fastpath.doctor.remote import (
+    DEFAULT_TIMEOUT,
+    OutputBudget,
+    interruptible,
+    probe_sources,
+    probe_target,
+)
 from fastpath.errors import FastpathError, TargetError, UsageError
 
 DEFAULT_JOBS = 32
@@ -69,21 +78,27 @@ async def probe_fleet(
     CPU-s instead of ~3 (see BENCHMARKS.md, fleet doctor)."""
     sources = probe_sources()
     gate = asyncio.Semaphore(jobs)
+    budget = OutputBudget()
 
     async def one(target: Target) -> TargetResult:
+        if target.error is not None:  # refused by the inventory checks: reported, not probed
+            result = TargetResult(target, "failed", target.error, 0.0)
+            if on_done is not None:
+                on_done(result)
+            return result
         async with gate:
             started = time.monotonic()
             try:
                 facts = await probe_target(
                     target.prefix, python=target.python or python, timeout=timeout,
-                    sources=sources, static=static,
+                    sources=sources, static=static, budget=budget,
                 )
                 result = TargetResult(target, "ok", None, time.monotonic() - started, facts)
             except TargetError as exc:
                 reason = str(exc)
                 result = TargetResult(target, _status_of(reason), reason, time.monotonic() - started)
             except Exception as exc:  # one broken target must not take the fleet down
-                reason = redact_text(f"{type(exc).__name__}: {exc}".splitlines()[0])
+                reason = plain(redact_text(f"{type(exc).__name__}: {exc}"[:2000].splitlines()[0]))
                 result = TargetResult(target, "failed", reason, time.monotonic() - started)
         if on_done is not None:
             on_done(result)
@@ -199,7 +214,7 @@ def fleet_json(results: list[TargetResult], exit_code: int) -> dict[str, Any]:
         targets.append(
             {
                 "name": r.target.name,
-                "prefix": redact_text(shlex.join(r.target.prefix)),
+                "prefix": plain(redact_text(shlex.join(r.target.prefix)[:16384])),
                 "groups": r.target.groups,
                 "status": r.status,
                 "verdict": r.verdict,
@@ -234,9 +249,9 @@ def render_table(results: list[TargetResult], console: Any) -> None:
         table.add_column("conv1d" if col == "causal_conv1d" else col, overflow="fold")
     verdict_style = {"fast": "green", "slow": "bold red", "unknown": "yellow"}
     for r, row, odd in zip(results, rows, outliers, strict=True):
-        cells = [Text(redact_text(r.target.name))]
+        cells = [Text(plain(redact_text(r.target.name), 256))]
         for col in COLUMNS:
-            value = redact_text(row[col])
+            value = plain(redact_text(row[col]), 256)
             if col in odd:
                 cells.append(Text(value + " *", style="bold yellow"))
             elif col == "verdict":
@@ -249,7 +264,7 @@ def render_table(results: list[TargetResult], console: Any) -> None:
         console.print("* differs from the majority of the fleet")
     failures = [r for r in results if r.status != "ok"]
     for r in failures:
-        console.print(Text(redact_text(f"{r.target.name}: {r.error}")), soft_wrap=True)
+        console.print(Text(plain(redact_text(f"{r.target.name}: {r.error}"), 1024)), soft_wrap=True)
     counts = Counter(r.verdict for r in results)
     console.print(", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
     from fastpath.doctor.facts import FactsView
@@ -302,14 +317,16 @@ class _Progress:
 
     def __call__(self, result: TargetResult) -> None:
         self.done += 1
-        line = f"{result.target.name}: {result.status} ({result.seconds:.1f}s)"
+        name = plain(redact_text(result.target.name[:4096]), 256)
         if self.live is not None:
-            short = result.target.name if len(result.target.name) <= 32 else result.target.name[:31] + "…"
-            self.live.update(self.task, advance=1, description=redact_text(f"{short}: {result.status}"))
+            from rich.text import Text
+
+            short = name if len(name) <= 32 else name[:31] + "…"
+            self.live.update(self.task, advance=1, description=Text(f"{short}: {result.status}"))
         else:
             self.console.print(
-                f"[{self.done}/{self.total}] {redact_text(line)}", markup=False, highlight=False,
-                soft_wrap=True,
+                f"[{self.done}/{self.total}] {name}: {result.status} ({result.seconds:.1f}s)",
+                markup=False, highlight=False, soft_wrap=True,
             )
 
 
@@ -328,7 +345,8 @@ def _diagnose_all(results: list[TargetResult], model: str | None, assumed: Any =
         except FastpathError:
             raise  # bad --model etc. is the user's input, not the target's
         except Exception as exc:  # a target's odd facts must not hide the other targets
-            r.status, r.error = "failed", redact_text(f"diagnosis failed: {type(exc).__name__}: {exc}")
+            r.status, r.error = "failed", plain(redact_text(
+                f"diagnosis failed: {type(exc).__name__}: {exc}"[:2000]))
 
 
 def fleet_exit_code(results: list[TargetResult]) -> int:
@@ -345,12 +363,14 @@ def fleet_exit_code(results: list[TargetResult]) -> int:
 def run_fleet(args: Any) -> int:
     """Entry point for `fastpath doctor --hosts FILE` (args: hosts, limit, jobs, timeout, python,
     model, json, probe)."""
-    jobs = getattr(args, "jobs", None) or DEFAULT_JOBS
+    jobs = getattr(args, "jobs", None)
+    jobs = DEFAULT_JOBS if jobs is None else jobs
     if jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {jobs}")
-    timeout = getattr(args, "timeout", None) or DEFAULT_TIMEOUT
-    if timeout <= 0:
-        raise UsageError(f"--timeout must be positive, got {timeout:g}")
+    timeout = getattr(args, "timeout", None)
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise UsageError(f"--timeout must be a finite number of seconds > 0, got {timeout:g}")
     targets = load_targets(args.hosts, getattr(args, "limit", None))
     model = getattr(args, "model", None)
     if model:
@@ -359,16 +379,17 @@ def run_fleet(args: Any) -> int:
         load_config(model)  # bad --model fails now, before any target is contacted
 
     with _Progress(len(targets)) as progress:
-        results = asyncio.run(
+        results = asyncio.run(interruptible(
             probe_fleet(
                 targets, python=getattr(args, "python", None), timeout=timeout, jobs=jobs,
                 on_done=progress, static=(getattr(args, "probe", None) or "static") == "static",
             )
-        )
+        ))
     _diagnose_all(results, model, getattr(args, "assumed_gpu", None))
     code = fleet_exit_code(results)
     if getattr(args, "json", False):
-        sys.stdout.write(json.dumps(fleet_json(results, code), indent=2, default=str) + "\n")
+        doc = check_json(fleet_json(results, code))
+        sys.stdout.write(json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n")
     else:
         from rich.console import Console
 

@@ -14,8 +14,8 @@ Facts schema ("fastpath.facts/1"; every fact says where it came from in `source`
            import_seconds: {step: s}, import_interpreters: n}   # (the last two: full probe only;
            a remote sh fallback adds python_fallback: why)
   host:   {hostname, os, kernel, arch, glibc, python, executable, source}
-  env:    {NAME: value} relevant variables only; names with TOKEN/SECRET/PASSWORD/KEY/CREDENTIAL
-          are "<redacted>"
+  env:    {NAME: value} relevant variables only; names with TOKEN/SECRET/PASS/PWD/KEY/AUTH/
+          CREDENTIAL are "<redacted>"
   gpus:   [{index, name, driver, compute_capability: "9.0", memory_mib, source}]
   driver: {version, cuda_version, source} | null
   torch:  {version, cuda, arch_list: ["sm_90", ...], cxx11_abi, cuda_available, devices,
@@ -56,6 +56,7 @@ import platform
 import re
 import shutil
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -84,7 +85,7 @@ ENV_NAMES = (
     "MAX_JOBS", "CC", "CXX",
 )
 ENV_PREFIXES = ("TRITON_", "FLA_", "FASTPATH_", "KERNELS_", "LOCAL_KERNELS", "HF_", "TORCH_CUDA")
-SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
+SECRET_MARKERS = ("TOKEN", "SECRET", "PASS", "PWD", "KEY", "AUTH", "CREDENTIAL")
 
 FATBIN_MAGIC = 0xBA55ED50
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
@@ -106,9 +107,52 @@ class FatbinError(ValueError):
     """The file is not an ELF we understand, or its fatbin section has an unknown layout."""
 
 
+# Whatever a crafted file can make the ELF/fatbin readers raise: reported as "could not read".
+_MALFORMED = (ValueError, OSError, struct.error, IndexError, OverflowError, MemoryError)
+
+
+class NotRegularFile(OSError):
+    """A FIFO, socket or device where a file was expected: reading it could block forever."""
+
+
+# Caps on what the ELF reader reads: a crafted (sparse) file can claim a 4 GB name table that
+# costs no disk. Real values: a few hundred bytes of section names, < 256 section headers, and
+# libtorch_cpu.so's .dynstr is ~5 MiB (CUDA builds a few times more).
+MAX_SECTION_NAMES = 1 << 20
+MAX_SECTION_HEADERS = 1 << 16
+MAX_SYMBOL_TABLE = 64 << 20
+
+
+def open_regular(path, text=False):
+    """Open `path` for reading only if it is a regular file (stat before opening, and fstat on a
+    non-blocking descriptor after, so a FIFO named `x.so`, `RECORD` or `y.egg-info` can neither
+    block the open nor a read)."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise NotRegularFile("not a regular file: %s" % path)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile("not a regular file: %s" % path)
+        if text:
+            return open(fd, "r", encoding="utf-8", errors="replace")
+        return open(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_text_capped(path, limit=4 << 20):
+    """A small text file (metadata, version.py, os-release) read whole, at most `limit` chars."""
+    with open_regular(path, text=True) as fh:
+        return fh.read(limit)
+
+
 def elf_sections(path):
-    """Return {section name: (file offset, size)} of an ELF file (32/64-bit, little/big endian)."""
-    with open(path, "rb") as f:
+    """Return {section name: (file offset, size)} of an ELF file (32/64-bit, little/big endian).
+
+    Raises FatbinError for anything malformed (truncated tables, names without a NUL, tables
+    larger than the caps above) and NotRegularFile for non-files."""
+    with open_regular(path) as f:
         ident = f.read(64)
         if len(ident) < 52 or ident[:4] != b"\x7fELF":
             raise FatbinError("not an ELF file")
@@ -128,27 +172,34 @@ def elf_sections(path):
             return {}
         if shentsize < sh_min:
             raise FatbinError("ELF section header size %d is too small" % shentsize)
-        f.seek(0, 2)
-        file_size = f.tell()
+        file_size = os.fstat(f.fileno()).st_size
 
-        def header(i):
-            f.seek(shoff + i * shentsize)
-            raw = f.read(sh_min)
-            if len(raw) < sh_min:
-                raise FatbinError("truncated ELF section header table")
-            fields = struct.unpack(sh_fmt, raw)
+        def header(raw):
+            fields = struct.unpack_from(sh_fmt, raw)
             # (name, type, flags, addr, offset, size, link, ...)
             return fields[0], fields[1], fields[4], fields[5], fields[6]
 
-        first = header(0)
+        f.seek(shoff)
+        first_raw = f.read(sh_min)
+        if len(first_raw) < sh_min:
+            raise FatbinError("truncated ELF section header table")
+        first = header(first_raw)
         if shnum == 0:  # extended numbering: the real count is in section 0's size
             shnum = first[3]
         if shstrndx == 0xFFFF:
             shstrndx = first[4]
-        if shnum > 65536 * 4 or shstrndx >= shnum:
+        if shnum > MAX_SECTION_HEADERS or shstrndx >= shnum:
             raise FatbinError("implausible ELF section table (%d sections)" % shnum)
-        headers = [header(i) for i in range(shnum)]
+        if shoff + shnum * shentsize > file_size:
+            raise FatbinError("truncated ELF section header table")
+        f.seek(shoff)
+        table = f.read(shnum * shentsize)
+        if len(table) < shnum * shentsize:
+            raise FatbinError("truncated ELF section header table")
+        headers = [header(table[i * shentsize:i * shentsize + sh_min]) for i in range(shnum)]
         _, _, str_off, str_size, _ = headers[shstrndx]
+        if str_size > MAX_SECTION_NAMES:
+            raise FatbinError("section name table of %d bytes is implausibly large" % str_size)
         if str_off + str_size > file_size:
             raise FatbinError("section name table outside the file")
         f.seek(str_off)
@@ -157,11 +208,14 @@ def elf_sections(path):
         for name_off, sh_type, offset, size, _ in headers:
             if name_off >= len(names):
                 continue
-            name = names[name_off:names.index(b"\0", name_off)].decode("latin-1")
+            stop = names.find(b"\0", name_off)
+            if stop < 0:
+                raise FatbinError("section name at %d has no terminating NUL" % name_off)
+            name = names[name_off:stop].decode("latin-1")
             if sh_type in (0, 8):  # SHT_NULL, SHT_NOBITS: no bytes in the file
                 continue
             if offset + size > file_size:
-                raise FatbinError("section %s extends past the end of the file" % name)
+                raise FatbinError("section %s extends past the end of the file" % name[:64])
             out[name] = (offset, size)
         return out
 
@@ -227,7 +281,7 @@ def read_fatbin_archs(path):
     """
     sections = elf_sections(path)
     sass, ptx, found = set(), set(), []
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         for name in FATBIN_SECTIONS:
             if name not in sections:
                 continue
@@ -281,11 +335,13 @@ class ElfDynamic:
         sections = elf_sections(path)
         if ".dynsym" not in sections or ".dynstr" not in sections:
             raise FatbinError("no dynamic symbol table")
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             self.is64, self.end = _elf_ident(f)
 
             def read(name):
                 off, size = sections[name]
+                if size > MAX_SYMBOL_TABLE:
+                    raise FatbinError("%s of %d bytes is implausibly large" % (name, size))
                 f.seek(off)
                 return f.read(size)
 
@@ -374,13 +430,13 @@ def link_check(so_path, lib_paths):
     loader would refuse it too."""
     try:
         needed = [n for n in ElfDynamic(so_path).undefined() if torch_symbol(n)]
-    except (FatbinError, OSError, struct.error) as exc:
-        return {"error": "%s: %s" % (type(exc).__name__, exc)}
+    except _MALFORMED as exc:
+        return {"error": "could not read: %s: %s" % (type(exc).__name__, exc)}
     libs = []
     for p in lib_paths:
         try:
             libs.append(ElfDynamic(p))
-        except (FatbinError, OSError, struct.error):
+        except _MALFORMED:
             continue
     missing = [n for n in needed if not any(lib.defines(n) for lib in libs)]
     return {"checked": len(needed), "missing": missing[:5], "missing_count": len(missing),
@@ -445,6 +501,23 @@ def _run(argv, timeout, env=None):
     )
 
 
+DEFAULT_PROBE_TIMEOUT = 30.0
+
+
+def probe_timeout(text):
+    """Seconds per probe subprocess from FASTPATH_PROBE_TIMEOUT (None/empty: the default);
+    ValueError for anything but a finite number > 0."""
+    if text is None or not str(text).strip():
+        return DEFAULT_PROBE_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError("FASTPATH_PROBE_TIMEOUT=%r: expected a number of seconds > 0" % text[:40])
+    return value
+
+
 def _is_exe(path):
     return os.path.isfile(path) and os.access(path, os.X_OK)
 
@@ -480,7 +553,11 @@ class Options:
         if skip is None:
             skip = [s.strip() for s in self.env.get("FASTPATH_PROBE_SKIP", "").split(",")]
         self.skip = set(s for s in skip if s)
-        self.timeout = float(timeout or self.env.get("FASTPATH_PROBE_TIMEOUT") or 30)
+        self.timeout_error = None
+        try:
+            self.timeout = timeout or probe_timeout(self.env.get("FASTPATH_PROBE_TIMEOUT"))
+        except ValueError as exc:  # on a target: say so in probe.errors, probe with the default
+            self.timeout, self.timeout_error = DEFAULT_PROBE_TIMEOUT, str(exc)
         self.custom_site_packages = sp is not None
 
     def sys_path(self, path):
@@ -524,7 +601,7 @@ def probe_host(opts):
     os_name = None
     os_release = opts.sys_path("/etc/os-release")
     try:
-        with open(os_release) as f:
+        with open_regular(os_release, text=True) as f:
             for line in f:
                 if line.startswith("PRETTY_NAME="):
                     os_name = line.split("=", 1)[1].strip().strip('"')
@@ -839,7 +916,7 @@ class Dist:
     @property
     def files(self):
         try:
-            with open(os.path.join(self._path, "RECORD"), encoding="utf-8", errors="replace") as fh:
+            with open_regular(os.path.join(self._path, "RECORD"), text=True) as fh:
                 return [line.split(",", 1)[0] for line in fh if line.strip()]
         except OSError:
             return None
@@ -852,7 +929,7 @@ def _read_headers(path):
     """Name and Version from a METADATA / PKG-INFO file's header block."""
     out = {}
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
+        with open_regular(path, text=True) as fh:
             for line in fh:
                 if not line.strip():
                     break
@@ -904,8 +981,9 @@ def probe_so(path):
     try:
         r = read_fatbin_archs(path)
         return {"path": path, "sass": r["sass"], "ptx": r["ptx"], "sections": r["sections"]}
-    except (FatbinError, OSError, struct.error) as exc:
-        return {"path": path, "sass": [], "ptx": [], "error": "%s: %s" % (type(exc).__name__, exc)}
+    except _MALFORMED as exc:
+        return {"path": path, "sass": [], "ptx": [],
+                "error": "could not read: %s: %s" % (type(exc).__name__, exc)}
 
 
 def parse_nvcc_version(text):
@@ -929,7 +1007,7 @@ def read_dpkg_status(path):
     keep = re.compile(r"^(cuda-nvcc(-\d+-\d+)?|nvidia-cuda-toolkit|cuda-toolkit(-\d+(-\d+)?)?|"
                       r"cuda-cudart-dev-\d+-\d+|libcusparse-dev-\d+-\d+|libcublas-dev-\d+-\d+)$")
     out = []
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open_regular(path, text=True) as f:
         stanza = {}
         for line in [*list(f), ""]:
             line = line.rstrip("\n")
@@ -955,7 +1033,7 @@ def dpkg_nvcc_paths(pkg, opts):
     for lst in glob.glob(os.path.join(info, pkg + ".list")) + \
             glob.glob(os.path.join(info, pkg + ":*.list")):
         try:
-            with open(lst, encoding="utf-8", errors="replace") as f:
+            with open_regular(lst, text=True) as f:
                 for line in f:
                     line = line.strip()
                     if line.endswith("/bin/nvcc"):
@@ -1167,14 +1245,20 @@ _ARCH_FLAGS_RE = re.compile(rb"\x00((?:sm|compute)_\d+[af]?(?: (?:sm|compute)_\d
 
 def torch_arch_flags(path):
     """The archs torch was built for, from that string in .rodata; None unless exactly one."""
+    found = set()
     try:
         off, size = elf_sections(path).get(".rodata", (0, 0))
-        with open(path, "rb") as f:
-            f.seek(off)
-            data = f.read(size)
-    except (FatbinError, OSError, struct.error):
+        with open_regular(path) as f:  # in 4 MiB chunks (overlapping): bounded memory
+            chunk, overlap, pos = 4 << 20, 4096, 0
+            while pos < size:
+                f.seek(off + pos)
+                data = f.read(min(chunk + overlap, size - pos))
+                if not data:
+                    break
+                found.update(m.group(1).decode("ascii") for m in _ARCH_FLAGS_RE.finditer(data))
+                pos += chunk
+    except _MALFORMED:
         return None
-    found = set(m.group(1).decode("ascii") for m in _ARCH_FLAGS_RE.finditer(data))
     return found.pop().split() if len(found) == 1 else None
 
 
@@ -1190,8 +1274,7 @@ def torch_static(dists, gpus, driver):
          "cxx11_abi": None, "arch_list": [], "devices": [],
          "source": "static: %s/version.py and torch's libraries (torch not imported)" % pkg}
     try:
-        with open(os.path.join(pkg, "version.py"), encoding="utf-8") as fh:
-            text = fh.read()
+        text = read_text_capped(os.path.join(pkg, "version.py"))
         m = _TORCH_CUDA_RE.search(text)
         if m:
             t["cuda"] = m.group(1) or m.group(2) or None
@@ -1202,7 +1285,7 @@ def torch_static(dists, gpus, driver):
         t["source"] += "; no version.py"
     try:
         t["cxx11_abi"] = b"__cxx11" in ElfDynamic(os.path.join(pkg, "lib", "libc10.so")).dynstr
-    except (FatbinError, OSError, struct.error):
+    except _MALFORMED:
         pass
     cuda_lib = os.path.join(pkg, "lib", "libtorch_cuda.so")
     if os.path.isfile(cuda_lib):
@@ -1215,8 +1298,8 @@ def torch_static(dists, gpus, driver):
                 r = read_fatbin_archs(cuda_lib)
                 t["arch_list"] = r["sass"] + r["ptx"]
                 t["arch_source"] = "libtorch_cuda.so: SASS/PTX in its fatbin"
-            except (FatbinError, OSError, struct.error) as exc:
-                t["arch_error"] = "%s: %s" % (type(exc).__name__, exc)
+            except _MALFORMED as exc:
+                t["arch_error"] = "could not read: %s: %s" % (type(exc).__name__, exc)
     # Without importing: a CUDA build, a GPU nvidia-smi sees, a driver new enough for the build.
     if t["cuda"] is None or not gpus:
         t["cuda_available"] = False
@@ -1470,6 +1553,8 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
         facts["packages"] = packages
     finally:
         pool.shutdown(wait=False)
+    if opts.timeout_error:
+        errors["options"] = "could not collect: %s; used %gs" % (opts.timeout_error, opts.timeout)
     facts["probe"] = {"kind": "python", "python": platform.python_version(), "errors": errors,
                       "seconds": round(time.time() - started, 3), "options": opts.describe()}
     if import_results:  # where the guarded imports spent their time (benchmarks read this)
@@ -1480,13 +1565,23 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
     return facts
 
 
+# `--framed` (how fastpath.doctor.remote runs it): the JSON goes between these two lines, so a
+# login banner before it or noise after it cannot be mistaken for it.
+FRAME_BEGIN = "--- fastpath facts begin ---"
+FRAME_END = "--- fastpath facts end ---"
+
+
 def main():
     # `python3 - --static` (how `doctor --probe static` runs it on a target): no imports at all
     skip = None
     if "--static" in sys.argv[1:]:
         skip = [p for p in os.environ.get("FASTPATH_PROBE_SKIP", "").split(",") if p] + ["imports"]
-    json.dump(collect(skip=skip), sys.stdout, indent=1, sort_keys=False, default=str)
-    sys.stdout.write("\n")
+    framed = "--framed" in sys.argv[1:]
+    facts = collect(skip=skip)
+    if framed:
+        sys.stdout.write("\n" + FRAME_BEGIN + "\n")
+    json.dump(facts, sys.stdout, indent=None if framed else 1, sort_keys=False, default=str)
+    sys.stdout.write("\n" + (FRAME_END + "\n" if framed else ""))
 
 
 if __name__ == "__main__":

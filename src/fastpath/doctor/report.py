@@ -241,7 +241,27 @@ def ran_static(facts: dict[str, Any]) -> bool:
     return FactsView(facts).static_probe
 
 
+def _inert_view(diagnosis: Any) -> Any:
+    """The diagnosis with every string that came from a target, a file or the environment (facts,
+    model plan, findings' text, headline) made inert: control characters visible, rich markup
+    escaped, long strings cut (see fastpath.doctor.plain_text). The layout below adds its own
+    markup around these."""
+    import dataclasses
+
+    from fastpath.doctor.plain_text import inert, inert_tree
+
+    findings = [dataclasses.replace(f, title=inert(f.title),
+                                    detail=inert(f.detail, multiline=True),
+                                    remedies=tuple(inert(r, multiline=True) for r in f.remedies),
+                                    source=inert(f.source)) for f in diagnosis.findings]
+    return dataclasses.replace(
+        diagnosis, facts=inert_tree(diagnosis.facts), findings=findings,
+        model_plan=inert_tree(diagnosis.model_plan), headline=inert(diagnosis.headline),
+        top_remedy=None if diagnosis.top_remedy is None else inert(diagnosis.top_remedy))
+
+
 def render(diagnosis: Any, console: Any) -> None:
+    diagnosis = _inert_view(diagnosis)
     facts = diagnosis.facts
     fv = FactsView(facts, diagnosis.assumed_gpu)
     _say(console, diagnosis.headline, style=VERDICT_STYLE.get(diagnosis.verdict, "bold"))
