@@ -133,21 +133,15 @@ def _helpers_source(module: ModuleType, src: str, depth: int = 2) -> str:
 
 
 def _kernel_limit(layer: Any) -> str | None:
-    """Why fastpath's Triton causal conv would hand this layer's calls to its reference, if it would
-    (the kernels take widths 2..MAX_TRITON_WIDTH and fp32/fp16/bf16)."""
+    """Why fastpath's Triton causal conv would hand this layer's calls to its reference, if it
+    would: the kernels' own `kernel_limit`, asked about the layer's depthwise Conv1d."""
     import torch
 
-    from fastpath.kernels.causal_conv1d.interface import MAX_TRITON_WIDTH
-    from fastpath.kernels.dispatch import TRITON_DTYPES
+    from fastpath.kernels.causal_conv1d.interface import kernel_limit
 
     for child in layer.children():
         if isinstance(child, torch.nn.Conv1d) and child.groups == child.in_channels:
-            width = child.kernel_size[0]
-            if not 2 <= width <= MAX_TRITON_WIDTH:
-                return f"width {width} outside the kernel's 2..{MAX_TRITON_WIDTH}"
-            if child.weight.dtype not in TRITON_DTYPES:
-                return f"dtype {child.weight.dtype} not supported by the kernel"
-            return None
+            return kernel_limit(child.kernel_size[0], child.weight.dtype)
     return None
 
 
