@@ -181,3 +181,14 @@ def graph_greedy(model: Any, input_ids: Any, new_tokens: int = 64,
     result.reason = ("graph tokens match the eager StaticCache loop" if same else
                      f"graph tokens differ from eager from step {result.first_mismatch} on")
     return result
+
+
+def bench_phase(model: Any, input_ids: Any, decode_tokens: int) -> dict[str, Any]:
+    """A `fastpath bench` phase entry: decode with CUDA graphs after the prompt, tokens/s of the
+    replayed steps, or the reason it could not run (then no number is claimed)."""
+    res = graph_greedy(model, input_ids, new_tokens=decode_tokens)
+    entry: dict[str, Any] = {"ok": res.ok, "reason": res.reason, "match_eager": res.match,
+                             "eager_static_tokens_per_s": res.eager_tokens_per_s}
+    if res.ok:
+        entry["tokens_per_s"] = res.graph_tokens_per_s
+    return entry

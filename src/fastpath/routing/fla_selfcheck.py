@@ -60,16 +60,19 @@ class DqkwgConfig:
     V: int
     BT: int
     dtype: str                 # q/k/v/do dtype
-    state_dtype: str           # h/dh dtype
+    state_dtype: str           # h dtype
     use_w: bool
     state_v_first: bool
     varlen: bool
+    dstate_dtype: str = ""     # dh dtype ("" = same as h)
 
     def label(self) -> str:
         parts = [f"K={self.K}", f"V={self.V}", f"H={self.H}", f"HV={self.HV}", f"BT={self.BT}",
                  self.dtype]
         if self.state_dtype != self.dtype:
-            parts.append(f"state {self.state_dtype}")
+            parts.append(f"h {self.state_dtype}")
+        if self.dstate_dtype and self.dstate_dtype != self.state_dtype:
+            parts.append(f"dh {self.dstate_dtype}")
         parts += [x for x, on in (("w", self.use_w), ("state_v_first", self.state_v_first),
                                   ("varlen", self.varlen)) if on]
         return " ".join(parts)
@@ -106,7 +109,8 @@ def config_of_call(call: dict[str, Any]) -> DqkwgConfig:
                        BT=int(call.get("chunk_size") or 64), dtype=_dtype_name(q),
                        state_dtype=_dtype_name(call["h"]), use_w=call.get("w") is not None,
                        state_v_first=bool(call.get("state_v_first")),
-                       varlen=call.get("cu_seqlens") is not None)
+                       varlen=call.get("cu_seqlens") is not None,
+                       dstate_dtype=_dtype_name(call["dh"]))
 
 
 def make_inputs(config: DqkwgConfig, seed: int, device: Any, n_chunks: int = N_CHUNKS,
@@ -120,6 +124,7 @@ def make_inputs(config: DqkwgConfig, seed: int, device: Any, n_chunks: int = N_C
     T = max(1, n_chunks * BT - BT // 2)
     gen = torch.Generator().manual_seed(seed)
     dt, st = getattr(torch, config.dtype), getattr(torch, config.state_dtype)
+    dst = getattr(torch, config.dstate_dtype or config.state_dtype)
 
     def r(*shape: int, scale: float = 1.0, dtype: Any = dt) -> Any:
         return (torch.randn(*shape, generator=gen) * scale).to(device=device, dtype=dtype)
@@ -141,7 +146,7 @@ def make_inputs(config: DqkwgConfig, seed: int, device: Any, n_chunks: int = N_C
     hs = (B, NT, HV, V, K) if config.state_v_first else (B, NT, HV, K, V)
     return dict(
         q=r(B, T, H, K, scale=K ** -0.5), k=r(B, T, H, K, scale=K ** -0.5), v=r(B, T, HV, V),
-        do=r(B, T, HV, V), h=r(*hs, scale=0.3, dtype=st), dh=r(*hs, scale=0.3, dtype=st),
+        do=r(B, T, HV, V), h=r(*hs, scale=0.3, dtype=st), dh=r(*hs, scale=0.3, dtype=dst),
         w=r(B, T, HV, K, scale=K ** -0.5) if config.use_w else None,
         g=g.to(device=device, dtype=torch.float32), g_gamma=None,
         dv=r(B, T, HV, V) if config.use_w else None, scale=K ** -0.5,
