@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fastpath.errors import UsageError
 from fastpath.kernels.gated_delta_rule.dqkwg import chunk_bwd_dqkwg
 from fastpath.kernels.gated_delta_rule.naive import gated_delta_rule_reference
 from fastpath.routing.fla_backend import dqkwg_route_needed
@@ -411,7 +412,7 @@ def test_route_policy_env_var_and_once_per_config(monkeypatch, tmp_path) -> None
     facts = json.loads(fla_selfcheck.facts_path().read_text())
     assert facts["results"][0]["passed"] is True and facts["mode"] == "auto"
     monkeypatch.setenv("FASTPATH_FLA_DQKWG", "sometimes")
-    with pytest.raises(ValueError, match="FASTPATH_FLA_DQKWG='sometimes'"):
+    with pytest.raises(UsageError, match="FASTPATH_FLA_DQKWG='sometimes'"):
         fla_selfcheck.route_mode()
 
 
@@ -431,6 +432,24 @@ def test_failed_selfcheck_warns_and_keeps_torch(monkeypatch, tmp_path) -> None:
     with pytest.warns(RuntimeWarning, match="failed the self-check"):
         assert fla_selfcheck.fla_allowed(call, wrong, chunk_bwd_dqkwg) is False
     assert "FAIL" in fla_selfcheck.describe()[0]
+
+
+def test_enable_summary_and_explain_name_the_checked_configs(monkeypatch) -> None:
+    from fastpath.routing import fla_route, fla_selfcheck
+    from fastpath.routing.explain import Explanation
+    from fastpath.routing.transformers import EnableReport
+
+    config = _small_config("bfloat16")
+    monkeypatch.setattr(fla_selfcheck, "RESULTS",
+                        {config: SelfCheckResult(config, True, "ok", {"dq": 1e-3}, seeds=3, chunks=16)})
+    report = EnableReport("fastpath", fla_route.DQKWG_IMPL, "FLA #640 here", "5.17.0")
+    assert "dqkwg K=16 V=16 H=1 HV=2 BT=16 bfloat16 h float32 w: PASS" in report.summary()
+    table = Explanation(rows=[{"layer": "l0", "layer_type": "GDN", "op": "chunk_gated_delta_rule",
+                               "impl": fla_route.DQKWG_IMPL, "fast": True}],
+                        notes=fla_selfcheck.describe())
+    assert "note: FLA gated dqkwg self-check" in str(table) and "PASS" in str(table)
+    plain = EnableReport("fastpath", "fla", "safe here", "5.17.0")
+    assert "dqkwg" not in plain.summary()
 
 
 def test_unguarded_copy_leaves_the_original_guarded() -> None:

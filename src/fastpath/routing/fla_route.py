@@ -174,7 +174,7 @@ def use_dqkwg_route(status: FlaStatus) -> bool:
     (fastpath.routing.fla_backend): per configuration FLA's own kernel where fla_selfcheck
     validated it (or FASTPATH_FLA_DQKWG forces a route), else fastpath's PyTorch dqkwg; FLA
     keeps its own kernels for everything else. Falls back to "fla-fwd+torch-bwd" when the
-    backend cannot be installed. A bad FASTPATH_FLA_DQKWG value raises ValueError."""
+    backend cannot be installed. A bad FASTPATH_FLA_DQKWG value raises UsageError."""
     if status.chunk_impl != "fla-fwd+torch-bwd":
         return False
     from fastpath.routing.fla_selfcheck import route_mode
