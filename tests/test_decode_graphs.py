@@ -17,20 +17,14 @@ import torch
 
 from fastpath.proof import greedy
 from fastpath.proof.decode_graphs import (
-    _prefill,
-    _step_fn,
+    decode_step,
     eager_static_run,
     graph_greedy,
     static_cache_problem,
+    static_prefill,
 )
 from fastpath.proof.models import build_model
-
-TINY_QWEN35 = {
-    "model_type": "qwen3_5_text", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2,
-    "linear_num_value_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
-    "linear_conv_kernel_dim": 4, "vocab_size": 64,
-}
+from test_models import TINY_QWEN35  # the tiny Qwen3.5 hybrid the model tests build
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +78,8 @@ def test_decode_step_compiles_into_one_graph_with_fastpath_ops(tiny):
         with torch.no_grad():
             want, _ = eager_static_run(tiny.model, ids, steps=3, timed_from=0, max_cache_len=24)
             cache = StaticCache(config=tiny.model.config, max_cache_len=24)
-            token, position = _prefill(tiny.model, ids, cache)
-            step = _step_fn(tiny.model, cache, token, position)
+            token, position = static_prefill(tiny.model, ids, cache)
+            step = decode_step(tiny.model, cache, token, position)
             got = [token.clone()]
             step()  # eager first step: the cache's lazy initialisation happens outside the graph
             got.append(token.clone())

@@ -60,7 +60,7 @@ def static_cache_problem(model: Any, max_cache_len: int) -> str | None:
     return None
 
 
-def _step_fn(model: Any, cache: Any, token: Any, position: Any) -> Any:
+def decode_step(model: Any, cache: Any, token: Any, position: Any) -> Any:
     """One decode step on device buffers: reads `token` [B, 1] and `position` [1], writes the
     argmax back into `token` and advances `position`, all without a host sync."""
     import torch
@@ -74,7 +74,8 @@ def _step_fn(model: Any, cache: Any, token: Any, position: Any) -> Any:
     return step
 
 
-def _prefill(model: Any, input_ids: Any, cache: Any) -> tuple[Any, Any]:
+def static_prefill(model: Any, input_ids: Any, cache: Any) -> tuple[Any, Any]:
+    """Run the prompt into `cache`: the first chosen token [B, 1] and the next position [1]."""
     import torch
 
     length = input_ids.shape[1]
@@ -98,8 +99,8 @@ def eager_static_run(model: Any, input_ids: Any, steps: int, timed_from: int,
     from transformers import StaticCache
 
     cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
-    token, position = _prefill(model, input_ids, cache)
-    step = _step_fn(model, cache, token, position)
+    token, position = static_prefill(model, input_ids, cache)
+    step = decode_step(model, cache, token, position)
     tokens = [token.clone()]
     start = None
     for i in range(steps):
@@ -144,8 +145,8 @@ def graph_greedy(model: Any, input_ids: Any, new_tokens: int = 64,
     with torch.inference_mode():
         eager_tokens, eager_s = eager_static_run(model, input_ids, steps, warmup, max_cache_len)
         cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
-        token, position = _prefill(model, input_ids, cache)
-        step = _step_fn(model, cache, token, position)
+        token, position = static_prefill(model, input_ids, cache)
+        step = decode_step(model, cache, token, position)
         tokens = [token.clone()]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
