@@ -51,8 +51,14 @@ class EnableReport:
 
     def summary(self) -> str:
         tf = self.transformers_version or "not installed yet"
+        checked = ""
+        if self.gated_delta_rule == fla_route.DQKWG_IMPL:  # read now: checks run at first backward
+            from fastpath.routing import fla_selfcheck
+
+            checked = "".join(f"; dqkwg {r.config.label()}: {'PASS' if r.passed else 'FAIL'}"
+                              for r in fla_selfcheck.RESULTS.values())
         return (f"fastpath enabled: causal_conv1d -> {self.conv_impl}; gated delta rule -> "
-                f"{self.gated_delta_rule} ({self.gated_delta_rule_reason}); transformers {tf}: "
+                f"{self.gated_delta_rule} ({self.gated_delta_rule_reason}{checked}); transformers {tf}: "
                 f"{len(self.modules_patched)} modeling modules patched, {len(self.modules_pending)} on import, "
                 f"{self.layers_patched} built layers")
 
