@@ -27,7 +27,7 @@ from fastpath.kernels.ssd import naive as reference
 MAX_CHUNK = 256  # the kernels hold a chunk's (Q, Q) decay tile in registers
 MAX_HEADDIM = 256
 MAX_DSTATE = 256
-KERNELS_READY = False  # flipped once scan_fwd/scan_bwd pass the float64 tests
+KERNELS_READY = True
 
 
 @cache

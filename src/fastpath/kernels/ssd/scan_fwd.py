@@ -215,7 +215,7 @@ def prepare_dt(dt: Tensor, A: Tensor, dt_bias: Tensor | None, chunk_size: int, d
     _dt_kernel[grid](
         dt.contiguous(), A.contiguous(), dt_bias.contiguous() if dt_bias is not None else dt,
         dtp, cum, seqlen, nheads, nchunks, chunk_size,
-        float(dt_limit[0]), float(dt_limit[1]) if has_limit else 0.0,
+        float(dt_limit[0]), float(dt_limit[1]),
         HAS_BIAS=dt_bias is not None, SOFTPLUS=dt_softplus, HAS_LIMIT=has_limit,
         BQ=pow2(chunk_size), BH=bh,
     )

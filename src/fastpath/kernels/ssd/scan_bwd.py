@@ -1,0 +1,311 @@
+"""Triton backward of the chunked state-space scan: the forward's decomposition in reverse.
+
+Recompute dt', cum and the states entering each chunk (scan_fwd), then:
+1. `_dstates_kernel` (per batch, head, P/N tile; sequential over chunks, newest first, float32):
+   R_c = dL/d(state leaving chunk c);  R_{c-1} = gate_c R_c + sum_t exp(cum_t) dy_t^T C_t,
+   and dinitial_states = the gradient entering chunk 0.
+2. `_dx_kernel` (per batch, chunk, head): dx, d(dt') (through the decay's cumulative sum, then
+   the dt_limit clamp, softplus and bias), per-chunk partial sums of dA and dD.
+3. `_dbc_kernel` (per batch, chunk, group, N tile): dB and dC summed over the group's heads in
+   registers (never expanded to heads): W = sum_h (dy_h (dt' x_h)^T) * decay_h, dC = W B + ...,
+   dB = W^T C + ...
+z gating (dz and dy = dout * silu(z)) is elementwise torch around the kernels; y before the gate
+is recomputed by the forward's output kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fastpath.kernels.ssd.scan_fwd import (
+    _chunk_bounds,
+    chunk_outputs,
+    chunk_states,
+    contiguous_inputs,
+    dot_precision,
+    mm,
+    needs_upcast,
+    pow2,
+    prepare_dt,
+)
+
+
+@triton.jit
+def _dstates_kernel(
+    dy_ptr, C_ptr, cum_ptr, seq_ptr, dfinal_ptr, dstates_ptr, dinit_ptr,
+    L, H, G, P, N, NC, Q,
+    HAS_SEQ: tl.constexpr, HAS_DFINAL: tl.constexpr, PREC: tl.constexpr,
+    UPCAST: tl.constexpr, BQ: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
+):
+    n_nb = tl.cdiv(N, BN)
+    pid_pn = tl.program_id(0)
+    offs_p = (pid_pn // n_nb) * BP + tl.arange(0, BP)
+    offs_n = (pid_pn % n_nb) * BN + tl.arange(0, BN)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    g = h // (H // G)
+    pn_mask = (offs_p[:, None] < P) & (offs_n[None, :] < N)
+    pn_off = offs_p[:, None] * N + offs_n[None, :]
+    bh = b.to(tl.int64) * H + h
+    if HAS_DFINAL:
+        dh = tl.load(dfinal_ptr + bh * P * N + pn_off, mask=pn_mask, other=0.0).to(tl.float32)
+    else:
+        dh = tl.zeros((BP, BN), dtype=tl.float32)
+    offs_t = tl.arange(0, BQ)
+    for i in range(NC):
+        c = NC - 1 - i
+        valid, n_valid, seq_t, seq_last, seq_prev = _chunk_bounds(
+            seq_ptr, b, c, L, Q, offs_t, HAS_SEQ
+        )
+        st_off = ((b.to(tl.int64) * NC + c) * H + h) * P * N
+        tl.store(dstates_ptr + st_off + pn_off, dh, mask=pn_mask)
+        cbase = bh * NC * Q + c * Q
+        cum = tl.load(cum_ptr + cbase + offs_t, mask=valid, other=0.0)
+        cum_last = tl.load(cum_ptr + cbase + n_valid - 1)
+        keep = valid & (seq_t == seq_prev)
+        scale = tl.where(keep, tl.exp(tl.where(keep, cum, 0.0)), 0.0)
+        rows = b.to(tl.int64) * L + c * Q + offs_t
+        dy = tl.load(dy_ptr + (rows[:, None] * H + h) * P + offs_p[None, :],
+                     mask=valid[:, None] & (offs_p[None, :] < P), other=0.0)
+        Ct = tl.load(C_ptr + (rows[:, None] * G + g) * N + offs_n[None, :],
+                     mask=valid[:, None] & (offs_n[None, :] < N), other=0.0)
+        dys = (dy.to(tl.float32) * scale[:, None]).to(dy.dtype)
+        gate = tl.where(seq_last == seq_prev, tl.exp(cum_last), 0.0)
+        dh = dh * gate + mm(tl.trans(dys), Ct, PREC, UPCAST)
+    tl.store(dinit_ptr + bh * P * N + pn_off, dh, mask=pn_mask)
+
+
+@triton.jit
+def _dx_kernel(
+    x_ptr, dy_ptr, B_ptr, C_ptr, D_ptr, A_ptr, dt_ptr, bias_ptr, dtp_ptr, cum_ptr, seq_ptr,
+    states_ptr, dstates_ptr,
+    dx_ptr, ddt_ptr, dA_ptr, dD_ptr,
+    L, H, G, P, N, NC, Q, dt_min, dt_max,
+    HAS_SEQ: tl.constexpr, HAS_D: tl.constexpr, D_PER_CHANNEL: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_LIMIT: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr,
+    BQ: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
+):
+    pid_bc = tl.program_id(0)
+    b = pid_bc // NC
+    c = pid_bc % NC
+    h = tl.program_id(1)
+    g = h // (H // G)
+    offs_t = tl.arange(0, BQ)
+    offs_p = tl.arange(0, BP)
+    offs_n = tl.arange(0, BN)
+    valid, n_valid, seq_t, seq_last, seq_prev = _chunk_bounds(seq_ptr, b, c, L, Q, offs_t, HAS_SEQ)
+    bh = b.to(tl.int64) * H + h
+    cbase = bh * NC * Q + c * Q
+    dtp = tl.load(dtp_ptr + cbase + offs_t, mask=valid, other=0.0)
+    cum = tl.load(cum_ptr + cbase + offs_t, mask=valid, other=0.0)
+    cum_last = tl.load(cum_ptr + cbase + n_valid - 1)
+    rows = b.to(tl.int64) * L + c * Q + offs_t
+    tn_mask = valid[:, None] & (offs_n[None, :] < N)
+    tp_mask = valid[:, None] & (offs_p[None, :] < P)
+    pn_mask = (offs_p[:, None] < P) & (offs_n[None, :] < N)
+    Ct = tl.load(C_ptr + (rows[:, None] * G + g) * N + offs_n[None, :], mask=tn_mask, other=0.0)
+    Bt = tl.load(B_ptr + (rows[:, None] * G + g) * N + offs_n[None, :], mask=tn_mask, other=0.0)
+    xo = (rows[:, None] * H + h) * P + offs_p[None, :]
+    x = tl.load(x_ptr + xo, mask=tp_mask, other=0.0)
+    dy = tl.load(dy_ptr + xo, mask=tp_mask, other=0.0)
+    st_off = ((b.to(tl.int64) * NC + c) * H + h) * P * N
+    pn_off = offs_p[:, None] * N + offs_n[None, :]
+    h_in = tl.load(states_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
+    R = tl.load(dstates_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
+
+    # intra-chunk pairs (t attends u <= t of its own sequence)
+    cb = mm(Ct, tl.trans(Bt), PREC, UPCAST)
+    pair = (offs_t[:, None] >= offs_t[None, :]) & (seq_t[:, None] == seq_t[None, :])
+    pair = pair & valid[:, None] & valid[None, :]
+    decay = tl.exp(tl.where(pair, cum[:, None] - cum[None, :], -float("inf")))
+    cbd = cb * decay
+    xf = x.to(tl.float32)
+    v = xf * dtp[:, None]
+    dv = mm(tl.trans(cbd.to(dy.dtype)), dy, PREC, UPCAST)
+    # through the state leaving the chunk
+    keep_last = valid & (seq_t == seq_last)
+    to_end = tl.where(keep_last, tl.exp(tl.where(keep_last, cum_last - cum, 0.0)), 0.0)
+    br = mm(Bt, tl.trans(R.to(Bt.dtype)), PREC, UPCAST)  # (Q, P): B_u R^T
+    dv += br * to_end[:, None]
+    dx = dv * dtp[:, None]
+    dyf = dy.to(tl.float32)
+    if HAS_D:
+        if D_PER_CHANNEL:
+            d = tl.load(D_ptr + h * P + offs_p, mask=offs_p < P, other=0.0).to(tl.float32)
+            dx += dyf * d[None, :]
+            dd = tl.sum(dyf * xf, axis=0)
+            tl.store(dD_ptr + ((b.to(tl.int64) * NC + c) * H + h) * P + offs_p, dd,
+                     mask=offs_p < P)
+        else:
+            dx += dyf * tl.load(D_ptr + h).to(tl.float32)
+            tl.store(dD_ptr + (b.to(tl.int64) * NC + c) * H + h, tl.sum(dyf * xf))
+    tl.store(dx_ptr + xo, dx.to(dx_ptr.dtype.element_ty), mask=tp_mask)
+    ddtp = tl.sum(xf * dv, axis=1)
+
+    # gradient of the cumulative log-decay cum_t
+    dyv = mm(dy, tl.trans(v.to(dy.dtype)), PREC, UPCAST)  # (t, u): dy_t . v_u
+    tt = cbd * dyv
+    ds = tl.sum(tt, axis=1) - tl.sum(tt, axis=0)
+    prev_ok = valid & (seq_t == seq_prev)
+    from_start = tl.where(prev_ok, tl.exp(tl.where(prev_ok, cum, 0.0)), 0.0)
+    inter = mm(Ct, tl.trans(h_in.to(Ct.dtype)), PREC, UPCAST)  # (Q, P): C_t h_in^T
+    ds += from_start * tl.sum(dyf * inter, axis=1)
+    q = to_end * tl.sum(v * br, axis=1)
+    gate = tl.where(seq_last == seq_prev, tl.exp(cum_last), 0.0)
+    last_extra = tl.sum(q) + gate * tl.sum(tl.sum(R * h_in, axis=1))
+    ds = ds - q + tl.where(offs_t == n_valid - 1, last_extra, 0.0)
+    ds = tl.where(valid, ds, 0.0)
+    da = tl.sum(ds) - tl.cumsum(ds, axis=0) + ds  # reverse cumulative sum
+    a = tl.load(A_ptr + h).to(tl.float32)
+    ddtp += da * a
+    tl.store(dA_ptr + (b.to(tl.int64) * NC + c) * H + h, tl.sum(da * dtp))
+
+    # through dt' = clamp(softplus(dt + bias))
+    raw = tl.load(dt_ptr + rows * H + h, mask=valid, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        raw += tl.load(bias_ptr + h).to(tl.float32)
+    if SOFTPLUS:
+        sp = tl.where(raw <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(raw, 20.0))), raw)
+        ddtp = ddtp * tl.where(raw <= 20.0, tl.sigmoid(raw), 1.0)
+    else:
+        sp = raw
+    if HAS_LIMIT:
+        ddtp = tl.where((sp >= dt_min) & (sp <= dt_max), ddtp, 0.0)
+    tl.store(ddt_ptr + rows * H + h, ddtp, mask=valid)
+
+
+@triton.jit
+def _dbc_kernel(
+    x_ptr, dy_ptr, B_ptr, C_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, dstates_ptr,
+    dB_ptr, dC_ptr,
+    L, H, G, P, N, NC, Q,
+    HAS_SEQ: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+    BQ: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
+):
+    offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
+    pid_bc = tl.program_id(1)
+    b = pid_bc // NC
+    c = pid_bc % NC
+    g = tl.program_id(2)
+    ratio = H // G
+    offs_t = tl.arange(0, BQ)
+    offs_p = tl.arange(0, BP)
+    valid, n_valid, seq_t, seq_last, seq_prev = _chunk_bounds(seq_ptr, b, c, L, Q, offs_t, HAS_SEQ)
+    rows = b.to(tl.int64) * L + c * Q + offs_t
+    tn_mask = valid[:, None] & (offs_n[None, :] < N)
+    tp_mask = valid[:, None] & (offs_p[None, :] < P)
+    pn_mask = (offs_p[:, None] < P) & (offs_n[None, :] < N)
+    pn_off = offs_p[:, None] * N + offs_n[None, :]
+    pair = (offs_t[:, None] >= offs_t[None, :]) & (seq_t[:, None] == seq_t[None, :])
+    pair = pair & valid[:, None] & valid[None, :]
+    prev_ok = valid & (seq_t == seq_prev)
+    keep_last = valid & (seq_t == seq_last)
+    w_sum = tl.zeros((BQ, BQ), dtype=tl.float32)
+    dC = tl.zeros((BQ, BN), dtype=tl.float32)
+    dB = tl.zeros((BQ, BN), dtype=tl.float32)
+    for j in range(ratio):
+        h = g * ratio + j
+        bh = b.to(tl.int64) * H + h
+        cbase = bh * NC * Q + c * Q
+        dtp = tl.load(dtp_ptr + cbase + offs_t, mask=valid, other=0.0)
+        cum = tl.load(cum_ptr + cbase + offs_t, mask=valid, other=0.0)
+        cum_last = tl.load(cum_ptr + cbase + n_valid - 1)
+        xo = (rows[:, None] * H + h) * P + offs_p[None, :]
+        x = tl.load(x_ptr + xo, mask=tp_mask, other=0.0)
+        dy = tl.load(dy_ptr + xo, mask=tp_mask, other=0.0)
+        v = (x.to(tl.float32) * dtp[:, None]).to(x.dtype)
+        decay = tl.exp(tl.where(pair, cum[:, None] - cum[None, :], -float("inf")))
+        w_sum += mm(dy, tl.trans(v), PREC, UPCAST) * decay
+        st_off = ((b.to(tl.int64) * NC + c) * H + h) * P * N
+        h_in = tl.load(states_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
+        R = tl.load(dstates_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
+        from_start = tl.where(prev_ok, tl.exp(tl.where(prev_ok, cum, 0.0)), 0.0)
+        to_end = tl.where(keep_last, tl.exp(tl.where(keep_last, cum_last - cum, 0.0)), 0.0)
+        dC += mm(dy, h_in.to(dy.dtype), PREC, UPCAST) * from_start[:, None]
+        dB += mm(v, R.to(v.dtype), PREC, UPCAST) * to_end[:, None]
+    Ct = tl.load(C_ptr + (rows[:, None] * G + g) * N + offs_n[None, :], mask=tn_mask, other=0.0)
+    Bt = tl.load(B_ptr + (rows[:, None] * G + g) * N + offs_n[None, :], mask=tn_mask, other=0.0)
+    w = w_sum.to(Bt.dtype)
+    dC += mm(w, Bt, PREC, UPCAST)
+    dB += mm(tl.trans(w), Ct, PREC, UPCAST)
+    bo = (rows[:, None] * G + g) * N + offs_n[None, :]
+    tl.store(dC_ptr + bo, dC.to(dC_ptr.dtype.element_ty), mask=tn_mask)
+    tl.store(dB_ptr + bo, dB.to(dB_ptr.dtype.element_ty), mask=tn_mask)
+
+
+def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx,
+                        chunk_size, dt_softplus, dt_limit):
+    """(dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states); None where not applicable."""
+    x, B, C, z, seq_idx = contiguous_inputs(x, B, C, z, seq_idx)
+    batch, seqlen, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[2:]
+    nchunks = triton.cdiv(seqlen, chunk_size)
+    dtp, cum = prepare_dt(dt, A, dt_bias, chunk_size, dt_softplus, dt_limit)
+    states, _ = chunk_states(x, B, dtp, cum, seq_idx, initial_states, chunk_size)
+    dout = dout.contiguous()
+    dz = None
+    if z is not None:
+        y = chunk_outputs(x, B, C, None, D, dtp, cum, seq_idx, states, chunk_size)
+        zf = z.float()
+        sig = torch.sigmoid(zf)
+        dz = (dout.float() * y.float() * sig * (1 + zf * (1 - sig))).to(z.dtype)
+        dy = (dout.float() * zf * sig).to(x.dtype)
+    else:
+        dy = dout.to(x.dtype)
+    prec, up = dot_precision(x.dtype), needs_upcast(x.dtype)
+    bq, bp_full, bn_full = pow2(chunk_size), pow2(headdim), pow2(dstate)
+    seq_arg = seq_idx if seq_idx is not None else dtp
+
+    dstates = torch.empty_like(states)
+    dinit = torch.empty((batch, nheads, headdim, dstate), device=x.device, dtype=torch.float32)
+    bp, bn = min(bp_full, 64), min(bn_full, 64)
+    grid = (triton.cdiv(headdim, bp) * triton.cdiv(dstate, bn), batch * nheads)
+    _dstates_kernel[grid](
+        dy, C, cum, seq_arg, dfinal.contiguous() if dfinal is not None else dtp, dstates, dinit,
+        seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
+        HAS_SEQ=seq_idx is not None, HAS_DFINAL=dfinal is not None, PREC=prec, UPCAST=up,
+        BQ=bq, BP=bp, BN=bn, num_warps=4,
+    )
+
+    dx = torch.empty_like(x)
+    ddt = torch.empty((batch, seqlen, nheads), device=x.device, dtype=torch.float32)
+    dA_part = torch.empty((batch, nchunks, nheads), device=x.device, dtype=torch.float32)
+    per_channel = D is not None and D.dim() == 2
+    dD_part = torch.empty(
+        (batch, nchunks, nheads, headdim if per_channel else 1) if D is not None else (0,),
+        device=x.device, dtype=torch.float32,
+    )
+    warps = 8 if chunk_size >= 128 else 4
+    _dx_kernel[(batch * nchunks, nheads)](
+        x, dy, B, C, D.contiguous() if D is not None else x, A.contiguous(), dt.contiguous(),
+        dt_bias.contiguous() if dt_bias is not None else dtp, dtp, cum, seq_arg,
+        states, dstates, dx, ddt, dA_part, dD_part,
+        seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
+        float(dt_limit[0]), float(dt_limit[1]),
+        HAS_SEQ=seq_idx is not None, HAS_D=D is not None, D_PER_CHANNEL=per_channel,
+        HAS_BIAS=dt_bias is not None, SOFTPLUS=dt_softplus,
+        HAS_LIMIT=tuple(dt_limit) != (0.0, float("inf")),
+        PREC=prec, UPCAST=up, BQ=bq, BP=bp_full, BN=bn_full, num_warps=warps,
+    )
+
+    dB = torch.empty_like(B)
+    dC = torch.empty_like(C)
+    bn_bc = min(bn_full, 64)
+    _dbc_kernel[(triton.cdiv(dstate, bn_bc), batch * nchunks, ngroups)](
+        x, dy, B, C, dtp, cum, seq_arg, states, dstates, dB, dC,
+        seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
+        HAS_SEQ=seq_idx is not None, PREC=prec, UPCAST=up,
+        BQ=bq, BP=bp_full, BN=bn_bc, num_warps=warps,
+    )
+    dA = dA_part.sum(dim=(0, 1))
+    dD = None
+    if D is not None:
+        dD = dD_part.sum(dim=(0, 1))
+        dD = dD if per_channel else dD[:, 0]
+    ddt_bias = ddt.sum(dim=(0, 1)) if dt_bias is not None else None
+    return (dx, ddt, dA, dB, dC, dD, dz, ddt_bias,
+            dinit if initial_states is not None else None)
