@@ -25,6 +25,8 @@ from fastpath.kernels.ssd.scan_fwd import (
     chunk_states,
     contiguous_inputs,
     dot_precision,
+    heads_per_program,
+    light_autotune,
     mm,
     needs_upcast,
     pow2,
@@ -32,6 +34,7 @@ from fastpath.kernels.ssd.scan_fwd import (
 )
 
 
+@light_autotune(["Q", "P", "N"], loop=True)
 @triton.jit
 def _dstates_kernel(
     dy_ptr, C_ptr, cum_ptr, seq_ptr, dfinal_ptr, dstates_ptr, dinit_ptr,
@@ -61,7 +64,8 @@ def _dstates_kernel(
             seq_ptr, b, c, L, Q, offs_t, HAS_SEQ
         )
         st_off = ((b.to(tl.int64) * NC + c) * H + h) * P * N
-        tl.store(dstates_ptr + st_off + pn_off, dh, mask=pn_mask)
+        tl.store(dstates_ptr + st_off + pn_off, dh.to(dstates_ptr.dtype.element_ty),
+                 mask=pn_mask)
         cbase = bh * NC * Q + c * Q
         cum = tl.load(cum_ptr + cbase + offs_t, mask=valid, other=0.0)
         cum_last = tl.load(cum_ptr + cbase + n_valid - 1)
@@ -78,6 +82,7 @@ def _dstates_kernel(
     tl.store(dinit_ptr + bh * P * N + pn_off, dh, mask=pn_mask)
 
 
+@light_autotune(["Q", "P", "N"])
 @triton.jit
 def _dx_kernel(
     x_ptr, dy_ptr, B_ptr, C_ptr, D_ptr, A_ptr, dt_ptr, bias_ptr, dtp_ptr, cum_ptr, seq_ptr,
@@ -86,98 +91,102 @@ def _dx_kernel(
     L, H, G, P, N, NC, Q, dt_min, dt_max,
     HAS_SEQ: tl.constexpr, HAS_D: tl.constexpr, D_PER_CHANNEL: tl.constexpr,
     HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_LIMIT: tl.constexpr,
-    PREC: tl.constexpr, UPCAST: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, HPP: tl.constexpr,
     BQ: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
 ):
+    """One program: a chunk of HPP heads of one group, sharing one C B^T tile."""
     pid_bc = tl.program_id(0)
     b = pid_bc // NC
     c = pid_bc % NC
-    h = tl.program_id(1)
-    g = h // (H // G)
+    ratio = H // G
+    n_hb = ratio // HPP
+    g = tl.program_id(1) // n_hb
+    h0 = g * ratio + (tl.program_id(1) % n_hb) * HPP
     offs_t = tl.arange(0, BQ)
     offs_p = tl.arange(0, BP)
     offs_n = tl.arange(0, BN)
     valid, n_valid, seq_t, seq_last, seq_prev = _chunk_bounds(seq_ptr, b, c, L, Q, offs_t, HAS_SEQ)
-    bh = b.to(tl.int64) * H + h
-    cbase = bh * NC * Q + c * Q
-    dtp = tl.load(dtp_ptr + cbase + offs_t, mask=valid, other=0.0)
-    cum = tl.load(cum_ptr + cbase + offs_t, mask=valid, other=0.0)
-    cum_last = tl.load(cum_ptr + cbase + n_valid - 1)
     rows = b.to(tl.int64) * L + c * Q + offs_t
     tn_mask = valid[:, None] & (offs_n[None, :] < N)
     tp_mask = valid[:, None] & (offs_p[None, :] < P)
     pn_mask = (offs_p[:, None] < P) & (offs_n[None, :] < N)
+    pn_off = offs_p[:, None] * N + offs_n[None, :]
     Ct = tl.load(C_ptr + (rows[:, None] * G + g) * N + offs_n[None, :], mask=tn_mask, other=0.0)
     Bt = tl.load(B_ptr + (rows[:, None] * G + g) * N + offs_n[None, :], mask=tn_mask, other=0.0)
-    xo = (rows[:, None] * H + h) * P + offs_p[None, :]
-    x = tl.load(x_ptr + xo, mask=tp_mask, other=0.0)
-    dy = tl.load(dy_ptr + xo, mask=tp_mask, other=0.0)
-    st_off = ((b.to(tl.int64) * NC + c) * H + h) * P * N
-    pn_off = offs_p[:, None] * N + offs_n[None, :]
-    h_in = tl.load(states_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
-    R = tl.load(dstates_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
-
-    # intra-chunk pairs (t attends u <= t of its own sequence)
     cb = mm(Ct, tl.trans(Bt), PREC, UPCAST)
+    # intra-chunk pairs (t attends u <= t of its own sequence)
     pair = (offs_t[:, None] >= offs_t[None, :]) & (seq_t[:, None] == seq_t[None, :])
     pair = pair & valid[:, None] & valid[None, :]
-    decay = tl.exp(tl.where(pair, cum[:, None] - cum[None, :], -float("inf")))
-    cbd = cb * decay
-    xf = x.to(tl.float32)
-    v = xf * dtp[:, None]
-    dv = mm(tl.trans(cbd.to(dy.dtype)), dy, PREC, UPCAST)
-    # through the state leaving the chunk
     keep_last = valid & (seq_t == seq_last)
-    to_end = tl.where(keep_last, tl.exp(tl.where(keep_last, cum_last - cum, 0.0)), 0.0)
-    br = mm(Bt, tl.trans(R.to(Bt.dtype)), PREC, UPCAST)  # (Q, P): B_u R^T
-    dv += br * to_end[:, None]
-    dx = dv * dtp[:, None]
-    dyf = dy.to(tl.float32)
-    if HAS_D:
-        if D_PER_CHANNEL:
-            d = tl.load(D_ptr + h * P + offs_p, mask=offs_p < P, other=0.0).to(tl.float32)
-            dx += dyf * d[None, :]
-            dd = tl.sum(dyf * xf, axis=0)
-            tl.store(dD_ptr + ((b.to(tl.int64) * NC + c) * H + h) * P + offs_p, dd,
-                     mask=offs_p < P)
-        else:
-            dx += dyf * tl.load(D_ptr + h).to(tl.float32)
-            tl.store(dD_ptr + (b.to(tl.int64) * NC + c) * H + h, tl.sum(dyf * xf))
-    tl.store(dx_ptr + xo, dx.to(dx_ptr.dtype.element_ty), mask=tp_mask)
-    ddtp = tl.sum(xf * dv, axis=1)
-
-    # gradient of the cumulative log-decay cum_t
-    dyv = mm(dy, tl.trans(v.to(dy.dtype)), PREC, UPCAST)  # (t, u): dy_t . v_u
-    tt = cbd * dyv
-    ds = tl.sum(tt, axis=1) - tl.sum(tt, axis=0)
     prev_ok = valid & (seq_t == seq_prev)
-    from_start = tl.where(prev_ok, tl.exp(tl.where(prev_ok, cum, 0.0)), 0.0)
-    inter = mm(Ct, tl.trans(h_in.to(Ct.dtype)), PREC, UPCAST)  # (Q, P): C_t h_in^T
-    ds += from_start * tl.sum(dyf * inter, axis=1)
-    q = to_end * tl.sum(v * br, axis=1)
-    gate = tl.where(seq_last == seq_prev, tl.exp(cum_last), 0.0)
-    last_extra = tl.sum(q) + gate * tl.sum(tl.sum(R * h_in, axis=1))
-    ds = ds - q + tl.where(offs_t == n_valid - 1, last_extra, 0.0)
-    ds = tl.where(valid, ds, 0.0)
-    da = tl.sum(ds) - tl.cumsum(ds, axis=0) + ds  # reverse cumulative sum
-    a = tl.load(A_ptr + h).to(tl.float32)
-    ddtp += da * a
-    tl.store(dA_ptr + (b.to(tl.int64) * NC + c) * H + h, tl.sum(da * dtp))
+    for j in range(HPP):
+        h = h0 + j
+        bh = b.to(tl.int64) * H + h
+        cbase = bh * NC * Q + c * Q
+        dtp = tl.load(dtp_ptr + cbase + offs_t, mask=valid, other=0.0)
+        cum = tl.load(cum_ptr + cbase + offs_t, mask=valid, other=0.0)
+        cum_last = tl.load(cum_ptr + cbase + n_valid - 1)
+        xo = (rows[:, None] * H + h) * P + offs_p[None, :]
+        x = tl.load(x_ptr + xo, mask=tp_mask, other=0.0)
+        dy = tl.load(dy_ptr + xo, mask=tp_mask, other=0.0)
+        st_off = ((b.to(tl.int64) * NC + c) * H + h) * P * N
+        h_in = tl.load(states_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
+        R = tl.load(dstates_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
 
-    # through dt' = clamp(softplus(dt + bias))
-    raw = tl.load(dt_ptr + rows * H + h, mask=valid, other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        raw += tl.load(bias_ptr + h).to(tl.float32)
-    if SOFTPLUS:
-        sp = tl.where(raw <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(raw, 20.0))), raw)
-        ddtp = ddtp * tl.where(raw <= 20.0, tl.sigmoid(raw), 1.0)
-    else:
-        sp = raw
-    if HAS_LIMIT:
-        ddtp = tl.where((sp >= dt_min) & (sp <= dt_max), ddtp, 0.0)
-    tl.store(ddt_ptr + rows * H + h, ddtp, mask=valid)
+        decay = tl.exp(tl.where(pair, cum[:, None] - cum[None, :], -float("inf")))
+        cbd = cb * decay
+        xf = x.to(tl.float32)
+        v = xf * dtp[:, None]
+        dv = mm(tl.trans(cbd.to(dy.dtype)), dy, PREC, UPCAST)
+        # through the state leaving the chunk
+        to_end = tl.where(keep_last, tl.exp(tl.where(keep_last, cum_last - cum, 0.0)), 0.0)
+        br = mm(Bt, tl.trans(R.to(Bt.dtype)), PREC, UPCAST)  # (Q, P): B_u R^T
+        dv += br * to_end[:, None]
+        dx = dv * dtp[:, None]
+        dyf = dy.to(tl.float32)
+        if HAS_D:
+            if D_PER_CHANNEL:
+                d = tl.load(D_ptr + h * P + offs_p, mask=offs_p < P, other=0.0).to(tl.float32)
+                dx += dyf * d[None, :]
+                tl.store(dD_ptr + ((b.to(tl.int64) * NC + c) * H + h) * P + offs_p,
+                         tl.sum(dyf * xf, axis=0), mask=offs_p < P)
+            else:
+                dx += dyf * tl.load(D_ptr + h).to(tl.float32)
+                tl.store(dD_ptr + (b.to(tl.int64) * NC + c) * H + h, tl.sum(dyf * xf))
+        tl.store(dx_ptr + xo, dx.to(dx_ptr.dtype.element_ty), mask=tp_mask)
+        ddtp = tl.sum(xf * dv, axis=1)
+
+        # gradient of the cumulative log-decay cum_t
+        dyv = mm(dy, tl.trans(v.to(dy.dtype)), PREC, UPCAST)  # (t, u): dy_t . v_u
+        tt = cbd * dyv
+        ds = tl.sum(tt, axis=1) - tl.sum(tt, axis=0)
+        from_start = tl.where(prev_ok, tl.exp(tl.where(prev_ok, cum, 0.0)), 0.0)
+        inter = mm(Ct, tl.trans(h_in.to(Ct.dtype)), PREC, UPCAST)  # (Q, P): C_t h_in^T
+        ds += from_start * tl.sum(dyf * inter, axis=1)
+        q = to_end * tl.sum(v * br, axis=1)
+        gate = tl.where(seq_last == seq_prev, tl.exp(cum_last), 0.0)
+        rh = tl.sum(tl.sum(R.to(tl.float32) * h_in.to(tl.float32), axis=1))
+        ds = ds - q + tl.where(offs_t == n_valid - 1, tl.sum(q) + gate * rh, 0.0)
+        ds = tl.where(valid, ds, 0.0)
+        da = tl.sum(ds) - tl.cumsum(ds, axis=0) + ds  # reverse cumulative sum
+        ddtp += da * tl.load(A_ptr + h).to(tl.float32)
+        tl.store(dA_ptr + (b.to(tl.int64) * NC + c) * H + h, tl.sum(da * dtp))
+
+        # through dt' = clamp(softplus(dt + bias))
+        raw = tl.load(dt_ptr + rows * H + h, mask=valid, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            raw += tl.load(bias_ptr + h).to(tl.float32)
+        if SOFTPLUS:
+            sp = tl.where(raw <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(raw, 20.0))), raw)
+            ddtp = ddtp * tl.where(raw <= 20.0, tl.sigmoid(raw), 1.0)
+        else:
+            sp = raw
+        if HAS_LIMIT:
+            ddtp = tl.where((sp >= dt_min) & (sp <= dt_max), ddtp, 0.0)
+        tl.store(ddt_ptr + rows * H + h, ddtp, mask=valid)
 
 
+@light_autotune(["Q", "P", "N"], loop=True)
 @triton.jit
 def _dbc_kernel(
     x_ptr, dy_ptr, B_ptr, C_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, dstates_ptr,
@@ -268,7 +277,7 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
         dy, C, cum, seq_arg, dfinal.contiguous() if dfinal is not None else dtp, dstates, dinit,
         seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
         HAS_SEQ=seq_idx is not None, HAS_DFINAL=dfinal is not None, PREC=prec, UPCAST=up,
-        BQ=bq, BP=bp, BN=bn, num_warps=4,
+        BQ=bq, BP=bp, BN=bn,
     )
 
     dx = torch.empty_like(x)
@@ -279,8 +288,8 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
         (batch, nchunks, nheads, headdim if per_channel else 1) if D is not None else (0,),
         device=x.device, dtype=torch.float32,
     )
-    warps = 8 if chunk_size >= 128 else 4
-    _dx_kernel[(batch * nchunks, nheads)](
+    hpp = heads_per_program(nheads // ngroups, 2)
+    _dx_kernel[(batch * nchunks, nheads // hpp)](
         x, dy, B, C, D.contiguous() if D is not None else x, A.contiguous(), dt.contiguous(),
         dt_bias.contiguous() if dt_bias is not None else dtp, dtp, cum, seq_arg,
         states, dstates, dx, ddt, dA_part, dD_part,
@@ -289,7 +298,7 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
         HAS_SEQ=seq_idx is not None, HAS_D=D is not None, D_PER_CHANNEL=per_channel,
         HAS_BIAS=dt_bias is not None, SOFTPLUS=dt_softplus,
         HAS_LIMIT=tuple(dt_limit) != (0.0, float("inf")),
-        PREC=prec, UPCAST=up, BQ=bq, BP=bp_full, BN=bn_full, num_warps=warps,
+        PREC=prec, UPCAST=up, HPP=hpp, BQ=bq, BP=bp_full, BN=bn_full,
     )
 
     dB = torch.empty_like(B)
@@ -299,7 +308,7 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
         x, dy, B, C, dtp, cum, seq_arg, states, dstates, dB, dC,
         seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
         HAS_SEQ=seq_idx is not None, PREC=prec, UPCAST=up,
-        BQ=bq, BP=bp_full, BN=bn_bc, num_warps=warps,
+        BQ=bq, BP=bp_full, BN=bn_bc,
     )
     dA = dA_part.sum(dim=(0, 1))
     dD = None

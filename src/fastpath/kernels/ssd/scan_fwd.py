@@ -25,6 +25,17 @@ from torch import Tensor
 from fastpath.kernels.dispatch import triton_interpreter_on
 
 
+def heads_per_program(ratio: int, cap: int) -> int:
+    """Heads of one group handled by one program (they share its C B^T tile)."""
+    return next(k for k in (cap, 4, 2, 1) if k <= cap and ratio % k == 0)
+
+
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Per-chunk states are kept in the inputs' 16-bit type (the dots read them in it anyway);
+    the running state is always accumulated in float32."""
+    return dtype if dtype in (torch.float16, torch.bfloat16) else torch.float32
+
+
 def pow2(n: int, floor: int = 16) -> int:
     return max(floor, triton.next_power_of_2(n))
 
@@ -45,6 +56,21 @@ def mm(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
     if UPCAST:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     return tl.dot(a, b, input_precision=PREC)
+
+
+def light_autotune(key: list[str], loop: bool = False):
+    """A few warp/stage configs timed once per shape on a compiled device; the plain kernel
+    under the interpreter (nothing to time there). Safe to re-run: the kernels only overwrite
+    their outputs. `loop`: the kernel streams a loop, so deeper pipelining is worth a try."""
+    stages = (2, 3) if loop else (1, 2)
+    configs = [triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8) for s in stages]
+
+    def wrap(fn):
+        if triton_interpreter_on():
+            return fn
+        return triton.autotune(configs=configs, key=key)(fn)
+
+    return wrap
 
 
 @triton.jit
@@ -98,6 +124,7 @@ def _chunk_bounds(seq_ptr, b, c, L, Q, offs_t, HAS_SEQ: tl.constexpr):
     return valid, n_valid, seq_t, seq_last, seq_prev
 
 
+@light_autotune(["Q", "P", "N"], loop=True)
 @triton.jit
 def _states_kernel(
     x_ptr, B_ptr, dtp_ptr, cum_ptr, seq_ptr, init_ptr, states_ptr, final_ptr,
@@ -128,7 +155,8 @@ def _states_kernel(
         )
         if STORE_STATES:
             st_off = ((b.to(tl.int64) * NC + c) * H + h) * P * N
-            tl.store(states_ptr + st_off + pn_off, state, mask=pn_mask)
+            tl.store(states_ptr + st_off + pn_off, state.to(states_ptr.dtype.element_ty),
+                     mask=pn_mask)
         cbase = bh * NC * Q + c * Q
         dtp = tl.load(dtp_ptr + cbase + offs_t, mask=valid, other=0.0)
         cum = tl.load(cum_ptr + cbase + offs_t, mask=valid, other=0.0)
@@ -146,58 +174,66 @@ def _states_kernel(
     tl.store(final_ptr + bh * P * N + pn_off, state, mask=pn_mask)
 
 
+@light_autotune(["Q", "P", "N"])
 @triton.jit
 def _out_kernel(
     x_ptr, B_ptr, C_ptr, z_ptr, D_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, out_ptr,
     L, H, G, P, N, NC, Q,
     HAS_SEQ: tl.constexpr, HAS_D: tl.constexpr, D_PER_CHANNEL: tl.constexpr,
-    HAS_Z: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_Z: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, HPP: tl.constexpr,
     BQ: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
 ):
+    """One program: a chunk of HPP heads of one group, sharing one C B^T tile."""
     pid_bc = tl.program_id(0)
     b = pid_bc // NC
     c = pid_bc % NC
-    h = tl.program_id(1)
-    g = h // (H // G)
+    ratio = H // G
+    n_hb = ratio // HPP
+    g = tl.program_id(1) // n_hb
+    h0 = g * ratio + (tl.program_id(1) % n_hb) * HPP
     offs_t = tl.arange(0, BQ)
     offs_p = tl.arange(0, BP)
     offs_n = tl.arange(0, BN)
     valid, _, seq_t, _, seq_prev = _chunk_bounds(seq_ptr, b, c, L, Q, offs_t, HAS_SEQ)
-    bh = b.to(tl.int64) * H + h
-    cbase = bh * NC * Q + c * Q
-    dtp = tl.load(dtp_ptr + cbase + offs_t, mask=valid, other=0.0)
-    cum = tl.load(cum_ptr + cbase + offs_t, mask=valid, other=0.0)
     rows = b.to(tl.int64) * L + c * Q + offs_t
     tn_mask = valid[:, None] & (offs_n[None, :] < N)
     tp_mask = valid[:, None] & (offs_p[None, :] < P)
+    pn_mask = (offs_p[:, None] < P) & (offs_n[None, :] < N)
     Ct = tl.load(C_ptr + (rows[:, None] * G + g) * N + offs_n[None, :], mask=tn_mask, other=0.0)
     Bt = tl.load(B_ptr + (rows[:, None] * G + g) * N + offs_n[None, :], mask=tn_mask, other=0.0)
-    x = tl.load(x_ptr + (rows[:, None] * H + h) * P + offs_p[None, :], mask=tp_mask, other=0.0)
-    # intra-chunk: (C B^T masked by causal decay) @ (dt' x)
-    cb = mm(Ct, tl.trans(Bt), PREC, UPCAST)
+    cb = mm(Ct, tl.trans(Bt), PREC, UPCAST)  # shared by the group's heads
     pair = (offs_t[:, None] >= offs_t[None, :]) & (seq_t[:, None] == seq_t[None, :])
     pair = pair & valid[:, None] & valid[None, :]
-    decay = tl.exp(tl.where(pair, cum[:, None] - cum[None, :], -float("inf")))
-    m = (cb * decay * dtp[None, :]).to(x.dtype)
-    y = mm(m, x, PREC, UPCAST)
-    # inter-chunk: exp(cum_t) C_t h_in for tokens of the sequence that entered the chunk
-    st_off = ((b.to(tl.int64) * NC + c) * H + h) * P * N
-    h_in = tl.load(states_ptr + st_off + offs_p[:, None] * N + offs_n[None, :],
-                   mask=(offs_p[:, None] < P) & (offs_n[None, :] < N), other=0.0)
-    inter = mm(Ct, tl.trans(h_in.to(Ct.dtype)), PREC, UPCAST)
-    scale = tl.where(valid & (seq_t == seq_prev), tl.exp(cum), 0.0)
-    y += inter * scale[:, None]
-    if HAS_D:
-        if D_PER_CHANNEL:
-            d = tl.load(D_ptr + h * P + offs_p, mask=offs_p < P, other=0.0).to(tl.float32)
-            y += x.to(tl.float32) * d[None, :]
-        else:
-            y += x.to(tl.float32) * tl.load(D_ptr + h).to(tl.float32)
-    xo = (rows[:, None] * H + h) * P + offs_p[None, :]
-    if HAS_Z:
-        zz = tl.load(z_ptr + xo, mask=tp_mask, other=0.0).to(tl.float32)
-        y = y * zz * tl.sigmoid(zz)
-    tl.store(out_ptr + xo, y.to(out_ptr.dtype.element_ty), mask=tp_mask)
+    prev_ok = valid & (seq_t == seq_prev)
+    for j in range(HPP):
+        h = h0 + j
+        bh = b.to(tl.int64) * H + h
+        cbase = bh * NC * Q + c * Q
+        dtp = tl.load(dtp_ptr + cbase + offs_t, mask=valid, other=0.0)
+        cum = tl.load(cum_ptr + cbase + offs_t, mask=valid, other=0.0)
+        xo = (rows[:, None] * H + h) * P + offs_p[None, :]
+        x = tl.load(x_ptr + xo, mask=tp_mask, other=0.0)
+        # intra-chunk: (C B^T masked by the causal decay) @ (dt' x)
+        decay = tl.exp(tl.where(pair, cum[:, None] - cum[None, :], -float("inf")))
+        m = (cb * decay * dtp[None, :]).to(x.dtype)
+        y = mm(m, x, PREC, UPCAST)
+        # inter-chunk: exp(cum_t) C_t h_in for tokens of the sequence that entered the chunk
+        st_off = ((b.to(tl.int64) * NC + c) * H + h) * P * N
+        h_in = tl.load(states_ptr + st_off + offs_p[:, None] * N + offs_n[None, :],
+                       mask=pn_mask, other=0.0)
+        inter = mm(Ct, tl.trans(h_in.to(Ct.dtype)), PREC, UPCAST)
+        scale = tl.where(prev_ok, tl.exp(tl.where(prev_ok, cum, 0.0)), 0.0)
+        y += inter * scale[:, None]
+        if HAS_D:
+            if D_PER_CHANNEL:
+                d = tl.load(D_ptr + h * P + offs_p, mask=offs_p < P, other=0.0).to(tl.float32)
+                y += x.to(tl.float32) * d[None, :]
+            else:
+                y += x.to(tl.float32) * tl.load(D_ptr + h).to(tl.float32)
+        if HAS_Z:
+            zz = tl.load(z_ptr + xo, mask=tp_mask, other=0.0).to(tl.float32)
+            y = y * zz * tl.sigmoid(zz)
+        tl.store(out_ptr + xo, y.to(out_ptr.dtype.element_ty), mask=tp_mask)
 
 
 # ---------------------------------------------------------------- launchers
@@ -225,13 +261,14 @@ def prepare_dt(dt: Tensor, A: Tensor, dt_bias: Tensor | None, chunk_size: int, d
 def chunk_states(x: Tensor, B: Tensor, dtp: Tensor, cum: Tensor, seq_idx: Tensor | None,
                  initial_states: Tensor | None, chunk_size: int,
                  store_states: bool = True) -> tuple[Tensor, Tensor]:
-    """States entering each chunk (B, NC, H, P, N) and the final state (B, H, P, N), float32."""
+    """States entering each chunk (B, NC, H, P, N; state_dtype) and the final state
+    (B, H, P, N, float32)."""
     batch, seqlen, nheads, headdim = x.shape
     ngroups, dstate = B.shape[2:]
     nchunks = triton.cdiv(seqlen, chunk_size)
     states = torch.empty(
         (batch, nchunks, nheads, headdim, dstate) if store_states else (0,),
-        device=x.device, dtype=torch.float32,
+        device=x.device, dtype=state_dtype(x.dtype),
     )
     final = torch.empty((batch, nheads, headdim, dstate), device=x.device, dtype=torch.float32)
     bp, bn = min(pow2(headdim), 64), min(pow2(dstate), 64)
@@ -242,7 +279,7 @@ def chunk_states(x: Tensor, B: Tensor, dtp: Tensor, cum: Tensor, seq_idx: Tensor
         seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
         HAS_SEQ=seq_idx is not None, HAS_INIT=initial_states is not None,
         STORE_STATES=store_states, PREC=dot_precision(x.dtype), UPCAST=needs_upcast(x.dtype),
-        BQ=pow2(chunk_size), BP=bp, BN=bn, num_warps=4,
+        BQ=pow2(chunk_size), BP=bp, BN=bn,
     )
     return states, final
 
@@ -254,16 +291,16 @@ def chunk_outputs(x: Tensor, B: Tensor, C: Tensor, z: Tensor | None, D: Tensor |
     ngroups, dstate = B.shape[2:]
     nchunks = triton.cdiv(seqlen, chunk_size)
     out = torch.empty_like(x)
-    grid = (batch * nchunks, nheads)
+    hpp = heads_per_program(nheads // ngroups, 4)
+    grid = (batch * nchunks, nheads // hpp)
     _out_kernel[grid](
         x, B, C, z if z is not None else x, D.contiguous() if D is not None else x,
         dtp, cum, seq_idx if seq_idx is not None else dtp, states, out,
         seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
         HAS_SEQ=seq_idx is not None, HAS_D=D is not None,
         D_PER_CHANNEL=D is not None and D.dim() == 2, HAS_Z=z is not None,
-        PREC=dot_precision(x.dtype), UPCAST=needs_upcast(x.dtype),
+        PREC=dot_precision(x.dtype), UPCAST=needs_upcast(x.dtype), HPP=hpp,
         BQ=pow2(chunk_size), BP=pow2(headdim), BN=pow2(dstate),
-        num_warps=8 if chunk_size >= 128 else 4,
     )
     return out
 
