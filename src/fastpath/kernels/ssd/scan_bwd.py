@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from fastpath.kernels.ssd.scan_fwd import (
+    _carry,
     _chunk_bounds,
     chunk_outputs,
     chunk_states,
@@ -77,7 +78,7 @@ def _dstates_kernel(
         Ct = tl.load(C_ptr + (rows[:, None] * G + g) * N + offs_n[None, :],
                      mask=valid[:, None] & (offs_n[None, :] < N), other=0.0)
         dys = (dy.to(tl.float32) * scale[:, None]).to(dy.dtype)
-        gate = tl.where(seq_last == seq_prev, tl.exp(cum_last), 0.0)
+        gate = _carry(seq_last, seq_prev, cum_last, HAS_SEQ)
         dh = dh * gate + mm(tl.trans(dys), Ct, PREC, UPCAST)
     tl.store(dinit_ptr + bh * P * N + pn_off, dh, mask=pn_mask)
 
@@ -164,7 +165,7 @@ def _dx_kernel(
         inter = mm(Ct, tl.trans(h_in.to(Ct.dtype)), PREC, UPCAST)  # (Q, P): C_t h_in^T
         ds += from_start * tl.sum(dyf * inter, axis=1)
         q = to_end * tl.sum(v * br, axis=1)
-        gate = tl.where(seq_last == seq_prev, tl.exp(cum_last), 0.0)
+        gate = _carry(seq_last, seq_prev, cum_last, HAS_SEQ)
         rh = tl.sum(tl.sum(R.to(tl.float32) * h_in.to(tl.float32), axis=1))
         ds = ds - q + tl.where(offs_t == n_valid - 1, tl.sum(q) + gate * rh, 0.0)
         ds = tl.where(valid, ds, 0.0)

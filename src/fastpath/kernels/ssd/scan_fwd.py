@@ -42,7 +42,7 @@ def pow2(n: int, floor: int = 16) -> int:
 
 def dot_precision(dtype: torch.dtype) -> str:
     """float32 inputs get exact fp32 dots (tf32 would cost ~1e-3 relative)."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+    return "ieee" if dtype == torch.float32 else "default"
 
 
 def needs_upcast(dtype: torch.dtype) -> bool:
@@ -55,7 +55,9 @@ def mm(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
     """tl.dot with float32 accumulation (see needs_upcast for UPCAST)."""
     if UPCAST:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b, input_precision=PREC)
+    if PREC == "ieee":
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
 
 
 def light_autotune(key: list[str], loop: bool = False):
@@ -124,6 +126,14 @@ def _chunk_bounds(seq_ptr, b, c, L, Q, offs_t, HAS_SEQ: tl.constexpr):
     return valid, n_valid, seq_t, seq_last, seq_prev
 
 
+@triton.jit
+def _carry(seq_last, seq_prev, cum_last, HAS_SEQ: tl.constexpr):
+    """Decay of the state across a whole chunk; zero when a new sequence starts inside it."""
+    if HAS_SEQ:
+        return tl.where(seq_last == seq_prev, tl.exp(cum_last), 0.0)
+    return tl.exp(cum_last)
+
+
 @light_autotune(["Q", "P", "N"], loop=True)
 @triton.jit
 def _states_kernel(
@@ -169,7 +179,7 @@ def _states_kernel(
         Bt = tl.load(B_ptr + (rows[:, None] * G + g) * N + offs_n[None, :],
                      mask=valid[:, None] & (offs_n[None, :] < N), other=0.0)
         xw = (x.to(tl.float32) * w[:, None]).to(x.dtype)
-        gate = tl.where(seq_last == seq_prev, tl.exp(cum_last), 0.0)
+        gate = _carry(seq_last, seq_prev, cum_last, HAS_SEQ)
         state = state * gate + mm(tl.trans(xw), Bt, PREC, UPCAST)
     tl.store(final_ptr + bh * P * N + pn_off, state, mask=pn_mask)
 
