@@ -221,10 +221,12 @@ def test_return_conventions_and_varlen_states():
     out3, varlen = mamba_chunk_scan_combined(
         *args, 8, initial_states=init, seq_idx=seq, cu_seqlens=cu, return_varlen_states=True
     )
+    CALLS.clear()
     _, final4, varlen4 = mamba_chunk_scan_combined(
         *args, 8, initial_states=init, seq_idx=seq, cu_seqlens=cu, return_final_states=True,
         return_varlen_states=True,
     )
+    assert CALLS[f"ssd_varlen_states:{EXPECTED_IMPL}"] == 1
     assert varlen.shape == (3, 2, 4, 8) and torch.equal(varlen, varlen4)
     assert out3.shape == out.shape
     assert rel_err(varlen4[2], final4[0]) < 1e-5  # the last sequence ends the row

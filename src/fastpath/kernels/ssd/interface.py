@@ -311,7 +311,8 @@ def mamba_chunk_scan_combined(
     if not return_varlen_states:
         return (out, final) if return_final_states else out
     varlen = varlen_states(
-        x, dt, A, B, cu_seqlens, initial_states, dt_bias, dt_softplus, (dt_min, dt_max), C.dtype
+        x, dt, A, B, cu_seqlens, initial_states, dt_bias, dt_softplus, (dt_min, dt_max), C.dtype,
+        chunk_size,
     )
     return (out, final, varlen) if return_final_states else (out, varlen)
 
@@ -327,10 +328,19 @@ def varlen_states(
     dt_softplus: bool,
     dt_limit: tuple[float, float],
     out_dtype: torch.dtype,
+    chunk_size: int = 128,
 ) -> Tensor:
     """Final state per packed sequence, (S, H, P, N) in out_dtype; no gradient."""
-    CALLS["ssd_varlen_states:reference"] += 1
     with torch.no_grad():
+        if _use_triton("varlen states", x, B, chunk_size, dt, A, dt_bias, initial_states):
+            from fastpath.kernels.ssd.varlen import varlen_states_triton
+
+            CALLS["ssd_varlen_states:triton"] += 1
+            return varlen_states_triton(
+                x, dt, A, B, cu_seqlens, initial_states, dt_bias, dt_softplus, dt_limit,
+                chunk_size, out_dtype,
+            )
+        CALLS["ssd_varlen_states:reference"] += 1
         return reference.varlen_states_ref(
             x, dt, A, B, cu_seqlens, initial_states, dt_bias, dt_softplus, dt_limit, out_dtype
         )
