@@ -247,6 +247,8 @@ def test_bad_input_is_one_clear_error():
         mamba_chunk_scan_combined(*args, 8, return_varlen_states=True)
     with pytest.raises(ValueError, match="chunk_size"):
         mamba_chunk_scan_combined(*args, 0)
+    with pytest.raises(ValueError, match="seqlen"):
+        mamba_chunk_scan_combined(*[a[:, :0] if a.dim() > 1 else a for a in args], 8)
 
 
 @pytest.mark.skipif(EXPECTED_IMPL != "triton", reason="needs a Triton device or the interpreter")
@@ -287,6 +289,33 @@ def test_no_triton_device_falls_back_with_a_warning(monkeypatch):
     assert CALLS["ssd_fwd:reference"] == 1
     want, _ = ssd_recurrent_ref(*[t[k] for k in ("x", "dt", "A", "B", "C")])
     assert rel_err(out, want) < 1e-5
+
+
+def test_custom_op_contract_and_compile():
+    """Schema, fake (meta) impl and autograd registration are consistent; fullgraph compile
+    sees one op and gives eager's numbers."""
+    from fastpath.kernels.ssd.interface import ssd_scan_fwd
+
+    t, seq = make_case(1, 20, 2, 4, 1, 8)
+    args = [t[k].float() for k in ("x", "dt", "A", "B", "C", "D")]
+    args[0].requires_grad_()
+    args[5].requires_grad_()
+    torch.library.opcheck(
+        ssd_scan_fwd,
+        (*args, None, t["dt_bias"].float(), None, seq, 8, True, 0.0, float("inf"), True),
+        test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
+    )
+
+    def loss(x, D):
+        out, final = mamba_chunk_scan_combined(x, *args[1:5], 8, D=D, dt_softplus=True,
+                                               return_final_states=True)
+        return out.square().sum() + final.sum()
+
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
+    got = torch.autograd.grad(compiled(args[0], args[5]), [args[0], args[5]])
+    want = torch.autograd.grad(loss(args[0], args[5]), [args[0], args[5]])
+    for a, b in zip(got, want, strict=True):
+        assert rel_err(a, b) < 1e-6
 
 
 # ---------------------------------------------------------------- the other two specs

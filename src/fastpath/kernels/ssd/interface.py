@@ -241,6 +241,8 @@ def _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx) -
     if x.dim() != 4:
         raise ValueError(f"x must be (batch, seqlen, nheads, headdim), got {tuple(x.shape)}")
     batch, seqlen, nheads, headdim = x.shape
+    if seqlen == 0:
+        raise ValueError("seqlen must be >= 1 (x has an empty length axis)")
     if B.dim() != 4 or B.shape[:2] != (batch, seqlen):
         raise ValueError(f"B must be (batch, seqlen, ngroups, dstate), got {tuple(B.shape)}")
     ngroups, dstate = B.shape[2:]
