@@ -157,6 +157,37 @@ def test_gradients(dtype, opts):
     run_case(t, seq, 16, dtype, opts)
 
 
+def test_views_split_off_a_wider_tensor_are_read_in_place():
+    """x, B, C (and z, dout) as mamba's split of xBC makes them: strided rows, no copy."""
+    from fastpath.kernels.ssd.scan_fwd import row_layout
+
+    t, seq = make_case(2, 21, 4, 4, 2, 8, seed=11)
+    dim, gn = 16, 16
+    xbc = torch.cat([t["x"].reshape(2, 21, dim), t["B"].reshape(2, 21, gn),
+                     t["C"].reshape(2, 21, gn), t["z"].reshape(2, 21, dim)], dim=-1).float()
+    x, B, C, z = torch.split(xbc, [dim, gn, gn, dim], dim=-1)
+    x, z = x.view(2, 21, 4, 4), z.view(2, 21, 4, 4)
+    B, C = B.view(2, 21, 2, 8), C.view(2, 21, 2, 8)
+    assert all(row_layout(v) is v for v in (x, B, C, z)) and not x.is_contiguous()
+    leaves = [v.detach().requires_grad_() for v in (xbc,)]
+    x, B, C, z = (v.view(s) for v, s in zip(
+        torch.split(leaves[0], [dim, gn, gn, dim], dim=-1),
+        [(2, 21, 4, 4), (2, 21, 2, 8), (2, 21, 2, 8), (2, 21, 4, 4)], strict=True))
+    dt, A = t["dt"].float(), t["A"].float()
+    CALLS.clear()
+    out = mamba_chunk_scan_combined(x, dt, A, B, C, 8, z=z, seq_idx=seq)
+    gout = torch.randn(2, 4, 21, 4, dtype=torch.float64).transpose(1, 2)  # strided dout
+    (got,) = torch.autograd.grad(out, leaves, gout.float())
+    ref = xbc.double().requires_grad_()
+    rx, rB, rC, rz = torch.split(ref, [dim, gn, gn, dim], dim=-1)
+    want_out, _ = ssd_recurrent_ref(rx.reshape(2, 21, 4, 4), t["dt"], t["A"],
+                                    rB.reshape(2, 21, 2, 8), rC.reshape(2, 21, 2, 8),
+                                    z=rz.reshape(2, 21, 4, 4), seq_idx=seq)
+    (want,) = torch.autograd.grad(want_out, [ref], gout)
+    assert CALLS[f"ssd_fwd:{EXPECTED_IMPL}"] == 1 and CALLS[f"ssd_bwd:{EXPECTED_IMPL}"] == 1
+    assert rel_err(out, want_out) < 1e-4 and rel_err(got, want) < 1e-4
+
+
 def test_per_head_d_and_chunk_not_power_of_two():
     t, seq = make_case(1, 29, 2, 4, 1, 8, per_channel_d=False, npacked=2, seed=5)
     run_case(t, seq, 12, torch.float32, ALL)

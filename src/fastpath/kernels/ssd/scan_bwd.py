@@ -32,6 +32,7 @@ from fastpath.kernels.ssd.scan_fwd import (
     needs_upcast,
     pow2,
     prepare_dt,
+    row_layout,
 )
 
 
@@ -39,7 +40,7 @@ from fastpath.kernels.ssd.scan_fwd import (
 @triton.jit
 def _dstates_kernel(
     dy_ptr, C_ptr, cum_ptr, seq_ptr, dfinal_ptr, dstates_ptr, dinit_ptr,
-    L, H, G, P, N, NC, Q,
+    L, H, G, P, N, NC, Q, SDY, SC,
     HAS_SEQ: tl.constexpr, HAS_DFINAL: tl.constexpr, PREC: tl.constexpr,
     UPCAST: tl.constexpr, BQ: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
 ):
@@ -73,9 +74,9 @@ def _dstates_kernel(
         keep = valid & (seq_t == seq_prev)
         scale = tl.where(keep, tl.exp(tl.where(keep, cum, 0.0)), 0.0)
         rows = b.to(tl.int64) * L + c * Q + offs_t
-        dy = tl.load(dy_ptr + (rows[:, None] * H + h) * P + offs_p[None, :],
+        dy = tl.load(dy_ptr + rows[:, None] * SDY + h * P + offs_p[None, :],
                      mask=valid[:, None] & (offs_p[None, :] < P), other=0.0)
-        Ct = tl.load(C_ptr + (rows[:, None] * G + g) * N + offs_n[None, :],
+        Ct = tl.load(C_ptr + rows[:, None] * SC + g * N + offs_n[None, :],
                      mask=valid[:, None] & (offs_n[None, :] < N), other=0.0)
         dys = (dy.to(tl.float32) * scale[:, None]).to(dy.dtype)
         gate = _carry(seq_last, seq_prev, cum_last, HAS_SEQ)
@@ -89,7 +90,7 @@ def _dx_kernel(
     x_ptr, dy_ptr, B_ptr, C_ptr, D_ptr, A_ptr, dt_ptr, bias_ptr, dtp_ptr, cum_ptr, seq_ptr,
     states_ptr, dstates_ptr,
     dx_ptr, ddt_ptr, dA_ptr, dD_ptr,
-    L, H, G, P, N, NC, Q, dt_min, dt_max,
+    L, H, G, P, N, NC, Q, SX, SDY, SB, SC, dt_min, dt_max,
     HAS_SEQ: tl.constexpr, HAS_D: tl.constexpr, D_PER_CHANNEL: tl.constexpr,
     HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_LIMIT: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr, HPP: tl.constexpr,
@@ -112,8 +113,8 @@ def _dx_kernel(
     tp_mask = valid[:, None] & (offs_p[None, :] < P)
     pn_mask = (offs_p[:, None] < P) & (offs_n[None, :] < N)
     pn_off = offs_p[:, None] * N + offs_n[None, :]
-    Ct = tl.load(C_ptr + (rows[:, None] * G + g) * N + offs_n[None, :], mask=tn_mask, other=0.0)
-    Bt = tl.load(B_ptr + (rows[:, None] * G + g) * N + offs_n[None, :], mask=tn_mask, other=0.0)
+    Ct = tl.load(C_ptr + rows[:, None] * SC + g * N + offs_n[None, :], mask=tn_mask, other=0.0)
+    Bt = tl.load(B_ptr + rows[:, None] * SB + g * N + offs_n[None, :], mask=tn_mask, other=0.0)
     cb = mm(Ct, tl.trans(Bt), PREC, UPCAST)
     # intra-chunk pairs (t attends u <= t of its own sequence)
     pair = (offs_t[:, None] >= offs_t[None, :]) & (seq_t[:, None] == seq_t[None, :])
@@ -127,9 +128,9 @@ def _dx_kernel(
         dtp = tl.load(dtp_ptr + cbase + offs_t, mask=valid, other=0.0)
         cum = tl.load(cum_ptr + cbase + offs_t, mask=valid, other=0.0)
         cum_last = tl.load(cum_ptr + cbase + n_valid - 1)
-        xo = (rows[:, None] * H + h) * P + offs_p[None, :]
-        x = tl.load(x_ptr + xo, mask=tp_mask, other=0.0)
-        dy = tl.load(dy_ptr + xo, mask=tp_mask, other=0.0)
+        hp = h * P + offs_p[None, :]
+        x = tl.load(x_ptr + rows[:, None] * SX + hp, mask=tp_mask, other=0.0)
+        dy = tl.load(dy_ptr + rows[:, None] * SDY + hp, mask=tp_mask, other=0.0)
         st_off = ((b.to(tl.int64) * NC + c) * H + h) * P * N
         h_in = tl.load(states_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
         R = tl.load(dstates_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
@@ -154,7 +155,8 @@ def _dx_kernel(
             else:
                 dx += dyf * tl.load(D_ptr + h).to(tl.float32)
                 tl.store(dD_ptr + (b.to(tl.int64) * NC + c) * H + h, tl.sum(dyf * xf))
-        tl.store(dx_ptr + xo, dx.to(dx_ptr.dtype.element_ty), mask=tp_mask)
+        tl.store(dx_ptr + rows[:, None] * (H * P) + hp, dx.to(dx_ptr.dtype.element_ty),
+                 mask=tp_mask)
         ddtp = tl.sum(xf * dv, axis=1)
 
         # gradient of the cumulative log-decay cum_t
@@ -192,7 +194,7 @@ def _dx_kernel(
 def _dbc_kernel(
     x_ptr, dy_ptr, B_ptr, C_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, dstates_ptr,
     dB_ptr, dC_ptr,
-    L, H, G, P, N, NC, Q,
+    L, H, G, P, N, NC, Q, SX, SDY, SB, SC,
     HAS_SEQ: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
     BQ: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
 ):
@@ -224,9 +226,9 @@ def _dbc_kernel(
         dtp = tl.load(dtp_ptr + cbase + offs_t, mask=valid, other=0.0)
         cum = tl.load(cum_ptr + cbase + offs_t, mask=valid, other=0.0)
         cum_last = tl.load(cum_ptr + cbase + n_valid - 1)
-        xo = (rows[:, None] * H + h) * P + offs_p[None, :]
-        x = tl.load(x_ptr + xo, mask=tp_mask, other=0.0)
-        dy = tl.load(dy_ptr + xo, mask=tp_mask, other=0.0)
+        hp = h * P + offs_p[None, :]
+        x = tl.load(x_ptr + rows[:, None] * SX + hp, mask=tp_mask, other=0.0)
+        dy = tl.load(dy_ptr + rows[:, None] * SDY + hp, mask=tp_mask, other=0.0)
         v = (x.to(tl.float32) * dtp[:, None]).to(x.dtype)
         decay = tl.exp(tl.where(pair, cum[:, None] - cum[None, :], -float("inf")))
         w_sum += mm(dy, tl.trans(v), PREC, UPCAST) * decay
@@ -237,12 +239,12 @@ def _dbc_kernel(
         to_end = tl.where(keep_last, tl.exp(tl.where(keep_last, cum_last - cum, 0.0)), 0.0)
         dC += mm(dy, h_in.to(dy.dtype), PREC, UPCAST) * from_start[:, None]
         dB += mm(v, R.to(v.dtype), PREC, UPCAST) * to_end[:, None]
-    Ct = tl.load(C_ptr + (rows[:, None] * G + g) * N + offs_n[None, :], mask=tn_mask, other=0.0)
-    Bt = tl.load(B_ptr + (rows[:, None] * G + g) * N + offs_n[None, :], mask=tn_mask, other=0.0)
+    Ct = tl.load(C_ptr + rows[:, None] * SC + g * N + offs_n[None, :], mask=tn_mask, other=0.0)
+    Bt = tl.load(B_ptr + rows[:, None] * SB + g * N + offs_n[None, :], mask=tn_mask, other=0.0)
     w = w_sum.to(Bt.dtype)
     dC += mm(w, Bt, PREC, UPCAST)
     dB += mm(tl.trans(w), Ct, PREC, UPCAST)
-    bo = (rows[:, None] * G + g) * N + offs_n[None, :]
+    bo = rows[:, None] * (G * N) + g * N + offs_n[None, :]
     tl.store(dC_ptr + bo, dC.to(dC_ptr.dtype.element_ty), mask=tn_mask)
     tl.store(dB_ptr + bo, dB.to(dB_ptr.dtype.element_ty), mask=tn_mask)
 
@@ -256,7 +258,6 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
     nchunks = triton.cdiv(seqlen, chunk_size)
     dtp, cum = prepare_dt(dt, A, dt_bias, chunk_size, dt_softplus, dt_limit)
     states, _ = chunk_states(x, B, dtp, cum, seq_idx, initial_states, chunk_size)
-    dout = dout.contiguous()
     dz = None
     if z is not None:
         y = chunk_outputs(x, B, C, None, D, dtp, cum, seq_idx, states, chunk_size)
@@ -266,6 +267,7 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
         dy = (dout.float() * zf * sig).to(x.dtype)
     else:
         dy = dout.to(x.dtype)
+    dy = row_layout(dy)  # elementwise results keep dout's strides, whatever they are
     prec, up = dot_precision(x.dtype), needs_upcast(x.dtype)
     bq, bp_full, bn_full = pow2(chunk_size), pow2(headdim), pow2(dstate)
     seq_arg = seq_idx if seq_idx is not None else dtp
@@ -276,12 +278,12 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
     grid = (triton.cdiv(headdim, bp) * triton.cdiv(dstate, bn), batch * nheads)
     _dstates_kernel[grid](
         dy, C, cum, seq_arg, dfinal.contiguous() if dfinal is not None else dtp, dstates, dinit,
-        seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
+        seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size, dy.stride(1), C.stride(1),
         HAS_SEQ=seq_idx is not None, HAS_DFINAL=dfinal is not None, PREC=prec, UPCAST=up,
         BQ=bq, BP=bp, BN=bn,
     )
 
-    dx = torch.empty_like(x)
+    dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     ddt = torch.empty((batch, seqlen, nheads), device=x.device, dtype=torch.float32)
     dA_part = torch.empty((batch, nchunks, nheads), device=x.device, dtype=torch.float32)
     per_channel = D is not None and D.dim() == 2
@@ -295,6 +297,7 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
         dt_bias.contiguous() if dt_bias is not None else dtp, dtp, cum, seq_arg,
         states, dstates, dx, ddt, dA_part, dD_part,
         seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
+        x.stride(1), dy.stride(1), B.stride(1), C.stride(1),
         float(dt_limit[0]), float(dt_limit[1]),
         HAS_SEQ=seq_idx is not None, HAS_D=D is not None, D_PER_CHANNEL=per_channel,
         HAS_BIAS=dt_bias is not None, SOFTPLUS=dt_softplus,
@@ -302,12 +305,13 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
         PREC=prec, UPCAST=up, HPP=hpp, BQ=bq, BP=bp_full, BN=bn_full,
     )
 
-    dB = torch.empty_like(B)
-    dC = torch.empty_like(C)
+    dB = torch.empty(B.shape, device=x.device, dtype=B.dtype)
+    dC = torch.empty(C.shape, device=x.device, dtype=C.dtype)
     bn_bc = min(bn_full, 64)
     _dbc_kernel[(triton.cdiv(dstate, bn_bc), batch * nchunks, ngroups)](
         x, dy, B, C, dtp, cum, seq_arg, states, dstates, dB, dC,
         seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
+        x.stride(1), dy.stride(1), B.stride(1), C.stride(1),
         HAS_SEQ=seq_idx is not None, PREC=prec, UPCAST=up,
         BQ=bq, BP=bp_full, BN=bn_bc,
     )

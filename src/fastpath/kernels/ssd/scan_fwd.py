@@ -10,7 +10,8 @@ expanded to heads):
 3. `_out_kernel`: per (batch, chunk, head): y_t = exp(cum_t) C_t h_in + sum_{u<=t} (C_t.B_u)
    exp(cum_t-cum_u) dt'_u x_u + D x_t, then * silu(z_t).
 With seq_idx a token only sees tokens of its own sequence; the state entering chunk 0 belongs to
-sequence 0 (see naive.py). Inputs are made contiguous; offsets of whole rows are int64.
+sequence 0 (see naive.py). Inputs are read in place when each (batch, token) row is a contiguous
+(heads, dim) block (row_layout); offsets of rows are int64.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def _carry(seq_last, seq_prev, cum_last, HAS_SEQ: tl.constexpr):
 @triton.jit
 def _states_kernel(
     x_ptr, B_ptr, dtp_ptr, cum_ptr, seq_ptr, init_ptr, states_ptr, final_ptr,
-    L, H, G, P, N, NC, Q,
+    L, H, G, P, N, NC, Q, SX, SB,
     HAS_SEQ: tl.constexpr, HAS_INIT: tl.constexpr, STORE_STATES: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr,
     BQ: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
@@ -174,9 +175,9 @@ def _states_kernel(
         keep = valid & (seq_t == seq_last)
         w = tl.where(keep, tl.exp(tl.where(keep, cum_last - cum, 0.0)) * dtp, 0.0)
         rows = b.to(tl.int64) * L + c * Q + offs_t
-        x = tl.load(x_ptr + (rows[:, None] * H + h) * P + offs_p[None, :],
+        x = tl.load(x_ptr + rows[:, None] * SX + h * P + offs_p[None, :],
                     mask=valid[:, None] & (offs_p[None, :] < P), other=0.0)
-        Bt = tl.load(B_ptr + (rows[:, None] * G + g) * N + offs_n[None, :],
+        Bt = tl.load(B_ptr + rows[:, None] * SB + g * N + offs_n[None, :],
                      mask=valid[:, None] & (offs_n[None, :] < N), other=0.0)
         xw = (x.to(tl.float32) * w[:, None]).to(x.dtype)
         gate = _carry(seq_last, seq_prev, cum_last, HAS_SEQ)
@@ -188,7 +189,7 @@ def _states_kernel(
 @triton.jit
 def _out_kernel(
     x_ptr, B_ptr, C_ptr, z_ptr, D_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, out_ptr,
-    L, H, G, P, N, NC, Q,
+    L, H, G, P, N, NC, Q, SX, SB, SC, SZ,
     HAS_SEQ: tl.constexpr, HAS_D: tl.constexpr, D_PER_CHANNEL: tl.constexpr,
     HAS_Z: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, HPP: tl.constexpr,
     BQ: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
@@ -209,8 +210,8 @@ def _out_kernel(
     tn_mask = valid[:, None] & (offs_n[None, :] < N)
     tp_mask = valid[:, None] & (offs_p[None, :] < P)
     pn_mask = (offs_p[:, None] < P) & (offs_n[None, :] < N)
-    Ct = tl.load(C_ptr + (rows[:, None] * G + g) * N + offs_n[None, :], mask=tn_mask, other=0.0)
-    Bt = tl.load(B_ptr + (rows[:, None] * G + g) * N + offs_n[None, :], mask=tn_mask, other=0.0)
+    Ct = tl.load(C_ptr + rows[:, None] * SC + g * N + offs_n[None, :], mask=tn_mask, other=0.0)
+    Bt = tl.load(B_ptr + rows[:, None] * SB + g * N + offs_n[None, :], mask=tn_mask, other=0.0)
     cb = mm(Ct, tl.trans(Bt), PREC, UPCAST)  # shared by the group's heads
     pair = (offs_t[:, None] >= offs_t[None, :]) & (seq_t[:, None] == seq_t[None, :])
     pair = pair & valid[:, None] & valid[None, :]
@@ -221,8 +222,8 @@ def _out_kernel(
         cbase = bh * NC * Q + c * Q
         dtp = tl.load(dtp_ptr + cbase + offs_t, mask=valid, other=0.0)
         cum = tl.load(cum_ptr + cbase + offs_t, mask=valid, other=0.0)
-        xo = (rows[:, None] * H + h) * P + offs_p[None, :]
-        x = tl.load(x_ptr + xo, mask=tp_mask, other=0.0)
+        hp = h * P + offs_p[None, :]
+        x = tl.load(x_ptr + rows[:, None] * SX + hp, mask=tp_mask, other=0.0)
         # intra-chunk: (C B^T masked by the causal decay) @ (dt' x)
         decay = tl.exp(tl.where(pair, cum[:, None] - cum[None, :], -float("inf")))
         m = (cb * decay * dtp[None, :]).to(x.dtype)
@@ -241,9 +242,11 @@ def _out_kernel(
             else:
                 y += x.to(tl.float32) * tl.load(D_ptr + h).to(tl.float32)
         if HAS_Z:
-            zz = tl.load(z_ptr + xo, mask=tp_mask, other=0.0).to(tl.float32)
+            zz = tl.load(z_ptr + rows[:, None] * SZ + hp, mask=tp_mask, other=0.0)
+            zz = zz.to(tl.float32)
             y = y * zz * tl.sigmoid(zz)
-        tl.store(out_ptr + xo, y.to(out_ptr.dtype.element_ty), mask=tp_mask)
+        tl.store(out_ptr + rows[:, None] * (H * P) + hp, y.to(out_ptr.dtype.element_ty),
+                 mask=tp_mask)
 
 
 # ---------------------------------------------------------------- launchers
@@ -286,7 +289,7 @@ def chunk_states(x: Tensor, B: Tensor, dtp: Tensor, cum: Tensor, seq_idx: Tensor
     _states_kernel[grid](
         x, B, dtp, cum, seq_idx if seq_idx is not None else dtp,
         initial_states.contiguous() if initial_states is not None else dtp, states, final,
-        seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
+        seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size, x.stride(1), B.stride(1),
         HAS_SEQ=seq_idx is not None, HAS_INIT=initial_states is not None,
         STORE_STATES=store_states, PREC=dot_precision(x.dtype), UPCAST=needs_upcast(x.dtype),
         BQ=pow2(chunk_size), BP=bp, BN=bn,
@@ -300,13 +303,14 @@ def chunk_outputs(x: Tensor, B: Tensor, C: Tensor, z: Tensor | None, D: Tensor |
     batch, seqlen, nheads, headdim = x.shape
     ngroups, dstate = B.shape[2:]
     nchunks = triton.cdiv(seqlen, chunk_size)
-    out = torch.empty_like(x)
+    out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     hpp = heads_per_program(nheads // ngroups, 4)
     grid = (batch * nchunks, nheads // hpp)
     _out_kernel[grid](
         x, B, C, z if z is not None else x, D.contiguous() if D is not None else x,
         dtp, cum, seq_idx if seq_idx is not None else dtp, states, out,
         seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
+        x.stride(1), B.stride(1), C.stride(1), z.stride(1) if z is not None else 0,
         HAS_SEQ=seq_idx is not None, HAS_D=D is not None,
         D_PER_CHANNEL=D is not None and D.dim() == 2, HAS_Z=z is not None,
         PREC=dot_precision(x.dtype), UPCAST=needs_upcast(x.dtype), HPP=hpp,
@@ -315,13 +319,25 @@ def chunk_outputs(x: Tensor, B: Tensor, C: Tensor, z: Tensor | None, D: Tensor |
     return out
 
 
+def row_layout(t: Tensor) -> Tensor:
+    """t (batch, seqlen, K, D) as batch*seqlen rows, each a contiguous (K, D) block, one row
+    stride apart (contiguous tensors and mamba's split-off views of xBC both are); else a copy.
+    The kernels address element (row, k, d) as row * t.stride(1) + k * D + d."""
+    batch, seqlen, k, d = t.shape
+    s0, s1, s2, s3 = t.stride()
+    if (s3 == 1 or d == 1) and (s2 == d or k == 1) and (batch == 1 or s0 == seqlen * s1):
+        return t
+    return t.contiguous()
+
+
 def contiguous_inputs(x, B, C, z, seq_idx):
-    """One layout for the kernels: contiguous x/B/C/z, int32 seq_idx; B and C share x's dtype
-    so the tensor-core dots see one input type."""
-    x = x.contiguous()
-    B = B.to(x.dtype).contiguous()
-    C = C.to(x.dtype).contiguous()
-    z = z.contiguous() if z is not None else None
+    """The kernels' layout: x/B/C/z in row_layout (no copy for contiguous tensors or views
+    split off a wider last axis), int32 seq_idx; B and C take x's dtype so the tensor-core
+    dots see one input type."""
+    x = row_layout(x)
+    B = row_layout(B.to(x.dtype))
+    C = row_layout(C.to(x.dtype))
+    z = row_layout(z) if z is not None else None
     seq_idx = seq_idx.to(torch.int32).contiguous() if seq_idx is not None else None
     return x, B, C, z, seq_idx
 

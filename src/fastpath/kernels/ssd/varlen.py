@@ -25,7 +25,7 @@ from fastpath.kernels.ssd.scan_fwd import (
 @triton.jit
 def _varlen_states_kernel(
     x_ptr, B_ptr, dtp_ptr, A_ptr, cu_ptr, init_ptr, out_ptr,
-    H, G, P, N, LP,
+    H, G, P, N, LP, SX, SB,
     HAS_INIT: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
     BQ: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
 ):
@@ -56,9 +56,9 @@ def _varlen_states_kernel(
         cum = tl.cumsum(a, axis=0)
         total = tl.sum(a)
         w = tl.where(valid, tl.exp(total - cum) * dtp, 0.0)
-        x = tl.load(x_ptr + (tok[:, None] * H + h) * P + offs_p[None, :],
+        x = tl.load(x_ptr + tok[:, None] * SX + h * P + offs_p[None, :],
                     mask=valid[:, None] & (offs_p[None, :] < P), other=0.0)
-        Bt = tl.load(B_ptr + (tok[:, None] * G + g) * N + offs_n[None, :],
+        Bt = tl.load(B_ptr + tok[:, None] * SB + g * N + offs_n[None, :],
                      mask=valid[:, None] & (offs_n[None, :] < N), other=0.0)
         xw = (x.to(tl.float32) * w[:, None]).to(x.dtype)
         state = state * tl.exp(total) + mm(tl.trans(xw), Bt, PREC, UPCAST)
@@ -82,7 +82,7 @@ def varlen_states_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, cu_seqlens
     _varlen_states_kernel[grid](
         x, B, dtp, A.contiguous(), cu_seqlens.to(device=x.device, dtype=torch.int32).contiguous(),
         initial_states.contiguous() if initial_states is not None else dtp, out,
-        nheads, ngroups, headdim, dstate, dtp.shape[-1],
+        nheads, ngroups, headdim, dstate, dtp.shape[-1], x.stride(1), B.stride(1),
         HAS_INIT=initial_states is not None, PREC=dot_precision(x.dtype),
         UPCAST=needs_upcast(x.dtype), BQ=pow2(min(chunk_size, 128)), BP=bp, BN=bn,
     )
