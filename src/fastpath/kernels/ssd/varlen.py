@@ -39,8 +39,8 @@ def _varlen_states_kernel(
     g = h // (H // G)
     pn_mask = (offs_p[:, None] < P) & (offs_n[None, :] < N)
     pn_off = offs_p[:, None] * N + offs_n[None, :]
-    start = tl.load(cu_ptr + s).to(tl.int64)
-    end = tl.load(cu_ptr + s + 1).to(tl.int64)
+    start = tl.load(cu_ptr + s)  # int32 bounds: one loop-variable type for range()
+    end = tl.load(cu_ptr + s + 1)
     if HAS_INIT:
         state = tl.load(init_ptr + h * P * N + pn_off, mask=pn_mask, other=0.0)
         state = state.to(tl.float32) * (s == 0).to(tl.float32)  # only sequence 0 continues it
@@ -49,7 +49,7 @@ def _varlen_states_kernel(
     a_h = tl.load(A_ptr + h).to(tl.float32)
     offs_t = tl.arange(0, BQ)
     for blk in range(start, end, BQ):
-        tok = blk + offs_t
+        tok = (blk + offs_t).to(tl.int64)
         valid = tok < end
         dtp = tl.load(dtp_ptr + h * LP + tok, mask=valid, other=0.0)
         a = dtp * a_h
