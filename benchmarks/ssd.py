@@ -12,7 +12,7 @@ unpacked PyPI sdist) WITHOUT running mamba_ssm/__init__.py (which imports the CU
 empty parent packages are put in sys.modules and ops/triton/ssd_combined.py is imported below
 them. It needs einops importable.
 
-usage: python benchmarks/ssd.py --out DIR [--mamba-src DIR] [--quick]
+usage: python benchmarks/ssd.py --out DIR [--mamba-src DIR] [--quick] [--sweep]
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ import triton
 from triton.testing import do_bench
 
 from fastpath.kernels.ssd import mamba_chunk_scan_combined as ours
+from fastpath.kernels.ssd import scan_bwd as bwd_mod
+from fastpath.kernels.ssd import scan_fwd as fwd_mod
 from fastpath.kernels.ssd.naive import ssd_chunked_ref
 from fastpath.kernels.ssd.scan_bwd import ssd_scan_bwd_triton
 from fastpath.kernels.ssd.scan_fwd import (
@@ -149,11 +151,38 @@ def split(t: dict[str, torch.Tensor]) -> dict[str, float]:
     }
 
 
+KNOBS = {  # module, attribute, values to try (the first listed default is restored after)
+    "OUT_HEADS_CAP": (fwd_mod, (1, 2, 4, 8)),
+    "STATE_BLOCK": (fwd_mod, (32, 64, 128)),
+    "DX_HEADS_CAP": (bwd_mod, (1, 2, 4)),
+    "DBC_BLOCK_N": (bwd_mod, (32, 64, 128)),
+}
+
+
+def sweep(t: dict[str, torch.Tensor]) -> dict[str, dict[str, float]]:
+    """Each tile knob alone, the others at their defaults: fwd and fwd+bwd ms of our op."""
+    result = {}
+    for name, (module, values) in KNOBS.items():
+        default = getattr(module, name)
+        result[name] = {}
+        for value in values:
+            setattr(module, name, value)
+            try:
+                result[name][str(value)] = timings(ours, t)
+            except Exception as exc:
+                result[name][str(value)] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            finally:
+                setattr(module, name, default)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="output directory (ssd.json is written there)")
     ap.add_argument("--mamba-src", default=None, help="folder holding mamba_ssm/ (source tree)")
     ap.add_argument("--quick", action="store_true", help="only (1, 4096), no fallback timing")
+    ap.add_argument("--sweep", action="store_true",
+                    help="also time each tile knob (scan_fwd/scan_bwd constants) alone")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks/ssd.py: needs a CUDA device", file=sys.stderr)
@@ -193,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
             row["fastpath_split"] = split(t)
         except Exception:
             row["fastpath_split"] = {"error": traceback.format_exc(limit=3)}
+        if args.sweep:
+            row["sweep"] = sweep(t)
         if batch == 1:
             try:
                 row["rel_err_vs_float64"] = errors(impls, t)

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fastpath.kernels.ssd import scan_fwd as fwd
 from fastpath.kernels.ssd.scan_fwd import (
     _carry,
     _chunk_bounds,
@@ -34,6 +35,11 @@ from fastpath.kernels.ssd.scan_fwd import (
     prepare_dt,
     row_layout,
 )
+
+# Tile knobs (benchmarks/ssd.py --sweep times alternatives): heads of a group per dx program,
+# the N tile of the dB/dC programs.
+DX_HEADS_CAP = 2
+DBC_BLOCK_N = 64
 
 
 @light_autotune(["Q", "P", "N"], loop=True)
@@ -274,7 +280,7 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
 
     dstates = torch.empty_like(states)
     dinit = torch.empty((batch, nheads, headdim, dstate), device=x.device, dtype=torch.float32)
-    bp, bn = min(bp_full, 64), min(bn_full, 64)
+    bp, bn = min(bp_full, fwd.STATE_BLOCK), min(bn_full, fwd.STATE_BLOCK)
     grid = (triton.cdiv(headdim, bp) * triton.cdiv(dstate, bn), batch * nheads)
     _dstates_kernel[grid](
         dy, C, cum, seq_arg, dfinal.contiguous() if dfinal is not None else dtp, dstates, dinit,
@@ -291,7 +297,7 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
         (batch, nchunks, nheads, headdim if per_channel else 1) if D is not None else (0,),
         device=x.device, dtype=torch.float32,
     )
-    hpp = heads_per_program(nheads // ngroups, 2)
+    hpp = heads_per_program(nheads // ngroups, DX_HEADS_CAP)
     _dx_kernel[(batch * nchunks, nheads // hpp)](
         x, dy, B, C, D.contiguous() if D is not None else x, A.contiguous(), dt.contiguous(),
         dt_bias.contiguous() if dt_bias is not None else dtp, dtp, cum, seq_arg,
@@ -307,7 +313,7 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
 
     dB = torch.empty(B.shape, device=x.device, dtype=B.dtype)
     dC = torch.empty(C.shape, device=x.device, dtype=C.dtype)
-    bn_bc = min(bn_full, 64)
+    bn_bc = min(bn_full, DBC_BLOCK_N)
     _dbc_kernel[(triton.cdiv(dstate, bn_bc), batch * nchunks, ngroups)](
         x, dy, B, C, dtp, cum, seq_arg, states, dstates, dB, dC,
         seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,

@@ -25,10 +25,15 @@ from torch import Tensor
 
 from fastpath.kernels.dispatch import triton_interpreter_on
 
+# Tile knobs (benchmarks/ssd.py --sweep times alternatives): heads of a group per output
+# program, and the P/N tile of the sequential state pass.
+OUT_HEADS_CAP = 4
+STATE_BLOCK = 64
+
 
 def heads_per_program(ratio: int, cap: int) -> int:
     """Heads of one group handled by one program (they share its C B^T tile)."""
-    return next(k for k in (cap, 4, 2, 1) if k <= cap and ratio % k == 0)
+    return next(k for k in (cap, 8, 4, 2, 1) if k <= cap and ratio % k == 0)
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -284,7 +289,7 @@ def chunk_states(x: Tensor, B: Tensor, dtp: Tensor, cum: Tensor, seq_idx: Tensor
         device=x.device, dtype=state_dtype(x.dtype),
     )
     final = torch.empty((batch, nheads, headdim, dstate), device=x.device, dtype=torch.float32)
-    bp, bn = min(pow2(headdim), 64), min(pow2(dstate), 64)
+    bp, bn = min(pow2(headdim), STATE_BLOCK), min(pow2(dstate), STATE_BLOCK)
     grid = (triton.cdiv(headdim, bp) * triton.cdiv(dstate, bn), batch * nheads)
     _states_kernel[grid](
         x, B, dtp, cum, seq_idx if seq_idx is not None else dtp,
@@ -304,7 +309,7 @@ def chunk_outputs(x: Tensor, B: Tensor, C: Tensor, z: Tensor | None, D: Tensor |
     ngroups, dstate = B.shape[2:]
     nchunks = triton.cdiv(seqlen, chunk_size)
     out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-    hpp = heads_per_program(nheads // ngroups, 4)
+    hpp = heads_per_program(nheads // ngroups, OUT_HEADS_CAP)
     grid = (batch * nchunks, nheads // hpp)
     _out_kernel[grid](
         x, B, C, z if z is not None else x, D.contiguous() if D is not None else x,
