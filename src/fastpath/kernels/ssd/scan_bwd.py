@@ -42,7 +42,7 @@ DX_HEADS_CAP = 2
 DBC_BLOCK_N = 64
 
 
-@light_autotune(["Q", "P", "N"], loop=True)
+@light_autotune(["Q", "P", "N", "BP", "BN"], loop=True)
 @triton.jit
 def _dstates_kernel(
     dy_ptr, C_ptr, cum_ptr, seq_ptr, dfinal_ptr, dstates_ptr, dinit_ptr,
@@ -90,7 +90,7 @@ def _dstates_kernel(
     tl.store(dinit_ptr + bh * P * N + pn_off, dh, mask=pn_mask)
 
 
-@light_autotune(["Q", "P", "N"])
+@light_autotune(["Q", "P", "N", "HPP"])
 @triton.jit
 def _dx_kernel(
     x_ptr, dy_ptr, B_ptr, C_ptr, D_ptr, A_ptr, dt_ptr, bias_ptr, dtp_ptr, cum_ptr, seq_ptr,
@@ -195,7 +195,7 @@ def _dx_kernel(
         tl.store(ddt_ptr + rows * H + h, ddtp, mask=valid)
 
 
-@light_autotune(["Q", "P", "N"], loop=True)
+@light_autotune(["Q", "P", "N", "BN"], loop=True)
 @triton.jit
 def _dbc_kernel(
     x_ptr, dy_ptr, B_ptr, C_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, dstates_ptr,

@@ -140,7 +140,7 @@ def _carry(seq_last, seq_prev, cum_last, HAS_SEQ: tl.constexpr):
     return tl.exp(cum_last)
 
 
-@light_autotune(["Q", "P", "N"], loop=True)
+@light_autotune(["Q", "P", "N", "BP", "BN"], loop=True)
 @triton.jit
 def _states_kernel(
     x_ptr, B_ptr, dtp_ptr, cum_ptr, seq_ptr, init_ptr, states_ptr, final_ptr,
@@ -190,7 +190,7 @@ def _states_kernel(
     tl.store(final_ptr + bh * P * N + pn_off, state, mask=pn_mask)
 
 
-@light_autotune(["Q", "P", "N"])
+@light_autotune(["Q", "P", "N", "HPP"])
 @triton.jit
 def _out_kernel(
     x_ptr, B_ptr, C_ptr, z_ptr, D_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, out_ptr,
