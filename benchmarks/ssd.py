@@ -113,7 +113,7 @@ def timings(fn, t: dict[str, torch.Tensor]) -> dict[str, float]:
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
+    a, b = a.detach().double(), b.detach().double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 

@@ -124,9 +124,6 @@ def _fwd_fake(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, chunk_size
     return out, x.new_empty((batch, nheads, headdim, B.shape[-1]), dtype=fdtype)
 
 
-_FWD_TENSORS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
-
-
 def _fwd_setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(*inputs[:10])
     ctx.chunk_size, ctx.dt_softplus, ctx.dt_min, ctx.dt_max, ctx.return_final = inputs[10:]
