@@ -155,6 +155,7 @@ KNOBS = {  # module, attribute, values to try (the first listed default is resto
     "OUT_BLOCK_M": (fwd_mod, (32, 64, 128)),
     "STATE_BLOCK": (fwd_mod, (32, 64, 128)),
     "DX_HEADS_CAP": (bwd_mod, (1, 2, 4)),
+    "DBC_BLOCK_M": (bwd_mod, (32, 64, 128)),
     "DBC_BLOCK_N": (bwd_mod, (32, 64, 128)),
 }
 

@@ -91,8 +91,9 @@ def cases(dtype: str):
     yield scan_bwd._dx_kernel, {**seq, "HAS_D": True, "D_PER_CHANNEL": False, "HAS_BIAS": True,
                                 "SOFTPLUS": True, "HAS_LIMIT": True,
                                 "HPP": scan_bwd.DX_HEADS_CAP, "BQ": 128, **full, **common}
-    yield scan_bwd._dbc_kernel, {**seq, "BQ": 128, "BP": 64, "BN": scan_bwd.DBC_BLOCK_N,
-                                 **common}
+    for want_c in (True, False):
+        yield scan_bwd._dbc_kernel, {**seq, "WANT_C": want_c, "BM": scan_bwd.DBC_BLOCK_M,
+                                     "BP": 64, "BN": scan_bwd.DBC_BLOCK_N, **common}
     yield varlen._varlen_states_kernel, {"HAS_INIT": True, "BQ": 128, **tile, **common}
 
 

@@ -6,9 +6,9 @@ Recompute dt', cum and the states entering each chunk (scan_fwd), then:
    and dinitial_states = the gradient entering chunk 0.
 2. `_dx_kernel` (per batch, chunk, head): dx, d(dt') (through the decay's cumulative sum, then
    the dt_limit clamp, softplus and bias), per-chunk partial sums of dA and dD.
-3. `_dbc_kernel` (per batch, chunk, group, N tile): dB and dC summed over the group's heads in
-   registers (never expanded to heads): W = sum_h (dy_h (dt' x_h)^T) * decay_h, dC = W B + ...,
-   dB = W^T C + ...
+3. `_dbc_kernel` (per batch, chunk, block of rows, group, N tile; once for dC, once for dB):
+   summed over the group's heads in registers (never expanded to heads), walking the chunk's
+   causal blocks.
 z gating (dz and dy = dout * silu(z)) is elementwise torch around the kernels; y before the gate
 is recomputed by the forward's output kernel.
 """
@@ -37,8 +37,9 @@ from fastpath.kernels.ssd.scan_fwd import (
 )
 
 # Tile knobs (benchmarks/ssd.py --sweep times alternatives): heads of a group per dx program,
-# the N tile of the dB/dC programs.
+# the row block and N tile of the dB/dC programs.
 DX_HEADS_CAP = 2
+DBC_BLOCK_M = 64
 DBC_BLOCK_N = 64
 
 
@@ -195,64 +196,94 @@ def _dx_kernel(
         tl.store(ddt_ptr + rows * H + h, ddtp, mask=valid)
 
 
-@light_autotune(["Q", "P", "N", "BN"], loop=True)
+@light_autotune(["Q", "P", "N", "BM", "BN"], loop=True)
 @triton.jit
 def _dbc_kernel(
-    x_ptr, dy_ptr, B_ptr, C_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, dstates_ptr,
-    dB_ptr, dC_ptr,
+    x_ptr, dy_ptr, B_ptr, C_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, dstates_ptr, out_ptr,
     L, H, G, P, N, NC, Q, SX, SDY, SB, SC,
-    HAS_SEQ: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
-    BQ: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
+    WANT_C: tl.constexpr, HAS_SEQ: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+    BM: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
 ):
+    """dC (WANT_C) or dB for BM rows of one chunk and an N tile, summed over the group's heads.
+
+    With W_h[t, u] = (dy_t . dt'_u x_u) exp(cum_t - cum_u) for u <= t of one sequence:
+    dC_t = sum_h [sum_u W_h[t, u] B_u + exp(cum_t) h_in C-side term], walking u blocks up to
+    the diagonal; dB_u = sum_h [sum_t W_h[t, u] C_t + exp(cum_last - cum_u) (dt'_u x_u) R_h],
+    walking t blocks from the diagonal to the chunk's end.
+    """
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
-    pid_bc = tl.program_id(1)
-    b = pid_bc // NC
-    c = pid_bc % NC
+    n_m = tl.cdiv(Q, BM)
+    pid = tl.program_id(1)
+    m = pid % n_m
+    b = (pid // n_m) // NC
+    c = (pid // n_m) % NC
     g = tl.program_id(2)
     ratio = H // G
-    offs_t = tl.arange(0, BQ)
+    offs_m = m * BM + tl.arange(0, BM)
     offs_p = tl.arange(0, BP)
-    valid, n_valid, seq_t, seq_last, seq_prev = _chunk_bounds(seq_ptr, b, c, L, Q, offs_t, HAS_SEQ)
-    rows = b.to(tl.int64) * L + c * Q + offs_t
-    tn_mask = valid[:, None] & (offs_n[None, :] < N)
-    tp_mask = valid[:, None] & (offs_p[None, :] < P)
-    pn_mask = (offs_p[:, None] < P) & (offs_n[None, :] < N)
+    valid_m, n_valid, seq_m, seq_last, seq_prev = _chunk_bounds(
+        seq_ptr, b, c, L, Q, offs_m, HAS_SEQ
+    )
+    rows_m = b.to(tl.int64) * L + c * Q + offs_m
+    n_ok = offs_n[None, :] < N
+    mp_mask = valid_m[:, None] & (offs_p[None, :] < P)
+    pn_mask = (offs_p[:, None] < P) & n_ok
     pn_off = offs_p[:, None] * N + offs_n[None, :]
-    pair = (offs_t[:, None] >= offs_t[None, :]) & (seq_t[:, None] == seq_t[None, :])
-    pair = pair & valid[:, None] & valid[None, :]
-    prev_ok = valid & (seq_t == seq_prev)
-    keep_last = valid & (seq_t == seq_last)
-    w_sum = tl.zeros((BQ, BQ), dtype=tl.float32)
-    dC = tl.zeros((BQ, BN), dtype=tl.float32)
-    dB = tl.zeros((BQ, BN), dtype=tl.float32)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
     for j in range(ratio):
         h = g * ratio + j
-        bh = b.to(tl.int64) * H + h
-        cbase = bh * NC * Q + c * Q
-        dtp = tl.load(dtp_ptr + cbase + offs_t, mask=valid, other=0.0)
-        cum = tl.load(cum_ptr + cbase + offs_t, mask=valid, other=0.0)
-        cum_last = tl.load(cum_ptr + cbase + n_valid - 1)
+        cbase = (b.to(tl.int64) * H + h) * NC * Q + c * Q
+        cum_m = tl.load(cum_ptr + cbase + offs_m, mask=valid_m, other=0.0)
         hp = h * P + offs_p[None, :]
-        x = tl.load(x_ptr + rows[:, None] * SX + hp, mask=tp_mask, other=0.0)
-        dy = tl.load(dy_ptr + rows[:, None] * SDY + hp, mask=tp_mask, other=0.0)
-        v = (x.to(tl.float32) * dtp[:, None]).to(x.dtype)
-        decay = tl.exp(tl.where(pair, cum[:, None] - cum[None, :], -float("inf")))
-        w_sum += mm(dy, tl.trans(v), PREC, UPCAST) * decay
         st_off = ((b.to(tl.int64) * NC + c) * H + h) * P * N
-        h_in = tl.load(states_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
-        R = tl.load(dstates_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
-        from_start = tl.where(prev_ok, tl.exp(tl.where(prev_ok, cum, 0.0)), 0.0)
-        to_end = tl.where(keep_last, tl.exp(tl.where(keep_last, cum_last - cum, 0.0)), 0.0)
-        dC += mm(dy, h_in.to(dy.dtype), PREC, UPCAST) * from_start[:, None]
-        dB += mm(v, R.to(v.dtype), PREC, UPCAST) * to_end[:, None]
-    Ct = tl.load(C_ptr + rows[:, None] * SC + g * N + offs_n[None, :], mask=tn_mask, other=0.0)
-    Bt = tl.load(B_ptr + rows[:, None] * SB + g * N + offs_n[None, :], mask=tn_mask, other=0.0)
-    w = w_sum.to(Bt.dtype)
-    dC += mm(w, Bt, PREC, UPCAST)
-    dB += mm(tl.trans(w), Ct, PREC, UPCAST)
-    bo = rows[:, None] * (G * N) + g * N + offs_n[None, :]
-    tl.store(dC_ptr + bo, dC.to(dC_ptr.dtype.element_ty), mask=tn_mask)
-    tl.store(dB_ptr + bo, dB.to(dB_ptr.dtype.element_ty), mask=tn_mask)
+        if WANT_C:
+            dy_m = tl.load(dy_ptr + rows_m[:, None] * SDY + hp, mask=mp_mask, other=0.0)
+            h_in = tl.load(states_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
+            prev_ok = valid_m & (seq_m == seq_prev)
+            from_start = tl.where(prev_ok, tl.exp(tl.where(prev_ok, cum_m, 0.0)), 0.0)
+            acc += mm(dy_m, h_in.to(dy_m.dtype), PREC, UPCAST) * from_start[:, None]
+            for kb in range(0, (m + 1) * BM, BM):
+                offs_k = kb + tl.arange(0, BM)
+                valid_k, _, seq_k, _, _ = _chunk_bounds(seq_ptr, b, c, L, Q, offs_k, HAS_SEQ)
+                rows_k = b.to(tl.int64) * L + c * Q + offs_k
+                dtp_k = tl.load(dtp_ptr + cbase + offs_k, mask=valid_k, other=0.0)
+                cum_k = tl.load(cum_ptr + cbase + offs_k, mask=valid_k, other=0.0)
+                x_k = tl.load(x_ptr + rows_k[:, None] * SX + hp,
+                              mask=valid_k[:, None] & (offs_p[None, :] < P), other=0.0)
+                v_k = (x_k.to(tl.float32) * dtp_k[:, None]).to(x_k.dtype)
+                B_k = tl.load(B_ptr + rows_k[:, None] * SB + g * N + offs_n[None, :],
+                              mask=valid_k[:, None] & n_ok, other=0.0)
+                pair = (offs_m[:, None] >= offs_k[None, :]) & (seq_m[:, None] == seq_k[None, :])
+                pair = pair & valid_m[:, None] & valid_k[None, :]
+                decay = tl.exp(tl.where(pair, cum_m[:, None] - cum_k[None, :], -float("inf")))
+                w = mm(dy_m, tl.trans(v_k), PREC, UPCAST) * decay
+                acc += mm(w.to(B_k.dtype), B_k, PREC, UPCAST)
+        else:
+            dtp_m = tl.load(dtp_ptr + cbase + offs_m, mask=valid_m, other=0.0)
+            x_m = tl.load(x_ptr + rows_m[:, None] * SX + hp, mask=mp_mask, other=0.0)
+            v_m = (x_m.to(tl.float32) * dtp_m[:, None]).to(x_m.dtype)
+            R = tl.load(dstates_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
+            cum_last = tl.load(cum_ptr + cbase + n_valid - 1)
+            keep_last = valid_m & (seq_m == seq_last)
+            to_end = tl.where(keep_last, tl.exp(tl.where(keep_last, cum_last - cum_m, 0.0)), 0.0)
+            acc += mm(v_m, R.to(v_m.dtype), PREC, UPCAST) * to_end[:, None]
+            for tb in range(m * BM, Q, BM):
+                offs_k = tb + tl.arange(0, BM)
+                valid_k, _, seq_k, _, _ = _chunk_bounds(seq_ptr, b, c, L, Q, offs_k, HAS_SEQ)
+                rows_k = b.to(tl.int64) * L + c * Q + offs_k
+                cum_k = tl.load(cum_ptr + cbase + offs_k, mask=valid_k, other=0.0)
+                dy_k = tl.load(dy_ptr + rows_k[:, None] * SDY + hp,
+                               mask=valid_k[:, None] & (offs_p[None, :] < P), other=0.0)
+                C_k = tl.load(C_ptr + rows_k[:, None] * SC + g * N + offs_n[None, :],
+                              mask=valid_k[:, None] & n_ok, other=0.0)
+                # rows u (this block), columns t (block k): t >= u of the same sequence
+                pair = (offs_k[None, :] >= offs_m[:, None]) & (seq_m[:, None] == seq_k[None, :])
+                pair = pair & valid_m[:, None] & valid_k[None, :]
+                decay = tl.exp(tl.where(pair, cum_k[None, :] - cum_m[:, None], -float("inf")))
+                wt = mm(v_m, tl.trans(dy_k), PREC, UPCAST) * decay
+                acc += mm(wt.to(C_k.dtype), C_k, PREC, UPCAST)
+    bo = rows_m[:, None] * (G * N) + g * N + offs_n[None, :]
+    tl.store(out_ptr + bo, acc.to(out_ptr.dtype.element_ty), mask=valid_m[:, None] & n_ok)
 
 
 def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx,
@@ -314,13 +345,16 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
     dB = torch.empty(B.shape, device=x.device, dtype=B.dtype)
     dC = torch.empty(C.shape, device=x.device, dtype=C.dtype)
     bn_bc = min(bn_full, DBC_BLOCK_N)
-    _dbc_kernel[(triton.cdiv(dstate, bn_bc), batch * nchunks, ngroups)](
-        x, dy, B, C, dtp, cum, seq_arg, states, dstates, dB, dC,
-        seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
-        x.stride(1), dy.stride(1), B.stride(1), C.stride(1),
-        HAS_SEQ=seq_idx is not None, PREC=prec, UPCAST=up,
-        BQ=bq, BP=bp_full, BN=bn_bc,
-    )
+    bm_bc = min(DBC_BLOCK_M, bq)
+    grid = (triton.cdiv(dstate, bn_bc), batch * nchunks * triton.cdiv(chunk_size, bm_bc), ngroups)
+    for want_c, result in ((True, dC), (False, dB)):
+        _dbc_kernel[grid](
+            x, dy, B, C, dtp, cum, seq_arg, states, dstates, result,
+            seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
+            x.stride(1), dy.stride(1), B.stride(1), C.stride(1),
+            WANT_C=want_c, HAS_SEQ=seq_idx is not None, PREC=prec, UPCAST=up,
+            BM=bm_bc, BP=bp_full, BN=bn_bc,
+        )
     dA = dA_part.sum(dim=(0, 1))
     dD = None
     if D is not None:
