@@ -88,9 +88,8 @@ def cases(dtype: str):
     yield scan_fwd._out_kernel, {**seq, "HAS_D": True, "D_PER_CHANNEL": False, "HAS_Z": True,
                                  "BM": scan_fwd.OUT_BLOCK_M, **full, **common}
     yield scan_bwd._dstates_kernel, {**seq, "HAS_DFINAL": True, "BQ": 128, **tile, **common}
-    yield scan_bwd._dx_kernel, {**seq, "HAS_D": True, "D_PER_CHANNEL": False, "HAS_BIAS": True,
-                                "SOFTPLUS": True, "HAS_LIMIT": True,
-                                "HPP": scan_bwd.DX_HEADS_CAP, "BQ": 128, **full, **common}
+    yield scan_bwd._dx_kernel, {**seq, "HAS_D": True, "D_PER_CHANNEL": False,
+                                "BM": scan_bwd.DX_BLOCK_M, **full, **common}
     for want_c in (True, False):
         yield scan_bwd._dbc_kernel, {**seq, "WANT_C": want_c, "BM": scan_bwd.DBC_BLOCK_M,
                                      "BP": 64, "BN": scan_bwd.DBC_BLOCK_N, **common}

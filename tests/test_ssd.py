@@ -189,12 +189,13 @@ def test_views_split_off_a_wider_tensor_are_read_in_place():
 
 
 def test_output_rows_in_several_blocks(monkeypatch):
-    """Chunks longer than the output and dB/dC kernels' row blocks (as at chunk 128 on the
+    """Chunks longer than the output, dx and dB/dC kernels' row blocks (as at chunk 128 on the
     GPU)."""
     from fastpath.kernels.ssd import scan_bwd, scan_fwd
 
     monkeypatch.setattr(scan_fwd, "OUT_BLOCK_M", 16)
     monkeypatch.setattr(scan_bwd, "DBC_BLOCK_M", 16)
+    monkeypatch.setattr(scan_bwd, "DX_BLOCK_M", 16)
     t, seq = make_case(1, 70, 2, 8, 1, 16, npacked=3, seed=13)
     run_case(t, seq, 48, torch.float32, ALL)
 

@@ -31,11 +31,6 @@ OUT_BLOCK_M = 64
 STATE_BLOCK = 64
 
 
-def heads_per_program(ratio: int, cap: int) -> int:
-    """Heads of one group handled by one program (they share its C B^T tile)."""
-    return next(k for k in (cap, 8, 4, 2, 1) if k <= cap and ratio % k == 0)
-
-
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
     """Per-chunk states are kept in the inputs' 16-bit type (the dots read them in it anyway);
     the running state is always accumulated in float32."""
