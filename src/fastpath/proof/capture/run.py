@@ -247,7 +247,8 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, out: Path,
         problems = writer.layout_problems(idx, row.input_ids, row.loss_mask, len(aux_ids),
                                           int(built.config.hidden_size), built.dtype)
         if not problems:
-            emb = mean_token_norm(model.get_input_embeddings()(torch.tensor(row.input_ids, device=device)))
+            with torch.no_grad():
+                emb = mean_token_norm(model.get_input_embeddings()(torch.tensor(row.input_ids, device=device)))
             problems = row_problems(writer.stored_states(idx, len(aux_ids)), emb)
         if problems:
             say(f"resume: row {idx} fails its re-check ({problems[0]}); capturing it again")
