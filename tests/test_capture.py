@@ -39,25 +39,24 @@ ALLOW_SLOW = not triton_interpreter_on()
 
 TINY_LFM2 = {
     "model_type": "lfm2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 320, "conv_bias": True,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "conv_bias": True,
     "layer_types": ["conv", "full_attention", "conv", "conv"],
 }
 TINY_QWEN35 = {
     "model_type": "qwen3_5_text", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "linear_num_key_heads": 2,
     "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-    "linear_conv_kernel_dim": 4, "vocab_size": 320,
+    "linear_conv_kernel_dim": 4, "vocab_size": 512,
 }
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 CONVERSATIONS = [
-    [("user", "What is a causal convolution?"), ("assistant", "A convolution that only looks at the past.")],
-    [("system", "You are terse."), ("user", "Name a hybrid model."), ("assistant", "Qwen3.5 mixes linear attention."),
-     ("user", "And another?"), ("assistant", "LFM2 uses short convolutions.")],
+    [("user", "What is a causal conv?"), ("assistant", "A conv over the past.")],
+    [("system", "Be terse."), ("user", "A hybrid model?"), ("assistant", "Qwen3.5."),
+     ("user", "Another?"), ("assistant", "LFM2.")],
     [("user", "Say hi"), ("assistant", "hi")],
-    [("user", "Count to five please"), ("assistant", "one two three four five")],
-    [("user", "Why do drafters need hidden states of the target model at several depths?"),
-     ("assistant", "EAGLE-3 fuses low, middle and high layers to predict the next tokens.")],
+    [("user", "Count to three"), ("assistant", "one two three")],
+    [("user", "Why several depths?"), ("assistant", "EAGLE-3 fuses low, mid and high layers.")],
 ]
 
 
@@ -75,9 +74,9 @@ def tokenizer_dir(tmp_path_factory) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    corpus = [text for conv in CONVERSATIONS for _, text in conv] * 4
+    corpus = [f"{role}\n{text}" for conv in CONVERSATIONS for role, text in conv] * 8
     tok.train_from_iterator(corpus, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     fast.chat_template = CHATML
@@ -171,14 +170,14 @@ def test_chat_forms_render_alike_and_mask_only_the_assistant(tokenizer_dir, tmp_
     conv = CONVERSATIONS[1]
     ids, mask = tokenize_chat(tok, [{"role": r, "content": c} for r, c in conv])
     masked = tok.decode([t for t, m in zip(ids, mask, strict=True) if m])
-    assert masked == "Qwen3.5 mixes linear attention.<|im_end|>\nLFM2 uses short convolutions.<|im_end|>\n"
+    assert masked == "Qwen3.5.<|im_end|>\nLFM2.<|im_end|>\n"
     unmasked = tok.decode([t for t, m in zip(ids, mask, strict=True) if not m])
-    assert "Name a hybrid model." in unmasked and "Qwen3.5" not in unmasked
-    a = load_rows(_write_chat(tmp_path / "m.jsonl", "messages"), tok, 4096, 320)
-    b = load_rows(_write_chat(tmp_path / "s.jsonl", "sharegpt"), tok, 4096, 320)
+    assert "A hybrid model?" in unmasked and "Qwen3.5" not in unmasked
+    a = load_rows(_write_chat(tmp_path / "m.jsonl", "messages"), tok, 4096, 512)
+    b = load_rows(_write_chat(tmp_path / "s.jsonl", "sharegpt"), tok, 4096, 512)
     assert [(r.input_ids, r.loss_mask) for r in a.rows] == [(r.input_ids, r.loss_mask) for r in b.rows]
-    short = load_rows(tmp_path / "m.jsonl", tok, 24, 320)
-    assert short.truncated > 0 and all(len(r.input_ids) <= 24 for r in short.rows)
+    short = load_rows(tmp_path / "m.jsonl", tok, 16, 512)
+    assert short.truncated > 0 and all(len(r.input_ids) <= 16 for r in short.rows)
 
 
 # --- speculators layout, LFM2 on the fast path ----------------------------------------------------
