@@ -35,17 +35,20 @@ def world_from_env() -> World:
     return World(num("RANK", 0), max(1, num("WORLD_SIZE", 1)), num("LOCAL_RANK", 0))
 
 
-def init(world: World, device: Any) -> bool:
-    """Join the process group (NCCL on CUDA, gloo on CPU); False when there is nothing to join."""
+def init(world: World, device: Any) -> tuple[bool, bool]:
+    """Join the process group (NCCL on CUDA, gloo on CPU). Returns (active, owned): active when
+    there is more than one process, owned when this call created the group (a caller such as a
+    benchmark may have created it already, and then keeps it)."""
     if world.size == 1:
-        return False
+        return False, False
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        backend = "nccl" if getattr(device, "type", "cpu") == "cuda" else "gloo"
-        kwargs = {"device_id": device} if backend == "nccl" else {}
-        dist.init_process_group(backend=backend, **kwargs)
-    return True
+    if dist.is_initialized():
+        return True, False
+    backend = "nccl" if getattr(device, "type", "cpu") == "cuda" else "gloo"
+    kwargs = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend=backend, **kwargs)
+    return True, True
 
 
 def any_failed(failed: bool, device: Any, active: bool) -> bool:

@@ -27,7 +27,7 @@ from fastpath.proof.capture.layers import (
 )
 from fastpath.proof.capture.packing import batches_for_rank, make_batches
 from fastpath.proof.capture.recheck import recheck_row
-from fastpath.proof.capture.writers import SUMMARY_NAME, atomic_json, make_writer
+from fastpath.proof.capture.writers import SUMMARY_NAME, BackgroundWrites, atomic_json, make_writer
 
 STATE_DIR = ".capture"  # per-rank records and the settings a resume must match
 SETTINGS_KEYS = ("model", "data", "format", "max_len", "batch_tokens", "layers", "dtype", "seed", "model_layers")
@@ -60,6 +60,7 @@ class CaptureOptions:
     progress: bool = True
     enable_kwargs: dict[str, Any] = field(default_factory=dict)
     on_model: Any = None  # callable(model) after loading (tests inject faults through it)
+    prebuilt: Any = None  # a BuiltModel from _load_target to reuse (benchmarks: one build, several runs)
 
 
 @dataclass
@@ -156,7 +157,7 @@ class _Progress:
               f"ETA {eta_text}", file=sys.stderr, flush=True)
 
 
-def _load_target(opts: CaptureOptions, device: Any) -> Any:
+def load_target(opts: CaptureOptions, device: Any) -> Any:
     from fastpath.proof.models import build_model
     from fastpath.proof.verify import hidden_compiled_peers
 
@@ -186,14 +187,14 @@ def run_capture(opts: CaptureOptions) -> CaptureResult:
         torch.cuda.set_device(device)
     out = Path(opts.out).expanduser()
     writer = make_writer(opts.format, out)
-    active = distributed.init(world, device)
+    active, owned = distributed.init(world, device)
     try:
         return _run(opts, world, device, out, writer, active, TOLERANCES, dtype_label)
     finally:
         import fastpath
 
         fastpath.disable()
-        distributed.shutdown(active)
+        distributed.shutdown(owned)
 
 
 def _run(opts: CaptureOptions, world: distributed.World, device: Any, out: Path, writer: Any, active: bool,
@@ -202,7 +203,7 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, out: Path,
 
     say = lambda msg: _say(world, opts.progress, msg)  # noqa: E731
     say(f"loading {opts.model}")
-    built = _load_target(opts, device)
+    built = opts.prebuilt if opts.prebuilt is not None else load_target(opts, device)
     model = built.model
     if opts.on_model is not None:
         opts.on_model(model)
@@ -259,34 +260,14 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, out: Path,
         say(f"resume: {len(done)} rows already written on rank {world.rank}")
 
     progress = _Progress(world, opts.progress, len(rows))
-    checked: list[dict[str, Any]] = []
-    written = tokens = 0
-    first_row_checked = False
     start = time.perf_counter()
-    error: BaseException | None = None
-    stopped = False
-    for step in range(steps):
-        if error is None and step < len(mine):
-            _, batch = mine[step]
-            todo = [i for i in batch if i not in done]
-            if todo:
-                try:
-                    n_tok, row_checks = _capture_batch(
-                        batch, todo, rows, parts, model, device, aux_ids, capture_ids, num_layers, writer,
-                        meta, tol, on_fast, opts, check_first=not first_row_checked)
-                    first_row_checked = True
-                    checked.extend(row_checks)
-                    written += len(todo)
-                    tokens += n_tok
-                except FastpathError as exc:
-                    error = exc
-                except torch.cuda.OutOfMemoryError as exc:
-                    error = FastpathError(f"out of GPU memory on a batch of {len(batch)} rows "
-                                          f"({first_line(exc)}); lower --batch-tokens")
-        if distributed.any_failed(error is not None, device, active):
-            stopped = True
-            break
-        progress.update(written + len(done), tokens)
+    writes = BackgroundWrites()
+    try:
+        written, tokens, checked, error, stopped = _capture_loop(
+            steps, mine, done, rows, parts, model, device, aux_ids, capture_ids, num_layers, writer, meta, tol,
+            on_fast, opts, writes, active, progress)
+    finally:
+        writes.close()
     seconds = time.perf_counter() - start
     if error is not None:
         raise error
@@ -310,11 +291,52 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, out: Path,
     return CaptureResult(out, len(rows), written, len(done), tokens, seconds, checked, path_label, summary)
 
 
+def _capture_loop(steps: int, mine: list[tuple[int, list[int]]], done: set[int], rows: list[Any], parts: Any,
+                  model: Any, device: Any, aux_ids: list[int], capture_ids: list[int], num_layers: int,
+                  writer: Any, meta: dict[str, str], tol: Any, on_fast: bool, opts: CaptureOptions,
+                  writes: BackgroundWrites, active: bool, progress: _Progress,
+                  ) -> tuple[int, int, list[dict[str, Any]], BaseException | None, bool]:
+    """This rank's batches; every rank runs `steps` steps and learns after each whether any failed."""
+    import torch
+
+    checked: list[dict[str, Any]] = []
+    written = tokens = 0
+    first_row_checked = False
+    error: BaseException | None = None
+    for step in range(steps):
+        if error is None and step < len(mine):
+            _, batch = mine[step]
+            todo = [i for i in batch if i not in done]
+            if todo:
+                try:
+                    n_tok, row_checks = _capture_batch(
+                        batch, todo, rows, parts, model, device, aux_ids, capture_ids, num_layers, writer,
+                        meta, tol, on_fast, opts, writes, check_first=not first_row_checked)
+                    first_row_checked = True
+                    checked.extend(row_checks)
+                    written += len(todo)
+                    tokens += n_tok
+                except FastpathError as exc:
+                    error = exc
+                except torch.cuda.OutOfMemoryError as exc:
+                    error = FastpathError(f"out of GPU memory on a batch of {len(batch)} rows "
+                                          f"({first_line(exc)}); lower --batch-tokens")
+        if distributed.any_failed(error is not None, device, active):
+            return written, tokens, checked, error, True
+        progress.update(written + len(done), tokens)
+    try:
+        writes.wait()
+    except FastpathError as exc:
+        error = exc
+    return written, tokens, checked, error, distributed.any_failed(error is not None, device, active)
+
+
 def _capture_batch(batch: list[int], todo: list[int], rows: list[Any], parts: Any, model: Any, device: Any,
                    aux_ids: list[int], capture_ids: list[int], num_layers: int, writer: Any,
-                   meta: dict[str, str], tol: Any, on_fast: bool, opts: CaptureOptions,
+                   meta: dict[str, str], tol: Any, on_fast: bool, opts: CaptureOptions, writes: BackgroundWrites,
                    check_first: bool) -> tuple[int, list[dict[str, Any]]]:
-    """Forward one batch, check every row, re-check the sampled ones, then write `todo`."""
+    """Forward one batch, check every row (on the device), re-check the sampled ones, then hand
+    `todo` to the background writers."""
     import torch
 
     lengths = [len(rows[i].input_ids) for i in batch]
@@ -338,8 +360,8 @@ def _capture_batch(batch: list[int], todo: list[int], rows: list[Any], parts: An
         if idx not in todo:
             continue
         n = lengths[b]
-        states = {i: box.states[i][b, :n].detach().cpu() for i in capture_ids}
-        post = box.final_post[b, :n].detach().cpu()
+        states = {i: box.states[i][b, :n].detach() for i in capture_ids}
+        post = box.final_post[b, :n].detach()
         named = {f"layer {i}": states[i] for i in aux_ids}
         named[f"layer {num_layers} (last layer, pre-norm)"] = states[num_layers]
         named["final norm"] = post
@@ -365,8 +387,10 @@ def _capture_batch(batch: list[int], todo: list[int], rows: list[Any], parts: An
         staged.append((idx, states, post))
     for idx, states, post in staged:
         row = rows[idx]
-        writer.write_row(idx, torch.tensor(row.input_ids, dtype=torch.long), torch.tensor(row.loss_mask, dtype=torch.long),
-                         [states[i] for i in aux_ids], states[num_layers], post, meta)
+        host = {i: t.cpu() for i, t in states.items()}
+        args = (idx, torch.tensor(row.input_ids, dtype=torch.long), torch.tensor(row.loss_mask, dtype=torch.long),
+                [host[i] for i in aux_ids], host[num_layers], post.cpu(), meta)
+        writes.submit(idx, lambda args=args: writer.write_row(*args))
     return sum(lengths[b] for b, i in enumerate(batch) if i in todo), row_checks
 
 
