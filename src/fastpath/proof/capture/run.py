@@ -387,11 +387,51 @@ def _capture_batch(batch: list[int], todo: list[int], rows: list[Any], parts: An
         staged.append((idx, states, post))
     for idx, states, post in staged:
         row = rows[idx]
-        host = {i: t.cpu() for i, t in states.items()}
+        wanted = [states[i] for i in aux_ids]
+        wanted += [states[num_layers]] if writer.needs_pre else []
+        wanted += [post] if writer.needs_post else []
+        host, ready = to_host(wanted)
+        aux_host = host[: len(aux_ids)]
+        rest = host[len(aux_ids):]
+        pre_host = rest.pop(0) if writer.needs_pre else None
+        post_host = rest.pop(0) if writer.needs_post else None
         args = (idx, torch.tensor(row.input_ids, dtype=torch.long), torch.tensor(row.loss_mask, dtype=torch.long),
-                [host[i] for i in aux_ids], host[num_layers], post.cpu(), meta)
-        writes.submit(idx, lambda args=args: writer.write_row(*args))
+                aux_host, pre_host, post_host, meta)
+
+        def write(args: tuple = args, ready: Any = ready) -> None:
+            if ready is not None:
+                ready.synchronize()
+            writer.write_row(*args)
+
+        writes.submit(idx, write)
     return sum(lengths[b] for b, i in enumerate(batch) if i in todo), row_checks
+
+
+_COPY_STREAMS: dict[Any, Any] = {}
+
+
+def to_host(tensors: list[Any]) -> tuple[list[Any], Any]:
+    """Device -> pinned host copies on a side stream, so the next batch's forward overlaps them.
+    Returns the host tensors and an event to wait on before reading them (None on CPU)."""
+    import torch
+
+    if not tensors or not tensors[0].is_cuda:
+        return list(tensors), None
+    device = tensors[0].device
+    stream = _COPY_STREAMS.get(device)
+    if stream is None:
+        stream = _COPY_STREAMS[device] = torch.cuda.Stream(device=device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    host = []
+    with torch.cuda.stream(stream):
+        for t in tensors:
+            h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            h.copy_(t, non_blocking=True)
+            t.record_stream(stream)  # the allocator must not reuse t before the copy ran
+            host.append(h)
+        event = torch.cuda.Event()
+        event.record(stream)
+    return host, event
 
 
 def _finish(out: Path, writer: Any, rows: list[Any], loaded: Any, meta: dict[str, str], built: Any,

@@ -113,6 +113,8 @@ class Writer:
     """Common face: where a row's files go, writing and reading them, the dataset index."""
 
     name = ""
+    needs_pre = False  # stores the last layer's output before the final norm
+    needs_post = False  # stores the final norm's output
 
     def __init__(self, out: Path) -> None:
         self.out = out
@@ -156,6 +158,7 @@ def _check(problems: list[str], ok: bool, text: str) -> None:
 
 class SpeculatorsWriter(Writer):
     name = "speculators"
+    needs_pre = True
 
     def row_paths(self, idx: int) -> list[Path]:
         return [self.out / "hidden_states" / f"hs_{idx}.safetensors"]
@@ -229,6 +232,7 @@ class SpeculatorsWriter(Writer):
 
 class SpecForgeWriter(Writer):
     name = "specforge"
+    needs_post = True
 
     @staticmethod
     def group_dir(idx: int) -> str:
