@@ -154,11 +154,14 @@ def train_phase(args: argparse.Namespace, path: str, device: Any, rank: int, wor
         if step == args.warmup:
             _reset_peak(device)
         t0 = time.perf_counter()
-        out = model(input_ids=ids, labels=ids, use_cache=False)
-        out.loss.backward()
+        loss = torch.zeros(1, device=device)
+        for j in range(local):  # one sequence at a time: a 248k-vocab logits tensor is large
+            model.set_requires_gradient_sync(j == local - 1)
+            out = model(input_ids=ids[j:j + 1], labels=ids[j:j + 1], use_cache=False)
+            (out.loss / local).backward()
+            loss += out.loss.detach().float() / local
         opt.step()
         opt.zero_grad(set_to_none=True)
-        loss = out.loss.detach().float().reshape(1)
         dist.all_reduce(loss, op=dist.ReduceOp.SUM)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
