@@ -123,8 +123,13 @@ def main() -> int:
         return 2
     from fastpath.proof.models import resolve_source, transformers_config
 
-    vocab = int(transformers_config(resolve_source(args.model).config, args.layers).vocab_size)
-    base = args.scratch or ("/dev/shm" if os.path.isdir("/dev/shm") else None)
+    config = transformers_config(resolve_source(args.model).config, args.layers)
+    vocab = int(config.vocab_size)
+    # 4 states per token in bf16/fp16 (fp32: twice), one path's rows on disk at a time, +25%
+    need = int(args.rows * args.max_len * 4 * int(config.hidden_size) * (4 if args.dtype in ("fp32", "float32") else 2) * 1.25)
+    base = args.scratch
+    if base is None and os.path.isdir("/dev/shm") and shutil.disk_usage("/dev/shm").free > need:
+        base = "/dev/shm"  # a container's /dev/shm is often 64 MB: then the default temp dir
     scratch = Path(tempfile.mkdtemp(prefix="fastpath-capture-", dir=base))
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -152,6 +157,7 @@ def main() -> int:
         "config": {k: getattr(args, k) for k in ("model", "layers", "max_len", "rows", "batch_tokens", "dtype",
                                                   "check_every", "device")},
         "scratch_dir": str(base or tempfile.gettempdir()),
+        "scratch_bytes_needed": need,
         "paths": paths,
         "fast_over_fallback": round(ratio, 3) if ratio else None,
         "target": TARGET_RATIO,

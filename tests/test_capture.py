@@ -21,6 +21,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
+pytest.importorskip("safetensors")
+pytest.importorskip("datasets")  # the speculators layout (pip install 'fastpath-kit[capture]')
 
 import torch
 
@@ -193,11 +195,11 @@ def lfm2_capture(tmp_path_factory, lfm2_config, tokenizer_dir):
 
 
 def test_speculators_layout_loads_by_its_own_rules(lfm2_capture, tokenizer_dir):
-    datasets = pytest.importorskip("datasets")
+    import datasets
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    result, data = lfm2_capture
+    result, _ = lfm2_capture
     out = result.out
     ds = datasets.load_from_disk(str(out))  # what speculators' ArrowDataset does
     assert len(ds) == result.rows == len(CONVERSATIONS)
@@ -323,8 +325,6 @@ def test_the_reference_recheck_catches_a_wrong_kernel(lfm2_config, tokenizer_dir
 
 
 def test_resume_after_an_interrupted_run_gives_identical_files(lfm2_capture, lfm2_config, tokenizer_dir, tmp_path):
-    from safetensors.torch import load_file
-
     clean, data = lfm2_capture
     out = tmp_path / "out"
     calls = {"n": 0}
