@@ -106,7 +106,7 @@ def main() -> int:
     parser.add_argument("--model", default="qwen3.5-27b", help="preset/config (random weights)")
     parser.add_argument("--layers", type=int, default=8, help="cut the preset to N layers (8)")
     parser.add_argument("--max-len", type=int, default=4096)
-    parser.add_argument("--rows", type=int, default=24, help="timed rows per path (24)")
+    parser.add_argument("--rows", type=int, default=48, help="timed rows per path (48)")
     parser.add_argument("--batch-tokens", type=int, default=16384)
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--check-every", type=int, default=32, help="reference re-check every Nth row (32)")

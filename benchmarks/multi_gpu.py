@@ -176,6 +176,18 @@ def train_phase(args: argparse.Namespace, path: str, device: Any, rank: int, wor
             "tokens_per_s": round(tokens / sum(timed), 1) if timed else None, "peak_gpu_memory_gib": _peak(device)}
 
 
+def _scratch_root(args: argparse.Namespace) -> str:
+    """/dev/shm when it can hold one path's capture (4 states per token, +25%), else the temp dir:
+    a container's /dev/shm is often 64 MB."""
+    from fastpath.proof.models import resolve_source, transformers_config
+
+    hidden = int(transformers_config(resolve_source(args.model).config, args.layers).hidden_size)
+    need = int(args.capture_rows * args.seq_len * 4 * hidden * (4 if args.dtype == "fp32" else 2) * 1.25)
+    if os.path.isdir("/dev/shm") and shutil.disk_usage("/dev/shm").free > need:
+        return "/dev/shm"
+    return tempfile.gettempdir()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -202,8 +214,7 @@ def main() -> int:
     import torch.distributed as dist
 
     device, rank, world = _setup(args.device)
-    scratch_root = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    scratch = Path(tempfile.gettempdir() if scratch_root is None else scratch_root) / f"fastpath-multi-{os.environ.get('TORCHELASTIC_RUN_ID', os.getpid())}"
+    scratch = Path(_scratch_root(args)) / f"fastpath-multi-{os.environ.get('TORCHELASTIC_RUN_ID', os.getpid())}"
     if rank == 0:
         scratch.mkdir(parents=True, exist_ok=True)
     dist.barrier()

@@ -85,7 +85,7 @@ def _say(world: distributed.World, enabled: bool, msg: str) -> None:
         print(f"fastpath capture: {msg}", file=sys.stderr, flush=True)
 
 
-def _prepare_out(out: Path, resume: bool, settings: dict[str, Any], world: distributed.World) -> None:
+def _prepare_out(out: Path, resume: bool, settings: dict[str, Any]) -> None:
     """Refuse a non-empty DIR without --resume, and a resume with different settings."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a directory")
@@ -220,7 +220,7 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, out: Path,
         "max_len": opts.max_len, "batch_tokens": opts.batch_tokens, "layers": aux_ids,
         "dtype": dtype_label(built.dtype), "seed": built.seed, "model_layers": opts.model_layers,
     }
-    _prepare_out(out, opts.resume, settings, world)
+    _prepare_out(out, opts.resume, settings)
     distributed.barrier(active)
     if world.is_main:
         _write_settings(out, settings)

@@ -100,6 +100,8 @@ class BackgroundWrites:
             future.result()
         except OSError as exc:
             raise FastpathError(f"writing row {idx} failed: {exc.strerror or exc}") from None
+        except Exception as exc:  # a serializer's own error: one line, with the row
+            raise FastpathError(f"writing row {idx} failed: {exc.__class__.__name__}: {exc}") from None
 
 
 def token_freq(rows: Iterable[tuple[list[int], list[int]]]) -> dict[int, int]:
