@@ -348,6 +348,19 @@ def test_resume_after_an_interrupted_run_gives_identical_files(lfm2_capture, lfm
     _assert_same_capture(clean.out, out)
 
 
+def test_resume_recaptures_a_damaged_last_row(lfm2_capture, lfm2_config, tokenizer_dir, tmp_path):
+    import shutil
+
+    clean, data = lfm2_capture
+    out = tmp_path / "out"
+    shutil.copytree(clean.out, out)
+    last = out / "hidden_states" / f"hs_{clean.rows - 1}.safetensors"
+    last.write_bytes(last.read_bytes()[:100])  # e.g. a copy cut short outside fastpath
+    resumed = run_capture(_opts(lfm2_config, data, out, tokenizer=str(tokenizer_dir), resume=True))
+    assert resumed.written == 1 and resumed.skipped_done == clean.rows - 1
+    _assert_same_capture(clean.out, out)
+
+
 def _assert_same_capture(a: Path, b: Path) -> None:
     from safetensors.torch import load_file
 
