@@ -325,7 +325,9 @@ def test_the_reference_recheck_catches_a_wrong_kernel(lfm2_config, tokenizer_dir
 
 
 def test_resume_after_an_interrupted_run_gives_identical_files(lfm2_capture, lfm2_config, tokenizer_dir, tmp_path):
-    clean, data = lfm2_capture
+    clean, shared_data = lfm2_capture
+    data = tmp_path / "data.jsonl"
+    data.write_bytes(shared_data.read_bytes())
     out = tmp_path / "out"
     calls = {"n": 0}
 
@@ -343,6 +345,11 @@ def test_resume_after_an_interrupted_run_gives_identical_files(lfm2_capture, lfm
     assert 0 < len(partial) < clean.rows and not list(out.rglob(".*.tmp*"))
     with pytest.raises(UsageError, match="pass --resume"):
         run_capture(_opts(lfm2_config, data, out, tokenizer=str(tokenizer_dir)))
+    original = data.read_bytes()
+    data.write_bytes(original.replace(b"Say hi", b"Say yo"))
+    with pytest.raises(UsageError, match=r"different settings than the run in .*: data_sha256"):
+        run_capture(_opts(lfm2_config, data, out, tokenizer=str(tokenizer_dir), resume=True))
+    data.write_bytes(original)
     resumed = run_capture(_opts(lfm2_config, data, out, tokenizer=str(tokenizer_dir), resume=True, check_every=2))
     assert resumed.skipped_done == len(partial) and resumed.written == clean.rows - len(partial)
     _assert_same_capture(clean.out, out)

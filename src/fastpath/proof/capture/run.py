@@ -30,7 +30,19 @@ from fastpath.proof.capture.recheck import recheck_row
 from fastpath.proof.capture.writers import SUMMARY_NAME, BackgroundWrites, atomic_json, make_writer
 
 STATE_DIR = ".capture"  # per-rank records and the settings a resume must match
-SETTINGS_KEYS = ("model", "data", "format", "max_len", "batch_tokens", "layers", "dtype", "seed", "model_layers")
+SETTINGS_KEYS = ("model", "data", "data_sha256", "format", "max_len", "batch_tokens", "layers", "dtype", "seed",
+                 "model_layers")
+
+
+def file_sha256(path: str | Path) -> str:
+    """Content hash of DATA: a resume against an edited file would pair rows with the wrong files."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 class CaptureCheckError(FastpathError):
@@ -216,7 +228,8 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, out: Path,
     loaded = load_rows(opts.data, tokenizer, opts.max_len, built.vocab_size)
     rows = loaded.rows
     settings = {
-        "model": opts.model, "data": str(Path(opts.data).resolve()), "format": opts.format,
+        "model": opts.model, "data": str(Path(opts.data).resolve()), "data_sha256": file_sha256(opts.data),
+        "format": opts.format,
         "max_len": opts.max_len, "batch_tokens": opts.batch_tokens, "layers": aux_ids,
         "dtype": dtype_label(built.dtype), "seed": built.seed, "model_layers": opts.model_layers,
     }
