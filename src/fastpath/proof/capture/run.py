@@ -137,7 +137,9 @@ def _gate_fast_path(model: Any, opts: CaptureOptions) -> tuple[str, bool]:
     try:
         fastpath.assert_fast(model)
     except FastpathError as exc:
-        reason = first_line(exc)
+        slow = [r for r in fastpath.explain(model).rows if not r["fast"]]
+        reason = (f"{len(slow)} op(s) take a slow path (first: {slow[0]['layer']} {slow[0]['op']}: {slow[0]['impl']})"
+                  if slow else first_line(exc))
         if not opts.allow_slow:
             fastpath.disable()
             raise FastpathError(f"refusing to capture on a slow fallback: {reason} "
@@ -233,19 +235,20 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, out: Path,
         "max_len": opts.max_len, "batch_tokens": opts.batch_tokens, "layers": aux_ids,
         "dtype": dtype_label(built.dtype), "seed": built.seed, "model_layers": opts.model_layers,
     }
+    path_label, on_fast = _gate_fast_path(model, opts)  # before DIR is touched: a refusal leaves it as it was
     _prepare_out(out, opts.resume, settings)
     distributed.barrier(active)
     if world.is_main:
         _write_settings(out, settings)
     distributed.barrier(active)
-    path_label, on_fast = _gate_fast_path(model, opts)
     say(f"{built.describe()}; path: {path_label}")
     convention = norm_convention(parts.norm)
     tol = tolerances[dtype_label(built.dtype)]
     meta = {
         "fastpath_path": path_label,
         "fastpath_layers_capture_before": ",".join(str(i) for i in [*aux_ids, num_layers]),
-        "fastpath_last_slot": f"output of decoder layer {num_layers - 1} before the final norm",
+        "fastpath_last_state": (f"hidden_states[:, -1]: output of decoder layer {num_layers - 1} before the final norm"
+                                if writer.needs_pre else f"hidden_state: output of the final norm (model.{parts.norm_name})"),
         "fastpath_final_norm": f"model.{parts.norm_name}: {convention}",
         "fastpath_dtype": dtype_label(built.dtype),
         "fastpath_model": opts.model,
