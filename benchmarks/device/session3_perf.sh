@@ -51,12 +51,12 @@ run() {
   echo "== $part exit $? at $(( $(date +%s) - t0 )) s"
 }
 
-run tests 100 bash -c "python3 -m pytest -q -x -p no:cacheprovider --tb=short tests/test_causal_conv1d.py \
+run tests 150 bash -c "python3 -m pytest -q -x -p no:cacheprovider --tb=short tests/test_causal_conv1d.py \
   tests/test_launch.py tests/test_decode_graphs.py 2>&1 | tee '$out/tests.txt'; \
   python3 -m pytest -q -p no:cacheprovider --tb=short -m gpu tests/test_fla_dqkwg.py 2>&1 | tee -a '$out/tests.txt'"
 run conv 110 env PYTHONPATH="$PYTHONPATH$dao_path" python3 benchmarks/causal_conv1d.py --compile --out "$out/kernels.json"
-run sweep 70 python3 benchmarks/fla_640_sweep.py --budget-s 40 --out "$out/fla_640"
 run selfcheck 75 python3 benchmarks/fla_dqkwg_gpu.py --out "$out/fla_dqkwg.json"
+run sweep 70 python3 benchmarks/fla_640_sweep.py --budget-s 40 --out "$out/fla_640"
 configs=reference,fla,fastpath
 [ -n "$dao_path" ] && configs=$configs,fla+dao
 run model 170 env PYTHONPATH="$PYTHONPATH$dao_path" python3 -m fastpath bench qwen3.5-27b --layers 8 \
