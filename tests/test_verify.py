@@ -20,7 +20,8 @@ import torch
 import fastpath
 from fastpath.causal_conv1d import causal_conv1d_fn as real_causal_conv1d_fn
 from fastpath.errors import FastpathError
-from fastpath.proof.verify import TOLERANCES, compare, make_inputs, tensor_flags, verify_model
+from fastpath.proof.compare import TOLERANCES, compare, tensor_flags
+from fastpath.proof.run_paths import make_inputs, verify_model
 from fastpath.routing.transformers import is_enabled as fastpath_is_enabled
 
 # Qwen3.5's GatedDeltaNet: conv without bias, 3 linear-attention layers + 1 attention layer.
@@ -167,7 +168,7 @@ def test_a_kernel_that_raises_is_a_one_line_failure_not_a_traceback(lfm2):
                       final_states_out=None, activation=None):
         raise RuntimeError("no kernel image is available for execution on the device\n(more detail)")
 
-    with pytest.raises(FastpathError, match=r"^fast path raised RuntimeError: no kernel image is available") as info:
+    with pytest.raises(FastpathError, match=r"^fast path: forward raised RuntimeError: no kernel image is available") as info:
         verify_model(lfm2, seq_len=8, batch=1, decode_tokens=0, enable_kwargs={"causal_conv1d_fn": conv_refusing})
     assert "\n" not in str(info.value) and info.value.exit_code == 1
     assert not fastpath_is_enabled()  # left disabled

@@ -579,8 +579,7 @@ def main(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from fastpath.proof.models import resolve_device
-    from fastpath.proof.verify import resolve_dtype
+    from fastpath.proof.models import resolve_device, resolve_dtype
 
     device = str(resolve_device(args.device))
     settings = BenchSettings(
