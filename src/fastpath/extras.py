@@ -17,15 +17,15 @@ from fastpath.errors import UsageError
 
 DIST = "fastpath-kit"
 
-# feature -> (extra, modules it cannot work without)
-FEATURES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "kernels": ("kernels", ("torch",)),
-    "enable": ("kernels", ("torch",)),
-    "run": ("kernels", ("torch",)),
-    "explain": ("kernels", ("torch",)),
-    "verify": ("kernels", ("torch", "transformers")),
-    "bench": ("kernels", ("torch", "transformers")),
-    "chart": ("bench", ("matplotlib",)),
+# feature -> (what the user called, the extra that brings it, modules it cannot work without)
+FEATURES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "kernels": ("fastpath.causal_conv1d", "kernels", ("torch",)),
+    "enable": ("fastpath.enable()", "kernels", ("torch",)),
+    "run": ("fastpath run", "kernels", ("torch",)),
+    "explain": ("fastpath.explain()", "kernels", ("torch",)),
+    "verify": ("fastpath verify", "kernels", ("torch", "transformers")),
+    "bench": ("fastpath bench", "bench", ("torch", "transformers")),
+    "chart": ("bench's chart", "bench", ("matplotlib",)),
 }
 
 
@@ -61,12 +61,13 @@ def missing_modules(modules: tuple[str, ...]) -> list[str]:
 
 def requirement_error(feature: str) -> MissingDependency | None:
     """The error `require(feature)` would raise, or None when everything is importable."""
-    extra, modules = FEATURES[feature]
+    display, extra, modules = FEATURES[feature]
     missing = missing_modules(modules)
     if not missing:
         return None
     what = " and ".join(missing)
-    return MissingDependency(f"{feature} needs {what}, which is not installed; run: {install_line(extra)}",
+    verb = "is" if len(missing) == 1 else "are"
+    return MissingDependency(f"{display} needs {what}, which {verb} not installed; run: {install_line(extra)}",
                              missing[0])
 
 
