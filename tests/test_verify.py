@@ -261,7 +261,37 @@ def test_cli_verify_json_exit_0(qwen, capsys):
     assert code == 0
     doc = json.loads(out)
     assert doc["ok"] is True and doc["dtype"] == "fp32" and doc["conv_kernel_calls"] > 0
+    assert doc["verdict"] == "PASS" and doc["not_verified"] is None
     assert len(doc["layers"]) == 5 and doc["decode"]["identical_steps"] == 2
+    assert doc["sizing"]["parameters"] == doc["model"]["parameters"]
+
+
+def test_without_a_gpu_or_the_interpreter_nothing_is_verified(qwen, capsys, monkeypatch):
+    # On a CPU without TRITON_INTERPRET=1 the kernels hand every call to their torch reference:
+    # both sides run torch code, so the numbers agree and prove nothing.
+    from fastpath.cli import main
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    code = main(["verify", qwen, "--seq-len", "16", "--batch", "1", "--decode-tokens", "2"])
+    captured = capsys.readouterr()
+    assert code == 3
+    assert "NOT VERIFIED: the fast path ran the torch reference here" in captured.out
+    assert "TRITON_INTERPRET=1" in captured.out and "PASS" not in captured.out
+    assert "verify: reference path: forward" in captured.err and "verify: fast path: forward" in captured.err
+    result = verify_model(qwen, dtype="fp32", seq_len=16, batch=1, decode_tokens=0)
+    assert not result.problems and result.verdict == "NOT VERIFIED" and not result.ok
+    assert result.fast_calls and all(k.endswith(":reference") for k in result.fast_calls)
+
+
+def test_layers_on_a_hybrid_model_keeps_its_attention_layer(tmp_path):
+    # The first two layers are conv layers; a cut to them alone could not build a decode cache
+    # ("get_seq_length can only be called on Attention layers"), blamed on the reference path.
+    config = dict(TINY_LFM2_BIAS, num_hidden_layers=4, layer_types=["conv", "conv", "full_attention", "conv"])
+    path = tmp_path / "lfm2-4.json"
+    path.write_text(json.dumps(config))
+    result = verify_model(str(path), dtype="fp32", seq_len=12, batch=1, layers=2, decode_tokens=2)
+    assert result.ok, result.problems
+    assert result.model["layer_types"] == ["conv", "full_attention"]
 
 
 @pytest.mark.parametrize(
