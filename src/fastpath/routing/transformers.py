@@ -281,6 +281,10 @@ def _next_minor(version: str) -> str:
 
 
 def _transformers_version() -> str | None:
+    from fastpath.extras import missing_modules
+
+    if missing_modules(("transformers",)):  # not installed, or made unimportable (None in sys.modules)
+        return None
     module = sys.modules.get("transformers")
     if module is not None:
         return getattr(module, "__version__", None)
