@@ -162,29 +162,37 @@ def test_cli_bench_bad_input_is_one_line_and_exit_2(extra, message, tmp_path, ca
     assert not (tmp_path / "o").exists()
 
 
-def test_bench_without_the_interpreter_labels_fastpath_as_the_same_implementation(tmp_path):
-    """On a CPU without TRITON_INTERPRET fastpath's kernels run their torch reference: bench says
-    so instead of printing a speed-up of torch over torch."""
+def test_bench_without_matplotlib_or_the_interpreter_loses_nothing_and_claims_no_speedup(tmp_path):
+    """Two first-hour traps in one real run (CPU, no TRITON_INTERPRET, matplotlib made
+    unimportable): fastpath's kernels run their torch reference here, so bench says "same
+    implementation as reference" instead of a speed-up of torch over torch; and without matplotlib
+    it still writes bench.json and bench.md, prints the table and says in one line why no PNG."""
     import os
     import subprocess
     import sys
 
     source = tmp_path / "tiny.json"
     source.write_text(json.dumps(TINY_QWEN35))
+    out = tmp_path / "out"
+    argv = ["bench", str(source), "--device", "cpu", "--seq-len", "8", "--phases", "prefill", "--repeats", "1",
+            "--warmup", "0", "--configs", "reference,fastpath", "--out", str(out)]
+    code = ("import sys\nsys.modules['matplotlib'] = None\n"
+            f"from fastpath.cli import main\nsys.exit(main({argv!r}))\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "fastpath", "bench", str(source), "--device", "cpu", "--seq-len", "8",
-         "--phases", "prefill", "--repeats", "1", "--warmup", "0", "--configs", "reference,fastpath",
-         "--out", str(tmp_path / "out"), "--json"],
-        capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    doc = json.loads(proc.stdout)  # stdout is the JSON alone; progress went to stderr
+    assert "| config |" in proc.stdout and "| fastpath (" in proc.stdout  # the table, printed
+    assert sorted(p.name for p in out.iterdir()) == ["bench.json", "bench.md"]
+    assert ('fastpath bench: no bench.png: matplotlib is not installed; run: pip install "fastpath-kit[bench]"'
+            in proc.stderr.splitlines())
+    assert "Traceback" not in proc.stderr
+    doc = json.loads((out / "bench.json").read_text())
     by_name = {r["config"]: r for r in doc["configs"]}
     assert by_name["fastpath"]["implementation"] == "torch"
     calls = by_name["fastpath"]["kernel_calls"]
     assert calls and all(k.endswith(":reference") for k in calls)
     assert "fastpath" not in doc["speedup"]
-    text = (tmp_path / "out" / "bench.md").read_text()
+    text = (out / "bench.md").read_text()
     assert "(same implementation as reference)" in text
     assert "ran the same torch code as reference" in text
     assert "bench: reference: prefill" in proc.stderr and "estimate:" in proc.stderr

@@ -229,15 +229,14 @@ def main(args: argparse.Namespace) -> int:
     comparison = compare_docs(doc, previous) if previous else None
     if comparison is not None:
         doc["compare"] = {"file": args.compare, "changes": comparison}
-    paths = write_outputs(doc, Path(args.out), comparison, draw_chart=no_chart is None)
+    paths, no_png = write_outputs(doc, Path(args.out), comparison, draw_chart=no_chart is None)
     if args.json:
         json.dump(doc, sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(paths["markdown"].read_text())
     print(f"fastpath bench: wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
-    if no_chart is not None:
-        print("fastpath bench: no bench.png: matplotlib is not installed; run: pip install \"fastpath-kit[bench]\"",
-              file=sys.stderr)
+    if no_png is not None:
+        print(f"fastpath bench: no bench.png: {no_png}", file=sys.stderr)
     failed = [r["config"] for r in doc["configs"] if "error" in r]
     return 1 if failed else 0

@@ -222,14 +222,18 @@ def chart(doc: dict[str, Any], path: Path) -> None:
 
 
 def write_outputs(doc: dict[str, Any], out_dir: Path, comparison: list[dict[str, Any]] | None,
-                  draw_chart: bool = True) -> dict[str, Path]:
-    """bench.json and bench.md always; bench.png when `draw_chart` (matplotlib importable)."""
+                  draw_chart: bool = True) -> tuple[dict[str, Path], str | None]:
+    """bench.json and bench.md always, first; bench.png when `draw_chart` (matplotlib importable).
+    Returns the paths written and, when there is no chart, why (one line)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "bench.json", "markdown": out_dir / "bench.md"}
     paths["json"].write_text(json.dumps(doc, indent=1, default=str) + "\n")
     paths["markdown"].write_text(markdown(doc, comparison))
-    if draw_chart:
-        paths["chart"] = out_dir / "bench.png"
-        chart(doc, paths["chart"])
-    return paths
-
+    if not draw_chart:
+        return paths, 'matplotlib is not installed; run: pip install "fastpath-kit[bench]"'
+    try:
+        chart(doc, out_dir / "bench.png")
+    except Exception as exc:  # the numbers are on disk already; a chart never costs them
+        return paths, f"matplotlib failed: {exc.__class__.__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    paths["chart"] = out_dir / "bench.png"
+    return paths, None

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastpath.errors import UsageError
+from fastpath.errors import UsageError, first_line
 
 # Keys that set a decoder's size; when a config omits one, transformers fills in its default.
 SIZE_KEYS = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size")
@@ -41,6 +41,7 @@ class JobSize:
     free_bytes: int | None = None
     free_source: str = ""
     defaults: list[str] = field(default_factory=list)  # "hidden_size=4096" taken from transformers
+    largest_tensor: int = 0  # parameters in the biggest single tensor (initialisation copies it)
 
     def header(self) -> str:
         text = (f"estimate: {self.parameters / 1e9:.3g} B parameters, weights {self.weight_bytes / GB:.2f} GB "
@@ -86,19 +87,22 @@ def _layer_list(model: Any) -> Any:
     return max(lists, key=len, default=[])
 
 
-def count_parameters(config: Any) -> tuple[int, list[int]]:
-    """(total, per decoder layer) parameters of the causal LM `config` builds: exact, no memory."""
+def count_parameters(config: Any) -> tuple[int, list[int], int]:
+    """(total, per decoder layer, largest tensor) parameters of the causal LM `config` builds:
+    exact, no memory."""
     import torch
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         try:
             model = AutoModelForCausalLM.from_config(config)
-        except (ValueError, KeyError) as exc:
-            raise UsageError(f"transformers cannot build {config.model_type!r}: {exc}") from None
+        except Exception as exc:  # a config with impossible sizes (negative, zero heads): bad input
+            raise UsageError(f"transformers cannot build {config.model_type!r} from this config: "
+                             f"{exc.__class__.__name__}: {first_line(exc)}") from None
     total = sum(p.numel() for p in model.parameters())
     layers = [sum(p.numel() for p in layer.parameters()) for layer in _layer_list(model)]
-    return int(total), [int(n) for n in layers]
+    largest = max((p.numel() for p in model.parameters()), default=0)
+    return int(total), [int(n) for n in layers], int(largest)
 
 
 def _dims(config: Any) -> dict[str, int]:
@@ -149,10 +153,11 @@ def estimate(config: Any, raw: dict[str, Any], *, dtype: str, device: str, batch
     """The job's size: parameters (meta build), weights, activations and the estimated peak.
 
     The peak also covers model construction: weights are initialised in fp32 and converted
-    afterwards, so a bf16 job briefly holds 4 bytes per parameter. With backward, gradients take
+    afterwards, so a bf16 job briefly holds 4 bytes per parameter, plus a temporary copy of one
+    tensor while it is initialised (measured: the embedding, 0.5 GB for LFM2). With backward, gradients take
     another copy of the weights per path whose gradients are kept (verify compares two).
     """
-    params, per_layer = count_parameters(config)
+    params, per_layer, largest = count_parameters(config)
     layers = len(per_layer) or int(getattr(config, "num_hidden_layers", 1) or 1)
     e = DTYPE_BYTES[dtype]
     weights = params * e
@@ -160,9 +165,9 @@ def estimate(config: Any, raw: dict[str, Any], *, dtype: str, device: str, batch
     acts = activation_bytes(config, layers, dtype=dtype, batch=batch, seq_len=seq_len,
                             backward=backward, paths=paths)
     oracle = params * 4 * 2 if backward and dtype != "fp32" and paths == 2 else 0  # verify's fp32 copy
-    peak = max(params * 4, weights + grads + acts + oracle)
+    peak = max((params + largest) * 4, weights + grads + acts + oracle)
     return JobSize(params, per_layer, int(weights), int(acts + grads + oracle), int(peak), dtype, device,
-                   defaults=defaults_used(raw, config))
+                   defaults=defaults_used(raw, config), largest_tensor=largest)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,7 +220,7 @@ def free_memory(device: Any) -> tuple[int | None, str]:
 # The guard
 
 
-def suggestion(size: JobSize, config: Any, fits: Any, min_layers: int) -> str:
+def suggestion(size: JobSize, fits: Any, min_layers: int) -> str:
     """'try --layers 4, --dtype bf16 or a smaller --seq-len' — only what would help."""
     options = []
     layers = len(size.layer_parameters)
@@ -246,7 +251,7 @@ def check_fits(size: JobSize, what: str, refit: Any, min_layers: int) -> None:
     raise UsageError(
         f"{what} needs about {size.peak_bytes / GB:.1f} GB ({size.parameters / 1e9:.3g} B parameters, "
         f"{size.dtype}) but {size.free_source} has {size.free_bytes / GB:.1f} GB free; "
-        + suggestion(size, None, fits, min_layers)
+        + suggestion(size, fits, min_layers)
         + (" (the config leaves its size to transformers' defaults: " + ", ".join(size.defaults) + ")"
            if size.defaults else "")
     )
@@ -263,7 +268,7 @@ def scaled_peak(size: JobSize, config: Any, *, layers: int | None = None, dtype:
     grads = params * e * paths if backward else 0
     acts = activation_bytes(config, k, dtype=dt, batch=batch, seq_len=seq_len, backward=backward, paths=paths)
     oracle = params * 8 if backward and dt != "fp32" and paths == 2 else 0
-    return int(max(params * 4, params * e + grads + acts + oracle))
+    return int(max((params + size.largest_tensor) * 4, params * e + grads + acts + oracle))
 
 
 def size_job(config: Any, raw: dict[str, Any], *, what: str, dtype: str, device: Any, batch: int,
