@@ -6,6 +6,7 @@ import copy
 
 import pytest
 
+import fastpath.doctor.rules as rules_module
 from fakeenv import seed_facts
 from fastpath.doctor.diagnosis import diagnose
 from fastpath.doctor.rules import RULES, causal_conv1d_wheel, evaluate
@@ -59,7 +60,7 @@ def test_seed_story_verdict_plan_and_remedy_order():
 def test_wheel_inside_the_release_matrix_is_offered_first_after_fastpath():
     facts = seed_facts()
     facts["torch"]["version"] = "2.10.0+cu128"
-    w = causal_conv1d_wheel(__import__("fastpath.doctor.rules").rules.Context(facts))
+    w = causal_conv1d_wheel(rules_module.Context(facts))
     assert w["covered"] and w["name"].startswith("causal_conv1d-1.6.1.post4+cu12torch2.10cxx11abiTRUE")
     d = diagnose(facts, "qwen3.5-27b")
     remedies = _by_id(d, "causal-conv1d-missing").remedies
