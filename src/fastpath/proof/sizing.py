@@ -27,6 +27,22 @@ FIT_FRACTION = 0.9
 GB = 1e9
 
 
+def human_count(n: float) -> str:
+    """9.0e9 -> '9 B', 2.36e4 -> '23.6 k' (parameters)."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f}"
+
+
+def human_bytes(n: float) -> str:
+    """Bytes as GB / MB / kB with three significant digits."""
+    for scale, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
 @dataclass
 class JobSize:
     """The estimate for one job, and the memory it will be compared with."""
@@ -44,10 +60,11 @@ class JobSize:
     largest_tensor: int = 0  # parameters in the biggest single tensor (initialisation copies it)
 
     def header(self) -> str:
-        text = (f"estimate: {self.parameters / 1e9:.3g} B parameters, weights {self.weight_bytes / GB:.2f} GB "
-                f"({self.dtype}), activations {self.activation_bytes / GB:.2f} GB, peak ~{self.peak_bytes / GB:.2f} GB")
+        text = (f"estimate: {human_count(self.parameters)} parameters, weights {human_bytes(self.weight_bytes)} "
+                f"({self.dtype}), activations and gradients {human_bytes(self.activation_bytes)}, "
+                f"peak ~{human_bytes(self.peak_bytes)}")
         if self.free_bytes is not None:
-            text += f"; free {self.free_source} {self.free_bytes / GB:.1f} GB"
+            text += f"; free {self.free_source} {human_bytes(self.free_bytes)}"
         return text
 
     def defaults_note(self) -> str | None:
@@ -249,7 +266,7 @@ def check_fits(size: JobSize, what: str, refit: Any, min_layers: int) -> None:
         return refit(**kw) <= budget
 
     raise UsageError(
-        f"{what} needs about {size.peak_bytes / GB:.1f} GB ({size.parameters / 1e9:.3g} B parameters, "
+        f"{what} needs about {size.peak_bytes / GB:.1f} GB ({human_count(size.parameters)} parameters, "
         f"{size.dtype}) but {size.free_source} has {size.free_bytes / GB:.1f} GB free; "
         + suggestion(size, fits, min_layers)
         + (" (the config leaves its size to transformers' defaults: " + ", ".join(size.defaults) + ")"

@@ -45,8 +45,10 @@ def render(result: VerifyResult) -> Any:
                              f"{result.model['layers']} layers, {result.dtype}, {result.model['device']})")]
     if result.sizing:
         sizing = result.sizing
-        lines.append(Text(f"size: {sizing['parameters'] / 1e9:.3g} B parameters, weights "
-                          f"{sizing['weight_bytes'] / 1e9:.2f} GB, estimated peak {sizing['peak_bytes'] / 1e9:.2f} GB",
+        from fastpath.proof.sizing import human_bytes, human_count
+
+        lines.append(Text(f"size: {human_count(sizing['parameters'])} parameters, weights "
+                          f"{human_bytes(sizing['weight_bytes'])}, estimated peak {human_bytes(sizing['peak_bytes'])}",
                           style="dim"))
     for note in result.model.get("notes", []):
         lines.append(Text(f"note: {note}", style="dim"))
