@@ -14,7 +14,7 @@ from typing import Any
 
 from fastpath.errors import FastpathError, UsageError, first_line
 from fastpath.proof.compare import TOLERANCES, check_decode, compare, compare_grads
-from fastpath.proof.verdict import CONV_OPS, VerifyResult
+from fastpath.proof.verdict import VerifyResult
 
 # ---------------------------------------------------------------------------------------------
 # Inputs
@@ -314,7 +314,7 @@ def verify_model(
 
     import fastpath
     from fastpath.proof.models import build_model, dtype_label, plan_job
-    from fastpath.proof.verdict import layer_names, packed_route_problems
+    from fastpath.proof.verdict import collect_problems, layer_names
 
     # With reference="torch" the compiled peers stay hidden until the model is built: sizing
     # builds the module tree on the meta device, which imports the modeling module (and binds).
@@ -341,7 +341,6 @@ def verify_model(
     model = built.model
     if backward:
         model.requires_grad_(True)
-    problems: list[str] = []
     stage = _Stage()
     tf32 = _Tf32Off() if built.dtype == torch.float32 else contextlib.nullcontext()
 
@@ -382,8 +381,8 @@ def verify_model(
     say("comparing")
     ids = inputs.packed_ids if inputs.packed_ids is not None else inputs.ids
     names = layer_names(built.layer_types, len(ref.hidden), _starts_with_embeddings(model, ids, ref.hidden[0]))
-    if len(fast.hidden) != len(ref.hidden):
-        problems.append(f"fast path returned {len(fast.hidden)} hidden states, reference {len(ref.hidden)}")
+    counts = [] if len(fast.hidden) == len(ref.hidden) else [
+        f"fast path returned {len(fast.hidden)} hidden states, reference {len(ref.hidden)}"]
     diffs = []
     for (name, kind), f, r in zip(names, fast.hidden, ref.hidden, strict=False):
         diffs.append(compare(name, f, r, tol))
@@ -392,31 +391,8 @@ def verify_model(
     grads = compare_grads(fast.grads, ref.grads, tol, oracle_grads) if backward else None
     decode = check_decode(fast_decode, ref_decode, tol) if decode_tokens else None
 
-    for diff in [*diffs, logits]:
-        if diff.flags:
-            problems.append(f"{diff.name}: {', '.join(diff.flags)}")
-    first = next((d for d in [*diffs, logits] if not d.ok), None)
-    if first is not None:
-        problems.append(
-            f"first diverging: {first.name}{f' ({first.kind})' if first.kind else ''}: relative error {first.rel:.3g} (limit {tol.rel:g}), "
-            f"worst token {first.token_rel_max:.3g} (limit {tol.token_rel:g})"
-        )
-    if grads is not None:
-        bad = [g for g in grads if not g.ok]
-        if bad:
-            worst = max(bad, key=lambda g: g.rel)
-            problems.append(f"{len(bad)} of {len(grads)} parameter gradients differ; first {bad[0].name} "
-                            f"({bad[0].rel:.3g}), worst {worst.name} ({worst.rel:.3g}), limit {tol.grad_rel:g}")
-    if decode is not None and not decode.ok:
-        problems.append(f"decode: {decode.detail}")
-    conv_calls = sum(n for k, n in fast_calls.items() if k.split(":")[0] in CONV_OPS)
-    if conv_calls == 0:
-        problems.append("the fast path executed 0 conv kernel calls: enable() did not route this model, "
-                        "so nothing was verified")
-    if packed:
-        problems += packed_route_problems(explain_rows)
-    if any(k.split(":")[0] in CONV_OPS for k in ref_calls):
-        problems.append(f"the reference path ran fastpath kernels ({ref_calls}): disable() did not restore it")
+    problems = counts + collect_problems(diffs, logits, grads, decode, tol, fast_calls=fast_calls, ref_calls=ref_calls,
+                                explain_rows=explain_rows if packed else None)
 
     return VerifyResult(
         model=built.to_json(),

@@ -50,7 +50,7 @@ class JobSize:
     parameters: int
     layer_parameters: list[int]
     weight_bytes: int
-    activation_bytes: int
+    activation_bytes: int  # activations, gradients and verify's fp32 oracle: everything but the weights
     peak_bytes: int
     dtype: str
     device: str
@@ -165,25 +165,31 @@ def activation_bytes(config: Any, layers: int, *, dtype: str, batch: int, seq_le
     return int(kept + transient + saved)
 
 
-def estimate(config: Any, raw: dict[str, Any], *, dtype: str, device: str, batch: int, seq_len: int,
-             backward: bool, paths: int) -> JobSize:
-    """The job's size: parameters (meta build), weights, activations and the estimated peak.
+def peak_bytes(params: int, largest: int, activations: int, *, dtype: str, backward: bool, paths: int) -> tuple[int, int]:
+    """(estimated peak, bytes beyond the weights) of a job with `params` parameters.
 
     The peak also covers model construction: weights are initialised in fp32 and converted
     afterwards, so a bf16 job briefly holds 4 bytes per parameter, plus a temporary copy of one
-    tensor while it is initialised (measured: the embedding, 0.5 GB for LFM2). With backward, gradients take
-    another copy of the weights per path whose gradients are kept (verify compares two).
+    tensor while it is initialised (measured: the embedding, 0.5 GB for LFM2). With backward,
+    each path whose gradients are kept holds a copy of the weights (verify compares two), and
+    verify's bf16/fp16 gradient oracle is an fp32 copy of the model with its fp32 gradients.
     """
+    e = DTYPE_BYTES[dtype]
+    grads = params * e * paths if backward else 0
+    oracle = params * 4 * 2 if backward and dtype != "fp32" and paths == 2 else 0
+    beyond = grads + oracle + activations
+    return int(max((params + largest) * 4, params * e + beyond)), int(beyond)
+
+
+def estimate(config: Any, raw: dict[str, Any], *, dtype: str, device: str, batch: int, seq_len: int,
+             backward: bool, paths: int) -> JobSize:
+    """The job's size: parameters (meta build), weights, activations and the estimated peak."""
     params, per_layer, largest = count_parameters(config)
     layers = len(per_layer) or int(getattr(config, "num_hidden_layers", 1) or 1)
-    e = DTYPE_BYTES[dtype]
-    weights = params * e
-    grads = params * e * paths if backward else 0
     acts = activation_bytes(config, layers, dtype=dtype, batch=batch, seq_len=seq_len,
                             backward=backward, paths=paths)
-    oracle = params * 4 * 2 if backward and dtype != "fp32" and paths == 2 else 0  # verify's fp32 copy
-    peak = max((params + largest) * 4, weights + grads + acts + oracle)
-    return JobSize(params, per_layer, int(weights), int(acts + grads + oracle), int(peak), dtype, device,
+    peak, beyond = peak_bytes(params, largest, acts, dtype=dtype, backward=backward, paths=paths)
+    return JobSize(params, per_layer, params * DTYPE_BYTES[dtype], beyond, peak, dtype, device,
                    defaults=defaults_used(raw, config), largest_tensor=largest)
 
 
@@ -281,11 +287,8 @@ def scaled_peak(size: JobSize, config: Any, *, layers: int | None = None, dtype:
     k = layers if layers is not None else len(size.layer_parameters)
     nonlayer = size.parameters - sum(size.layer_parameters)
     params = nonlayer + sum(size.layer_parameters[:k]) if size.layer_parameters else size.parameters
-    e = DTYPE_BYTES[dt]
-    grads = params * e * paths if backward else 0
     acts = activation_bytes(config, k, dtype=dt, batch=batch, seq_len=seq_len, backward=backward, paths=paths)
-    oracle = params * 8 if backward and dt != "fp32" and paths == 2 else 0
-    return int(max((params + size.largest_tensor) * 4, params * e + grads + acts + oracle))
+    return peak_bytes(params, size.largest_tensor, acts, dtype=dt, backward=backward, paths=paths)[0]
 
 
 def size_job(config: Any, raw: dict[str, Any], *, what: str, dtype: str, device: Any, batch: int,

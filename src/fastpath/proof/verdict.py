@@ -114,6 +114,37 @@ class VerifyResult:
 
 
 
+def collect_problems(layers: list[TensorDiff], logits: TensorDiff, grads: list[GradDiff] | None,
+                     decode: DecodeCheck | None, tol: Tolerance, *, fast_calls: dict[str, int],
+                     ref_calls: dict[str, int], explain_rows: list[dict[str, Any]] | None) -> list[str]:
+    """Every reason the comparison fails, one line each (empty: the numbers agree).
+
+    explain_rows: the fast path's routes, given for packed inputs (packed_route_problems).
+    """
+    problems = [f"{d.name}: {', '.join(d.flags)}" for d in [*layers, logits] if d.flags]
+    first = next((d for d in [*layers, logits] if not d.ok), None)
+    if first is not None:
+        problems.append(
+            f"first diverging: {first.name}{f' ({first.kind})' if first.kind else ''}: relative error "
+            f"{first.rel:.3g} (limit {tol.rel:g}), worst token {first.token_rel_max:.3g} (limit {tol.token_rel:g})"
+        )
+    bad = [g for g in grads or [] if not g.ok]
+    if bad:
+        worst = max(bad, key=lambda g: g.rel)
+        problems.append(f"{len(bad)} of {len(grads or [])} parameter gradients differ; first {bad[0].name} "
+                        f"({bad[0].rel:.3g}), worst {worst.name} ({worst.rel:.3g}), limit {tol.grad_rel:g}")
+    if decode is not None and not decode.ok:
+        problems.append(f"decode: {decode.detail}")
+    if not kernel_impls(fast_calls):
+        problems.append("the fast path executed 0 conv kernel calls: enable() did not route this model, "
+                        "so nothing was verified")
+    if explain_rows is not None:
+        problems += packed_route_problems(explain_rows)
+    if kernel_impls(ref_calls):
+        problems.append(f"the reference path ran fastpath kernels ({ref_calls}): disable() did not restore it")
+    return problems
+
+
 # Ops that must see cu_seqlens to keep packed sequences apart. transformers' torch fallbacks take
 # no cu_seqlens: the 5.15+ wrapper filters it out by signature (<=5.17 silently; 5.21+ raises).
 _PACKING_OPS = ("chunk_gated_delta_rule", "chunk_kda")
