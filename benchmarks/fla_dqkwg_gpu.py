@@ -5,10 +5,12 @@
 
 (a) Accuracy: FLA's chunk_gated_delta_rule forward + backward (bf16) with the route installed,
     against a float64 token-by-token recurrence (fastpath.kernels.gated_delta_rule.naive.gated_delta_rule_reference)
-    at B=1, T=1024, H=16, HV=48, K=V=128. FLA's own Triton dqkwg with its guard bypassed is
-    measured too, as a contrast only: on Hopper + Triton 3.4-3.7.0 it is the buggy kernel.
-(b) Speed at B=1, T=4096, same heads: fwd+bwd of chunk_gated_delta_rule with the route, the
-    route's op alone (and FLA's unguarded kernel alone), and the op's FLOP/byte floor.
+    at B=1, T=1024, H=16, HV=48, K=V=128, once per route mode: FASTPATH_FLA_DQKWG=auto (FLA's
+    kernel where fastpath's per-configuration self-check passes; the self-check's verdict for
+    this exact configuration is reported) and =torch (fastpath's PyTorch dqkwg). FLA's own Triton
+    dqkwg with its guard bypassed by flags is measured too, as a contrast.
+(b) Speed at B=1, T=4096, same heads: fwd+bwd of chunk_gated_delta_rule per route mode, the
+    PyTorch op alone (and FLA's unguarded kernel alone), and the op's FLOP/byte floor.
 Prints one JSON line and writes it to --out.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -74,7 +77,24 @@ def _unguarded():
     return _Ctx()
 
 
+def _calls() -> dict:
+    return {k: fla_backend.ROUTE_CALLS[k] for k in ("dqkwg:fla", "dqkwg:torch")}
+
+
 def accuracy(T: int) -> dict:
+    """Per route mode (see the module docstring)."""
+    out: dict = {}
+    for mode in ("auto", "torch"):
+        os.environ["FASTPATH_FLA_DQKWG"] = mode
+        out[mode] = _accuracy(T)
+    os.environ["FASTPATH_FLA_DQKWG"] = "auto"
+    from fastpath.routing import fla_selfcheck
+
+    out["selfcheck"] = fla_selfcheck.describe()
+    return out
+
+
+def _accuracy(T: int) -> dict:
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
     leaves = _inputs(T, seed=0)
@@ -85,9 +105,9 @@ def accuracy(T: int) -> dict:
     names = ["q", "k", "v", "g", "beta"]
     out: dict = {"shape": {"B": 1, "T": T, "H": H, "HV": HV, "K": K, "V": V, "dtype": "bf16"},
                  "reference": "float64 token recurrence (autograd)"}
-    before = fla_backend.ROUTE_CALLS["dqkwg:torch"]
+    before = _calls()
     o, grads = _fla_grads(chunk_gated_delta_rule, leaves, do)
-    out["route_calls"] = fla_backend.ROUTE_CALLS["dqkwg:torch"] - before
+    out["route_calls"] = {k: v - before[k] for k, v in _calls().items()}
     out["fastpath_route"] = {"o": _rel(o, ref), **{
         "d" + n: _rel(gr, rl.grad) for n, gr, rl in zip(names, grads, ref_leaves, strict=True)}}
     try:
@@ -133,8 +153,13 @@ def speed(T: int) -> dict:
 
     out: dict = {"shape": {"B": 1, "T": T, "H": H, "HV": HV, "K": K, "V": V, "dtype": "bf16"}}
     out["fwd_s"] = _time(fwd)
-    out["fwd_bwd_route_s"] = _time(fwd_bwd)
-    out["tokens_per_s_fwd_bwd"] = T / out["fwd_bwd_route_s"]
+    for mode in ("auto", "torch"):
+        os.environ["FASTPATH_FLA_DQKWG"] = mode
+        before = _calls()
+        out[f"fwd_bwd_{mode}_s"] = _time(fwd_bwd)
+        out[f"route_calls_{mode}"] = {k: v - before[k] for k, v in _calls().items()}
+        out[f"tokens_per_s_fwd_bwd_{mode}"] = T / out[f"fwd_bwd_{mode}_s"]
+    os.environ["FASTPATH_FLA_DQKWG"] = "auto"
 
     # The op alone, on inputs of the shapes FLA's backward passes it.
     BT, NT = 64, math.ceil(T / 64)

@@ -220,3 +220,28 @@ def seed_facts() -> dict:
             "triton": _pkg("3.6.0", ok=True),
         },
     }
+
+
+def write_fake_cuda_torch(site: Path, version: str = "2.11.0+cu130", cuda: str = "13.0",
+                          archs: tuple[int, ...] = (75, 80, 86, 90, 100, 120)) -> Path:
+    """A CUDA torch as the static probe reads it: dist-info, torch/version.py, and
+    lib/libtorch_python.so holding the build's arch-flags string (`torch.cuda.get_arch_list()`)."""
+    flags = " ".join(f"sm_{a}" for a in archs).encode()
+    version_py = f"__version__ = {version!r}\ncuda: Optional[str] = {cuda!r}\n".encode()
+    return write_dist_info(site, "torch", version.split("+")[0], {
+        "torch/__init__.py": b"", "torch/version.py": version_py,
+        "torch/lib/libtorch_python.so": build_elf({".rodata": b"\0" + flags + b"\0"}),
+        "torch/lib/libtorch_cuda.so": build_elf({".nv_fatbin": fatbin_container(
+            [("sass", a) for a in archs])})})
+
+
+def write_story_site(site: Path, torch_version: str = "2.11.0+cu130", cuda: str = "13.0") -> Path:
+    """The story's packages: CUDA torch, Triton 3.6.0 with its NVIDIA backend, fla-core 0.6.0,
+    transformers 5.17.0; no causal-conv1d."""
+    write_fake_cuda_torch(site, torch_version, cuda)
+    write_dist_info(site, "triton", "3.6.0", {"triton/__init__.py": b"__version__ = '3.6.0'\n",
+                                              "triton/backends/nvidia/__init__.py": b"",
+                                              "triton/backends/amd/__init__.py": b""})
+    write_dist_info(site, "fla-core", "0.6.0", {"fla/__init__.py": b"__version__ = '0.6.0'\n"})
+    write_dist_info(site, "transformers", "5.17.0", {"transformers/__init__.py": b""})
+    return site

@@ -457,3 +457,31 @@ def test_channel_last_chunk_boundaries(with_seq):
     want = torch.autograd.grad(ref_outs, ref_leaves, [g.double() for g in grads_in])
     for g, r in zip(got, want, strict=True):
         assert _rel_err(g, r) < TOL[torch.float32]
+
+
+def test_inference_calls_skip_autograd_and_training_calls_record_it():
+    """No input needs a gradient (or grad mode is off): the forward runs without any autograd
+    node; otherwise one node whose backward is the same kernel path."""
+    gen = torch.Generator().manual_seed(8)
+    x = _make_x(1, 8, 12, torch.float32, True, gen)
+    w = torch.randn(8, 4, generator=gen).to(DEVICE)
+    assert causal_conv1d_fn(x, w, activation="silu").grad_fn is None
+    w.requires_grad_()
+    with torch.no_grad():
+        assert causal_conv1d_fn(x, w, activation="silu").grad_fn is None
+    y = causal_conv1d_fn(x, w, activation="silu")
+    assert "ConvFunction" in type(y.grad_fn).__name__
+    (gw,) = torch.autograd.grad(y.sum(), [w])
+    w_ref = w.detach().double().requires_grad_()
+    (gw_ref,) = torch.autograd.grad(causal_conv1d_ref(x.double(), w_ref, activation="silu").sum(),
+                                    [w_ref])
+    assert _rel_err(gw, gw_ref) < TOL[torch.float32]
+
+
+def test_kernel_limit_is_the_dispatch_rule():
+    from fastpath.kernels.causal_conv1d.interface import kernel_limit
+
+    assert kernel_limit(4, torch.bfloat16) is None
+    assert kernel_limit(2, torch.float32) is None
+    assert "width 5" in kernel_limit(5, torch.float16)
+    assert "float64" in kernel_limit(4, torch.float64)

@@ -31,9 +31,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from fastpath.errors import UsageError
 from fastpath.kernels.gated_delta_rule.dqkwg import chunk_bwd_dqkwg
 from fastpath.kernels.gated_delta_rule.naive import gated_delta_rule_reference
 from fastpath.routing.fla_backend import dqkwg_route_needed
+from fastpath.routing.fla_selfcheck import DqkwgConfig, SelfCheckResult, run_selfcheck
 
 REPO = Path(__file__).resolve().parents[1]
 LN2 = math.log(2.0)
@@ -104,8 +106,13 @@ def _result(proc: subprocess.Popen | None) -> dict:
 def fla_workers() -> Iterator[dict]:
     """The CPU workers run side by side (each spends seconds importing fla)."""
     procs = {"compare": _start_worker("compare"),
-             "route0": _start_worker("route", {"FLA_DISABLE_BACKEND_DISPATCH": "0"}),
-             "route1": _start_worker("route", {"FLA_DISABLE_BACKEND_DISPATCH": "1"})}
+             # the PyTorch route itself (auto mode would hand FLA's kernel the call once it
+             # passes the self-check: test_route_with_selfcheck_through_fla covers that)
+             "route0": _start_worker("route", {"FLA_DISABLE_BACKEND_DISPATCH": "0",
+                                               "FASTPATH_FLA_DQKWG": "torch"}),
+             "route1": _start_worker("route", {"FLA_DISABLE_BACKEND_DISPATCH": "1",
+                                               "FASTPATH_FLA_DQKWG": "torch"}),
+             "selfcheck": _start_worker("selfcheck", {"FASTPATH_FLA_DQKWG": "auto"})}
     yield {"_procs": procs}
     for proc in procs.values():
         if proc is not None and proc.poll() is None:
@@ -302,6 +309,180 @@ def test_route_through_fla(fla_workers: dict, dispatch_disabled: str) -> None:
     assert res["reinstall_calls"] == 3
 
 
+# --------------------------------------------------------------------------- self-check
+SMALL = dict(H=1, HV=2, K=16, V=16, BT=16, state_dtype="float32", use_w=True,
+             state_v_first=False, varlen=False)
+
+
+def _small_config(dtype: str = "bfloat16", **over) -> DqkwgConfig:
+    return DqkwgConfig(**dict(SMALL, dtype=dtype, **over))
+
+
+def _check_small(candidate, config) -> SelfCheckResult:
+    return run_selfcheck(candidate, chunk_bwd_dqkwg, config, "cpu", seeds=(0, 1),
+                                       n_chunks=3, batch=2)
+
+
+@pytest.mark.parametrize("over", [{}, {"varlen": True}, {"state_v_first": True, "use_w": False}])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_selfcheck_accepts_a_correct_kernel(dtype, over) -> None:
+    res = _check_small(chunk_bwd_dqkwg, _small_config(dtype, **over))
+    assert res.passed, res.line()
+    assert res.deterministic and set(res.errors) >= {"dq", "dk", "dg"}
+    assert ("dw" in res.errors) is res.config.use_w
+
+
+def _corrupt(out: tuple, name: str, rows: slice, factor: float) -> tuple:
+    out = list(out)
+    i = ("dq", "dk", "dw", "dg").index(name)
+    x = out[i].clone()
+    x[:, rows] *= factor
+    out[i] = x
+    return tuple(out)
+
+
+def test_selfcheck_rejects_a_kernel_wrong_in_one_chunk() -> None:
+    """Positive control: the same maths with one chunk of dk off by 30% (a race or a miscompiled
+    block, the #640 shape of failure) must fail, and say which output."""
+    def wrong(**kw):
+        return _corrupt(chunk_bwd_dqkwg(**kw), "dk", slice(16, 32), 1.3)
+
+    res = _check_small(wrong, _small_config("bfloat16"))
+    assert not res.passed and res.reason.startswith("dk "), res.line()
+    assert res.chunk_errors["dk"] > res.errors["dk"] > 0.02
+
+
+def test_selfcheck_rejects_wrong_gate_handling() -> None:
+    """Positive control: a kernel that ignores the gate's effect on dg (returns zeros) fails."""
+    def wrong(**kw):
+        dq, dk, dw, dg = chunk_bwd_dqkwg(**kw)
+        return dq, dk, dw, torch.zeros_like(dg)
+
+    res = _check_small(wrong, _small_config("float32"))
+    assert not res.passed and "dg" in res.reason
+
+
+def test_selfcheck_rejects_a_nondeterministic_kernel() -> None:
+    calls = []
+
+    def racy(**kw):
+        calls.append(1)
+        dq, dk, dw, dg = chunk_bwd_dqkwg(**kw)
+        return dq, dk + 1e-6 * len(calls) * dk.abs().max(), dw, dg  # tiny, different each call
+
+    res = _check_small(racy, _small_config("float32"))
+    assert not res.passed and not res.deterministic and "repeat" in res.reason
+    assert len(calls) == 3  # two seeds and the repeat
+
+
+def test_selfcheck_counts_a_raising_kernel_as_failed() -> None:
+    def boom(**kw):
+        raise RuntimeError("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results")
+
+    res = _check_small(boom, _small_config("bfloat16"))
+    assert not res.passed and res.reason.startswith("raised RuntimeError")
+
+
+def test_route_policy_env_var_and_once_per_config(monkeypatch, tmp_path) -> None:
+    from fastpath.routing import fla_selfcheck
+
+    monkeypatch.setattr(fla_selfcheck, "RESULTS", {})
+    monkeypatch.setattr(fla_selfcheck, "SEEDS", (0,))
+    monkeypatch.setattr(fla_selfcheck, "N_CHUNKS", 2)
+    monkeypatch.setenv("FASTPATH_CACHE_DIR", str(tmp_path))
+    runs = []
+
+    def candidate(**kw):
+        runs.append(1)
+        return chunk_bwd_dqkwg(**kw)
+
+    call = fla_selfcheck.make_inputs(_small_config("float32"), 5, "cpu", n_chunks=2)
+    monkeypatch.setenv("FASTPATH_FLA_DQKWG", "torch")
+    assert fla_selfcheck.fla_allowed(call, candidate, chunk_bwd_dqkwg) is False
+    assert fla_selfcheck.fla_allowed(call, None, chunk_bwd_dqkwg) is False
+    monkeypatch.setenv("FASTPATH_FLA_DQKWG", "fla")
+    assert fla_selfcheck.fla_allowed(call, candidate, chunk_bwd_dqkwg) is True
+    assert runs == [] and not fla_selfcheck.RESULTS  # forced: nothing checked
+    monkeypatch.setenv("FASTPATH_FLA_DQKWG", "auto")
+    assert fla_selfcheck.fla_allowed(call, candidate, chunk_bwd_dqkwg) is True
+    assert fla_selfcheck.fla_allowed(call, candidate, chunk_bwd_dqkwg) is True
+    assert len(runs) == 2  # one seed + the determinism repeat, once for this configuration
+    (line,) = fla_selfcheck.describe()
+    assert "K=16 V=16 H=1 HV=2 BT=16 float32" in line and "PASS" in line
+    facts = json.loads(fla_selfcheck.facts_path().read_text())
+    assert facts["results"][0]["passed"] is True and facts["mode"] == "auto"
+    monkeypatch.setenv("FASTPATH_FLA_DQKWG", "sometimes")
+    with pytest.raises(UsageError, match="FASTPATH_FLA_DQKWG='sometimes'"):
+        fla_selfcheck.route_mode()
+
+
+def test_failed_selfcheck_warns_and_keeps_torch(monkeypatch, tmp_path) -> None:
+    from fastpath.routing import fla_selfcheck
+
+    monkeypatch.setattr(fla_selfcheck, "RESULTS", {})
+    monkeypatch.setattr(fla_selfcheck, "SEEDS", (0,))
+    monkeypatch.setattr(fla_selfcheck, "N_CHUNKS", 2)
+    monkeypatch.setenv("FASTPATH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FASTPATH_FLA_DQKWG", "auto")
+
+    def wrong(**kw):
+        return _corrupt(chunk_bwd_dqkwg(**kw), "dq", slice(0, 16), -1.0)
+
+    call = fla_selfcheck.make_inputs(_small_config("float32"), 5, "cpu", n_chunks=2)
+    with pytest.warns(RuntimeWarning, match="failed the self-check"):
+        assert fla_selfcheck.fla_allowed(call, wrong, chunk_bwd_dqkwg) is False
+    assert "FAIL" in fla_selfcheck.describe()[0]
+
+
+def test_enable_summary_and_explain_name_the_checked_configs(monkeypatch) -> None:
+    from fastpath.routing import fla_route, fla_selfcheck
+    from fastpath.routing.explain import Explanation
+    from fastpath.routing.transformers import EnableReport
+
+    config = _small_config("bfloat16")
+    monkeypatch.setattr(fla_selfcheck, "RESULTS",
+                        {config: SelfCheckResult(config, True, "ok", {"dq": 1e-3}, seeds=3, chunks=16)})
+    report = EnableReport("fastpath", fla_route.DQKWG_IMPL, "FLA #640 here", "5.17.0")
+    assert "dqkwg K=16 V=16 H=1 HV=2 BT=16 bfloat16 h float32 w: PASS" in report.summary()
+    table = Explanation(rows=[{"layer": "l0", "layer_type": "GDN", "op": "chunk_gated_delta_rule",
+                               "impl": fla_route.DQKWG_IMPL, "fast": True}],
+                        notes=fla_selfcheck.describe())
+    assert "note: FLA gated dqkwg self-check" in str(table) and "PASS" in str(table)
+    plain = EnableReport("fastpath", "fla", "safe here", "5.17.0")
+    assert "dqkwg" not in plain.summary()
+
+
+def test_unguarded_copy_leaves_the_original_guarded() -> None:
+    """The clone sees IS_NVIDIA_HOPPER False; the original function and its module do not."""
+    from fastpath.routing.fla_selfcheck import unguarded_fla_dqkwg
+
+    namespace = {"IS_NVIDIA_HOPPER": True, "TRITON_ABOVE_3_4_0": True}
+    exec(  # a function guarded the way FLA 0.6.0 guards chunk_bwd_dqkwg
+        "def chunk_bwd_dqkwg(q, g=None, chunk_size=64):\n"
+        "    if g is not None and IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0:\n"
+        "        raise RuntimeError('#640')\n"
+        "    return q * chunk_size\n", namespace)
+    original = namespace["chunk_bwd_dqkwg"]
+    clone = unguarded_fla_dqkwg(original)
+    assert clone is not None and clone(2, g=1) == 128 and clone(2, g=1, chunk_size=3) == 6
+    with pytest.raises(RuntimeError, match="#640"):
+        original(2, g=1)
+    assert namespace["IS_NVIDIA_HOPPER"] is True
+    assert unguarded_fla_dqkwg(lambda q: q) is None  # not FLA's guarded function: no clone
+
+
+def test_route_with_selfcheck_through_fla(fla_workers: dict) -> None:
+    """FLA's real kernel (Triton interpreter, fp32) behind the #640 flags: the route self-checks
+    it, runs it for that configuration, and FASTPATH_FLA_DQKWG=torch switches back."""
+    res = _worker_result(fla_workers, "selfcheck")
+    assert res["guard_before"].startswith("Triton >= 3.4.0"), res
+    assert res["passed"] is True, res
+    assert res["fla_calls"] == 1 and res["torch_calls_auto"] == 0, res
+    assert res["err_vs_fla"] == 0.0, res  # the route ran FLA's own kernel
+    assert res["torch_calls_forced"] == 1, res
+    assert "PASS" in res["describe"], res
+
+
 # --------------------------------------------------------------------------- GPU end to end
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (FLA's forward kernels do not run under the CPU interpreter)")
@@ -471,7 +652,43 @@ def _worker_e2e() -> dict:
     errors["varlen_o"] = _rel(o, ref)
     for name, x, y in zip("q k v g beta".split(), leaves, ref_leaves, strict=True):
         errors["varlen_d" + name] = _rel(x.grad, y.grad)
-    return {"errors": errors, "route_calls": fla_backend.ROUTE_CALLS["dqkwg:torch"]}
+    from fastpath.routing import fla_selfcheck
+
+    return {"errors": errors, "selfcheck": fla_selfcheck.describe(),
+            "route_calls": fla_backend.ROUTE_CALLS["dqkwg:torch"] + fla_backend.ROUTE_CALLS["dqkwg:fla"]}
+
+
+def _worker_selfcheck() -> dict:
+    import tempfile
+
+    import fla.ops.common.chunk_o as chunk_o
+
+    from fastpath.routing import fla_backend, fla_selfcheck
+
+    os.environ["FASTPATH_CACHE_DIR"] = tempfile.mkdtemp()
+    fla_selfcheck.SEEDS, fla_selfcheck.N_CHUNKS = (0, 1), 2  # the interpreter is slow
+    _single_config_autotune()
+    kw = _make_inputs(1, 100, 2, 4, 32, 32, "float32", True, "g", False, None, seed=4)
+    ref = chunk_o.chunk_bwd_dqkwg(**kw)  # FLA's kernel, before the guard is armed
+    chunk_o.IS_NVIDIA_HOPPER, chunk_o.TRITON_ABOVE_3_4_0, chunk_o.TRITON_ABOVE_3_7_1 = True, True, False
+    res: dict = {}
+    try:
+        chunk_o.chunk_bwd_dqkwg(**kw)
+        res["guard_before"] = "no error"
+    except RuntimeError as exc:
+        res["guard_before"] = str(exc)
+    fla_backend.install_dqkwg_route()
+    got = chunk_o.chunk_bwd_dqkwg(**kw)
+    res["fla_calls"] = fla_backend.ROUTE_CALLS["dqkwg:fla"]
+    res["torch_calls_auto"] = fla_backend.ROUTE_CALLS["dqkwg:torch"]
+    res["err_vs_fla"] = max(_rel(x, y) for x, y in zip(got, ref, strict=True) if y is not None)
+    res["passed"] = [r.passed for r in fla_selfcheck.RESULTS.values()] == [True]
+    res["describe"] = " | ".join(fla_selfcheck.describe())
+    os.environ["FASTPATH_FLA_DQKWG"] = "torch"
+    chunk_o.chunk_bwd_dqkwg(**kw)
+    res["torch_calls_forced"] = fla_backend.ROUTE_CALLS["dqkwg:torch"]
+    fla_backend.uninstall_dqkwg_route()
+    return res
 
 
 def _worker(mode: str) -> None:
@@ -484,7 +701,8 @@ def _worker(mode: str) -> None:
     except Exception as exc:
         print(json.dumps({"import_error": f"{type(exc).__name__}: {exc}"}))
         return
-    fn = {"compare": _worker_compare, "route": _worker_route, "e2e": _worker_e2e}[mode]
+    fn = {"compare": _worker_compare, "route": _worker_route, "e2e": _worker_e2e,
+          "selfcheck": _worker_selfcheck}[mode]
     print(json.dumps(fn()))
 
 

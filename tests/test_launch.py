@@ -1,4 +1,4 @@
-"""ops.launch: the cached decode-step launcher. The cached path itself needs a CUDA device
+"""kernels.compiled_launch: the cached launcher of the conv kernels (decode step, forward, backward). The cached path itself needs a CUDA device
 (tests/test_causal_conv1d.py exercises it there, alternating aligned and misaligned inputs);
 these tests pin what it rests on, on any machine."""
 

@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-import fastpath.doctor.rules as rules_module
 from fakeenv import seed_facts
+from fastpath.doctor import rules
 from fastpath.doctor.diagnosis import diagnose
 from fastpath.doctor.rules import RULES, causal_conv1d_wheel, evaluate
 
@@ -60,7 +60,7 @@ def test_seed_story_verdict_plan_and_remedy_order():
 def test_wheel_inside_the_release_matrix_is_offered_first_after_fastpath():
     facts = seed_facts()
     facts["torch"]["version"] = "2.10.0+cu128"
-    w = causal_conv1d_wheel(rules_module.Context(facts))
+    w = causal_conv1d_wheel(rules.Context(facts))
     assert w["covered"] and w["name"].startswith("causal_conv1d-1.6.1.post4+cu12torch2.10cxx11abiTRUE")
     d = diagnose(facts, "qwen3.5-27b")
     remedies = _by_id(d, "causal-conv1d-missing").remedies
@@ -100,14 +100,27 @@ def test_all_good_is_fast():
     assert d.headline.startswith("FAST")
 
 
-def test_no_gpu_is_unknown_exit_0():
+def test_no_gpu_still_reports_package_blockers_and_suggests_gpu():
     facts = seed_facts()
     facts["gpus"] = []
     facts["torch"]["cuda_available"] = False
     d = diagnose(facts, "qwen3.5-27b")
-    assert d.verdict == "unknown" and d.exit_code == 0
-    assert _ids(d.findings)[0] == "no-gpu" or "no-gpu" in _ids(d.findings)
-    assert d.headline.startswith("UNKNOWN")
+    assert d.verdict == "unknown" and d.exit_code == 1  # causal-conv1d is missing on any GPU
+    assert "no-gpu" in _ids(d.findings)
+    assert _by_id(d, "causal-conv1d-missing").severity == "error"
+    assert d.headline.startswith("UNKNOWN") and "--gpu" in d.headline
+    conv = [r for t in d.model_plan["layer_types"] for r in t["ops"] if r["op"] == "causal_conv1d_fn"]
+    assert conv and all(r["with_fastpath_needs"] == "needs a GPU" for r in conv)
+
+
+def test_no_gpu_and_nothing_missing_is_unknown_exit_0():
+    facts = seed_facts()
+    facts["gpus"] = []
+    facts["torch"]["cuda_available"] = False
+    facts["packages"]["causal-conv1d"] = {"version": "1.6.1", "import": {"ok": True}, "so_files": []}
+    d = diagnose(facts, "qwen3.5-27b")
+    assert d.verdict == "unknown" and d.exit_code == 0, _ids(d.findings)
+    assert "--gpu" in d.headline
 
 
 def test_nvcc_major_mismatch_and_ptxas_wheel():
@@ -257,14 +270,19 @@ def test_torch_cannot_see_the_gpu_old_driver():
     assert "12.4 < torch's CUDA 12.8" in f.detail and "CUDA_VISIBLE_DEVICES=''" in f.detail
 
 
-@pytest.mark.parametrize("facts", [
-    {},
-    {"schema": "fastpath.facts/1", "probe": {"kind": "sh", "errors": {}},
-     "gpus": [{"index": 0, "name": "H200", "compute_capability": "9.0"}],
-     "nvcc_candidates": [{"path": "/usr/bin/nvcc", "version": "12.0.140", "major": 12,
-                          "kind": "nvcc", "found_by": ["PATH"]}]},
-])
-def test_partial_facts_from_the_sh_probe_do_not_crash(facts):
+def test_no_facts_cannot_be_diagnosed_exit_3():
+    from fastpath.errors import TargetError
+
+    with pytest.raises(TargetError) as info:
+        diagnose({}, "qwen3.5-27b")
+    assert info.value.exit_code == 3
+
+
+def test_partial_facts_from_the_sh_probe_do_not_crash():
+    facts = {"schema": "fastpath.facts/1", "probe": {"kind": "sh", "errors": {}},
+             "gpus": [{"index": 0, "name": "H200", "compute_capability": "9.0"}],
+             "nvcc_candidates": [{"path": "/usr/bin/nvcc", "version": "12.0.140", "major": 12,
+                                  "kind": "nvcc", "found_by": ["PATH"]}]}
     d = diagnose(facts, "qwen3.5-27b")
     assert d.verdict in ("slow", "unknown")
     assert d.model_plan["transformers"] is None and d.model_plan["by_version"]
@@ -272,12 +290,16 @@ def test_partial_facts_from_the_sh_probe_do_not_crash(facts):
 
 
 @pytest.mark.parametrize("model", ["qwen3.5-27b", "mamba2", "lfm2", None])
-def test_no_gpu_never_blocks_on_plan_findings(model):
+def test_no_gpu_blocks_only_on_package_level_findings(model):
+    """Without a GPU, what blocks is what would block on every GPU: here causal-conv1d (and
+    mamba-ssm for mamba2) are missing, so exit 1 with the verdict still unknown."""
     facts = seed_facts()
     facts["gpus"] = []
     facts["torch"].update(cuda_available=False)
     d = diagnose(facts, model)
-    assert d.verdict == "unknown" and d.exit_code == 0, [f.id for f in d.findings]
+    assert d.verdict == "unknown" and d.exit_code == 1
+    blocking = {f.id for f in d.findings if f.severity == "error"}
+    assert blocking <= {"causal-conv1d-missing", "mamba-needs-mamba-ssm"}, blocking
 
 
 def test_host_gcc_too_new_for_cuda_128():

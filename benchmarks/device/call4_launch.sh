@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call 4 (lent H200): after a change to the decode-step launch (ops/launch.py), the kernel
+# Device call 4 (lent H200): after a change to the decode-step launch (kernels/compiled_launch.py), the kernel
 # tests at GPU shapes and the update + host-cost timings, peers included.
 #   bash benchmarks/device/call4_launch.sh "$OUT"      (carry .carry, with .carry/dao/ from call 1)
 # Writes OUT/{log.txt, kernels_quick.json}.

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("fastpath.routing.run", "run a Python program with fastpath.enable() applied"),
     "verify": ("fastpath.proof.verify", "prove the fast path computes the same function on a model"),
     "bench": ("fastpath.proof.bench", "time reference vs fast path on a model"),
+    "capture": ("fastpath.proof.capture.cli", "dump a target's hidden states for EAGLE-3 drafter training, checked"),
 }
 
 
@@ -48,6 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _printable(exc: BaseException) -> str:
+    """An error message as one inert, secret-free line: messages quote target output, file
+    contents and prefixes, which may hold escapes (`\x1b[2J`) or passwords (`sshpass -p X`)."""
+    from fastpath.doctor.plain_text import plain
+    from fastpath.doctor.redact import redact_text
+
+    return plain(redact_text(str(exc)[:8192]), 2000)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -58,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._module.main(args))
     except FastpathError as exc:
-        print(f"fastpath {args.command}: error: {exc}", file=sys.stderr)
+        print(f"fastpath {args.command}: error: {_printable(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"fastpath {args.command}: interrupted", file=sys.stderr)

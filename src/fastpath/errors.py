@@ -16,12 +16,19 @@ class UsageError(FastpathError):
 
 
 class TargetError(FastpathError):
-    """A remote target could not be probed (unreachable, timed out, no output)."""
+    """A target could not be diagnosed (unreachable, timed out, probe failed, no facts): exit 3."""
 
-    exit_code = 1
+    exit_code = 3
 
 
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message ("" when it has none): reports stay one line."""
+def first_line(exc: BaseException, *, with_type: bool = False) -> str:
+    """The first line of an exception's message, so reports stay one line.
+
+    An exception without a message is named by its class; with_type prefixes the class name
+    ("ValueError: bad shape") where the kind of failure matters to the reader.
+    """
     lines = str(exc).strip().splitlines()
-    return lines[0] if lines else ""
+    name = exc.__class__.__name__
+    if not lines:
+        return name
+    return f"{name}: {lines[0]}" if with_type else lines[0]

@@ -37,3 +37,42 @@ def fla_640(compute_capability: tuple[int, int] | None, triton_version: str | No
         return False
     tv = parse_version(triton_version)
     return tv is not None and _FLA_640_LOW <= tv < _FLA_640_HIGH
+
+
+DAO_ISSUE_105 = "https://github.com/Dao-AILab/causal-conv1d/issues/105"
+
+
+def dao_sm103_nvcc13(compute_capability: tuple[int, int] | None, conv_sass: list[str],
+                     conv_installed: bool, nvcc_majors: list[int]) -> str | None:
+    """Where Dao causal-conv1d's sm_103 code (built by nvcc 13) would compute wrong outputs on a
+    B300-class device (Dao-AILab/causal-conv1d#105; its setup.py now skips sm_103), or None.
+
+    Affected: the device is 10.3 and either the installed .so carries sm_103 SASS, or the package
+    is not installed yet and this host's nvcc 13 would build it."""
+    if compute_capability != (10, 3):
+        return None
+    for arch in conv_sass:
+        if arch.startswith("sm_103"):
+            return f"installed build has {arch} SASS"
+    if not conv_installed and 13 in nvcc_majors:
+        return "a source build with this host's nvcc 13"
+    return None
+
+
+# torch.utils.cpp_extension CUDA_GCC_VERSIONS
+# (https://github.com/pytorch/pytorch/blob/main/torch/utils/cpp_extension.py): CUDA -> host gcc
+# major (min, max exclusive). Only the versions with a source.
+CUDA_GCC_BOUNDS = {"12.8": (6, 14)}
+
+
+def host_gcc_unsupported(cuda: str | None, gcc_version: str | None) -> tuple[int, int] | None:
+    """The (lowest, highest) gcc major nvcc `cuda` accepts when `gcc_version` is outside it
+    (a source build of an extension then fails in the host compiler step), else None."""
+    bounds = CUDA_GCC_BOUNDS.get(str(cuda))
+    if bounds is None or not gcc_version:
+        return None
+    try:
+        major = int(str(gcc_version).split(".")[0])
+    except ValueError:
+        return None
+    return None if bounds[0] <= major < bounds[1] else (bounds[0], bounds[1] - 1)

@@ -90,7 +90,61 @@ def load_config(source: str) -> dict[str, Any]:
     config = {k: v for k, v in config.items() if k != SOURCE_KEY}
     if "model_type" not in config and "text_config" not in config:
         raise UsageError(f"config from {source!r} has no model_type; is it a transformers config.json?")
+    validate_sizes(config, source)
     return config
+
+
+# Upper bounds on a config's size fields, far above any released model (405B-class models have
+# 126 layers, hidden 16384, intermediate 53248, vocab ~256k) and low enough that nothing that
+# walks the layers or allocates weights runs for minutes or asks for terabytes first.
+SIZE_LIMITS: dict[str, int] = {
+    "num_hidden_layers": 4096, "n_layer": 4096, "num_layers": 4096,
+    "hidden_size": 1 << 17, "d_model": 1 << 17, "n_embd": 1 << 17,
+    "intermediate_size": 1 << 20, "moe_intermediate_size": 1 << 20,
+    "shared_expert_intermediate_size": 1 << 20, "block_ff_dim": 1 << 20,
+    "vocab_size": 1 << 24,
+    "num_attention_heads": 1 << 14, "num_key_value_heads": 1 << 14, "head_dim": 1 << 14,
+    "linear_num_key_heads": 1 << 14, "linear_num_value_heads": 1 << 14,
+    "linear_key_head_dim": 1 << 14, "linear_value_head_dim": 1 << 14,
+    "linear_conv_kernel_dim": 1 << 10, "conv_kernel": 1 << 10, "conv_L_cache": 1 << 10,
+    "d_conv": 1 << 10, "d_state": 1 << 16, "state_size": 1 << 16, "n_groups": 1 << 14,
+    "expand": 64, "num_experts": 1 << 16, "num_experts_per_tok": 1 << 16,
+    "max_position_embeddings": 1 << 30,
+}
+_AT_LEAST_ONE = frozenset({"num_hidden_layers", "n_layer", "num_layers", "hidden_size", "d_model",
+                           "n_embd", "vocab_size"})
+# Per-layer lists (one entry per layer) obey the layer bound too.
+_PER_LAYER_KEYS = ("layer_types", "layers_block_type", "hybrid_override_pattern", "layers_type")
+
+
+def validate_sizes(config: dict[str, Any], source: str = "config") -> None:
+    """UsageError (one line, exit 2) for a size field that is not a positive integer or is past
+    SIZE_LIMITS (`num_hidden_layers: 1e9`, `hidden_size: -4`), checked in the config and its
+    nested `text_config`. Called by load_config, so `doctor --model`, verify and bench all refuse
+    such a config before walking its layers or building a model."""
+    parts = [("", config)]
+    nested = config.get("text_config")
+    if isinstance(nested, dict):
+        parts.append(("text_config.", nested))
+    for prefix, part in parts:
+        for key, limit in SIZE_LIMITS.items():
+            if key not in part or part[key] is None:
+                continue
+            value = part[key]
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise UsageError(f"config from {source!r}: {prefix}{key} must be a positive "
+                                 f"integer, got {str(value)[:40]!r}")
+            low = 1 if key in _AT_LEAST_ONE else 0  # elsewhere 0 means "none" (num_experts: 0)
+            if value < low or value > limit:
+                raise UsageError(f"config from {source!r}: {prefix}{key}={value} is outside "
+                                 f"{low}..{limit}")
+        for key in _PER_LAYER_KEYS:
+            value = part.get(key)
+            if isinstance(value, (list, str)) and len(value) > SIZE_LIMITS["num_hidden_layers"]:
+                raise UsageError(f"config from {source!r}: {prefix}{key} has {len(value)} "
+                                 f"entries (at most {SIZE_LIMITS['num_hidden_layers']} layers)")
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:

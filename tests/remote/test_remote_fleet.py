@@ -107,7 +107,7 @@ def fleet(
 
 def test_fleet_json(fleet: FleetRun) -> None:
     report = json.loads(fleet.out_json)
-    assert fleet.code_json == 1  # unreachable and timed-out targets fail the run
+    assert fleet.code_json == 1  # the reachable targets lack causal-conv1d: blocked on any GPU
     assert report["schema"] == "fastpath.fleet/1" and report["exit_code"] == 1
     targets = report["targets"]
     assert [t["status"] for t in targets] == fleet.expected, [t["error"] for t in targets]

@@ -134,10 +134,16 @@ def test_prefix_list(tmp_path: Path) -> None:
     ],
 )
 def test_inventory_values_cannot_inject(tmp_path: Path, line: str, message: str) -> None:
+    """A bad file is a usage error; a bad host is refused (never run) and the others go on."""
     path = tmp_path / "hosts.ini"
-    path.write_text(f"[gpu]\n{line}\n")
-    with pytest.raises(UsageError, match=message):
-        load_targets(path)
+    path.write_text(f"[gpu]\n{line}\ngood ansible_host=gpu1\n")
+    if message == "expected key=value":
+        with pytest.raises(UsageError, match=message):
+            load_targets(path)
+        return
+    evil, good = load_targets(path)
+    assert evil.prefix == [] and evil.error is not None and message in evil.error
+    assert good.error is None and good.prefix[-1] == "gpu1"
 
 
 def test_bad_files(tmp_path: Path) -> None:
@@ -203,7 +209,7 @@ def test_cli_yaml_inventory_with_limit(sshd: ThrowawaySshd, tmp_path: Path) -> N
     assert box1["status"] == "ok", box1["error"]
     assert box1["groups"] == ["lab"]
     assert box1["report"]["facts"]["host"]["executable"] == "/usr/bin/python3"
-    assert run.returncode == (1 if box1["verdict"] == "slow" else 0)
+    assert run.returncode == box1["report"]["exit_code"]
 
 
 def test_container_connections(tmp_path: Path) -> None:

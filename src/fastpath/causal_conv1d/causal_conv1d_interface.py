@@ -10,8 +10,8 @@ import torch
 from torch import Tensor
 
 from fastpath.kernels.causal_conv1d.interface import (
-    causal_conv1d_fwd,
     causal_conv1d_update_op,
+    conv_fwd,
     update_impl,
 )
 from fastpath.kernels.causal_conv1d.naive import (
@@ -74,9 +74,7 @@ def causal_conv1d_fn(
         )
     if final_states_out is not None and tuple(final_states_out.shape) != (batch, dim, width - 1):
         _fail(f"final_states_out must be {(batch, dim, width - 1)}, got {tuple(final_states_out.shape)}")
-    out, final = causal_conv1d_fwd(
-        x, weight, bias, seq_idx, initial_states, bool(return_final_states), silu
-    )
+    out, final = conv_fwd(x, weight, bias, seq_idx, initial_states, bool(return_final_states), silu)
     if not return_final_states:
         return out
     if final_states_out is not None:

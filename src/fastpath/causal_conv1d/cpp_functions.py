@@ -1,4 +1,4 @@
-"""Dao 1.7.0 `cpp_functions` entry points (argument order as Dao's), on fastpath custom ops.
+"""Dao 1.7.0 `cpp_functions` entry points (argument order as Dao's), on fastpath's causal_conv1d ops.
 
 mamba_ssm calls `causal_conv1d_bwd_function(x, w, b, dout, seq_idx, None, None, dx, False, True)`
 with a preallocated dx: it is written in place and returned.
@@ -10,8 +10,8 @@ import torch
 from torch import Tensor
 
 from fastpath.kernels.causal_conv1d.interface import (
-    causal_conv1d_bwd,
-    causal_conv1d_fwd,
+    conv_bwd,
+    conv_fwd,
     update_impl,
 )
 
@@ -32,7 +32,7 @@ def causal_conv1d_fwd_function(
     silu_activation: bool,
 ) -> Tensor:
     """Forward; writes final_states_out (B, D, W-1) when given."""
-    out, final = causal_conv1d_fwd(
+    out, final = conv_fwd(
         x, weight, bias, seq_idx, initial_states, final_states_out is not None,
         bool(silu_activation),
     )
@@ -57,7 +57,7 @@ def causal_conv1d_bwd_function(
     if dx is None:
         dx = torch.empty_like(x)
     want_dinit = bool(return_dinitial_states) and initial_states is not None
-    dweight, dbias, dinit = causal_conv1d_bwd(
+    dweight, dbias, dinit = conv_bwd(
         x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx,
         bool(silu_activation), want_dinit,
     )

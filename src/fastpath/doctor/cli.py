@@ -5,18 +5,37 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from fastpath.doctor.diagnosis import diagnose
-from fastpath.errors import FastpathError, UsageError
+from fastpath.doctor.facts_check import check_json
+from fastpath.doctor.plain_text import plain
+from fastpath.doctor.redact import redact_facts
+from fastpath.doctor.remote import arrived, parse_facts, positive_int, positive_seconds
+from fastpath.errors import FastpathError, TargetError, UsageError
 
 EXIT_CODES_HELP = (
-    "exit status: 0 nothing blocks the fast path (verdict fast, or unknown: no GPU visible to "
-    "judge); 1 slow path or a blocking finding; 2 bad usage or bad input."
+    "exit status: 0 fast, or nothing to fix; 1 slow, or a blocking finding (also on a host "
+    "without a GPU: a missing kernel package blocks every GPU); 2 bad usage or bad input; 3 could "
+    "not diagnose (unreachable, timed out, probe failed, no facts). Fleets (--hosts): 1 if any "
+    "target is slow, else 3 if any could not be diagnosed, else 0. --json prints exactly one JSON "
+    "document on stdout, also when the target could not be diagnosed."
 )
+
+
+def _arg(parse: Any) -> Any:
+    """An argparse `type=` whose ValueError message becomes the one-line usage error (exit 2)."""
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = parse.__name__
+    return convert
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,14 +43,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="X",
                         help="preset name, config.json path or local model dir: show its layer plan")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--gpu", metavar="SPEC",
+                        help="judge this environment for a GPU that is not here: a compute "
+                             "capability (sm_120, 12.0, sm_90a) or a product name (H100, H200, "
+                             "A100, L40S, B200, GB200, 'RTX PRO 6000', 'RTX 5090', ...); e.g. in "
+                             "a Dockerfile: RUN fastpath doctor --gpu sm_120 --model qwen3.5-27b")
     parser.add_argument("--on", metavar="PREFIX",
                         help="probe a remote target through an argv prefix, e.g. 'ssh h pct exec 200 --'")
     parser.add_argument("--python", metavar="PATH",
                         help="interpreter that runs the probe (on the target, or locally)")
     parser.add_argument("--hosts", metavar="FILE", help="probe every target of an inventory file")
     parser.add_argument("--limit", metavar="GROUP", help="only this inventory group (with --hosts)")
-    parser.add_argument("--jobs", type=int, default=None, help="parallel targets (with --hosts)")
-    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--jobs", type=_arg(positive_int), default=None,
+                        help="parallel targets (with --hosts)")
+    parser.add_argument("--timeout", type=_arg(positive_seconds), default=None, metavar="SECONDS",
                         help="per-target timeout")
     parser.add_argument("--probe", choices=("full", "static"), default=None,
                         help="full: also import torch, triton and each kernel package in "
@@ -44,54 +69,89 @@ def probe_with_python(python: str, timeout: float | None, static: bool = False) 
     """Run probe.py under another local interpreter (a venv, a conda env) by stdin."""
     src = Path(__file__).with_name("probe.py").read_bytes()
     try:
-        out = subprocess.run([python, "-", *(["--static"] if static else [])], input=src,
-                             capture_output=True, timeout=timeout or 120)
-    except FileNotFoundError:
+        out = subprocess.run([python, "-", "--framed", *(["--static"] if static else [])],
+                             input=src, capture_output=True, timeout=timeout or 120)
+    except (FileNotFoundError, PermissionError, NotADirectoryError):
         raise UsageError(f"--python {python}: no such interpreter") from None
     except subprocess.TimeoutExpired:
-        raise FastpathError(f"probe under {python} timed out") from None
-    try:
-        facts = json.loads(out.stdout)
-    except json.JSONDecodeError:
-        tail = (out.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
-        raise FastpathError(f"probe under {python} failed (exit {out.returncode}): {tail}") from None
-    if not isinstance(facts, dict):
-        raise FastpathError(f"probe under {python} printed no facts object")
+        raise TargetError(f"probe under {python} timed out") from None
+    facts = parse_facts(out.stdout)
+    if not facts:
+        tail = (out.stderr[-8192:].decode(errors="replace").strip().splitlines() or ["no output"])
+        raise TargetError(f"probe under {python} failed (exit {out.returncode}): "
+                          f"{plain(tail[-1], 300)}")
     return facts
 
 
-def main(args: argparse.Namespace) -> int:
-    if args.hosts:
-        if args.on:
-            raise UsageError("--hosts and --on are exclusive")
-        from fastpath.doctor.fleet import run_fleet
-
-        return run_fleet(args)
-    if args.limit or args.jobs is not None:
+def _check_usage(args: argparse.Namespace) -> Any:
+    """Every usage error before anything is probed; returns the assumed GPU (or None)."""
+    if args.hosts is not None and args.on is not None:
+        raise UsageError("--hosts and --on are exclusive")
+    if args.on is not None and not args.on.strip():
+        raise UsageError("--on needs a command prefix, e.g. --on 'ssh HOST'")
+    if args.hosts is None and (args.limit or args.jobs is not None):
         raise UsageError("--limit/--jobs need --hosts")
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
-    static = getattr(args, "probe", None) == "static"
+    if args.python is not None and not args.python.strip():
+        raise UsageError("--python needs an interpreter path")
+    from fastpath.doctor.probe import probe_timeout
+
+    try:
+        probe_timeout(os.environ.get("FASTPATH_PROBE_TIMEOUT"))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    assumed = None
+    if getattr(args, "gpu", None) is not None:
+        from fastpath.doctor.gpu_models import parse_gpu_spec
+
+        assumed = parse_gpu_spec(args.gpu)
     if args.model:  # bad input fails before any probing
         from fastpath.model_source import load_config
 
         load_config(args.model)
+    return assumed
+
+
+def _facts(args: argparse.Namespace, static: bool) -> dict[str, Any]:
     if args.on:
         from fastpath.doctor.remote import probe_remote
 
         kwargs = {"python": args.python, "static": static}
         if args.timeout is not None:
             kwargs["timeout"] = args.timeout
-        facts = probe_remote(args.on, **kwargs)
-    elif args.python:
-        facts = probe_with_python(args.python, args.timeout, static)
-    else:
-        from fastpath.doctor.probe import collect
+        return probe_remote(args.on, **kwargs)
+    if args.python:
+        return probe_with_python(args.python, args.timeout, static)
+    from fastpath.doctor.probe import collect
 
-        facts = collect(skip=["imports"] if static else None)
-    diagnosis = diagnose(facts, args.model)
+    return collect(skip=["imports"] if static else None)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        assumed = _check_usage(args)
+        if args.hosts:
+            from fastpath.doctor.fleet import run_fleet
+
+            args.assumed_gpu = assumed
+            return run_fleet(args)
+        static = getattr(args, "probe", None) == "static"
+        # One pass for every source (local too): checked against the schema, secrets redacted.
+        diagnosis = diagnose(arrived(_facts(args, static)), args.model, assumed)
+    except FastpathError as exc:
+        if args.json:  # stdout stays one JSON document; the one-line error goes to stderr
+            from fastpath.doctor.diagnosis import failure_json
+
+            target = args.on or args.python or args.hosts
+            sys.stdout.write(json.dumps(failure_json(str(exc), exc.exit_code, target),
+                                        indent=2) + "\n")
+        raise
     if args.json:
-        sys.stdout.write(json.dumps(diagnosis.to_json(), indent=2, default=str) + "\n")
+        doc = redact_facts(check_json(diagnosis.to_json()))
+        sys.stdout.write(json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n")
     else:
         from fastpath.doctor.report import print_report
 

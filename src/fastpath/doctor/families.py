@@ -1,6 +1,7 @@
 """Model families as DATA: which layers need which kernels, and how to read the layer layout.
 
-Sources: reference/transformers-fastpath.md §3 (5.25.0 decorators; older versions noted there).
+Sources: transformers' modeling files (src/transformers/models/<family>/modeling_<family>.py at
+v4.57.6, v5.14.0 and v5.25.0: the kernel imports and `use_kernel_func_from_hub_with_fallback` calls).
 Adding a family = one FAMILIES entry. Layer layouts come from the config only, so plans work for
 remote targets from facts alone.
 """

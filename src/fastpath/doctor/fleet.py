@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import os
 import shlex
 import sys
 import time
@@ -18,9 +20,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fastpath.doctor.facts_check import check_json
 from fastpath.doctor.inventory import Target, load_targets
+from fastpath.doctor.plain_text import plain
 from fastpath.doctor.redact import redact_facts, redact_text
-from fastpath.doctor.remote import DEFAULT_TIMEOUT, probe_sources, probe_target
+from fastpath.doctor.remote import (
+    DEFAULT_TIMEOUT,
+    OutputBudget,
+    interruptible,
+    probe_sources,
+    probe_target,
+)
 from fastpath.errors import FastpathError, TargetError, UsageError
 
 DEFAULT_JOBS = 32
@@ -68,21 +78,27 @@ async def probe_fleet(
     CPU-s instead of ~3 (see BENCHMARKS.md, fleet doctor)."""
     sources = probe_sources()
     gate = asyncio.Semaphore(jobs)
+    budget = OutputBudget()
 
     async def one(target: Target) -> TargetResult:
+        if target.error is not None:  # refused by the inventory checks: reported, not probed
+            result = TargetResult(target, "failed", target.error, 0.0)
+            if on_done is not None:
+                on_done(result)
+            return result
         async with gate:
             started = time.monotonic()
             try:
                 facts = await probe_target(
                     target.prefix, python=target.python or python, timeout=timeout,
-                    sources=sources, static=static,
+                    sources=sources, static=static, budget=budget,
                 )
                 result = TargetResult(target, "ok", None, time.monotonic() - started, facts)
             except TargetError as exc:
                 reason = str(exc)
                 result = TargetResult(target, _status_of(reason), reason, time.monotonic() - started)
             except Exception as exc:  # one broken target must not take the fleet down
-                reason = redact_text(f"{type(exc).__name__}: {exc}".splitlines()[0])
+                reason = plain(redact_text(f"{type(exc).__name__}: {exc}"[:2000].splitlines()[0]))
                 result = TargetResult(target, "failed", reason, time.monotonic() - started)
         if on_done is not None:
             on_done(result)
@@ -198,7 +214,7 @@ def fleet_json(results: list[TargetResult], exit_code: int) -> dict[str, Any]:
         targets.append(
             {
                 "name": r.target.name,
-                "prefix": redact_text(shlex.join(r.target.prefix)),
+                "prefix": plain(redact_text(shlex.join(r.target.prefix)[:16384])),
                 "groups": r.target.groups,
                 "status": r.status,
                 "verdict": r.verdict,
@@ -233,9 +249,9 @@ def render_table(results: list[TargetResult], console: Any) -> None:
         table.add_column("conv1d" if col == "causal_conv1d" else col, overflow="fold")
     verdict_style = {"fast": "green", "slow": "bold red", "unknown": "yellow"}
     for r, row, odd in zip(results, rows, outliers, strict=True):
-        cells = [Text(redact_text(r.target.name))]
+        cells = [Text(plain(redact_text(r.target.name), 256))]
         for col in COLUMNS:
-            value = redact_text(row[col])
+            value = plain(redact_text(row[col]), 256)
             if col in odd:
                 cells.append(Text(value + " *", style="bold yellow"))
             elif col == "verdict":
@@ -248,14 +264,14 @@ def render_table(results: list[TargetResult], console: Any) -> None:
         console.print("* differs from the majority of the fleet")
     failures = [r for r in results if r.status != "ok"]
     for r in failures:
-        console.print(Text(redact_text(f"{r.target.name}: {r.error}")), soft_wrap=True)
+        console.print(Text(plain(redact_text(f"{r.target.name}: {r.error}"), 1024)), soft_wrap=True)
     counts = Counter(r.verdict for r in results)
     console.print(", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
-    from fastpath.doctor.report import ran_static
+    from fastpath.doctor.facts import FactsView
 
-    python_probes = [r.facts for r in results
+    python_probes = [FactsView(r.facts) for r in results
                      if r.status == "ok" and ((r.facts or {}).get("probe") or {}).get("kind") == "python"]
-    if python_probes and all(ran_static(f) for f in python_probes):
+    if python_probes and all(fv.static_probe for fv in python_probes):
         console.print("probe: static (nothing imported on the targets; import verdicts from files "
                       "and an ELF link check). --probe full imports them.")
 
@@ -301,18 +317,20 @@ class _Progress:
 
     def __call__(self, result: TargetResult) -> None:
         self.done += 1
-        line = f"{result.target.name}: {result.status} ({result.seconds:.1f}s)"
+        name = plain(redact_text(result.target.name[:4096]), 256)
         if self.live is not None:
-            short = result.target.name if len(result.target.name) <= 32 else result.target.name[:31] + "…"
-            self.live.update(self.task, advance=1, description=redact_text(f"{short}: {result.status}"))
+            from rich.text import Text
+
+            short = name if len(name) <= 32 else name[:31] + "…"
+            self.live.update(self.task, advance=1, description=Text(f"{short}: {result.status}"))
         else:
             self.console.print(
-                f"[{self.done}/{self.total}] {redact_text(line)}", markup=False, highlight=False,
-                soft_wrap=True,
+                f"[{self.done}/{self.total}] {name}: {result.status} ({result.seconds:.1f}s)",
+                markup=False, highlight=False, soft_wrap=True,
             )
 
 
-def _diagnose_all(results: list[TargetResult], model: str | None) -> None:
+def _diagnose_all(results: list[TargetResult], model: str | None, assumed: Any = None) -> None:
     try:
         from fastpath.doctor.diagnosis import diagnose
     except ImportError as exc:
@@ -321,27 +339,38 @@ def _diagnose_all(results: list[TargetResult], model: str | None) -> None:
         if r.status != "ok" or r.facts is None:
             continue
         try:
-            r.diagnosis = diagnose(r.facts, model)
+            r.diagnosis = diagnose(r.facts, model, assumed)
+        except TargetError as exc:  # this target's facts are empty: it alone is undiagnosed
+            r.status, r.error = "failed", redact_text(str(exc))
         except FastpathError:
             raise  # bad --model etc. is the user's input, not the target's
         except Exception as exc:  # a target's odd facts must not hide the other targets
-            r.status, r.error = "failed", redact_text(f"diagnosis failed: {type(exc).__name__}: {exc}")
+            r.status, r.error = "failed", plain(redact_text(
+                f"diagnosis failed: {type(exc).__name__}: {exc}"[:2000]))
 
 
 def fleet_exit_code(results: list[TargetResult]) -> int:
-    """1 if any target is slow or could not be probed, else 0."""
-    return int(any(r.status != "ok" or r.verdict == "slow" for r in results))
+    """1 if any target is slow (or has a blocking finding), else 3 if any could not be
+    diagnosed, else 0 (the single-target codes, combined)."""
+    if any(r.status == "ok" and r.diagnosis is not None and r.diagnosis.exit_code == 1
+           for r in results):
+        return 1
+    if any(r.status != "ok" or r.diagnosis is None for r in results):
+        return 3
+    return 0
 
 
 def run_fleet(args: Any) -> int:
     """Entry point for `fastpath doctor --hosts FILE` (args: hosts, limit, jobs, timeout, python,
     model, json, probe)."""
-    jobs = getattr(args, "jobs", None) or DEFAULT_JOBS
+    jobs = getattr(args, "jobs", None)
+    jobs = DEFAULT_JOBS if jobs is None else jobs
     if jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {jobs}")
-    timeout = getattr(args, "timeout", None) or DEFAULT_TIMEOUT
-    if timeout <= 0:
-        raise UsageError(f"--timeout must be positive, got {timeout:g}")
+    timeout = getattr(args, "timeout", None)
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise UsageError(f"--timeout must be a finite number of seconds > 0, got {timeout:g}")
     targets = load_targets(args.hosts, getattr(args, "limit", None))
     model = getattr(args, "model", None)
     if model:
@@ -350,21 +379,22 @@ def run_fleet(args: Any) -> int:
         load_config(model)  # bad --model fails now, before any target is contacted
 
     with _Progress(len(targets)) as progress:
-        results = asyncio.run(
+        results = asyncio.run(interruptible(
             probe_fleet(
                 targets, python=getattr(args, "python", None), timeout=timeout, jobs=jobs,
                 on_done=progress, static=(getattr(args, "probe", None) or "static") == "static",
             )
-        )
-    _diagnose_all(results, model)
+        ))
+    _diagnose_all(results, model, getattr(args, "assumed_gpu", None))
     code = fleet_exit_code(results)
     if getattr(args, "json", False):
-        sys.stdout.write(json.dumps(fleet_json(results, code), indent=2, default=str) + "\n")
+        doc = check_json(fleet_json(results, code))
+        sys.stdout.write(json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n")
     else:
         from rich.console import Console
 
         console = Console()
-        if not console.is_terminal:  # piped or captured: do not fold the table at 80 columns
-            console = Console(width=max(console.width, 160))
+        if not console.is_terminal and not os.environ.get("COLUMNS"):
+            console = Console(width=max(console.width, 160))  # piped: do not fold at 80 columns
         render_table(results, console)
     return code

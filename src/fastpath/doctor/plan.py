@@ -2,7 +2,8 @@
 
 Computed from FACTS only (transformers version, package import states, CUDA availability, env),
 never by importing transformers here, so the same code plans for a remote target. The version
-rules follow reference/transformers-fastpath.md:
+rules follow transformers' own code (src/transformers/utils/import_utils.py `is_causal_conv1d_available`
+at v4.57.6, src/transformers/integrations/hub_kernels.py at v5.14.0, v5.15.0 and v5.25.0):
 - <= 5.14: module-level imports; the compiled package must import AND torch must see CUDA
   (4.57 also needs dist-info metadata for causal_conv1d). Mamba families load causal-conv1d via
   `lazy_load_kernel`: with `kernels` installed only the hub is tried.
@@ -16,9 +17,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
+from fastpath.doctor.facts import FactsView, view
 from fastpath.doctor.families import Family, Op, family_for
+from fastpath.errors import UsageError
+from fastpath.known_issues import parse_version
 from fastpath.model_source import text_config
 
 FAST = "fast-kernel"
@@ -44,58 +48,23 @@ HUB_MAPPED_525 = {"causal_conv1d_fn": "kernels-community/mamba-ssm",
 HUB_CAUSAL_CONV1D_514 = "kernels-community/causal-conv1d"
 
 
-def _ver(text: str | None) -> Version | None:
-    if not text:
-        return None
-    try:
-        return Version(str(text))
-    except InvalidVersion:
-        return None
+# Ops `fastpath.enable()` routes to fastpath's own kernels: the one place to add an op it covers.
+FASTPATH_ROUTED_OPS = frozenset({"causal_conv1d_fn", "causal_conv1d_update"})
+
+# What installs each kernel distribution (the after-enable column names it when it is missing).
+INSTALL = {
+    "flash-linear-attention": ("fla-core", "pip install fla-core"),
+    "causal-conv1d": ("causal-conv1d", "pip install causal-conv1d --no-build-isolation"),
+    "mamba-ssm": ("mamba-ssm", "pip install mamba-ssm --no-build-isolation"),
+}
 
 
-def package_ok(facts: dict[str, Any], dist: str) -> bool:
-    """Importable per the facts. fla ships as flash-linear-attention or fla-core."""
-    pkgs = facts.get("packages") or {}
-    names = ("flash-linear-attention", "fla-core") if dist == "flash-linear-attention" else (dist,)
-    return any(((pkgs.get(n) or {}).get("import") or {}).get("ok") is True for n in names)
-
-
-def package_version(facts: dict[str, Any], dist: str) -> str | None:
-    pkgs = facts.get("packages") or {}
-    names = ("flash-linear-attention", "fla-core") if dist == "flash-linear-attention" else (dist,)
-    for n in names:
-        if (pkgs.get(n) or {}).get("version"):
-            return pkgs[n]["version"]
-    return None
-
-
-def cuda_visible(facts: dict[str, Any]) -> bool | None:
-    torch = facts.get("torch")
-    if torch and torch.get("cuda_available") is not None:
-        return bool(torch["cuda_available"])
-    return True if facts.get("gpus") else None
-
-
-def hub_kernels_enabled(facts: dict[str, Any]) -> bool:
-    env = facts.get("env") or {}
-    return str(env.get("USE_HUB_KERNELS", "1")).lower() not in ("0", "false", "no", "off")
-
-
-def fastpath_route_available(facts: dict[str, Any]) -> bool:
-    """fastpath's Triton causal_conv1d can run: Triton with a GPU backend, or installable."""
-    triton = facts.get("triton") or {}
-    if triton.get("gpu_backend"):
-        return True
-    torch = facts.get("torch") or {}
-    return bool(torch.get("cuda")) and (not triton or triton.get("gpu_backend") is None)
-
-
-def resolve_op(op: Op, fam: Family, tv: Version, facts: dict[str, Any]) -> dict[str, Any]:
+def resolve_op(op: Op, fam: Family, tv: Version, fv: FactsView) -> dict[str, Any]:
     """Which implementation transformers `tv` picks for `op` on this host (before all-or-nothing)."""
-    ok = package_ok(facts, op.dist)
-    cuda = cuda_visible(facts)
-    kernels = package_ok(facts, "kernels")
-    hub_on = hub_kernels_enabled(facts)
+    ok = fv.package_ok(op.dist)
+    cuda = fv.cuda_visible
+    kernels = fv.package_ok("kernels")
+    hub_on = fv.hub_kernels_enabled
     mamba_style = fam.all_or_nothing
     if tv >= Version("5.25") and kernels and hub_on and op.name in HUB_MAPPED_525:
         return {"impl": HUB, "reason": f"5.25 defaults use_kernels=True: downloads "
@@ -109,7 +78,7 @@ def resolve_op(op: Op, fam: Family, tv: Version, facts: dict[str, Any]) -> dict[
             return {"impl": FALLBACK, "reason": f"{op.module} not importable"}
         if cuda is False:
             return {"impl": FALLBACK, "reason": "torch sees no CUDA device (is_*_available() needs it)"}
-        if tv < Version("5.0") and op.dist == "causal-conv1d" and not package_version(facts, op.dist):
+        if tv < Version("5.0") and op.dist == "causal-conv1d" and not fv.package_version(op.dist):
             return {"impl": FALLBACK, "reason": "4.57 needs causal-conv1d dist metadata"}
         return {"impl": FAST, "reason": f"{op.module} imports"}
     if not ok:
@@ -117,17 +86,43 @@ def resolve_op(op: Op, fam: Family, tv: Version, facts: dict[str, Any]) -> dict[
     return {"impl": FAST, "reason": f"{op.module} imports"}
 
 
-def _with_fastpath(op: Op, impl: str, facts: dict[str, Any]) -> str:
-    """What the op becomes after fastpath.enable(): it supplies causal_conv1d only."""
-    if op.dist == "causal-conv1d" and impl != FAST and fastpath_route_available(facts):
-        return "fastpath-triton"
-    return impl
+def _needs_a_device(fv: FactsView) -> str:
+    if not fv.gpu_present:
+        return "needs a GPU"
+    if not fv.torch_cuda:
+        return "needs a CUDA build of torch"
+    if fv.torch_arch_covered is False:
+        return f"needs a torch build for {fv.sm}"
+    return "needs Triton with a GPU backend: pip install triton"
+
+
+def after_enable(op: Op, impl: str, fv: FactsView) -> tuple[str, str | None]:
+    """(implementation after fastpath.enable(), what it still needs or None when it runs fast)."""
+    if impl in (FAST, HUB):
+        return impl, None
+    if op.name in FASTPATH_ROUTED_OPS:
+        if fv.fastpath_route_available and fv.gpu_present and fv.torch_arch_covered is not False:
+            return "fastpath-triton", None
+        return FALLBACK, _needs_a_device(fv)
+    if not fv.package_ok(op.dist):
+        name, cmd = INSTALL.get(op.dist, (op.dist, f"pip install {op.dist}"))
+        return FALLBACK, f"needs {name}: {cmd}"
+    return FALLBACK, _needs_a_device(fv)
 
 
 def plan_for_version(config: dict[str, Any], fam: Family, tv: Version,
-                     facts: dict[str, Any]) -> dict[str, Any]:
+                     facts: dict[str, Any] | FactsView) -> dict[str, Any]:
+    fv = view(facts)
     text = text_config(config)
-    layers = fam.layers(text)
+    try:
+        layers = fam.layers(text)
+    except (TypeError, ValueError, AttributeError) as exc:
+        layers, why = [], f"{type(exc).__name__}: {exc}"
+    else:
+        why = "no layers"
+    if not layers:
+        raise UsageError(f"cannot read the layer layout of this {text.get('model_type')} config "
+                         f"(num_hidden_layers / layer_types / the family's pattern field): {why}")
     counts: dict[str, int] = {}
     for lt in layers:
         counts[lt] = counts.get(lt, 0) + 1
@@ -139,7 +134,7 @@ def plan_for_version(config: dict[str, Any], fam: Family, tv: Version,
     out_types = []
     for lt, n in counts.items():
         ops = fam.ops_by_layer.get(lt, ())
-        rows = [dict(op=op.name, dist=op.dist, **resolve_op(op, fam, tv, facts)) for op in ops]
+        rows = [dict(op=op.name, dist=op.dist, **resolve_op(op, fam, tv, fv)) for op in ops]
         if fam.all_or_nothing and any(r["impl"] == FALLBACK for r in rows):
             missing = sorted({r["dist"] for r in rows if r["impl"] == FALLBACK})
             for r in rows:
@@ -148,10 +143,14 @@ def plan_for_version(config: dict[str, Any], fam: Family, tv: Version,
                     r["reason"] = f"all-or-nothing fast path: {', '.join(missing)} missing"
         for r, op in zip(rows, ops, strict=True):
             r["fast"] = r["impl"] in (FAST, HUB)
-            r["with_fastpath"] = _with_fastpath(op, r["impl"], facts)
+            r["with_fastpath"], r["with_fastpath_needs"] = after_enable(op, r["impl"], fv)
         if fam.all_or_nothing and any(r["with_fastpath"] == FALLBACK for r in rows):
+            missing = sorted({r["with_fastpath_needs"] for r in rows
+                              if r["with_fastpath"] == FALLBACK and r["with_fastpath_needs"]})
             for r in rows:
-                r["with_fastpath"] = FALLBACK if r["with_fastpath"] != FAST else r["with_fastpath"]
+                if r["with_fastpath"] not in (FAST, FALLBACK):
+                    r["with_fastpath"] = FALLBACK
+                    r["with_fastpath_needs"] = "all-or-nothing: " + "; ".join(missing)
         out_types.append({"layer_type": lt, "count": n, "ops": rows,
                           "slow": any(not r["fast"] for r in rows)})
     total = len(layers)
@@ -171,8 +170,10 @@ def plan_for_version(config: dict[str, Any], fam: Family, tv: Version,
             "layer_types": out_types, "summary": summary}
 
 
-def plan_model(config: dict[str, Any], facts: dict[str, Any], label: str = "") -> dict[str, Any]:
+def plan_model(config: dict[str, Any], facts: dict[str, Any] | FactsView,
+               label: str = "") -> dict[str, Any]:
     """The model plan for the transformers in `facts` (or per version range if it is absent)."""
+    fv = view(facts)
     text = text_config(config)
     model_type = str(text.get("model_type") or config.get("model_type") or "")
     fam = family_for(model_type) or family_for(str(config.get("model_type") or ""))
@@ -181,22 +182,24 @@ def plan_model(config: dict[str, Any], facts: dict[str, Any], label: str = "") -
                             "all_or_nothing": bool(fam and fam.all_or_nothing),
                             "family_note": fam.note if fam else ""}
     if fam is None:
-        layers = int(text.get("num_hidden_layers") or 0)
-        base.update({"transformers": None, "supported": True, "layers_total": layers,
+        layers = text.get("num_hidden_layers")
+        tv_text = fv.package_version("transformers")
+        under = (f"under transformers {tv_text}" if tv_text else
+                 "in any transformers release fastpath knows (transformers is not installed here)")
+        base.update({"transformers": tv_text, "supported": True,
+                     "layers_total": layers if isinstance(layers, int) else 0,
                      "layers_slow": 0, "layer_types": [], "by_version": [],
-                     "summary": [f"{model_type or 'this model'} uses no causal_conv1d / fla / "
-                                 "mamba_ssm kernels: nothing for fastpath to fix"]})
+                     "summary": [f"no kernel ops in {model_type or 'this model'} {under}: "
+                                 "nothing for fastpath to fix"]})
         return base
-    tr = (facts.get("packages") or {}).get("transformers") or {}
-    tv = _ver(tr.get("version")) if (tr.get("import") or {}).get("ok") is not False or \
-        tr.get("version") else None
+    tv = parse_version(fv.package_version("transformers"))
     if tv is not None:
-        base.update(plan_for_version(config, fam, tv, facts))
+        base.update(plan_for_version(config, fam, tv, fv))
         base["by_version"] = []
         return base
     by_version = []
     for label_range, rep in VERSION_RANGES:
-        p = plan_for_version(config, fam, Version(rep), facts)
+        p = plan_for_version(config, fam, Version(rep), fv)
         p["range"] = label_range
         by_version.append(p)
     first = by_version[-1]

@@ -2,17 +2,20 @@
 
 ONE self-contained, stdlib-only file (Python >= 3.8). It never imports fastpath, so it can be
 piped to any host or container: `python3 - < probe.py` prints ONE JSON object. Importing torch,
-triton and the kernel packages happens only in `sys.executable` subprocesses with timeouts, run
-concurrently with the filesystem probes, so a slow or crashing import cannot hang or kill the probe.
+triton and the kernel packages happens only in a guarded `sys.executable` subprocess (torch imported
+once, then each package in order; a fresh one after a step that crashes or hangs), run concurrently
+with the filesystem probes, so a slow or crashing import cannot hang or kill the probe.
 A probe that fails leaves its fact null and says why in `probe.errors[key]` ("could not collect:
 <reason>") without hiding the others.
 
 Facts schema ("fastpath.facts/1"; every fact says where it came from in `source`):
   schema: "fastpath.facts/1"
-  probe:  {kind: "python", python, errors: {key: "could not collect: ..."}, seconds, options}
+  probe:  {kind: "python", python, errors: {key: "could not collect: ..."}, seconds, options,
+           import_seconds: {step: s}, import_interpreters: n}   # (the last two: full probe only;
+           a remote sh fallback adds python_fallback: why)
   host:   {hostname, os, kernel, arch, glibc, python, executable, source}
-  env:    {NAME: value} relevant variables only; names with TOKEN/SECRET/PASSWORD/KEY/CREDENTIAL
-          are "<redacted>"
+  env:    {NAME: value} relevant variables only; names with TOKEN/SECRET/PASS/PWD/KEY/AUTH/
+          CREDENTIAL are "<redacted>"
   gpus:   [{index, name, driver, compute_capability: "9.0", memory_mib, source}]
   driver: {version, cuda_version, source} | null
   torch:  {version, cuda, arch_list: ["sm_90", ...], cxx11_abi, cuda_available, devices,
@@ -53,6 +56,7 @@ import platform
 import re
 import shutil
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -81,7 +85,7 @@ ENV_NAMES = (
     "MAX_JOBS", "CC", "CXX",
 )
 ENV_PREFIXES = ("TRITON_", "FLA_", "FASTPATH_", "KERNELS_", "LOCAL_KERNELS", "HF_", "TORCH_CUDA")
-SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
+SECRET_MARKERS = ("TOKEN", "SECRET", "PASS", "PWD", "KEY", "AUTH", "CREDENTIAL")
 
 FATBIN_MAGIC = 0xBA55ED50
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
@@ -103,9 +107,52 @@ class FatbinError(ValueError):
     """The file is not an ELF we understand, or its fatbin section has an unknown layout."""
 
 
+# Whatever a crafted file can make the ELF/fatbin readers raise: reported as "could not read".
+_MALFORMED = (ValueError, OSError, struct.error, IndexError, OverflowError, MemoryError)
+
+
+class NotRegularFile(OSError):
+    """A FIFO, socket or device where a file was expected: reading it could block forever."""
+
+
+# Caps on what the ELF reader reads: a crafted (sparse) file can claim a 4 GB name table that
+# costs no disk. Real values: a few hundred bytes of section names, < 256 section headers, and
+# libtorch_cpu.so's .dynstr is ~5 MiB (CUDA builds a few times more).
+MAX_SECTION_NAMES = 1 << 20
+MAX_SECTION_HEADERS = 1 << 16
+MAX_SYMBOL_TABLE = 64 << 20
+
+
+def open_regular(path, text=False):
+    """Open `path` for reading only if it is a regular file (stat before opening, and fstat on a
+    non-blocking descriptor after, so a FIFO named `x.so`, `RECORD` or `y.egg-info` can neither
+    block the open nor a read)."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise NotRegularFile("not a regular file: %s" % path)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile("not a regular file: %s" % path)
+        if text:
+            return open(fd, "r", encoding="utf-8", errors="replace")
+        return open(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_text_capped(path, limit=4 << 20):
+    """A small text file (metadata, version.py, os-release) read whole, at most `limit` chars."""
+    with open_regular(path, text=True) as fh:
+        return fh.read(limit)
+
+
 def elf_sections(path):
-    """Return {section name: (file offset, size)} of an ELF file (32/64-bit, little/big endian)."""
-    with open(path, "rb") as f:
+    """Return {section name: (file offset, size)} of an ELF file (32/64-bit, little/big endian).
+
+    Raises FatbinError for anything malformed (truncated tables, names without a NUL, tables
+    larger than the caps above) and NotRegularFile for non-files."""
+    with open_regular(path) as f:
         ident = f.read(64)
         if len(ident) < 52 or ident[:4] != b"\x7fELF":
             raise FatbinError("not an ELF file")
@@ -125,27 +172,34 @@ def elf_sections(path):
             return {}
         if shentsize < sh_min:
             raise FatbinError("ELF section header size %d is too small" % shentsize)
-        f.seek(0, 2)
-        file_size = f.tell()
+        file_size = os.fstat(f.fileno()).st_size
 
-        def header(i):
-            f.seek(shoff + i * shentsize)
-            raw = f.read(sh_min)
-            if len(raw) < sh_min:
-                raise FatbinError("truncated ELF section header table")
-            fields = struct.unpack(sh_fmt, raw)
+        def header(raw):
+            fields = struct.unpack_from(sh_fmt, raw)
             # (name, type, flags, addr, offset, size, link, ...)
             return fields[0], fields[1], fields[4], fields[5], fields[6]
 
-        first = header(0)
+        f.seek(shoff)
+        first_raw = f.read(sh_min)
+        if len(first_raw) < sh_min:
+            raise FatbinError("truncated ELF section header table")
+        first = header(first_raw)
         if shnum == 0:  # extended numbering: the real count is in section 0's size
             shnum = first[3]
         if shstrndx == 0xFFFF:
             shstrndx = first[4]
-        if shnum > 65536 * 4 or shstrndx >= shnum:
+        if shnum > MAX_SECTION_HEADERS or shstrndx >= shnum:
             raise FatbinError("implausible ELF section table (%d sections)" % shnum)
-        headers = [header(i) for i in range(shnum)]
+        if shoff + shnum * shentsize > file_size:
+            raise FatbinError("truncated ELF section header table")
+        f.seek(shoff)
+        table = f.read(shnum * shentsize)
+        if len(table) < shnum * shentsize:
+            raise FatbinError("truncated ELF section header table")
+        headers = [header(table[i * shentsize:i * shentsize + sh_min]) for i in range(shnum)]
         _, _, str_off, str_size, _ = headers[shstrndx]
+        if str_size > MAX_SECTION_NAMES:
+            raise FatbinError("section name table of %d bytes is implausibly large" % str_size)
         if str_off + str_size > file_size:
             raise FatbinError("section name table outside the file")
         f.seek(str_off)
@@ -154,11 +208,14 @@ def elf_sections(path):
         for name_off, sh_type, offset, size, _ in headers:
             if name_off >= len(names):
                 continue
-            name = names[name_off:names.index(b"\0", name_off)].decode("latin-1")
+            stop = names.find(b"\0", name_off)
+            if stop < 0:
+                raise FatbinError("section name at %d has no terminating NUL" % name_off)
+            name = names[name_off:stop].decode("latin-1")
             if sh_type in (0, 8):  # SHT_NULL, SHT_NOBITS: no bytes in the file
                 continue
             if offset + size > file_size:
-                raise FatbinError("section %s extends past the end of the file" % name)
+                raise FatbinError("section %s extends past the end of the file" % name[:64])
             out[name] = (offset, size)
         return out
 
@@ -224,7 +281,7 @@ def read_fatbin_archs(path):
     """
     sections = elf_sections(path)
     sass, ptx, found = set(), set(), []
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         for name in FATBIN_SECTIONS:
             if name not in sections:
                 continue
@@ -278,11 +335,13 @@ class ElfDynamic:
         sections = elf_sections(path)
         if ".dynsym" not in sections or ".dynstr" not in sections:
             raise FatbinError("no dynamic symbol table")
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             self.is64, self.end = _elf_ident(f)
 
             def read(name):
                 off, size = sections[name]
+                if size > MAX_SYMBOL_TABLE:
+                    raise FatbinError("%s of %d bytes is implausibly large" % (name, size))
                 f.seek(off)
                 return f.read(size)
 
@@ -371,13 +430,13 @@ def link_check(so_path, lib_paths):
     loader would refuse it too."""
     try:
         needed = [n for n in ElfDynamic(so_path).undefined() if torch_symbol(n)]
-    except (FatbinError, OSError, struct.error) as exc:
-        return {"error": "%s: %s" % (type(exc).__name__, exc)}
+    except _MALFORMED as exc:
+        return {"error": "could not read: %s: %s" % (type(exc).__name__, exc)}
     libs = []
     for p in lib_paths:
         try:
             libs.append(ElfDynamic(p))
-        except (FatbinError, OSError, struct.error):
+        except _MALFORMED:
             continue
     missing = [n for n in needed if not any(lib.defines(n) for lib in libs)]
     return {"checked": len(needed), "missing": missing[:5], "missing_count": len(missing),
@@ -442,6 +501,23 @@ def _run(argv, timeout, env=None):
     )
 
 
+DEFAULT_PROBE_TIMEOUT = 30.0
+
+
+def probe_timeout(text):
+    """Seconds per probe subprocess from FASTPATH_PROBE_TIMEOUT (None/empty: the default);
+    ValueError for anything but a finite number > 0."""
+    if text is None or not str(text).strip():
+        return DEFAULT_PROBE_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError("FASTPATH_PROBE_TIMEOUT=%r: expected a number of seconds > 0" % text[:40])
+    return value
+
+
 def _is_exe(path):
     return os.path.isfile(path) and os.access(path, os.X_OK)
 
@@ -477,7 +553,11 @@ class Options:
         if skip is None:
             skip = [s.strip() for s in self.env.get("FASTPATH_PROBE_SKIP", "").split(",")]
         self.skip = set(s for s in skip if s)
-        self.timeout = float(timeout or self.env.get("FASTPATH_PROBE_TIMEOUT") or 30)
+        self.timeout_error = None
+        try:
+            self.timeout = timeout or probe_timeout(self.env.get("FASTPATH_PROBE_TIMEOUT"))
+        except ValueError as exc:  # on a target: say so in probe.errors, probe with the default
+            self.timeout, self.timeout_error = DEFAULT_PROBE_TIMEOUT, str(exc)
         self.custom_site_packages = sp is not None
 
     def sys_path(self, path):
@@ -521,7 +601,7 @@ def probe_host(opts):
     os_name = None
     os_release = opts.sys_path("/etc/os-release")
     try:
-        with open(os_release) as f:
+        with open_regular(os_release, text=True) as f:
             for line in f:
                 if line.startswith("PRETTY_NAME="):
                     os_name = line.split("=", 1)[1].strip().strip('"')
@@ -595,11 +675,30 @@ def probe_nvidia_smi(opts):
     return gpus, driver, None
 
 
-_TORCH_SCRIPT = r"""
-import json, sys
-out = {}
-try:
-    import torch
+# One guarded interpreter imports torch once and then each package in order (issue: a
+# subprocess per package paid torch's import and CUDA start-up once per package: 16-22 s on an
+# H200 host). The child announces each step before it starts and prints its result after, so a
+# step that crashes the interpreter or hangs is known by name; the parent classifies that step's
+# failure and starts a fresh interpreter for the steps after it, so one bad import never hides
+# the others. The child leaves with os._exit: nothing of its teardown (CUDA, thread pools) is paid.
+_IMPORTS_SCRIPT = r"""
+import importlib, json, os, sys, time
+
+def emit(tag, step, value=None, seconds=None):
+    msg = {"step": step, "value": value}
+    if seconds is not None:
+        msg["seconds"] = round(seconds, 3)
+    sys.stdout.write("%s %s\n" % (tag, json.dumps(msg)))
+    sys.stdout.flush()
+
+def why(e):
+    return "%s: %s" % (type(e).__name__, e)
+
+def do_torch():
+    try:
+        import torch
+    except BaseException as e:
+        return {"torch_error": why(e)}
     t = {"version": torch.__version__, "cuda": torch.version.cuda, "file": torch.__file__}
     t["cxx11_abi"] = bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", False))
     flags = getattr(torch._C, "_cuda_getArchFlags", None)
@@ -608,7 +707,7 @@ try:
         t["cuda_available"] = bool(torch.cuda.is_available())
     except Exception as e:
         t["cuda_available"] = False
-        t["cuda_error"] = "%s: %s" % (type(e).__name__, e)
+        t["cuda_error"] = why(e)
     devs = []
     if t["cuda_available"]:
         for i in range(torch.cuda.device_count()):
@@ -616,51 +715,139 @@ try:
             devs.append({"index": i, "name": p.name, "compute_capability": "%d.%d" % (p.major, p.minor),
                          "memory_mib": int(p.total_memory // (1024 * 1024))})
     t["devices"] = devs
-    out["torch"] = t
-except BaseException as e:
-    out["torch_error"] = "%s: %s" % (type(e).__name__, e)
-if "--triton" in sys.argv:
+    return {"torch": t}
+
+def do_triton():
     try:
         import triton
-        tr = {"version": triton.__version__}
-        try:
-            from triton.runtime import driver
-            target = driver.active.get_current_target()
-            tr["gpu_backend"] = target.backend in ("cuda", "hip")
-            tr["target"] = "%s:%s" % (target.backend, target.arch)
-        except BaseException as e:
-            tr["gpu_backend"] = False
-            tr["backend_error"] = "%s: %s" % (type(e).__name__, e)
-        out["triton"] = tr
     except BaseException as e:
-        out["triton_error"] = "%s: %s" % (type(e).__name__, e)
-print("FASTPATH_JSON " + json.dumps(out))
+        return {"triton_error": why(e)}
+    tr = {"version": triton.__version__}
+    try:
+        from triton.runtime import driver
+        target = driver.active.get_current_target()
+        tr["gpu_backend"] = target.backend in ("cuda", "hip")
+        tr["target"] = "%s:%s" % (target.backend, target.arch)
+    except BaseException as e:
+        tr["gpu_backend"] = False
+        tr["backend_error"] = why(e)
+    return {"triton": tr}
+
+def do_module(name):
+    try:
+        m = importlib.import_module(name)
+        return {"ok": True, "version": getattr(m, "__version__", None),
+                "file": getattr(m, "__file__", None)}
+    except BaseException as e:
+        return {"ok": False, "error": why(e)}
+
+for step in sys.argv[1:]:
+    emit("FASTPATH_BEGIN", step)
+    began = time.perf_counter()
+    if step == "torch":
+        value = do_torch()
+    elif step == "triton":
+        value = do_triton()
+    else:
+        value = do_module(step[len("module:"):])
+    emit("FASTPATH_JSON", step, value, time.perf_counter() - began)
+sys.stdout.flush()
+os._exit(0)
 """
 
-_IMPORT_SCRIPT = r"""
-import importlib, json, sys
-name = sys.argv[1]
-try:
-    m = importlib.import_module(name)
-    r = {"ok": True, "version": getattr(m, "__version__", None), "file": getattr(m, "__file__", None)}
-except BaseException as e:
-    r = {"ok": False, "error": "%s: %s" % (type(e).__name__, e)}
-print("FASTPATH_JSON " + json.dumps(r))
-"""
+
+def _signal_name(rc):
+    try:
+        import signal
+        return signal.Signals(-rc).name
+    except (ValueError, AttributeError):
+        return "signal %d" % -rc
 
 
-def _python_json(args, opts):
-    """Run this Python on a script; return the JSON it printed (or raise with the reason)."""
-    rc, out, err = _run([sys.executable, "-c", *args], opts.timeout, env=opts.env)
-    for line in reversed(out.splitlines()):
-        if line.startswith("FASTPATH_JSON "):
-            return json.loads(line[len("FASTPATH_JSON "):])
-    tail = (err.strip().splitlines() or ["no output"])[-1]
-    raise RuntimeError("python exited %d without a result: %s" % (rc, tail[:300]))
+def _run_steps_once(steps, opts):
+    """One child interpreter over `steps`. Returns ({step: value}, failed step or None, why)."""
+    import selectors
+    import tempfile
+
+    done = {}
+    current = None
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, "-c", _IMPORTS_SCRIPT, *steps],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
+                                env=opts.env, start_new_session=True)
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        buf = b""
+        deadline = time.monotonic() + opts.timeout
+        timed_out = False
+        try:
+            while len(done) < len(steps):
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    timed_out = True
+                    break
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    tag, _, payload = line.decode("utf-8", "replace").partition(" ")
+                    if tag not in ("FASTPATH_BEGIN", "FASTPATH_JSON"):
+                        continue  # a package printing on import
+                    try:
+                        msg = json.loads(payload)
+                    except ValueError:
+                        continue
+                    if tag == "FASTPATH_BEGIN":
+                        current = msg["step"]
+                        deadline = time.monotonic() + opts.timeout  # each step gets the timeout
+                    else:
+                        done[msg["step"]] = msg["value"]
+                        if isinstance(msg["value"], dict) and "seconds" in msg:
+                            msg["value"]["_seconds"] = msg["seconds"]
+                        current = None
+        finally:
+            sel.close()
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, 9)
+                except OSError:
+                    proc.kill()
+            rc = proc.wait()
+            proc.stdout.close()
+        if len(done) == len(steps):
+            return done, None, None
+        failed = current or next(s for s in steps if s not in done)
+        if timed_out:
+            return done, failed, ("timed out after %gs" % opts.timeout, True)
+        err.seek(0)
+        tail = (err.read().decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
+        how = ("killed by %s" % _signal_name(rc)) if rc < 0 else ("exited %d" % rc)
+        return done, failed, ("python %s without a result: %s" % (how, tail[:300]), False)
 
 
-def probe_torch_triton(opts, want_triton):
-    return _python_json([_TORCH_SCRIPT] + (["--triton"] if want_triton else []), opts)
+def run_import_steps(steps, opts):
+    """Run `steps` ("torch", "triton", "module:NAME") in as few interpreters as possible: one,
+    unless a step crashes or hangs it; that step gets {"failed": why, "timed_out": bool} and the
+    steps after it run in a fresh interpreter. A step's own seconds are in its "_seconds"; the
+    number of interpreters started is in results["_interpreters"]."""
+    results = {"_interpreters": 0}
+    pending = list(steps)
+    while pending:
+        results["_interpreters"] += 1
+        done, failed, why = _run_steps_once(pending, opts)
+        results.update(done)
+        if failed is None:
+            break
+        results[failed] = {"failed": why[0], "timed_out": why[1]}
+        pending = [s for s in pending[pending.index(failed) + 1:] if s not in results]
+        if failed == "torch":  # packages built on torch would only crash or hang the same way
+            for s in [s for s in pending if s[len("module:"):] in TORCH_MODULES]:
+                results[s] = {"failed": "not attempted: import torch %s" % why[0],
+                              "timed_out": False}
+                pending.remove(s)
+    return results
 
 
 def classify_import_error(text):
@@ -678,18 +865,40 @@ def classify_import_error(text):
     return "other"
 
 
-def probe_import(module, opts):
-    try:
-        r = _python_json([_IMPORT_SCRIPT, module], opts)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "error_kind": "other",
-                "error": "import timed out after %gs" % opts.timeout}
-    except RuntimeError as exc:  # crashed (segfault, abort) without printing a result
-        return {"ok": False, "error_kind": classify_import_error(str(exc)) or "other",
-                "error": str(exc)}
+def import_verdict(result):
+    """The packages[dist]["import"] fact from one module step's result."""
+    if result is None:
+        return {"ok": False, "error_kind": "other", "error": "import not attempted"}
+    if "failed" in result:
+        if result.get("timed_out"):
+            return {"ok": False, "error_kind": "other", "error": "import " + result["failed"]}
+        return {"ok": False, "error_kind": classify_import_error(result["failed"]) or "other",
+                "error": result["failed"]}
+    r = dict(result)
+    r.pop("_seconds", None)
     r["error_kind"] = None if r.get("ok") else classify_import_error(r.get("error"))
     r.setdefault("error", None)
     return r
+
+
+def torch_triton_facts(results):
+    """{"torch"|"torch_error", "triton"|"triton_error"} from the torch and triton steps."""
+    out = {}
+    for step in ("torch", "triton"):
+        r = results.get(step)
+        if r is None:
+            continue
+        if "failed" in r:
+            out[step + "_error"] = r["failed"]
+        else:
+            out.update((k, v) for k, v in r.items() if k != "_seconds")
+    return out
+
+
+def probe_import(module, opts):
+    """Import one module in a guarded interpreter (the collect() path batches them)."""
+    step = "module:" + module
+    return import_verdict(run_import_steps([step], opts).get(step))
 
 
 class Dist:
@@ -707,7 +916,7 @@ class Dist:
     @property
     def files(self):
         try:
-            with open(os.path.join(self._path, "RECORD"), encoding="utf-8", errors="replace") as fh:
+            with open_regular(os.path.join(self._path, "RECORD"), text=True) as fh:
                 return [line.split(",", 1)[0] for line in fh if line.strip()]
         except OSError:
             return None
@@ -720,7 +929,7 @@ def _read_headers(path):
     """Name and Version from a METADATA / PKG-INFO file's header block."""
     out = {}
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
+        with open_regular(path, text=True) as fh:
             for line in fh:
                 if not line.strip():
                     break
@@ -772,8 +981,9 @@ def probe_so(path):
     try:
         r = read_fatbin_archs(path)
         return {"path": path, "sass": r["sass"], "ptx": r["ptx"], "sections": r["sections"]}
-    except (FatbinError, OSError, struct.error) as exc:
-        return {"path": path, "sass": [], "ptx": [], "error": "%s: %s" % (type(exc).__name__, exc)}
+    except _MALFORMED as exc:
+        return {"path": path, "sass": [], "ptx": [],
+                "error": "could not read: %s: %s" % (type(exc).__name__, exc)}
 
 
 def parse_nvcc_version(text):
@@ -797,7 +1007,7 @@ def read_dpkg_status(path):
     keep = re.compile(r"^(cuda-nvcc(-\d+-\d+)?|nvidia-cuda-toolkit|cuda-toolkit(-\d+(-\d+)?)?|"
                       r"cuda-cudart-dev-\d+-\d+|libcusparse-dev-\d+-\d+|libcublas-dev-\d+-\d+)$")
     out = []
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open_regular(path, text=True) as f:
         stanza = {}
         for line in [*list(f), ""]:
             line = line.rstrip("\n")
@@ -823,7 +1033,7 @@ def dpkg_nvcc_paths(pkg, opts):
     for lst in glob.glob(os.path.join(info, pkg + ".list")) + \
             glob.glob(os.path.join(info, pkg + ":*.list")):
         try:
-            with open(lst, encoding="utf-8", errors="replace") as f:
+            with open_regular(lst, text=True) as f:
                 for line in f:
                     line = line.strip()
                     if line.endswith("/bin/nvcc"):
@@ -941,7 +1151,8 @@ def merge_candidates(sources):
 
 
 def torch_cuda_home(opts):
-    """Re-implementation of torch.utils.cpp_extension._find_cuda_home (see FACTS.md)."""
+    """Re-implementation of torch.utils.cpp_extension._find_cuda_home
+    (https://github.com/pytorch/pytorch/blob/main/torch/utils/cpp_extension.py)."""
     env = opts.env
     home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
     how = None
@@ -1008,6 +1219,11 @@ def _gpu_visible(opts):
     return bool(glob.glob(opts.sys_path("/dev/nvidia[0-9]*")))
 
 
+# Import names of the kernel packages that import torch first (skipped after torch's own import
+# crashed or hung in the guarded interpreter).
+TORCH_MODULES = ("causal_conv1d", "fla", "mamba_ssm", "flash_attn")
+# Read from dist-info, not imported, when the dist-info is there.
+NOT_IMPORTED_WITH_DIST_INFO = ("transformers",)
 # Kernel packages that cannot import without torch.
 NEEDS_TORCH = ("causal-conv1d", "flash-linear-attention", "fla-core", "mamba-ssm", "flash-attn")
 _TORCH_VERSION_RE = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.M)
@@ -1029,14 +1245,20 @@ _ARCH_FLAGS_RE = re.compile(rb"\x00((?:sm|compute)_\d+[af]?(?: (?:sm|compute)_\d
 
 def torch_arch_flags(path):
     """The archs torch was built for, from that string in .rodata; None unless exactly one."""
+    found = set()
     try:
         off, size = elf_sections(path).get(".rodata", (0, 0))
-        with open(path, "rb") as f:
-            f.seek(off)
-            data = f.read(size)
-    except (FatbinError, OSError, struct.error):
+        with open_regular(path) as f:  # in 4 MiB chunks (overlapping): bounded memory
+            chunk, overlap, pos = 4 << 20, 4096, 0
+            while pos < size:
+                f.seek(off + pos)
+                data = f.read(min(chunk + overlap, size - pos))
+                if not data:
+                    break
+                found.update(m.group(1).decode("ascii") for m in _ARCH_FLAGS_RE.finditer(data))
+                pos += chunk
+    except _MALFORMED:
         return None
-    found = set(m.group(1).decode("ascii") for m in _ARCH_FLAGS_RE.finditer(data))
     return found.pop().split() if len(found) == 1 else None
 
 
@@ -1052,8 +1274,7 @@ def torch_static(dists, gpus, driver):
          "cxx11_abi": None, "arch_list": [], "devices": [],
          "source": "static: %s/version.py and torch's libraries (torch not imported)" % pkg}
     try:
-        with open(os.path.join(pkg, "version.py"), encoding="utf-8") as fh:
-            text = fh.read()
+        text = read_text_capped(os.path.join(pkg, "version.py"))
         m = _TORCH_CUDA_RE.search(text)
         if m:
             t["cuda"] = m.group(1) or m.group(2) or None
@@ -1064,7 +1285,7 @@ def torch_static(dists, gpus, driver):
         t["source"] += "; no version.py"
     try:
         t["cxx11_abi"] = b"__cxx11" in ElfDynamic(os.path.join(pkg, "lib", "libc10.so")).dynstr
-    except (FatbinError, OSError, struct.error):
+    except _MALFORMED:
         pass
     cuda_lib = os.path.join(pkg, "lib", "libtorch_cuda.so")
     if os.path.isfile(cuda_lib):
@@ -1077,8 +1298,8 @@ def torch_static(dists, gpus, driver):
                 r = read_fatbin_archs(cuda_lib)
                 t["arch_list"] = r["sass"] + r["ptx"]
                 t["arch_source"] = "libtorch_cuda.so: SASS/PTX in its fatbin"
-            except (FatbinError, OSError, struct.error) as exc:
-                t["arch_error"] = "%s: %s" % (type(exc).__name__, exc)
+            except _MALFORMED as exc:
+                t["arch_error"] = "could not read: %s: %s" % (type(exc).__name__, exc)
     # Without importing: a CUDA build, a GPU nvidia-smi sees, a driver new enough for the build.
     if t["cuda"] is None or not gpus:
         t["cuda_available"] = False
@@ -1154,25 +1375,28 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
         return None
 
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=16)
+    import_results = {}
     try:
-        # 1. start the slow subprocesses first
-        # torch's import is the critical path: start it before anything else
+        # 1. start the slow subprocesses first. The guarded imports are the critical path: one
+        # interpreter imports torch (+ triton where a GPU is visible) and then each kernel package.
         run_imports = "imports" not in opts.skip
         want_triton = _gpu_visible(opts)
-        torch_f = pool.submit(guard, "torch", probe_torch_triton, opts, want_triton) \
-            if run_imports else None
         smi_f = None
         if "nvidia-smi" not in opts.skip:
             smi_f = pool.submit(guard, "gpus", probe_nvidia_smi, opts)
         dists = guard("packages", find_distributions, opts) or {}
-        import_f = {}
+        steps = ["torch"] + (["triton"] if want_triton else [])
         seen_modules = set()
         for dist_name, module in KERNEL_DISTS:
             if not run_imports or module in seen_modules:
                 continue
+            if dist_name in NOT_IMPORTED_WITH_DIST_INFO and dist_name in dists:
+                continue  # its version is all the plan reads: importing it cost ~1 s
             if dist_name in dists or _spec_found(module, opts):
                 seen_modules.add(module)
-                import_f[module] = pool.submit(probe_import, module, opts)
+                steps.append("module:" + module)
+        imports_f = pool.submit(guard, "torch", run_import_steps, steps, opts) \
+            if run_imports else None
         rpm_f = pool.submit(guard, "package_db", probe_rpm, opts) if "rpm" not in opts.skip else None
         gcc_f = pool.submit(guard, "gcc", probe_gcc, opts)
 
@@ -1222,7 +1446,8 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
         if smi_note and "gpus" not in errors:
             errors["gpus"] = "could not collect via nvidia-smi: %s" % smi_note
 
-        torch_info = torch_f.result() if torch_f is not None else None
+        import_results = (imports_f.result() or {}) if imports_f is not None else {}
+        torch_info = torch_triton_facts(import_results) if imports_f is not None else None
         if not run_imports:
             torch_info = {"torch": guard("torch", torch_static, dists, gpus, driver)}
         t = (torch_info or {}).get("torch")
@@ -1286,8 +1511,12 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
             entry = {"version": dist.version if dist else None, "module": module,
                      "source": ("package metadata " + _dist_path(dist)) if dist else
                      "no dist-info in %s" % os.pathsep.join(opts.site_packages)}
-            if module in import_f:
-                entry["import"] = import_f[module].result()
+            if run_imports and "module:" + module in import_results:
+                entry["import"] = import_verdict(import_results["module:" + module])
+            elif run_imports and dist is not None and dist_name in NOT_IMPORTED_WITH_DIST_INFO:
+                entry["import"] = {"ok": True, "error_kind": None, "error": None,
+                                   "how": "dist-info present; not imported (its version is what "
+                                          "the plan reads)"}
             elif not run_imports and dist is not None and dist_name not in dict(VERSION_ONLY_DISTS):
                 links = {}
                 for path in compiled_files(dist):
@@ -1324,9 +1553,22 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
         facts["packages"] = packages
     finally:
         pool.shutdown(wait=False)
+    if opts.timeout_error:
+        errors["options"] = "could not collect: %s; used %gs" % (opts.timeout_error, opts.timeout)
     facts["probe"] = {"kind": "python", "python": platform.python_version(), "errors": errors,
                       "seconds": round(time.time() - started, 3), "options": opts.describe()}
+    if import_results:  # where the guarded imports spent their time (benchmarks read this)
+        facts["probe"]["import_interpreters"] = import_results.get("_interpreters")
+        facts["probe"]["import_seconds"] = {
+            k: v.get("_seconds") for k, v in import_results.items()
+            if isinstance(v, dict) and "_seconds" in v}
     return facts
+
+
+# `--framed` (how fastpath.doctor.remote runs it): the JSON goes between these two lines, so a
+# login banner before it or noise after it cannot be mistaken for it.
+FRAME_BEGIN = "--- fastpath facts begin ---"
+FRAME_END = "--- fastpath facts end ---"
 
 
 def main():
@@ -1334,8 +1576,12 @@ def main():
     skip = None
     if "--static" in sys.argv[1:]:
         skip = [p for p in os.environ.get("FASTPATH_PROBE_SKIP", "").split(",") if p] + ["imports"]
-    json.dump(collect(skip=skip), sys.stdout, indent=1, sort_keys=False, default=str)
-    sys.stdout.write("\n")
+    framed = "--framed" in sys.argv[1:]
+    facts = collect(skip=skip)
+    if framed:
+        sys.stdout.write("\n" + FRAME_BEGIN + "\n")
+    json.dump(facts, sys.stdout, indent=None if framed else 1, sort_keys=False, default=str)
+    sys.stdout.write("\n" + (FRAME_END + "\n" if framed else ""))
 
 
 if __name__ == "__main__":

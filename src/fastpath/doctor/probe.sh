@@ -1,7 +1,7 @@
 # fastpath POSIX sh probe: the toolchain facts that can be gathered on a target WITHOUT Python.
 #
 # Sent on stdin to `sh -s` when the target has no usable python3 (see fastpath/remote.py).
-# Prints one JSON object, a subset of the "fastpath.facts/1" schema (docs: CONTRACTS.md), with
+# Prints one JSON object between '--- fastpath facts begin/end ---' lines, a subset of the "fastpath.facts/1" schema (described in probe.py's docstring), with
 # probe.kind = "sh"; every fact it cannot collect is null and named in probe.errors with the
 # reason. Writes nothing on the target. Needs only sh, sed and tr; uses uname, nvidia-smi,
 # dpkg-query, rpm, gcc and readlink when present.
@@ -88,7 +88,7 @@ main() {
     eval "isset=\${$name+x}"
     [ -n "$isset" ] || continue
     case "$name" in
-      *TOKEN* | *SECRET* | *PASSWORD* | *PASSWD* | *KEY* | *CREDENTIAL*) value="<redacted>" ;;
+      *TOKEN* | *SECRET* | *PASS* | *PWD* | *KEY* | *AUTH* | *CREDENTIAL*) value="<redacted>" ;;
       *) eval "value=\${$name}" ;;
     esac
     if [ -n "$ENV_JSON" ]; then ENV_JSON="$ENV_JSON,"; fi
@@ -127,7 +127,8 @@ EOF_SMI
   fi
 
   # --- nvcc candidates ------------------------------------------------------------------------
-  # Every place nvcc is known to live (reference/doctor-anchors.md §3), each with how it was found.
+  # Every place nvcc is known to live (the same list as probe.py's nvcc_candidate_sources), each
+  # with how it was found.
   CANDS=""  # newline-separated "path|found_by"
   add_cand() { CANDS="$CANDS
 $1|$2"; }
@@ -260,9 +261,12 @@ EOF_ROWS
   SECS="null"
   if [ -n "$START" ] && [ -n "$END" ]; then SECS=$((END - START)); fi
 
+  # Framed (as probe.py --framed): a login banner before it or noise after it is ignored.
+  printf '\n--- fastpath facts begin ---\n'
   printf '{"schema":"fastpath.facts/1","probe":{"kind":"sh","python":null,"errors":{%s},"seconds":%s},' "$ERRORS" "$SECS"
   printf '"host":%s,"env":{%s},"gpus":%s,"driver":%s,"torch":null,"triton":null,"nvrtc":null,' "$HOST" "$ENV_JSON" "$GPUS" "$DRIVER"
   printf '"nvcc_candidates":[%s],"cuda_home":%s,"package_db":{"dpkg":%s,"rpm":%s,"source":"dpkg-query -W; rpm -qa (sh probe)"},"gcc":%s,"packages":null}\n' \
     "$NVCC" "$CUDA_HOME_JSON" "$DPKG" "$RPM" "$GCC"
+  printf '%s\n' '--- fastpath facts end ---'
 }
 main </dev/null

@@ -15,21 +15,37 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
-import re
 import shlex
 import signal
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from fastpath.doctor.facts_check import check_facts
+from fastpath.doctor.plain_text import plain
 from fastpath.doctor.redact import redact_facts, redact_text
-from fastpath.errors import TargetError, UsageError
+from fastpath.errors import FastpathError, TargetError, UsageError
+
+T = TypeVar("T")
 
 DEFAULT_TIMEOUT = 60.0
-# A facts report is a few tens of KiB; anything far larger is not our probe talking.
-MAX_OUTPUT_BYTES = 32 * 1024 * 1024
+# A facts report is a few tens of KiB (~100 KiB with a large environment); a target that sends
+# more is not our probe talking: it is killed once it passes the cap, so its output costs bounded
+# memory and no parsing time. stderr keeps only its tail (we show its last line).
+MAX_OUTPUT_BYTES = 2 * 1024 * 1024
+MAX_STDERR_BYTES = 64 * 1024
+# Raw target output one fleet may hold at once, all targets together (16 targets each streaming
+# 100 MB must not take gigabytes); a target's share is given back once its output is parsed.
+FLEET_OUTPUT_BYTES = 64 * 1024 * 1024
+# The probe's JSON travels between these lines, so login banners before it and noise after it
+# (`.bashrc` echoes over ssh, motd, a `logout` line) are ignored. probe.py prints them when given
+# --framed; probe.sh always does.
+FRAME_BEGIN = b"--- fastpath facts begin ---"
+FRAME_END = b"--- fastpath facts end ---"
 # After the target command exits, how long to wait for its pipes to close (an ssh ControlPersist
 # master forked into the background can hold stderr open forever).
 PIPE_GRACE_S = 1.0
@@ -40,13 +56,15 @@ NO_PYTHON_REASON = "no python on target"
 
 @dataclass
 class CommandResult:
-    """What one target command did: exit status (None if killed on timeout) and its output."""
+    """What one target command did: exit status (None if killed on timeout) and its output.
+    overflow: it sent more than its share of output bytes and was killed for it."""
 
     returncode: int | None
     stdout: bytes
     stderr: bytes
     timed_out: bool
     seconds: float
+    overflow: bool = False
 
 
 def parse_prefix(prefix: str | list[str] | tuple[str, ...]) -> list[str]:
@@ -57,7 +75,8 @@ def parse_prefix(prefix: str | list[str] | tuple[str, ...]) -> list[str]:
         try:
             argv = shlex.split(prefix)
         except ValueError as exc:
-            raise UsageError(f"cannot split target prefix {redact_text(prefix)!r}: {exc}") from None
+            raise UsageError(f"cannot split target prefix {plain(redact_text(prefix), 200)!r}: "
+                             f"{exc}") from None
     if not argv:
         raise UsageError("empty target prefix (expected e.g. 'ssh host' or 'docker exec -i ctr')")
     return argv
@@ -86,8 +105,8 @@ def stdin_not_forwarded(argv: list[str]) -> str | None:
 
 
 def describe_prefix(argv: list[str]) -> str:
-    """The prefix as one printable, secret-free string (for tables and error messages)."""
-    return redact_text(shlex.join(argv))
+    """The prefix as one printable, secret-free, inert string (for tables and error messages)."""
+    return plain(redact_text(shlex.join(argv)[:16384]))
 
 
 # ssh flags that take a value (OpenSSH ssh(1) synopsis).
@@ -125,7 +144,7 @@ def target_label(argv: list[str]) -> str:
         host = f"{user}@{host}"
     if port:
         host = f"{host}:{port}"
-    return redact_text(shlex.join([host, *rest[1:]]))
+    return plain(redact_text(shlex.join([host, *rest[1:]])[:16384]))
 
 
 def _package_file(name: str) -> bytes:
@@ -143,14 +162,88 @@ def probe_sources() -> tuple[bytes, bytes]:
 
 def _one_line(data: bytes, limit: int = 200) -> str:
     """Last non-empty line of a command's stderr, cleaned of control characters and secrets."""
-    text = data.decode("utf-8", "replace")
+    text = data[-8192:].decode("utf-8", "replace")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         return ""
-    line = re.sub(r"[\x00-\x1f\x7f]", " ", lines[-1])
-    if len(line) > limit:
-        line = line[: limit - 3] + "..."
-    return redact_text(line)
+    return plain(redact_text(lines[-1][:4 * limit]), limit)
+
+
+def positive_seconds(text: str) -> float:
+    """A timeout argument: a finite number of seconds > 0 (argparse `type=`; `nan`, `inf`, 0 and
+    words are usage errors, not a silent default)."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A count argument (--jobs): an integer >= 1."""
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
+class OutputBudget:
+    """Bytes of target output a run may still hold (shared by all targets of a fleet)."""
+
+    def __init__(self, total: int = FLEET_OUTPUT_BYTES) -> None:
+        self.left = total
+
+    def take(self, n: int) -> bool:
+        if n > self.left:
+            return False
+        self.left -= n
+        return True
+
+    def give(self, n: int) -> None:
+        self.left += n
+
+
+class Interrupted(FastpathError):
+    """SIGTERM / SIGHUP arrived: every target's process group was killed before exiting."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by {signal.Signals(signum).name}; every target was stopped")
+        self.exit_code = 128 + signum
+
+
+async def interruptible(work: Awaitable[T]) -> T:
+    """Await `work` so that SIGTERM and SIGHUP (CI cancellation, a closed terminal) clean up the
+    way Ctrl-C does: the work is cancelled, each run_command kills its target's process group, and
+    Interrupted is raised once that is done (no orphaned targets, no asyncio noise at exit)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work)
+    got: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        got.append(signum)
+        task.cancel()
+
+    installed = []
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            loop.add_signal_handler(signum, on_signal, signum)
+            installed.append(signum)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass  # not the main thread: the caller's own handling applies
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if got:
+            raise Interrupted(got[0]) from None
+        raise
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
 
 
 def _kill_group(pid: int) -> None:
@@ -167,11 +260,14 @@ def _close_transport(proc: asyncio.subprocess.Process) -> None:
         transport.close()
 
 
-async def run_command(argv: list[str], stdin_data: bytes, timeout: float) -> CommandResult:
+async def run_command(argv: list[str], stdin_data: bytes, timeout: float,
+                      budget: OutputBudget | None = None) -> CommandResult:
     """Run argv (no shell) in a new process group, feed stdin, collect output, never hang.
 
     On timeout the whole process group is SIGKILLed and `timed_out` is set. Whatever the command
-    left behind in its group after a normal exit is killed too.
+    left behind in its group after a normal exit is killed too. stdout is kept up to
+    MAX_OUTPUT_BYTES (and what `budget` allows); a target sending more is killed (`overflow`).
+    stderr keeps its last MAX_STDERR_BYTES.
     """
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -185,22 +281,36 @@ async def run_command(argv: list[str], stdin_data: bytes, timeout: float) -> Com
             start_new_session=True,
         )
     except FileNotFoundError:
-        raise TargetError(f"cannot run {argv[0]!r}: no such program on this machine") from None
+        raise TargetError(f"cannot run {plain(argv[0], 200)!r}: no such program on this machine") from None
     except PermissionError:
-        raise TargetError(f"cannot run {argv[0]!r}: permission denied") from None
+        raise TargetError(f"cannot run {plain(argv[0], 200)!r}: permission denied") from None
     except OSError as exc:
-        raise TargetError(f"cannot run {argv[0]!r}: {exc.strerror}") from None
+        raise TargetError(f"cannot run {plain(argv[0], 200)!r}: {exc.strerror}") from None
 
     out = bytearray()
     err = bytearray()
+    overflow = asyncio.Event()
 
-    async def pump(stream: asyncio.StreamReader, buf: bytearray) -> None:
+    async def pump_out(stream: asyncio.StreamReader) -> None:
         while True:
             chunk = await stream.read(65536)
             if not chunk:
                 return
-            if len(buf) < MAX_OUTPUT_BYTES:
-                buf += chunk
+            if len(out) + len(chunk) > MAX_OUTPUT_BYTES or (
+                    budget is not None and not budget.take(len(chunk))):
+                overflow.set()
+                _kill_group(proc.pid)
+                return
+            out.extend(chunk)
+
+    async def pump_err(stream: asyncio.StreamReader) -> None:
+        while True:
+            chunk = await stream.read(65536)
+            if not chunk:
+                return
+            err.extend(chunk)
+            if len(err) > MAX_STDERR_BYTES:
+                del err[:len(err) - MAX_STDERR_BYTES]
 
     async def feed() -> None:
         assert proc.stdin is not None
@@ -214,10 +324,9 @@ async def run_command(argv: list[str], stdin_data: bytes, timeout: float) -> Com
 
     assert proc.stdout is not None and proc.stderr is not None
     feeder = asyncio.ensure_future(feed())
-    readers = [
-        asyncio.ensure_future(pump(proc.stdout, out)),
-        asyncio.ensure_future(pump(proc.stderr, err)),
-    ]
+    readers = [asyncio.ensure_future(pump_out(proc.stdout)),
+               asyncio.ensure_future(pump_err(proc.stderr))]
+
     async def exited() -> None:
         # Not proc.wait(): before Python 3.12 it also waits for the pipes to close, which a
         # daemonised grandchild (ssh ControlPersist master, `setsid cmd &`) can delay forever.
@@ -229,18 +338,17 @@ async def run_command(argv: list[str], stdin_data: bytes, timeout: float) -> Com
         await asyncio.wait_for(exited(), timeout=max(0.0, deadline - loop.time()))
     except asyncio.TimeoutError:
         timed_out = True
-    except BaseException:  # Ctrl-C / cancellation: the target runs in its own session, so
-        _kill_group(proc.pid)  # it did not get the SIGINT; do not leave it running
+    except BaseException:  # Ctrl-C / SIGTERM / cancellation: the target runs in its own
+        _kill_group(proc.pid)  # session, so it did not get the signal; do not leave it running
         for task in [feeder, *readers]:
             task.cancel()
+        await asyncio.gather(feeder, *readers, return_exceptions=True)
+        await _reap(proc)
         _close_transport(proc)
         raise
     _kill_group(proc.pid)
     if timed_out:
-        try:
-            await asyncio.wait_for(exited(), timeout=5)
-        except asyncio.TimeoutError:
-            pass
+        await _reap(proc)
     grace = min(PIPE_GRACE_S, max(0.05, deadline - loop.time())) if not timed_out else 0.2
     _done, pending = await asyncio.wait(readers, timeout=grace)
     for task in [*pending, feeder]:
@@ -251,35 +359,75 @@ async def run_command(argv: list[str], stdin_data: bytes, timeout: float) -> Com
         returncode=None if timed_out else proc.returncode,
         stdout=bytes(out),
         stderr=bytes(err),
-        timed_out=timed_out,
+        timed_out=timed_out and not overflow.is_set(),
         seconds=loop.time() - started,
+        overflow=overflow.is_set(),
     )
+
+
+async def _reap(proc: asyncio.subprocess.Process, wait: float = 5.0) -> None:
+    """Wait (bounded, shielded from a second cancellation) for a killed child to be reaped, so
+    the event loop's child watcher does not complain about it after the loop is gone."""
+    async def until_exit() -> None:
+        while proc.returncode is None:
+            await asyncio.sleep(0.02)
+
+    try:
+        await asyncio.wait_for(asyncio.shield(until_exit()), timeout=wait)
+    except (asyncio.TimeoutError, asyncio.CancelledError):
+        pass
+
+
+def _loads(data: bytes) -> Any:
+    """json.loads that returns None instead of raising (bad JSON, or nesting so deep the decoder
+    gives up with RecursionError); NaN/Infinity are read here and removed by check_facts."""
+    try:
+        return json.loads(data.decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        return None
 
 
 def parse_facts(stdout: bytes) -> dict[str, Any] | None:
     """The facts object in a probe's stdout, or None.
 
-    Login scripts on a target sometimes print banners before the probe runs, so when the whole
-    output is not one JSON object the last line that is one is taken.
+    The probe frames its JSON between FRAME_BEGIN and FRAME_END lines, so a login banner before
+    it or noise after it is ignored. Older probes print one unframed JSON object: the whole output,
+    else its last line starting with '{' (one attempt each, so 32 MB of '{' lines cost one failed
+    parse, not one per line).
     """
-    text = stdout.decode("utf-8", "replace").strip()
+    begin = stdout.rfind(FRAME_BEGIN)
+    if begin >= 0:
+        start = begin + len(FRAME_BEGIN)
+        end = stdout.find(FRAME_END, start)
+        obj = _loads(stdout[start:end if end >= 0 else len(stdout)])
+        return obj if isinstance(obj, dict) else None
+    text = stdout.strip()
     if not text:
         return None
-    candidates = [text] + [line for line in reversed(text.splitlines()) if line.startswith("{")]
-    for candidate in candidates:
-        try:
-            obj = json.loads(candidate)
-        except ValueError:
-            continue
+    obj = _loads(text)
+    if isinstance(obj, dict):
+        return obj
+    last_nl = text.rfind(b"\n")
+    if last_nl >= 0 and text[last_nl + 1:].lstrip().startswith(b"{"):
+        obj = _loads(text[last_nl + 1:])
         if isinstance(obj, dict):
             return obj
     return None
+
+
+def arrived(facts: dict[str, Any]) -> dict[str, Any]:
+    """Facts as they arrive from anywhere outside this process: checked against the schema
+    (malformed parts named in probe.errors), then redacted."""
+    return redact_facts(check_facts(facts))
 
 
 def _failure_reason(argv: list[str], result: CommandResult, timeout: float) -> str:
     """One line saying why a target gave no facts."""
     if result.timed_out:
         return f"timed out after {timeout:g}s"
+    if result.overflow:
+        return (f"sent more than {MAX_OUTPUT_BYTES // (1024 * 1024)} MiB of output (or the "
+                "fleet's output budget ran out): not a facts report")
     last = _one_line(result.stderr)
     if os.path.basename(argv[0]) in _SSH_LIKE and result.returncode == 255:
         return f"unreachable: {last or 'ssh exited with status 255'}"
@@ -287,8 +435,8 @@ def _failure_reason(argv: list[str], result: CommandResult, timeout: float) -> s
         return f"exit {result.returncode}: {last or 'no output'}"
     if not result.stdout.strip():
         return f"no output{': ' + last if last else ''}"
-    head = re.sub(r"[\x00-\x1f\x7f]", " ", result.stdout.decode("utf-8", "replace").strip())[:80]
-    return f"non-JSON output: {redact_text(head)!r}"
+    head = result.stdout[:2048].decode("utf-8", "replace").strip()
+    return f"non-JSON output: {plain(redact_text(head[:400]), 80)!r}"
 
 
 def _python_missing(result: CommandResult) -> bool:
@@ -311,6 +459,16 @@ def _annotate(facts: dict[str, Any], label: str, seconds: float) -> dict[str, An
     return facts
 
 
+def _facts_from(result: CommandResult, budget: OutputBudget | None) -> dict[str, Any] | None:
+    """Parse, check and redact one run's stdout, then give its bytes back to the budget."""
+    try:
+        facts = parse_facts(result.stdout)
+        return arrived(facts) if facts is not None else None
+    finally:
+        if budget is not None:
+            budget.give(len(result.stdout))
+
+
 async def probe_target(
     prefix: str | list[str],
     *,
@@ -318,13 +476,15 @@ async def probe_target(
     timeout: float | None = None,
     sources: tuple[bytes, bytes] | None = None,
     static: bool = False,
+    budget: OutputBudget | None = None,
 ) -> dict[str, Any]:
-    """Gather one target's facts (redacted); raise TargetError with a one-line reason.
-    static: the probe imports nothing there (`python3 - --static`)."""
+    """Gather one target's facts (checked and redacted); raise TargetError with a one-line reason.
+    static: the probe imports nothing there (`python3 - --static`). Reading and checking what it
+    sent counts against `timeout` too."""
     argv = parse_prefix(prefix)
     timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
-    if timeout <= 0:
-        raise UsageError(f"--timeout must be positive, got {timeout:g}")
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise UsageError(f"--timeout must be a finite number of seconds > 0, got {timeout:g}")
     probe_py, probe_sh = sources if sources is not None else probe_sources()
     label = describe_prefix(argv)
     tool = stdin_not_forwarded(argv)
@@ -334,40 +494,54 @@ async def probe_target(
     interpreter = python or "python3"
     started = time.monotonic()
 
-    first = await run_command([*argv, interpreter, "-", *(["--static"] if static else [])],
-                              probe_py, timeout)
-    facts = parse_facts(first.stdout)
+    def in_time(facts: dict[str, Any]) -> dict[str, Any]:
+        seconds = time.monotonic() - started
+        if seconds > timeout:
+            raise TargetError(f"timed out after {timeout:g}s (reading its output)")
+        return _annotate(facts, label, seconds)
+
+    first = await run_command(
+        [*argv, interpreter, "-", "--framed", *(["--static"] if static else [])],
+        probe_py, timeout, budget)
+    facts = _facts_from(first, budget)
     if facts is not None:
-        return _annotate(redact_facts(facts), label, time.monotonic() - started)
+        return in_time(facts)
     reason = _failure_reason(argv, first, timeout)
-    if first.timed_out or reason.startswith("unreachable"):
+    if first.timed_out or first.overflow or reason.startswith("unreachable"):
         raise TargetError(reason)
 
     # No usable Python there: the sh probe still gathers the toolchain facts.
     if _python_missing(first):
-        why = NO_PYTHON_REASON if python is None else f"python {interpreter!r} not found on target"
+        why = NO_PYTHON_REASON if python is None else \
+            f"python {plain(interpreter, 200)!r} not found on target"
     else:
-        why = f"{interpreter} on target failed ({reason})"
+        why = f"{plain(interpreter, 200)} on target failed ({reason})"
     remaining = timeout - (time.monotonic() - started)
     if remaining <= 0:
         raise TargetError(f"timed out after {timeout:g}s")
-    second = await run_command([*argv, "sh", "-s"], probe_sh, remaining)
-    facts = parse_facts(second.stdout)
+    second = await run_command([*argv, "sh", "-s"], probe_sh, remaining, budget)
+    facts = _facts_from(second, budget)
     if facts is None:
         if second.timed_out:
             raise TargetError(f"timed out after {timeout:g}s")
+        if second.overflow:
+            raise TargetError(_failure_reason(argv, second, timeout))
         raise TargetError(reason)
+    if isinstance(facts.get("probe"), dict):
+        facts["probe"]["python_fallback"] = why  # the report's headline says the sh probe ran
     if why != NO_PYTHON_REASON:
-        errors = facts.get("probe", {}).get("errors", {})
+        errors = facts["probe"]["errors"]
         for key, value in list(errors.items()):
             if isinstance(value, str):
-                errors[key] = value.replace(NO_PYTHON_REASON, why)
-    return _annotate(redact_facts(facts), label, time.monotonic() - started)
+                errors[key] = value.replace(NO_PYTHON_REASON, redact_text(why))
+    return in_time(facts)
 
 
 def probe_remote(
     prefix: str | list[str], python: str | None = None, timeout: float | None = DEFAULT_TIMEOUT,
     static: bool = False,
 ) -> dict[str, Any]:
-    """Blocking form of `probe_target` for `fastpath doctor --on PREFIX`."""
-    return asyncio.run(probe_target(prefix, python=python, timeout=timeout, static=static))
+    """Blocking form of `probe_target` for `fastpath doctor --on PREFIX` (SIGTERM/SIGHUP stop
+    the target like Ctrl-C does)."""
+    return asyncio.run(interruptible(
+        probe_target(prefix, python=python, timeout=timeout, static=static)))

@@ -1,76 +1,135 @@
-"""Human report for a Diagnosis (rendering only; rich). Verdict line and top remedy first."""
+"""Human report for a Diagnosis (rendering only; rich). Verdict line and top remedy first.
+
+Fits the console width (COLUMNS when piped, 80 by default): prose wraps between words, a
+`command` in backticks is never broken across lines, and a table that would not fit without
+splitting a cell becomes a `key: value` list. Facts from the target are printed as plain text
+(no rich markup is read from them).
+"""
 
 from __future__ import annotations
 
 import io
+import re
 from typing import Any
+
+from fastpath.doctor.facts import FactsView
 
 VERDICT_STYLE = {"fast": "bold green", "slow": "bold red", "unknown": "bold yellow"}
 SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
+_GAP = 2  # spaces between table columns
+_CODE_OR_WORD = re.compile(r"`[^`]*`[^\s`]*|\S+")
+
+
+def wrap_keeping_commands(text: str, width: int, indent: str = "", first: str = "") -> list[str]:
+    """Greedy word wrap where a `backticked command` (with any punctuation glued to it) is one
+    unbreakable token; a token longer than the width gets a line of its own."""
+    lines: list[str] = []
+    line = first
+    room = width
+    for token in _CODE_OR_WORD.findall(text):
+        token = " ".join(token.split())  # a command keeps its words, on one line
+        start = len(line) == len(first if not lines else indent)
+        candidate = line + ("" if start else " ") + token
+        if len(candidate) <= room or (start and len(line) + len(token) <= room):
+            line = candidate
+        else:
+            if not start:
+                lines.append(line)
+            # a token too long for the indent moves left as far as it needs to fit
+            line = " " * min(len(indent), max(0, room - len(token))) + token
+    lines.append(line)
+    return lines
+
+
+def _say(console: Any, text: str, *, indent: str = "", first: str = "", style: str = "") -> None:
+    for line in wrap_keeping_commands(text, console.width, indent, first):
+        console.print(line, style=style or None, markup=False, highlight=False, soft_wrap=True)
 
 
 def _section(console: Any, title: str) -> None:
     console.print()
-    console.rule(f"[bold]{title}", align="left")
+    _say(console, title, style="bold")
+    console.print("-" * min(len(title), console.width), style="dim")
 
 
-def _gpu_section(console: Any, facts: dict[str, Any]) -> None:
-    from rich.table import Table
+def _grid(console: Any, columns: list[str], rows: list[list[str]]) -> None:
+    """A table when every cell fits on one line at this width, else one `key: value` block per
+    row (the first column as the block's title)."""
+    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
+    if sum(widths) + _GAP * (len(columns) - 1) <= console.width:
+        from rich.table import Table
 
+        t = Table(box=None, pad_edge=False, padding=(0, _GAP // 2), show_edge=False)
+        for c in columns:
+            t.add_column(c, no_wrap=True, overflow="ignore")
+        for r in rows:
+            t.add_row(*r)
+        console.print(t, markup=False, highlight=False)
+        return
+    for r in rows:
+        console.print(f"{columns[0]}: {r[0]}", style="bold", markup=False, highlight=False,
+                      soft_wrap=True)
+        for c, v in zip(columns[1:], r[1:], strict=True):
+            if v:
+                _say(console, v, indent="    ", first=f"  {c}: ")
+
+
+def _gpu_section(console: Any, diagnosis: Any) -> None:
+    facts = diagnosis.facts
     _section(console, "GPU / driver")
-    gpus = facts.get("gpus") or []
+    if diagnosis.assumed_gpu is not None:
+        _say(console, diagnosis.assumed_gpu.describe() + ": the verdict, findings and plan are "
+             "judged for it.")
+    gpus = [g for g in facts.get("gpus") or [] if isinstance(g, dict)]
     if gpus:
-        t = Table(box=None, pad_edge=False)
-        for col in ("#", "name", "capability", "memory MiB", "driver", "source"):
-            t.add_column(col)
-        for g in gpus:
-            t.add_row(str(g.get("index")), str(g.get("name")), str(g.get("compute_capability")),
-                      str(g.get("memory_mib")), str(g.get("driver")), str(g.get("source")))
-        console.print(t)
+        same: dict[tuple[str, ...], list[str]] = {}
+        for g in gpus:  # identical GPUs share a row
+            key = tuple(str(g.get(k)) for k in ("name", "compute_capability", "memory_mib", "driver"))
+            same.setdefault(key, []).append(str(g.get("index")))
+        _grid(console, ["#", "name", "cc", "MiB", "driver"],
+              [[idx[0] if len(idx) == 1 else f"{idx[0]}-{idx[-1]} ({len(idx)})", *key]
+               for key, idx in same.items()])
+        sources = sorted({str(g.get("source")) for g in gpus})
+        _say(console, f"(source: {', '.join(sources)})", style="dim")
     else:
-        console.print("no GPU listed")
+        _say(console, "no GPU detected here")
     drv = facts.get("driver")
     if drv:
-        console.print(f"driver {drv.get('version')}, supports CUDA {drv.get('cuda_version')} "
-                      f"[dim]({drv.get('source')})")
+        _say(console, f"driver {drv.get('version')}, supports CUDA {drv.get('cuda_version')} "
+                      f"({drv.get('source')})")
 
 
 def _torch_section(console: Any, facts: dict[str, Any]) -> None:
     _section(console, "torch / Triton / NVRTC")
     t = facts.get("torch")
     if t:
-        console.print(
-            f"torch {t.get('version')}  CUDA {t.get('cuda')}  cuda_available={t.get('cuda_available')}"
-            f"  cxx11_abi={t.get('cxx11_abi')}  device arch covered={t.get('device_arch_covered')}")
-        console.print(f"  arch list: {' '.join(t.get('arch_list') or []) or '(none)'} "
-                      f"[dim]({t.get('source')})")
+        _say(console, f"torch {t.get('version')}  CUDA {t.get('cuda')}  cuda_available="
+                      f"{t.get('cuda_available')}  cxx11_abi={t.get('cxx11_abi')}  device arch "
+                      f"covered={t.get('device_arch_covered')}")
+        _say(console, f"arch list: {' '.join(t.get('arch_list') or []) or '(none)'} "
+                      f"({t.get('source')})", indent="  ", first="  ")
     else:
-        console.print("torch: not importable / not installed")
+        _say(console, "torch: not importable / not installed")
     tr = facts.get("triton")
     if tr:
-        console.print(f"triton {tr.get('version')}  gpu backend={tr.get('gpu_backend')}  "
-                      f"backends={','.join(tr.get('backends') or [])} [dim]({tr.get('source')})")
+        _say(console, f"triton {tr.get('version')}  gpu backend={tr.get('gpu_backend')}  "
+                      f"backends={','.join(tr.get('backends') or [])} ({tr.get('source')})")
     else:
-        console.print("triton: not installed")
+        _say(console, "triton: not installed")
     nvrtc = facts.get("nvrtc") or []
-    if nvrtc:
-        for n in nvrtc:
-            console.print(f"NVRTC (JIT without nvcc): {n.get('path')} {n.get('version') or ''}")
-    else:
-        console.print("NVRTC: no libnvrtc found")
+    for n in nvrtc:
+        _say(console, f"NVRTC (JIT without nvcc): {n.get('path')} {n.get('version') or ''}")
+    if not nvrtc:
+        _say(console, "NVRTC: no libnvrtc found")
 
 
 def _nvcc_section(console: Any, facts: dict[str, Any]) -> None:
-    from rich.table import Table
-
     _section(console, "nvcc candidates")
     cands = facts.get("nvcc_candidates") or []
     if not cands:
-        console.print("[red]no nvcc found anywhere[/]")
+        console.print("no nvcc found anywhere", style="red")
     else:
-        t = Table(box=None, pad_edge=False)
-        for col in ("path", "version", "found by", "major = torch's"):
-            t.add_column(col, overflow="fold")
+        rows = []
         for c in cands:
             path = c.get("path", "")
             if c.get("realpath") and c["realpath"] != path:
@@ -78,46 +137,41 @@ def _nvcc_section(console: Any, facts: dict[str, Any]) -> None:
             version = c.get("version") or c.get("error") or "?"
             if c.get("kind") == "ptxas-only-wheel":
                 version = f"{version} (ptxas only, no nvcc)"
-            t.add_row(path, str(version), ", ".join(c.get("found_by") or []),
-                      str(c.get("major_matches_torch")))
-        console.print(t)
+            rows.append([str(path), str(version), ", ".join(c.get("found_by") or []),
+                         str(c.get("major_matches_torch"))])
+        _grid(console, ["path", "version", "found by", "major = torch's"], rows)
     home = facts.get("cuda_home") or {}
     _section(console, "CUDA_HOME (as torch.utils.cpp_extension resolves it)")
     if home:
         headers = ", ".join(f"{h} {'yes' if ok else 'NO'}" for h, ok in
                             (home.get("headers") or {}).items())
-        console.print(f"torch would use {home.get('torch_would_use')} ({home.get('how')})")
-        console.print(f"  bin/nvcc: {'yes' if home.get('has_nvcc') else 'NO'} "
-                      f"{home.get('nvcc_version') or ''}  headers: {headers}")
-        console.print(f"  CUDA_HOME={home.get('cuda_home_env')}  CUDA_PATH={home.get('cuda_path_env')}"
-                      f"  diverge={home.get('diverge')}")
+        _say(console, f"torch would use {home.get('torch_would_use')} ({home.get('how')})")
+        _say(console, f"bin/nvcc: {'yes' if home.get('has_nvcc') else 'NO'} "
+                      f"{home.get('nvcc_version') or ''}  headers: {headers}", indent="  ", first="  ")
+        _say(console, f"CUDA_HOME={home.get('cuda_home_env')}  CUDA_PATH={home.get('cuda_path_env')}"
+                      f"  diverge={home.get('diverge')}", indent="  ", first="  ")
     gcc = facts.get("gcc")
     if gcc:
-        console.print(f"host gcc {gcc.get('version')} ({gcc.get('path')})")
+        _say(console, f"host gcc {gcc.get('version')} ({gcc.get('path')})")
     db = facts.get("package_db") or {}
     pk = [f"{p['name']} {p.get('version')}" for p in (db.get("dpkg") or []) + (db.get("rpm") or [])]
-    console.print(f"package DB: {', '.join(pk) if pk else 'no CUDA compiler packages recorded'}")
+    _say(console, f"package DB: {', '.join(pk) if pk else 'no CUDA compiler packages recorded'}")
 
 
-def _packages_section(console: Any, facts: dict[str, Any]) -> None:
-    from rich.table import Table
-
+def _packages_section(console: Any, fv: FactsView) -> None:
     from fastpath.doctor.probe import arch_runs_on
 
     _section(console, "Kernel packages")
-    cc = next((g.get("compute_capability") for g in facts.get("gpus") or []
-               if g.get("compute_capability")), None)
-    t = Table(box=None, pad_edge=False)
-    for col in ("package", "version", "import", "SASS / PTX in .so", "runs on device"):
-        t.add_column(col, overflow="fold")
-    for dist, p in (facts.get("packages") or {}).items():
+    cc = fv.device_cc
+    rows = []
+    for dist, p in (fv.raw.get("packages") or {}).items():
         imp = p.get("import") or {}
         if imp.get("ok") is True:
-            state = "[green]ok"
+            state = "ok"
         elif imp.get("ok") is None:
             state = "not tried"
         else:
-            state = f"[red]{imp.get('error_kind') or 'failed'}"
+            state = str(imp.get("error_kind") or "failed")
         sass = sorted({a for so in p.get("so_files") or [] for a in so.get("sass") or []})
         ptx = sorted({a for so in p.get("so_files") or [] for a in so.get("ptx") or []})
         archs = " ".join(sass + ptx) or ("-" if not p.get("so_files") else "no device code")
@@ -125,8 +179,9 @@ def _packages_section(console: Any, facts: dict[str, Any]) -> None:
         if cc and (sass or ptx):
             ok, how = arch_runs_on(sass, ptx, cc)
             runs = f"{'yes' if ok else 'NO'} ({how})"
-        t.add_row(dist, str(p.get("version") or "-"), state, archs, runs)
-    console.print(t)
+        rows.append([dist, str(p.get("version") or "-"), state, archs, runs])
+    _grid(console, ["package", "version", "import", "archs in .so",
+                    "runs on assumed GPU" if fv.device_assumed else "runs here"], rows)
 
 
 def _findings_section(console: Any, findings: list[Any]) -> None:
@@ -134,93 +189,105 @@ def _findings_section(console: Any, findings: list[Any]) -> None:
     if not findings:
         console.print("none")
     for f in findings:
-        style = SEVERITY_STYLE.get(f.severity, "")
-        console.print(f"[{style}][{f.severity.upper()}][/] [bold]{f.title}[/] [dim]({f.id})")
-        console.print(f"  {f.detail}", highlight=False)
+        _say(console, f"[{f.severity.upper()}] {f.title} ({f.id})",
+             style=SEVERITY_STYLE.get(f.severity, ""))
+        _say(console, f.detail, indent="  ", first="  ")
         for i, r in enumerate(f.remedies, 1):
-            console.print(f"  fix {i}: {r}", highlight=False)
-        console.print(f"  [dim]source: {f.source}")
+            _say(console, r, indent="         ", first=f"  fix {i}: ")
+        _say(console, f"source: {f.source}", indent="  ", first="  ", style="dim")
 
 
-def _plan_table(console: Any, plan: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    t = Table(box=None, pad_edge=False)
-    for col in ("layer type", "layers", "op", "implementation", "why", "after fastpath.enable()"):
-        t.add_column(col, overflow="fold")
-    for lt in plan.get("layer_types") or []:
-        if not lt["ops"]:
-            t.add_row(lt["layer_type"], str(lt["count"]), "-", "no kernel ops", "", "")
-        for r in lt["ops"]:
-            style = "green" if r["fast"] else "red"
-            t.add_row(lt["layer_type"], str(lt["count"]), r["op"], f"[{style}]{r['impl']}",
-                      r["reason"], r.get("with_fastpath", ""))
-    console.print(t)
+def _after_enable(r: dict[str, Any]) -> str:
+    impl = str(r.get("with_fastpath", ""))
+    needs = r.get("with_fastpath_needs")
+    return f"{impl}: {needs}" if needs else impl
 
 
 def _plan_section(console: Any, plan: dict[str, Any]) -> None:
     _section(console, f"Model plan: {plan.get('model')} ({plan.get('model_type')})")
     tv = plan.get("transformers")
-    console.print(f"transformers {tv or 'not installed'}; family {plan.get('family')}"
+    _say(console, f"transformers {tv or 'not installed'}; family {plan.get('family')}"
                   f"{'; fast path is all-or-nothing' if plan.get('all_or_nothing') else ''}")
     if plan.get("family_note"):
-        console.print(f"note: {plan['family_note']}")
+        _say(console, f"note: {plan['family_note']}")
     for line in plan.get("summary") or []:
-        console.print(f"  {line}", highlight=False)
+        _say(console, line, indent="    ", first="  ")
     if plan.get("by_version"):
-        from rich.table import Table
-
-        t = Table(box=None, pad_edge=False, title="by transformers release")
-        for col in ("transformers", "layers on torch fallback", "what happens"):
-            t.add_column(col, overflow="fold")
+        _section(console, "by transformers release")
+        rows = []
         for v in plan["by_version"]:
             slow = v.get("layers_slow")
-            t.add_row(v["range"], "-" if slow is None else f"{slow} of {v['layers_total']}",
-                      "; ".join(v.get("summary") or []) or "all fast")
-        console.print(t)
+            rows.append([v["range"], "-" if slow is None else f"{slow} of {v['layers_total']}",
+                         "; ".join(v.get("summary") or []) or "all fast"])
+        _grid(console, ["transformers", "layers on torch fallback", "what happens"], rows)
     else:
-        _plan_table(console, plan)
+        for lt in plan.get("layer_types") or []:
+            _say(console, f"{lt['count']} x {lt['layer_type']}:"
+                          + ("" if lt["ops"] else " no kernel ops"), style="bold")
+            for r in lt["ops"]:
+                _say(console, f"{r['impl']} ({r['reason']}); after fastpath.enable(): "
+                              f"{_after_enable(r)}", indent="      ", first=f"  {r['op']}: ")
     if plan.get("layers_slow_with_fastpath") is not None and plan.get("layers_slow"):
-        console.print(f"after fastpath.enable(): {plan['layers_slow_with_fastpath']} of "
-                      f"{plan['layers_total']} layers still slow")
+        needs = sorted({r["with_fastpath_needs"] for t in plan.get("layer_types") or []
+                        for r in t["ops"] if r.get("with_fastpath_needs")})
+        why = f" ({'; '.join(needs)})" if needs and plan["layers_slow_with_fastpath"] else ""
+        _say(console, f"after fastpath.enable(): {plan['layers_slow_with_fastpath']} of "
+                      f"{plan['layers_total']} layers still on the torch fallback{why}")
 
 
 def ran_static(facts: dict[str, Any]) -> bool:
     """The Python probe ran without imports (`--probe static`): its import verdicts are inferred
     from files."""
-    probe = facts.get("probe") or {}
-    return probe.get("kind") == "python" and "imports" in (
-        (probe.get("options") or {}).get("skip") or [])
+    return FactsView(facts).static_probe
+
+
+def _inert_view(diagnosis: Any) -> Any:
+    """The diagnosis with every string that came from a target, a file or the environment (facts,
+    model plan, findings' text, headline) made inert: control characters visible, rich markup
+    escaped, long strings cut (see fastpath.doctor.plain_text). The layout below adds its own
+    markup around these."""
+    import dataclasses
+
+    from fastpath.doctor.plain_text import inert, inert_tree
+
+    findings = [dataclasses.replace(f, title=inert(f.title),
+                                    detail=inert(f.detail, multiline=True),
+                                    remedies=tuple(inert(r, multiline=True) for r in f.remedies),
+                                    source=inert(f.source)) for f in diagnosis.findings]
+    return dataclasses.replace(
+        diagnosis, facts=inert_tree(diagnosis.facts), findings=findings,
+        model_plan=inert_tree(diagnosis.model_plan), headline=inert(diagnosis.headline),
+        top_remedy=None if diagnosis.top_remedy is None else inert(diagnosis.top_remedy))
 
 
 def render(diagnosis: Any, console: Any) -> None:
+    diagnosis = _inert_view(diagnosis)
     facts = diagnosis.facts
-    style = VERDICT_STYLE.get(diagnosis.verdict, "bold")
-    console.print(f"[{style}]{diagnosis.headline}", highlight=False)
+    fv = FactsView(facts, diagnosis.assumed_gpu)
+    _say(console, diagnosis.headline, style=VERDICT_STYLE.get(diagnosis.verdict, "bold"))
     if diagnosis.top_remedy:
-        console.print(f"[bold]Top remedy:[/] {diagnosis.top_remedy}", highlight=False)
+        _say(console, diagnosis.top_remedy, indent="  ", first="Top remedy: ")
     host = facts.get("host") or {}
     probe = facts.get("probe") or {}
-    static = ran_static(facts)
-    console.print(f"[dim]host {host.get('hostname')}: {host.get('os')}, {host.get('glibc')}, "
-                  f"Python {host.get('python')}, {host.get('arch')}; probe {probe.get('seconds')} s"
+    _say(console, f"host {host.get('hostname')}: {host.get('os')}, {host.get('glibc')}, "
+                  f"Python {host.get('python')}, {host.get('arch')}; probe {probe.get('seconds')}s"
                   + ("; static: nothing imported, import verdicts from files and an ELF link "
-                     "check (--probe full imports)" if static else ""))
-    _gpu_section(console, facts)
+                     "check (--probe full imports)" if fv.static_probe else ""), style="dim")
+    _gpu_section(console, diagnosis)
     _torch_section(console, facts)
     _nvcc_section(console, facts)
-    _packages_section(console, facts)
+    _packages_section(console, fv)
     _findings_section(console, diagnosis.findings)
     if diagnosis.model_plan is not None:
         _plan_section(console, diagnosis.model_plan)
-    errors = (facts.get("probe") or {}).get("errors") or {}
+    errors = fv.probe_errors
     if errors:
         _section(console, "Could not collect")
         for key, why in errors.items():
-            console.print(f"  {key}: {why}", highlight=False)
+            _say(console, f"{key}: {why}", indent="    ", first="  ")
 
 
-def render_text(diagnosis: Any, width: int = 120) -> str:
+def render_text(diagnosis: Any, width: int = 80) -> str:
     """The human report as plain text (verdict line first)."""
     from rich.console import Console
 
@@ -230,9 +297,7 @@ def render_text(diagnosis: Any, width: int = 120) -> str:
 
 
 def print_report(diagnosis: Any) -> None:
+    """To the terminal at its width; piped, at COLUMNS (rich reads it) or 80."""
     from rich.console import Console
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=max(console.width, 120))
-    render(diagnosis, console)
+    render(diagnosis, Console())

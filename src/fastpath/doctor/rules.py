@@ -9,20 +9,23 @@ is named FIRST; the CUDA-toolkit route comes after it, pinned to torch's CUDA ma
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from fastpath.doctor.plan import FALLBACK, fastpath_route_available, package_ok, package_version
+from fastpath.doctor.facts import FactsView, view
+from fastpath.doctor.gpu_models import AssumedGpu
+from fastpath.doctor.plan import FALLBACK
 from fastpath.doctor.probe import arch_runs_on
-from fastpath.known_issues import fla_640
+from fastpath.known_issues import dao_sm103_nvcc13, fla_640, host_gcc_unsupported
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 CONV_DIST = "causal-conv1d"
 
-# Dao-AILab/causal-conv1d release wheels (reference/causal-conv1d.md §2): stored snapshot is
-# v1.6.1.post4; .github/workflows/_build.yml matrix below.
+# Dao-AILab/causal-conv1d release wheels: setup.py `get_wheel_url` names them; the matrix below is
+# .github/workflows/_build.yml at v1.6.1.post4
+# (https://github.com/Dao-AILab/causal-conv1d/blob/v1.6.1.post4/.github/workflows/_build.yml).
 CAUSAL_CONV1D_RELEASE = "1.6.1.post4"
 CAUSAL_CONV1D_WHEEL_TORCH = ("2.6", "2.7", "2.8", "2.9", "2.10")
 CAUSAL_CONV1D_WHEEL_CUDA_MAJOR = (11, 12, 13)
@@ -51,59 +54,18 @@ class Finding:
         return d
 
 
-@dataclass
-class Context:
-    """Facts plus the derived values the rules share (kept here so rules stay one-liners)."""
+class Context(FactsView):
+    """The facts view plus the model plan: what every rule's check reads."""
 
-    facts: dict[str, Any]
-    plan: dict[str, Any] | None = None
-    _cache: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def torch(self) -> dict[str, Any]:
-        return self.facts.get("torch") or {}
+    def __init__(self, facts: dict[str, Any] | FactsView, plan: dict[str, Any] | None = None,
+                 assumed: AssumedGpu | None = None) -> None:
+        fv = view(facts, assumed)
+        super().__init__(fv.raw, fv.assumed)
+        self.plan = plan
 
     @property
-    def torch_cuda(self) -> str | None:
-        return self.torch.get("cuda")
-
-    @property
-    def torch_major(self) -> int | None:
-        return int(str(self.torch_cuda).split(".")[0]) if self.torch_cuda else None
-
-    @property
-    def device_cc(self) -> str | None:
-        for g in self.facts.get("gpus") or []:
-            if g.get("compute_capability"):
-                return str(g["compute_capability"])
-        return None
-
-    @property
-    def device_cc_tuple(self) -> tuple[int, int] | None:
-        """(major, minor) of the first GPU, or None when unknown or unreadable."""
-        parts = (self.device_cc or "").split(".")
-        try:
-            return (int(parts[0]), int(parts[1])) if len(parts) == 2 else None
-        except ValueError:
-            return None
-
-    @property
-    def gpu_present(self) -> bool:
-        return bool(self.facts.get("gpus")) or bool(self.torch.get("cuda_available"))
-
-    @property
-    def sm(self) -> str:
-        cc = self.device_cc
-        return f"sm_{cc.replace('.', '')}" if cc else "this GPU's arch"
-
-    @property
-    def nvccs(self) -> list[dict[str, Any]]:
-        return [c for c in self.facts.get("nvcc_candidates") or []
-                if c.get("kind") == "nvcc" and c.get("major") is not None]
-
-    @property
-    def matching_nvcc(self) -> list[dict[str, Any]]:
-        return [c for c in self.nvccs if c.get("major") == self.torch_major]
+    def facts(self) -> dict[str, Any]:
+        return self.raw
 
     @property
     def model_uses_conv(self) -> bool:
@@ -122,40 +84,32 @@ class Context:
 
     @property
     def fastpath_applies(self) -> bool:
-        return self.model_uses_conv and fastpath_route_available(self.facts)
+        return self.model_uses_conv and self.fastpath_route_available
 
     def pkg(self, dist: str) -> dict[str, Any]:
-        return (self.facts.get("packages") or {}).get(dist) or {}
+        return self.package(dist)
 
-    def version(self, dist: str) -> Version | None:
-        try:
-            v = package_version(self.facts, dist)
-            return Version(v) if v else None
-        except InvalidVersion:
-            return None
-
-
-# torch.utils.cpp_extension CUDA_GCC_VERSIONS (reference/doctor-anchors.md §3): CUDA -> (min, max)
-# host gcc major, max exclusive. Only the versions we have a source for.
-CUDA_GCC_BOUNDS = {"12.8": (6, 14)}
 
 # ------------------------------------------------------------------ remedy texts
 
 
 def fastpath_route(ctx: Context) -> str:
-    triton = ctx.facts.get("triton") or {}
-    install = "pip install fastpath-kit" if triton.get("version") else "pip install fastpath-kit triton"
+    install = "pip install fastpath-kit" if ctx.triton_version else "pip install fastpath-kit triton"
     return (f"Compiler-free (no nvcc): `{install}`, then call `fastpath.enable()` before loading "
             f"the model, or run `fastpath run -- python train.py`; Triton compiles the causal_conv1d "
             f"kernels for {ctx.sm} at run time.")
 
 
 def toolkit_route(ctx: Context) -> str:
-    cuda = ctx.torch_cuda or "<torch's CUDA>"
+    if not ctx.torch_cuda:
+        return ("First install a CUDA build of torch (this one has no CUDA); then the "
+                "compiler-free route `fastpath.enable()` needs no nvcc, and a toolkit for a "
+                "source build must match that torch's CUDA major.")
+    cuda = ctx.torch_cuda
     mm = cuda.replace(".", "-")
     return (f"CUDA toolkit {cuda} (torch's CUDA): from NVIDIA's CUDA apt repository (cuda-keyring) "
-            f"`apt-get install cuda-nvcc-{mm} cuda-cudart-dev-{mm} libcusparse-dev-{mm} "
-            f"libcublas-dev-{mm}`, then `CUDA_HOME=/usr/local/cuda-{cuda} pip install causal-conv1d "
+            f"`apt-get install cuda-nvcc-{mm} cuda-cudart-dev-{mm}` and "
+            f"`apt-get install libcusparse-dev-{mm} libcublas-dev-{mm}`, then `CUDA_HOME=/usr/local/cuda-{cuda} pip install causal-conv1d "
             f"--no-build-isolation`. The compiler's major must equal torch's ({ctx.torch_major}); "
             f"pip cannot provide nvcc {cuda}.")
 
@@ -203,23 +157,23 @@ def wheel_remedy(ctx: Context) -> str | None:
 def check_no_gpu(ctx: Context) -> dict | None:
     if ctx.gpu_present:
         return None
-    err = (ctx.facts.get("probe") or {}).get("errors", {}).get("gpus")
+    err = ctx.probe_errors.get("gpus")
     return {"why": err or "nvidia-smi lists no GPU and torch sees no CUDA device"}
 
 
 def check_torch_cpu_only(ctx: Context) -> dict | None:
-    if ctx.facts.get("gpus") and ctx.facts.get("torch") and not ctx.torch_cuda:
+    if ctx.facts.get("torch") and not ctx.torch_cuda:  # (blocks on any GPU: no GPU needed)
         return {"tv": ctx.torch.get("version")}
     return None
 
 
 def check_torch_no_device(ctx: Context) -> dict | None:
     t = ctx.torch
-    if not (ctx.facts.get("gpus") and ctx.torch_cuda and t.get("cuda_available") is False):
+    if ctx.device_assumed or not (ctx.gpus and ctx.torch_cuda and t.get("cuda_available") is False):
         return None
     drv = (ctx.facts.get("driver") or {}).get("cuda_version")
     why = t.get("cuda_error") or "torch.cuda.is_available() is False"
-    env = ctx.facts.get("env") or {}
+    env = ctx.env
     if "CUDA_VISIBLE_DEVICES" in env:
         why += f"; CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r}"
     if drv:
@@ -232,16 +186,15 @@ def check_torch_no_device(ctx: Context) -> dict | None:
 
 
 def check_torch_arch(ctx: Context) -> dict | None:
-    if ctx.torch.get("device_arch_covered") is False:
-        return {"archs": " ".join(ctx.torch.get("arch_list") or []), "sm": ctx.sm,
-                "tv": ctx.torch.get("version")}
+    if ctx.torch_arch_covered is False:
+        return {"archs": " ".join(ctx.torch_arch_list), "sm": ctx.sm, "tv": ctx.torch_version}
     return None
 
 
 def check_conv_missing(ctx: Context) -> dict | None:
     imp = ctx.pkg(CONV_DIST).get("import") or {}
-    if not ctx.gpu_present or not ctx.model_uses_conv or imp.get("ok") is not False:
-        return None
+    if not ctx.model_uses_conv or imp.get("ok") is not False:
+        return None  # (no GPU needed: a missing package blocks the fast path on any GPU)
     if imp.get("error_kind") not in (None, "not-installed"):
         return None  # import failures with a cause have their own rules
     if ctx.plan is not None and ctx.conv_slow_layers:
@@ -255,8 +208,8 @@ def check_conv_missing(ctx: Context) -> dict | None:
 def check_no_nvcc(ctx: Context) -> dict | None:
     if ctx.nvccs or not ctx.torch_cuda:
         return None
-    opts = (ctx.facts.get("probe") or {}).get("options") or {}
-    env = ctx.facts.get("env") or {}
+    opts = ctx.probe.get("options") or {}
+    env = ctx.env
     places = ["PATH (which -a)", f"CUDA_HOME={env.get('CUDA_HOME', '(unset)')}",
               f"CUDA_PATH={env.get('CUDA_PATH', '(unset)')}", "/usr/local/cuda, /usr/local/cuda-*",
               "/opt/cuda*", "/usr/bin", f"$CONDA_PREFIX/bin ({env.get('CONDA_PREFIX', 'unset')})",
@@ -275,14 +228,14 @@ def check_nvcc_major(ctx: Context) -> dict | None:
 
 
 def check_ptxas_wheel(ctx: Context) -> dict | None:
-    wheels = [c for c in ctx.facts.get("nvcc_candidates") or [] if c.get("kind") == "ptxas-only-wheel"]
+    wheels = ctx.ptxas_only_wheels
     if not wheels or ctx.matching_nvcc:
         return None
     return {"path": wheels[0]["path"], "version": wheels[0].get("version") or "?"}
 
 
 def check_cuda_home(ctx: Context) -> dict | None:
-    home = ctx.facts.get("cuda_home") or {}
+    home = ctx.cuda_home
     if not ctx.torch_cuda or not home:
         return None
     problems = []
@@ -307,20 +260,16 @@ def check_cuda_home(ctx: Context) -> dict | None:
 
 def check_gcc(ctx: Context) -> dict | None:
     gcc = (ctx.facts.get("gcc") or {}).get("version")
-    bounds = CUDA_GCC_BOUNDS.get(str(ctx.torch_cuda))
-    if not gcc or not bounds or not ctx.model_uses_conv:
+    if not ctx.model_uses_conv:
         return None
-    try:
-        major = int(str(gcc).split(".")[0])
-    except ValueError:
+    bounds = host_gcc_unsupported(ctx.torch_cuda, gcc)
+    if bounds is None:
         return None
-    if bounds[0] <= major < bounds[1]:
-        return None
-    return {"gcc": gcc, "cuda": ctx.torch_cuda, "lo": bounds[0], "hi": bounds[1] - 1}
+    return {"gcc": gcc, "cuda": ctx.torch_cuda, "lo": bounds[0], "hi": bounds[1]}
 
 
 def check_diverge(ctx: Context) -> dict | None:
-    home = ctx.facts.get("cuda_home") or {}
+    home = ctx.cuda_home
     if home.get("diverge"):
         return {"h": home.get("cuda_home_env"), "p": home.get("cuda_path_env")}
     return None
@@ -352,39 +301,54 @@ def check_import_other(ctx: Context) -> dict | None:
     return r if installed else None
 
 
+def _torch_devices(ctx: Context) -> list[str]:
+    """Capabilities torch's SASS archs serve ("9.0" for sm_90): the devices an extension must
+    serve when no device is known."""
+    out = []
+    for a in ctx.torch_arch_list:
+        digits = a.removeprefix("sm_").rstrip("af")
+        if a.startswith("sm_") and digits.isdigit() and len(digits) >= 2:
+            out.append(f"{digits[:-1]}.{digits[-1]}")
+    return out
+
+
 def check_ext_arch(ctx: Context) -> dict | None:
-    if not ctx.device_cc:
+    devices = [ctx.device_cc] if ctx.device_cc else _torch_devices(ctx)
+    if not devices:
         return None
     bad = []
     for dist, p in (ctx.facts.get("packages") or {}).items():
         for so in p.get("so_files") or []:
             if not (so.get("sass") or so.get("ptx")):
                 continue
-            ok, _ = arch_runs_on(so.get("sass") or [], so.get("ptx") or [], ctx.device_cc)
-            if ok is False:
+            if not any(arch_runs_on(so.get("sass") or [], so.get("ptx") or [], cc)[0]
+                       for cc in devices):
                 bad.append((dist, so))
     if not bad:
         return None
+    where = (f"device is compute capability {ctx.device_cc}" if ctx.device_cc else
+             f"no GPU here, and it runs on none of the GPUs torch {ctx.torch_version} is built "
+             f"for ({' '.join(ctx.torch_arch_list)})")
     return {"list": "; ".join(f"{d}: {so['path']} has {' '.join(so['sass'] + so['ptx'])}"
                               for d, so in bad),
-            "dists": ", ".join(sorted({d for d, _ in bad})), "cc": ctx.device_cc,
-            "conv": any(d == CONV_DIST for d, _ in bad)}
+            "dists": ", ".join(sorted({d for d, _ in bad})), "where": where,
+            "cc": ctx.device_cc or ";".join(devices), "conv": any(d == CONV_DIST for d, _ in bad)}
 
 
 def check_fla_hopper(ctx: Context) -> dict | None:
-    tri = (ctx.facts.get("triton") or {}).get("version")
-    if not package_ok(ctx.facts, "flash-linear-attention"):
+    tri = ctx.triton_version
+    if not ctx.package_ok("flash-linear-attention"):
         return None
-    if not fla_640(ctx.device_cc_tuple, tri, package_ok(ctx.facts, "tilelang")):
+    if not fla_640(ctx.device_cc_tuple, tri, ctx.package_ok("tilelang")):
         return None
-    fla = (package_version(ctx.facts, "flash-linear-attention")
-           or package_version(ctx.facts, "fla-core"))
+    fla = (ctx.package_version("flash-linear-attention")
+           or ctx.package_version("fla-core"))
     return {"tv": tri, "fla": fla or "?"}
 
 
 def fla_dqkwg_route(ctx: Context) -> str | None:
     """fastpath's own answer to FLA #640: only the refused op changes implementation."""
-    if not fastpath_route_available(ctx.facts):
+    if not ctx.fastpath_route_available:
         return None
     return ("Without new packages: `fastpath.enable()` (or `fastpath run -- python train.py`) keeps "
             "FLA's kernels and routes only the refused op (chunk_bwd_dqkwg) to fastpath's PyTorch "
@@ -393,14 +357,15 @@ def fla_dqkwg_route(ctx: Context) -> str | None:
 
 
 def check_dao_sm103(ctx: Context) -> dict | None:
-    if ctx.device_cc != "10.3":
+    sos = ctx.pkg(CONV_DIST).get("so_files") or []
+    sass = [a for so in sos for a in so.get("sass") or []]
+    why = dao_sm103_nvcc13(ctx.device_cc_tuple, sass, bool(ctx.pkg(CONV_DIST).get("version")),
+                           [c["major"] for c in ctx.nvccs])
+    if why is None:
         return None
-    for so in ctx.pkg(CONV_DIST).get("so_files") or []:
-        if "sm_103" in (so.get("sass") or []):
-            return {"path": so["path"]}
-    if not ctx.pkg(CONV_DIST).get("version") and any(c["major"] == 13 for c in ctx.nvccs):
-        return {"path": "a source build with this host's nvcc 13"}
-    return None
+    path = next((so["path"] for so in sos if any(a.startswith("sm_103") for a in so.get("sass") or [])),
+                None)
+    return {"path": path or why}
 
 
 def check_silent_fallback(ctx: Context) -> dict | None:
@@ -414,10 +379,10 @@ def check_silent_fallback(ctx: Context) -> dict | None:
 
 def check_hub_default(ctx: Context) -> dict | None:
     v = ctx.version("transformers")
-    env = ctx.facts.get("env") or {}
-    if v is None or v < Version("5.25") or not package_ok(ctx.facts, "kernels"):
+    env = ctx.env
+    if v is None or v < Version("5.25") or not ctx.package_ok("kernels"):
         return None
-    if str(env.get("USE_HUB_KERNELS", "")).lower() in ("0", "false", "no", "off"):
+    if not ctx.hub_kernels_enabled:
         return None
     return {"v": str(v), "offline": env.get("HF_HUB_OFFLINE", "unset")}
 
@@ -426,25 +391,26 @@ def check_mamba_kernels_hub_only(ctx: Context) -> dict | None:
     v = ctx.version("transformers")
     if v is None or not (Version("5.0") <= v < Version("5.15")) or ctx.plan is None:
         return None
-    if not ctx.plan.get("all_or_nothing") or not package_ok(ctx.facts, "kernels"):
+    if not ctx.plan.get("all_or_nothing") or not ctx.package_ok("kernels"):
         return None
     return {"v": str(v)}
 
 
 def check_mamba_needs_ssm(ctx: Context) -> dict | None:
-    if ctx.plan is None or not ctx.plan.get("all_or_nothing") or not ctx.gpu_present:
+    if ctx.plan is None or not ctx.plan.get("all_or_nothing"):
         return None
-    if package_ok(ctx.facts, "mamba-ssm"):
+    if ctx.package_ok("mamba-ssm"):
         return None
     return {"n": ctx.plan.get("layers_slow") or ctx.plan.get("layers_total"),
             "total": ctx.plan.get("layers_total"), "model": ctx.plan.get("model")}
 
 
 def check_fla_missing(ctx: Context) -> dict | None:
-    if ctx.plan is None or not ctx.gpu_present:
+    if ctx.plan is None:
         return None
     slow = [(t["count"], r["op"]) for t in ctx.plan.get("layer_types", []) for r in t["ops"]
-            if r["dist"] == "flash-linear-attention" and r["impl"] == FALLBACK]
+            if r["dist"] == "flash-linear-attention" and r["impl"] == FALLBACK
+            and not ctx.package_ok("flash-linear-attention")]
     if not slow:
         return None
     return {"n": slow[0][0], "total": ctx.plan["layers_total"],
@@ -465,9 +431,8 @@ def check_conv_wheel(ctx: Context) -> dict | None:
 
 
 def check_triton_no_backend(ctx: Context) -> dict | None:
-    tri = ctx.facts.get("triton") or {}
-    if ctx.gpu_present and tri.get("version") and tri.get("gpu_backend") is False:
-        return {"v": tri["version"]}
+    if ctx.gpu_present and ctx.triton_version and ctx.triton_gpu_backend is False:
+        return {"v": ctx.triton_version}
     return None
 
 
@@ -484,7 +449,6 @@ class Rule:
     remedies: tuple[str | Callable[[Context], str | None], ...]
     source: str
     fastpath_first: bool = False  # prepend the compiler-free route when it applies
-    severity_if: Callable[[Context, dict], str] | None = None
 
 
 def _conv_fastpath(ctx: Context, params: dict) -> bool:
@@ -494,11 +458,15 @@ def _conv_fastpath(ctx: Context, params: dict) -> bool:
 RULES: tuple[Rule, ...] = (
     Rule("no-gpu", "info", "No GPU visible: the verdict needs the GPU host", check_no_gpu,
          "{why}. Kernel paths are decided on the GPU host; this report shows the toolchain only.",
-         ("Run the doctor where the GPU is: `fastpath doctor --on 'ssh HOST'` (or inside the "
+         ("Judge these packages for the GPU you will run on: `fastpath doctor --gpu sm_120` "
+          "(a capability, or a name such as `--gpu H100`).",
+          "Or run the doctor where the GPU is: `fastpath doctor --on 'ssh HOST'` (in a "
           "container: `--on 'docker exec -i CONTAINER'`).",),
          "https://pytorch.org/docs/stable/notes/cuda.html"),
-    Rule("torch-cpu-build", "error", "torch is a CPU-only build on a GPU host", check_torch_cpu_only,
-         "torch {tv} has no CUDA (torch.version.cuda is None) although nvidia-smi lists a GPU.",
+    Rule("torch-cpu-build", "error", "torch is a CPU-only build: no GPU can be used",
+         check_torch_cpu_only,
+         "torch {tv} has no CUDA (torch.version.cuda is None): every kernel runs on the CPU, "
+         "whatever GPU the host has.",
          ("Install a CUDA build of torch: `pip install torch --index-url "
           "https://download.pytorch.org/whl/cu128` (pick the CUDA your driver supports).",),
          "https://pytorch.org/get-started/locally/"),
@@ -515,7 +483,7 @@ RULES: tuple[Rule, ...] = (
     Rule("causal-conv1d-missing", "error", "causal-conv1d is not installed: torch fallback",
          check_conv_missing,
          "{what}. transformers falls back per function to F.conv1d + SiLU: 13-16x slower "
-         "forward than Dao's kernel on an H200 at D=10240 (FACTS.md).",
+         "forward than Dao's kernel on an H200 at D=10240 (BENCHMARKS.md, causal_conv1d kernels).",
          (wheel_remedy, toolkit_route),
          "https://github.com/Dao-AILab/causal-conv1d/issues/103", fastpath_first=True),
     Rule("fla-missing", "error", "flash-linear-attention is not importable: torch GatedDeltaNet",
@@ -571,7 +539,7 @@ RULES: tuple[Rule, ...] = (
          "https://github.com/NVIDIA/cuda-python/blob/main/cuda_pathfinder/docs/source/release/1.5.0-notes.rst"),
     Rule("extension-missing-arch", "error", "A compiled extension has no code for this GPU",
          check_ext_arch,
-         "{list}; device is compute capability {cc}. At run time: 'no kernel image is available "
+         "{list}; {where}. At run time: 'no kernel image is available "
          "for execution on the device'.",
          ("Rebuild for this GPU: `TORCH_CUDA_ARCH_LIST=\"{cc}+PTX\" pip install --no-build-isolation "
           "--force-reinstall --no-binary :all: {dists}`.",),
@@ -591,7 +559,7 @@ RULES: tuple[Rule, ...] = (
          "https://docs.nvidia.com/deploy/cuda-compatibility/"),
     Rule("extension-import-error", "warning", "Extension import fails", check_import_other,
          "{errors}.", ("Reinstall the package: `pip install --force-reinstall {dists}`.",),
-         "https://docs.python.org/3/reference/import.html"),
+         "https://docs.python.org/3/library/importlib.html"),
     Rule("fla-hopper-backward", "error", "FLA refuses the gated-delta backward on Hopper with this Triton",
          check_fla_hopper,
          "fla {fla} with Triton {tv} on compute capability 9.x: the chunk backward gives wrong "
@@ -654,9 +622,10 @@ def _render(item: str | Callable[[Context], str | None], ctx: Context, params: d
         return text
 
 
-def evaluate(facts: dict[str, Any], plan: dict[str, Any] | None = None) -> list[Finding]:
-    """All findings for these facts (and plan), most severe first, rule order within a severity."""
-    ctx = Context(facts, plan)
+def evaluate(facts: dict[str, Any] | Context, plan: dict[str, Any] | None = None) -> list[Finding]:
+    """All findings for these facts (and plan), most severe first, rule order within a severity.
+    A Context (facts view + plan, perhaps an assumed GPU) may be passed instead of the two."""
+    ctx = facts if isinstance(facts, Context) else Context(facts, plan)
     findings = []
     for rule in RULES:
         params = rule.check(ctx)
@@ -666,7 +635,6 @@ def evaluate(facts: dict[str, Any], plan: dict[str, Any] | None = None) -> list[
         items = [r for r in remedies if r]
         if rule.fastpath_first and ctx.fastpath_applies and _conv_fastpath(ctx, params):
             items.insert(0, fastpath_route(ctx))
-        severity = rule.severity_if(ctx, params) if rule.severity_if else rule.severity
-        findings.append(Finding(rule.id, severity, rule.title, _render(rule.detail, ctx, params)
+        findings.append(Finding(rule.id, rule.severity, rule.title, _render(rule.detail, ctx, params)
                                 or "", tuple(items), rule.source))
     return sorted(findings, key=lambda f: SEVERITY_ORDER.get(f.severity, 9))

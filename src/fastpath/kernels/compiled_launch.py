@@ -1,17 +1,19 @@
-"""Cheap repeat launches of a Triton kernel, for the decode hot path.
+"""Cheap repeat launches of a Triton kernel: the decode step and the causal-conv forward/backward.
 
-Why: the one-token update runs in ~6 us on an H200, but `kernel[grid](...)` in Triton 3.6 costs
-~24 us of host time per call on that machine's CPU (binding and specialising every argument,
-building a cache key, reading knobs), so eager decode measured the launcher, not the kernel.
-Measured there (benchmarks/results/h200-2026-12-02-session2/causal_conv1d_dao.json, host_* rows): Triton's
-launch 23.7 us, CompiledKernel[grid](...) 9.1 us, CompiledKernel.run(...) with the stream, function
-and metadata fetched once 7.1 us (and it wrote exactly what the ordinary launch wrote).
+Why: the one-token update runs in ~6 us on an H200 (a B=1 L=4096 conv forward in ~0.03 ms),
+but `kernel[grid](...)` in Triton 3.6 costs ~24 us of host time per call on that machine's CPU
+(binding and specialising every argument, building a cache key, reading knobs), so eager calls
+measured the launcher, not the kernel. Measured there
+(benchmarks/results/h200-2026-12-02-session2/causal_conv1d_dao.json, host_* rows): Triton's
+launch 23.7 us, CompiledKernel[grid](...) 9.1 us, CompiledKernel.run(...) with the stream,
+function and metadata fetched once 7.1 us (and it wrote exactly what the ordinary launch wrote).
 
-So the first call of each specialisation goes through Triton as usual and keeps the
-CompiledKernel it returns; later calls with the same key call its C launcher directly. The key is
-finer than Triton's specialisation, so a cached binary is only reused where Triton would have
-picked the same one: per tensor its dtype and 16-byte alignment, every other argument as its
-exact value (ints included), the constexprs, num_warps and the device.
+So the first call of each specialisation (one `CachedLauncher` per kernel) goes through Triton
+as usual and keeps the CompiledKernel it returns; later calls with the same key call its C
+launcher directly. The key is finer than Triton's specialisation, so a cached binary is only
+reused where Triton would have picked the same one: per tensor its dtype and 16-byte alignment,
+every other argument as its exact value (ints included), the constexprs, num_warps and the
+device.
 
 Limits, on purpose: launch hooks (a profiler such as proton) are honoured when set before the
 first call of a specialisation; one set later does not see these launches. Where the installed

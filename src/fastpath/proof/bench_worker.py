@@ -65,10 +65,6 @@ class _Timer:
         return time.perf_counter() - begin
 
 
-def _first_line(exc: BaseException) -> str:
-    return f"{exc.__class__.__name__}: {first_line(exc)}".rstrip(": ")
-
-
 
 def run_config(spec: ConfigSpec, settings: BenchSettings, report: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Time every phase of one configuration in *this* process (the worker calls it first thing)."""
@@ -95,7 +91,7 @@ def run_config(spec: ConfigSpec, settings: BenchSettings, report: Callable[[str]
     try:
         result["explain"] = [dict(r) for r in fastpath.explain(model).rows]
     except Exception as exc:  # a report only
-        result["explain"] = [{"error": _first_line(exc)}]
+        result["explain"] = [{"error": first_line(exc, with_type=True)}]
     gen = torch.Generator().manual_seed(settings.seed + 1)
     ids = torch.randint(0, built.vocab_size, (settings.batch, settings.seq_len), generator=gen).to(device)
     timer = _Timer(device)
@@ -127,7 +123,7 @@ def run_config(spec: ConfigSpec, settings: BenchSettings, report: Callable[[str]
                 peak_mem_mib=(torch.cuda.max_memory_allocated(device) / 2**20) if device.type == "cuda" else None,
             )
         except Exception as exc:  # one failing phase (an FLA refusal, an OOM) must not hide the others
-            entry["error"] = _first_line(exc)
+            entry["error"] = first_line(exc, with_type=True)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             for _ in range(settings.warmup + settings.repeats):

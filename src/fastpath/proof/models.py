@@ -216,9 +216,9 @@ def transformers_config(config: dict[str, Any], layers: int | None = None) -> An
     try:
         full = AutoConfig.for_model(model_type, **raw)
     except (ValueError, KeyError) as exc:
-        raise UsageError(f"transformers cannot build a {model_type!r} config: {_first_line(exc)}") from None
+        raise UsageError(f"transformers cannot build a {model_type!r} config: {first_line(exc)}") from None
     except TypeError as exc:
-        raise UsageError(f"malformed {model_type!r} config: {_first_line(exc)}") from None
+        raise UsageError(f"malformed {model_type!r} config: {first_line(exc)}") from None
     text = full.get_text_config() if hasattr(full, "get_text_config") else full
     if layers is None:
         return text
@@ -226,7 +226,7 @@ def transformers_config(config: dict[str, Any], layers: int | None = None) -> An
     try:
         return type(text).from_dict(cut_layers(data, layers))
     except (ValueError, TypeError, KeyError) as exc:
-        raise UsageError(f"cannot cut {model_type!r} to {layers} layers: {_first_line(exc)}") from None
+        raise UsageError(f"cannot cut {model_type!r} to {layers} layers: {first_line(exc)}") from None
 
 
 @dataclass(frozen=True)
@@ -250,9 +250,6 @@ def plan_job(source: str, *, layers: int | None, dtype: str, device: str | None)
     config = transformers_config(src.config, layers) if layers is not None else full
     return JobPlan(src, config, target, len(set(layer_types(full))) or 1)
 
-
-def _first_line(exc: BaseException) -> str:
-    return first_line(exc) or exc.__class__.__name__
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,7 +376,7 @@ def build_model(
                 **({"device_map": str(target)} if direct else {}),
             )
         except (OSError, ValueError) as exc:
-            raise UsageError(f"cannot load the checkpoint in {src.path}: {_first_line(exc)}") from None
+            raise UsageError(f"cannot load the checkpoint in {src.path}: {first_line(exc)}") from None
         missing = sorted(info.get("missing_keys") or [])
         if missing:
             notes.append(f"{len(missing)} tensors absent from the checkpoint were randomly initialised "

@@ -17,6 +17,7 @@ from typing import Any
 
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.routing.conv_route import FASTPATH_ROUTE_ATTR
+from fastpath.routing.fla_route import DQKWG_IMPL
 from fastpath.routing.fla_route import ROUTE_ATTR as GDN_ROUTE_ATTR
 from fastpath.routing.modeling_patch import FAST_PATH_INPUTS
 
@@ -42,6 +43,7 @@ class Explanation:
     columns (default: the terminal's width, else 100); long cells wrap inside their column."""
 
     rows: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     width: int | None = None
 
     @property
@@ -69,6 +71,10 @@ class Explanation:
         for row in cells:
             lines += _wrapped_row(row, widths)
         lines.append(f"{len(self.rows) - self.slow_count}/{len(self.rows)} ops fast")
+        import textwrap
+
+        for note in self.notes:
+            lines += textwrap.wrap(f"note: {note}", max(int(width), 40), subsequent_indent="  ")
         return "\n".join(lines)
 
 
@@ -119,6 +125,10 @@ def explain_model(model: Any) -> Explanation:
                 impl, fast = f"fastpath (torch reference: {limit})", False
             out.rows.append({"layer": name or "<root>", "layer_type": cls.__name__, "op": op,
                              "impl": impl, "fast": fast})
+    if any(r["impl"] == DQKWG_IMPL for r in out.rows):  # which FLA dqkwg configs were validated
+        from fastpath.routing import fla_selfcheck
+
+        out.notes.extend(fla_selfcheck.describe())
     return out
 
 
@@ -177,21 +187,15 @@ def _helpers_source(module: ModuleType, src: str, depth: int = 2) -> str:
 
 
 def _kernel_limit(layer: Any) -> str | None:
-    """Why fastpath's Triton causal conv would hand this layer's calls to its reference, if it would
-    (the kernels take widths 2..MAX_TRITON_WIDTH and fp32/fp16/bf16)."""
+    """Why fastpath's Triton causal conv would hand this layer's calls to its reference, if it
+    would: the kernels' own `kernel_limit`, asked about the layer's depthwise Conv1d."""
     import torch
 
-    from fastpath.kernels.causal_conv1d.interface import MAX_TRITON_WIDTH
-    from fastpath.kernels.dispatch import TRITON_DTYPES
+    from fastpath.kernels.causal_conv1d.interface import kernel_limit
 
     for child in layer.children():
         if isinstance(child, torch.nn.Conv1d) and child.groups == child.in_channels:
-            width = child.kernel_size[0]
-            if not 2 <= width <= MAX_TRITON_WIDTH:
-                return f"width {width} outside the kernel's 2..{MAX_TRITON_WIDTH}"
-            if child.weight.dtype not in TRITON_DTYPES:
-                return f"dtype {child.weight.dtype} not supported by the kernel"
-            return None
+            return kernel_limit(child.kernel_size[0], child.weight.dtype)
     return None
 
 

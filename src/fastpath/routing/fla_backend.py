@@ -3,7 +3,9 @@
 fla-core 0.6.0 raises in ``fla.ops.common.chunk_o.chunk_bwd_dqkwg`` for gated calls on Hopper with
 Triton >= 3.4, < 3.7.1 (its Triton kernel gives wrong results there, FLA issue #640) unless its
 TileLang backend is usable. That one op is the only blocker of FLA's gated-delta-rule backward,
-so we hand exactly that op to :mod:`fastpath.kernels.gated_delta_rule.dqkwg`.
+so we take exactly that op: per configuration, FLA's own kernel with the refusal switched off where
+:mod:`fastpath.routing.fla_selfcheck` validated it on this device (or ``FASTPATH_FLA_DQKWG``
+forces a route), else :mod:`fastpath.kernels.gated_delta_rule.dqkwg`.
 
 How: FLA wraps the op with ``@dispatch('common')`` (fla/backends.py): each call walks the
 backends registered for operation ``'common'`` (sorted by priority), asks
@@ -37,7 +39,8 @@ __all__ = [
     "uninstall_dqkwg_route",
 ]
 
-#: Calls taken by the route ("dqkwg:torch"), for explain/tests.
+#: Calls taken by the route: "dqkwg:fla" (FLA's kernel, self-checked or forced by
+#: FASTPATH_FLA_DQKWG=fla) and "dqkwg:torch" (fastpath's PyTorch implementation).
 ROUTE_CALLS: Counter[str] = Counter()
 
 _BACKEND_TYPE = "fastpath"
@@ -64,13 +67,32 @@ def dqkwg_route_needed(device_capability: tuple[int, int], triton_version: str,
 
 
 def _route_impl() -> Callable[..., Any]:
+    """The implementation our backend hands FLA: per call, FLA's own kernel with the refusal
+    switched off where `fla_selfcheck` allows it for the call's configuration (env var, or a
+    passed self-check), else fastpath's PyTorch chunk_bwd_dqkwg."""
     from fastpath.kernels.gated_delta_rule.dqkwg import chunk_bwd_dqkwg
+    from fastpath.routing import fla_selfcheck
 
     def routed(*args: Any, **kwargs: Any) -> Any:
+        call = _bind(args, kwargs)
+        fla_fn = _fla_unguarded()
+        if fla_selfcheck.fla_allowed(call, fla_fn, chunk_bwd_dqkwg):
+            ROUTE_CALLS["dqkwg:fla"] += 1
+            return fla_fn(**call)  # type: ignore[misc]
         ROUTE_CALLS["dqkwg:torch"] += 1
-        return chunk_bwd_dqkwg(*args, **kwargs)
+        return chunk_bwd_dqkwg(**call)
 
     return routed
+
+
+def _fla_unguarded() -> Callable[..., Any] | None:
+    """FLA's chunk_bwd_dqkwg without its #640 refusal (built once from the original function,
+    which `_patch_importers` may have replaced in FLA's module)."""
+    if "unguarded" not in _state:
+        from fastpath.routing.fla_selfcheck import unguarded_fla_dqkwg
+
+        _state["unguarded"] = unguarded_fla_dqkwg(_state["patched"].get(_OP_MODULE))
+    return _state["unguarded"]
 
 
 @functools.cache

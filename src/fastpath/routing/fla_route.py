@@ -6,7 +6,10 @@ how the chunk rule is routed: fla-core 0.6.0 refuses the *gated chunk backward* 
 Triton >= 3.4, < 3.7.1 unless tilelang is installed (wrong results upstream, FLA issue #640,
 fla/ops/common/chunk_o.py `chunk_bwd_dqkwg`). There, the route uses FLA for the forward and
 recomputes the backward through transformers' own torch reference under autograd: correct,
-slower, labelled "fla-fwd+torch-bwd", with the real remedy in the warning.
+slower, labelled "fla-fwd+torch-bwd", with the real remedy in the warning. Where FLA has its
+backend registry (fla/backends.py), only the refused op is taken instead (`use_dqkwg_route`),
+and FLA's own kernel still runs it wherever fastpath's self-check validated it
+(routing/fla_selfcheck.py).
 CPU tensors always take the torch function transformers had (FLA kernels need a GPU).
 """
 
@@ -155,15 +158,28 @@ def _fla_forward_torch_backward(fla_fn: Callable[..., Any], torch_fn: Callable[.
 
 _WARNED: set[str] = set()
 
-DQKWG_IMPL = "fla (bwd dqkwg: fastpath torch, FLA #640)"
+DQKWG_IMPL = "fla (bwd dqkwg: self-checked FLA kernel or fastpath torch, FLA #640)"
+_DQKWG_WORDS = {
+    "auto": ("FLA's gated chunk_bwd_dqkwg is self-checked per configuration at its first backward "
+             "(FLA's kernel where the check passes, fastpath's PyTorch dqkwg elsewhere; "
+             "FASTPATH_FLA_DQKWG=fla|torch forces one)"),
+    "fla": "FLA's own gated chunk_bwd_dqkwg forced on, unchecked (FASTPATH_FLA_DQKWG=fla)",
+    "torch": ("FLA's gated chunk_bwd_dqkwg routed to fastpath's PyTorch implementation "
+              "(FASTPATH_FLA_DQKWG=torch)"),
+}
 
 
 def use_dqkwg_route(status: FlaStatus) -> bool:
-    """In the FLA #640 case, prefer handing FLA's one refused op (gated chunk_bwd_dqkwg) to
-    fastpath's PyTorch implementation (fastpath.routing.fla_backend): FLA keeps its own
-    kernels for everything else. Falls back to "fla-fwd+torch-bwd" when that cannot be installed."""
+    """In the FLA #640 case, take FLA's one refused op (gated chunk_bwd_dqkwg) into our FLA backend
+    (fastpath.routing.fla_backend): per configuration FLA's own kernel where fla_selfcheck
+    validated it (or FASTPATH_FLA_DQKWG forces a route), else fastpath's PyTorch dqkwg; FLA
+    keeps its own kernels for everything else. Falls back to "fla-fwd+torch-bwd" when the
+    backend cannot be installed. A bad FASTPATH_FLA_DQKWG value raises UsageError."""
     if status.chunk_impl != "fla-fwd+torch-bwd":
         return False
+    from fastpath.routing.fla_selfcheck import route_mode
+
+    mode = route_mode()
     try:
         from fastpath.routing.fla_backend import install_dqkwg_route
     except Exception:
@@ -171,8 +187,7 @@ def use_dqkwg_route(status: FlaStatus) -> bool:
     if not install_dqkwg_route():
         return False
     status.chunk_impl = DQKWG_IMPL
-    status.reason = status.reason.replace("backward recomputed in torch", "FLA's gated chunk_bwd_dqkwg "
-                                          "routed to fastpath's PyTorch implementation")
+    status.reason = status.reason.replace("backward recomputed in torch", _DQKWG_WORDS[mode])
     return True
 
 

@@ -23,15 +23,13 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.routing.patch_registry import PatchRegistry
 
-CONV_GLOBALS = ("causal_conv1d_fn", "causal_conv1d_update")
-CONV_INSTANCE_ATTRS = ("causal_conv1d_fn", "causal_conv1d_update")
 # names a <=5.14 module-level `is_fast_path_available = all((...))` can be built from
 FAST_PATH_INPUTS = (
     "causal_conv1d_fn", "causal_conv1d_update", "selective_state_update", "selective_scan_fn",
@@ -79,7 +77,6 @@ class Routes:
     conv_module: ModuleType            # what lazy_load_kernel("causal-conv1d") returns
     make_gdn: Callable[[str, Callable[..., Any]], Callable[..., Any]] | None  # (kind, torch_fn) -> route
     lift_device_gate: bool = False
-    patched: list[str] = field(default_factory=list)
 
 
 def patch_module(module: ModuleType, routes: Routes, reg: PatchRegistry) -> None:
@@ -101,7 +98,6 @@ def patch_module(module: ModuleType, routes: Routes, reg: PatchRegistry) -> None
         reg.set_attr(module, "is_fast_path_available", bool(inputs) and all(inputs))
     if routes.lift_device_gate:
         _lift_device_gates(module, reg)
-    routes.patched.append(module.__name__)
 
 
 def _patch_gdn_globals(module: ModuleType, routes: Routes, reg: PatchRegistry) -> None:

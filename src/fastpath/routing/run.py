@@ -37,9 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def launch_environment(base: dict[str, str] | None = None, *, warn: bool = True) -> dict[str, str]:
-    """The environment a command runs in: bootstrap dir first on PYTHONPATH, FASTPATH_ENABLE=1."""
+    """The environment a command runs in: bootstrap dir first on PYTHONPATH, FASTPATH_ENABLE=1.
+
+    The user's entries keep their order, empty ones included: an empty PYTHONPATH entry (`:x`,
+    `x:`) means the current directory, which the program may rely on."""
     env = dict(os.environ if base is None else base)
-    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    current = env.get("PYTHONPATH", "")
+    parts = current.split(os.pathsep) if current else []
     boot = str(BOOTSTRAP_DIR)
     parts = [boot] + [p for p in parts if p != boot]
     env["PYTHONPATH"] = os.pathsep.join(parts)

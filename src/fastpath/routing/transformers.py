@@ -53,8 +53,14 @@ class EnableReport:
 
     def summary(self) -> str:
         tf = self.transformers_version or "not installed yet"
+        checked = ""
+        if self.gated_delta_rule == fla_route.DQKWG_IMPL:  # read now: checks run at first backward
+            from fastpath.routing import fla_selfcheck
+
+            checked = "".join(f"; dqkwg {r.config.label()}: {'PASS' if r.passed else 'FAIL'}"
+                              for r in fla_selfcheck.RESULTS.values())
         return (f"fastpath enabled: causal_conv1d -> {self.conv_impl}; gated delta rule -> "
-                f"{self.gated_delta_rule} ({self.gated_delta_rule_reason}); transformers {tf}: "
+                f"{self.gated_delta_rule} ({self.gated_delta_rule_reason}{checked}); transformers {tf}: "
                 f"{len(self.modules_patched)} modeling modules patched, {len(self.modules_pending)} on import, "
                 f"{self.layers_patched} built layers")
 
@@ -78,15 +84,6 @@ _STATE: _State | None = None
 
 def is_enabled() -> bool:
     return _STATE is not None
-
-
-def current_routes() -> Routes | None:
-    """The routes installed now (explain() compares against them)."""
-    return _STATE.routes if _STATE is not None else None
-
-
-def current_fla() -> fla_route.FlaStatus | None:
-    return _STATE.fla if _STATE is not None else None
 
 
 def enable(

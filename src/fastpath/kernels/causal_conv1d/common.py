@@ -34,29 +34,26 @@ def fwd_operands(
 
 @triton.jit
 def load_x_tap(
-    x_base, init_base, pos, L, mask_d, stride_l, stride_il,
+    x_base, init_base, pos, L, mask, stride_l, stride_il,
     WIDTH: tl.constexpr, HAS_INIT: tl.constexpr,
 ):
-    """x at positions `pos` (BLOCK_L,) as fp32 (BLOCK_L, BLOCK_D); negative positions read the
-    initial state (its column W-1+pos) or zero."""
-    inside = (pos >= 0) & (pos < L)
-    val = tl.load(
-        x_base + pos[:, None] * stride_l, mask=inside[:, None] & mask_d[None, :], other=0.0
-    ).to(tl.float32)
+    """x at positions `pos` as fp32, shaped like `x_base + pos`: negative positions read the
+    initial state (its column W-1+pos) or zero. One loader for both strategies: the tile kernels
+    pass pos[:, None] against (1, BLOCK_D) bases, the row kernels a row index splat over the
+    channel vector (a scalar mixed into a vector mask trips the interpreter)."""
+    val = tl.load(x_base + pos * stride_l, mask=mask & (pos >= 0) & (pos < L),
+                  other=0.0).to(tl.float32)
     if HAS_INIT:
-        before = (pos < 0) & (pos >= 1 - WIDTH)
-        val += tl.load(
-            init_base + (pos + WIDTH - 1)[:, None] * stride_il,
-            mask=before[:, None] & mask_d[None, :],
-            other=0.0,
-        ).to(tl.float32)
+        val += tl.load(init_base + (pos + WIDTH - 1) * stride_il,
+                       mask=mask & (pos < 0) & (pos >= 1 - WIDTH), other=0.0).to(tl.float32)
     return val
 
 
 @triton.jit
 def load_seq_tap(seq_base, pos, L, seq0, HAS_INIT: tl.constexpr):
-    """seq_idx at positions `pos`: the initial state counts as seq_idx[0] (Dao 1.7.0), other
-    out-of-range positions as -1 (their x is zero anyway, or their gradient is masked)."""
+    """seq_idx at positions `pos` (a vector or one row): the initial state counts as seq_idx[0]
+    (Dao 1.7.0), other out-of-range positions as -1 (their x is zero anyway, or their gradient
+    is masked)."""
     s = tl.load(seq_base + pos, mask=(pos >= 0) & (pos < L), other=-1)
     if HAS_INIT:
         s = tl.where(pos < 0, seq0, s)

@@ -10,9 +10,16 @@ Ops (namespace "fastpath"):
 - causal_conv1d_update(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices)
       -> out; conv_state is updated in place.
 Custom-op schemas cannot return None, hence the empty-tensor convention (the face maps back).
+
+Eager callers skip the custom-op dispatcher (it costs more host time than a small conv takes on
+the GPU): `conv_fwd` runs `fwd_impl` directly when no input needs a gradient and otherwise goes
+through a plain autograd.Function whose backward is `bwd_impl`; under torch.compile it calls the
+custom op, so traced graphs see one op with a fake implementation and registered autograd.
 """
 
 from __future__ import annotations
+
+from functools import cache
 
 import torch
 from torch import Tensor
@@ -22,6 +29,18 @@ from fastpath.kernels.counters import CALLS
 from fastpath.kernels.dispatch import TRITON_DTYPES, use_triton, warn_fallback
 
 MAX_TRITON_WIDTH = 4
+_INT32_SPAN = 2**31
+
+
+@cache
+def kernel_limit(width: int, dtype: torch.dtype) -> str | None:
+    """Why the Triton kernels cannot take a conv of this width and dtype, None when they can: the
+    one answer the dispatcher here and `explain()` share."""
+    if not 2 <= width <= MAX_TRITON_WIDTH:
+        return f"width {width} is outside the kernel's 2..{MAX_TRITON_WIDTH}"
+    if dtype not in TRITON_DTYPES:
+        return f"dtype {dtype} is not one the kernel takes (float32, float16, bfloat16)"
+    return None
 
 
 def _empty(like: Tensor) -> Tensor:
@@ -29,17 +48,24 @@ def _empty(like: Tensor) -> Tensor:
 
 
 def _triton_ok(op: str, width: int, *tensors: Tensor | None) -> bool:
-    """Triton handles widths 2..4 and fp32/fp16/bf16; anything else goes to the reference."""
-    if not use_triton(tensors[0]):
-        return False
-    if not 2 <= width <= MAX_TRITON_WIDTH:
-        warn_fallback(op, f"width {width} is outside the kernel's 2..{MAX_TRITON_WIDTH}")
-        return False
+    """Triton takes the call when the device can run it, `kernel_limit` has no objection for any
+    tensor, and a batch row's offsets fit int32; any other combination warns once and goes to
+    the reference."""
     x = tensors[0]
-    if sum((n - 1) * abs(st) for n, st in zip(x.shape[1:], x.stride()[1:], strict=True)) >= 2**31:
+    if not use_triton(x):
+        return False
+    for t in tensors:
+        if t is not None:
+            why = kernel_limit(width, t.dtype)
+            if why is not None:
+                warn_fallback(op, why)
+                return False
+    _, dim, seqlen = x.shape
+    sd, sl = x.stride(1), x.stride(2)
+    if (dim - 1) * abs(sd) + (seqlen - 1) * abs(sl) >= _INT32_SPAN:
         warn_fallback(op, "a batch row spans >= 2**31 elements (kernel offsets are int32)")
         return False
-    return all(t is None or t.dtype in TRITON_DTYPES for t in tensors)
+    return True
 
 
 def final_states_of(x: Tensor, initial_states: Tensor | None, width: int) -> Tensor:
@@ -57,9 +83,8 @@ def final_states_of(x: Tensor, initial_states: Tensor | None, width: int) -> Ten
     return final
 
 
-# ---------------------------------------------------------------- forward
-@torch.library.custom_op("fastpath::causal_conv1d_fwd", mutates_args=())
-def causal_conv1d_fwd(
+# ---------------------------------------------------------------- implementations
+def fwd_impl(
     x: Tensor,
     weight: Tensor,
     bias: Tensor | None,
@@ -68,14 +93,14 @@ def causal_conv1d_fwd(
     return_final_states: bool,
     silu: bool,
 ) -> tuple[Tensor, Tensor]:
+    """The forward itself (out, final_states or empty), whoever calls it."""
     width = weight.shape[-1]
     if _triton_ok("fwd", width, x, weight, bias, initial_states):
         CALLS["fwd:triton"] += 1
         if x.stride(1) == 1:  # channel-last: sliding-row kernel, 16-byte vectors along D
-            from fastpath.kernels.causal_conv1d.rows import causal_conv1d_fwd_rows as kernel
+            out = _kernels().fwd_rows(x, weight, bias, seq_idx, initial_states, silu)
         else:  # contiguous: 2D tiles vectorized along L
-            from fastpath.kernels.causal_conv1d.tile_fwd import causal_conv1d_fwd_triton as kernel
-        out = kernel(x, weight, bias, seq_idx, initial_states, silu)
+            out = _kernels().fwd_tile(x, weight, bias, seq_idx, initial_states, silu)
     else:
         CALLS["fwd:reference"] += 1
         out = torch.empty_like(x)
@@ -87,6 +112,163 @@ def causal_conv1d_fwd(
         )
     final = final_states_of(x, initial_states, width) if return_final_states else _empty(x)
     return out, final
+
+
+def bwd_impl(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    dout: Tensor,
+    seq_idx: Tensor | None,
+    initial_states: Tensor | None,
+    dfinal_states: Tensor | None,
+    dx: Tensor,
+    silu: bool,
+    return_dinitial_states: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward itself: writes dx, returns (dweight, dbias or empty, dinit or empty)."""
+    width = weight.shape[-1]
+    if _triton_ok("bwd", width, x, weight, bias, initial_states, dout, dfinal_states, dx):
+        CALLS["bwd:triton"] += 1
+        if x.stride(1) == 1:
+            kernel = _kernels().bwd_rows
+            if dout.stride(1) != 1:  # one copy beats strided row loads
+                dout = dout.transpose(1, 2).contiguous().transpose(1, 2)
+        else:
+            kernel = _kernels().bwd_tile
+        dweight, dbias, dinit = kernel(
+            x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, silu,
+            return_dinitial_states,
+        )
+    else:
+        CALLS["bwd:reference"] += 1
+        gx, dweight, dbias, dinit = reference.causal_conv1d_bwd_ref(
+            x, weight, bias, dout, seq_idx, initial_states, dfinal_states, silu
+        )
+        dx.copy_(gx)
+    if not return_dinitial_states:
+        dinit = None
+    return (
+        dweight,
+        _empty(weight) if dbias is None else dbias,
+        _empty(x) if dinit is None else dinit,
+    )
+
+
+class _Kernels:
+    """The Triton launchers, imported on first use (importing them imports triton)."""
+
+    def __init__(self) -> None:
+        from fastpath.kernels.causal_conv1d import rows, tile_bwd, tile_fwd
+
+        self.fwd_rows = rows.causal_conv1d_fwd_rows
+        self.bwd_rows = rows.causal_conv1d_bwd_rows
+        self.fwd_tile = tile_fwd.causal_conv1d_fwd_triton
+        self.bwd_tile = tile_bwd.causal_conv1d_bwd_triton
+
+
+@cache
+def _kernels() -> _Kernels:
+    return _Kernels()
+
+
+# ---------------------------------------------------------------- eager entry
+class _ConvFunction(torch.autograd.Function):
+    """Eager autograd for the forward: the same saved tensors and backward as the custom op's
+    registered autograd, without the dispatcher round trips."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, seq_idx, initial_states, return_final_states, silu):  # type: ignore[override]
+        out, final = fwd_impl(x, weight, bias, seq_idx, initial_states, return_final_states, silu)
+        ctx.save_for_backward(x, weight, bias, seq_idx, initial_states)
+        ctx.silu = silu
+        ctx.return_final_states = return_final_states
+        if not return_final_states:
+            ctx.mark_non_differentiable(final)
+        return out, final
+
+    @staticmethod
+    def backward(ctx, dout, dfinal):  # type: ignore[override]
+        x, weight, bias, seq_idx, initial_states = ctx.saved_tensors
+        return _backward_of(ctx, x, weight, bias, seq_idx, initial_states, dout, dfinal, bwd_impl)
+
+
+def _backward_of(ctx, x, weight, bias, seq_idx, initial_states, dout, dfinal, bwd) -> tuple:
+    """Gradients of the forward's 7 inputs, `bwd` being the custom op or its implementation."""
+    if not ctx.return_final_states:
+        dfinal = None
+    if dout is None:
+        dout = torch.zeros_like(x)
+    dx = torch.empty_like(x)
+    dweight, dbias, dinit = bwd(
+        x, weight, bias, dout, seq_idx, initial_states, dfinal, dx, ctx.silu,
+        initial_states is not None,
+    )
+    return (
+        dx,
+        dweight,
+        dbias if bias is not None else None,
+        None,
+        dinit if initial_states is not None else None,
+        None,
+        None,
+    )
+
+
+def conv_fwd(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    seq_idx: Tensor | None,
+    initial_states: Tensor | None,
+    return_final_states: bool,
+    silu: bool,
+) -> tuple[Tensor, Tensor]:
+    """The forward as callers should reach it: the custom op while torch.compile traces,
+    otherwise the implementation directly, under autograd only when a gradient is wanted."""
+    if torch.compiler.is_compiling():
+        return causal_conv1d_fwd(x, weight, bias, seq_idx, initial_states, return_final_states,
+                                 silu)
+    if torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad
+        or (bias is not None and bias.requires_grad)
+        or (initial_states is not None and initial_states.requires_grad)
+    ):
+        return _ConvFunction.apply(x, weight, bias, seq_idx, initial_states, return_final_states,
+                                   silu)
+    return fwd_impl(x, weight, bias, seq_idx, initial_states, return_final_states, silu)
+
+
+def conv_bwd(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    dout: Tensor,
+    seq_idx: Tensor | None,
+    initial_states: Tensor | None,
+    dfinal_states: Tensor | None,
+    dx: Tensor,
+    silu: bool,
+    return_dinitial_states: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward as callers should reach it (the custom op only while torch.compile traces)."""
+    bwd = causal_conv1d_bwd if torch.compiler.is_compiling() else bwd_impl
+    return bwd(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, silu,
+               return_dinitial_states)
+
+
+# ---------------------------------------------------------------- forward op
+@torch.library.custom_op("fastpath::causal_conv1d_fwd", mutates_args=())
+def causal_conv1d_fwd(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    seq_idx: Tensor | None,
+    initial_states: Tensor | None,
+    return_final_states: bool,
+    silu: bool,
+) -> tuple[Tensor, Tensor]:
+    return fwd_impl(x, weight, bias, seq_idx, initial_states, return_final_states, silu)
 
 
 @causal_conv1d_fwd.register_fake
@@ -107,30 +289,14 @@ def _fwd_setup_context(ctx, inputs, output) -> None:
 
 def _fwd_backward(ctx, dout, dfinal):
     x, weight, bias, seq_idx, initial_states = ctx.saved_tensors
-    if not ctx.return_final_states:
-        dfinal = None
-    if dout is None:
-        dout = torch.zeros_like(x)
-    dx = torch.empty_like(x)
-    dweight, dbias, dinit = causal_conv1d_bwd(
-        x, weight, bias, dout, seq_idx, initial_states, dfinal, dx, ctx.silu,
-        initial_states is not None,
-    )
-    return (
-        dx,
-        dweight,
-        dbias if bias is not None else None,
-        None,
-        dinit if initial_states is not None else None,
-        None,
-        None,
-    )
+    return _backward_of(ctx, x, weight, bias, seq_idx, initial_states, dout, dfinal,
+                        causal_conv1d_bwd)
 
 
 causal_conv1d_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 
 
-# ---------------------------------------------------------------- backward
+# ---------------------------------------------------------------- backward op
 @torch.library.custom_op("fastpath::causal_conv1d_bwd", mutates_args={"dx"})
 def causal_conv1d_bwd(
     x: Tensor,
@@ -144,33 +310,8 @@ def causal_conv1d_bwd(
     silu: bool,
     return_dinitial_states: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    width = weight.shape[-1]
-    if _triton_ok("bwd", width, x, weight, bias, initial_states, dout, dfinal_states, dx):
-        CALLS["bwd:triton"] += 1
-        if x.stride(1) == 1:
-            from fastpath.kernels.causal_conv1d.rows import causal_conv1d_bwd_rows as kernel
-
-            if dout.stride(1) != 1:  # one copy beats strided row loads
-                dout = dout.transpose(1, 2).contiguous().transpose(1, 2)
-        else:
-            from fastpath.kernels.causal_conv1d.tile_bwd import causal_conv1d_bwd_triton as kernel
-        dweight, dbias, dinit = kernel(
-            x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, silu,
-            return_dinitial_states,
-        )
-    else:
-        CALLS["bwd:reference"] += 1
-        gx, dweight, dbias, dinit = reference.causal_conv1d_bwd_ref(
-            x, weight, bias, dout, seq_idx, initial_states, dfinal_states, silu
-        )
-        dx.copy_(gx)
-    if not return_dinitial_states:
-        dinit = None
-    return (
-        dweight,
-        _empty(weight) if dbias is None else dbias,
-        _empty(x) if dinit is None else dinit,
-    )
+    return bwd_impl(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, silu,
+                    return_dinitial_states)
 
 
 @causal_conv1d_bwd.register_fake
@@ -223,13 +364,12 @@ def update_impl(
     width = weight.shape[-1]
     if (
         (x.is_cuda or use_triton(x))
-        and 2 <= width <= MAX_TRITON_WIDTH
-        and x.dtype in TRITON_DTYPES
-        and weight.dtype in TRITON_DTYPES
-        and conv_state.dtype in TRITON_DTYPES
-        and (bias is None or bias.dtype in TRITON_DTYPES)
-        and x.numel() < 2**31
-        and conv_state.numel() < 2**31
+        and kernel_limit(width, x.dtype) is None
+        and kernel_limit(width, weight.dtype) is None
+        and kernel_limit(width, conv_state.dtype) is None
+        and (bias is None or kernel_limit(width, bias.dtype) is None)
+        and x.numel() < _INT32_SPAN
+        and conv_state.numel() < _INT32_SPAN
     ):
         if _UPDATE_KERNEL is None:
             from fastpath.kernels.causal_conv1d.update import causal_conv1d_update_triton
@@ -247,7 +387,7 @@ def update_impl(
 # ---------------------------------------------------------------- varlen states
 def varlen_states(x: Tensor, cu_seqlens: Tensor, state_len: int) -> Tensor:
     """Last state_len tokens of each packed sequence: (B, D, state_len), channel-last."""
-    if use_triton(x) and x.dtype in TRITON_DTYPES:
+    if use_triton(x) and x.dtype in TRITON_DTYPES:  # varlen states copy: any width
         from fastpath.kernels.causal_conv1d.varlen import causal_conv1d_varlen_states_triton
 
         CALLS["varlen_states:triton"] += 1

@@ -41,6 +41,20 @@ def _history(
     return torch.cat([front, x.to(dtype)], dim=-1)
 
 
+def _same_sequence(seq_idx: torch.Tensor, width: int, has_init: bool,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, L, W): 1 where tap k of output t reads the same sequence as t. The initial state
+    belongs to seq_idx[:, 0]; without one, positions before 0 belong to none (-1)."""
+    seq = seq_idx.to(torch.long)
+    batch = seq.shape[0]
+    if has_init:
+        front = seq[:, :1].expand(batch, width - 1)
+    else:
+        front = seq.new_full((batch, width - 1), -1)
+    windows = torch.cat([front, seq], dim=-1).unfold(-1, width, 1)  # (B, L, W)
+    return (windows == seq.unsqueeze(-1)).to(dtype).unsqueeze(1)
+
+
 def causal_conv1d_ref(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -60,19 +74,12 @@ def causal_conv1d_ref(
     if seq_idx is not None and return_final_states:
         raise NotImplementedError("seq_idx does not support return_final_states")
     dtype = _compute_dtype(x, weight, bias, initial_states)
-    batch, dim, _ = x.shape
+    dim = x.shape[1]
     width = weight.shape[-1]
     hist = _history(x, width, initial_states, dtype)  # (B, D, W-1+L)
     windows = hist.unfold(-1, width, 1)  # (B, D, L, W): windows[..., t, k] = x[t-(W-1)+k]
     if seq_idx is not None:
-        seq = seq_idx.to(torch.long)
-        if initial_states is None:
-            front = seq.new_full((batch, width - 1), -1)
-        else:
-            front = seq[:, :1].expand(batch, width - 1)
-        seq_windows = torch.cat([front, seq], dim=-1).unfold(-1, width, 1)  # (B, L, W)
-        same = (seq_windows == seq.unsqueeze(-1)).to(dtype)
-        windows = windows * same.unsqueeze(1)
+        windows = windows * _same_sequence(seq_idx, width, initial_states is not None, dtype)
     out = (windows * weight.to(dtype).view(1, dim, 1, width)).sum(-1)
     if bias is not None:
         out = out + bias.to(dtype).view(1, dim, 1)
@@ -106,20 +113,14 @@ def causal_conv1d_bwd_ref(
     if dfinal_states is not None and seq_idx is not None:
         raise NotImplementedError("seq_idx does not support return_final_states")
     dtype = _compute_dtype(x, weight, bias, initial_states, dout)
-    batch, dim, seqlen = x.shape
+    _, dim, seqlen = x.shape
     width = weight.shape[-1]
     w = weight.to(dtype)
     hist = _history(x, width, initial_states, dtype)
     windows = hist.unfold(-1, width, 1)  # (B, D, L, W)
     same = None
     if seq_idx is not None:
-        seq = seq_idx.to(torch.long)
-        if initial_states is None:
-            front = seq.new_full((batch, width - 1), -1)
-        else:
-            front = seq[:, :1].expand(batch, width - 1)
-        seq_windows = torch.cat([front, seq], dim=-1).unfold(-1, width, 1)
-        same = (seq_windows == seq.unsqueeze(-1)).to(dtype).unsqueeze(1)  # (B, 1, L, W)
+        same = _same_sequence(seq_idx, width, initial_states is not None, dtype)  # (B, 1, L, W)
         windows = windows * same
     g = dout.to(dtype)
     if silu:

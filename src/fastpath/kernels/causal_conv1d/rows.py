@@ -15,12 +15,22 @@ conv1d_common). Position conventions: row r of batch b; negative rows are the in
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from fastpath.kernels.causal_conv1d.common import fwd_operands, next_pow2, silu_fp32, silu_grad_fp32
+from fastpath.kernels.causal_conv1d.common import (
+    fwd_operands,
+    load_seq_tap,
+    load_x_tap,
+    next_pow2,
+    silu_fp32,
+    silu_grad_fp32,
+)
 from fastpath.kernels.causal_conv1d.grads import begin_backward, bwd_operands, reduce_chunk_partials
+from fastpath.kernels.compiled_launch import CachedLauncher
 
 
 @triton.jit
@@ -57,24 +67,66 @@ def _load_taps(w_base, BIAS, offs_d, mask_d, stride_wk, KPAD: tl.constexpr, HAS_
 
 
 @triton.jit
-def _halo_row(x_base, init_base, r, L, mask_d, stride_l, stride_il,
-              WIDTH: tl.constexpr, HAS_INIT: tl.constexpr):
-    """x at row r for r possibly negative (then: initial state column W-1+r, or zero)."""
-    rv = _splat(mask_d, r)
-    v = tl.load(x_base + r * stride_l, mask=mask_d & (rv >= 0) & (rv < L), other=0.0).to(tl.float32)
-    if HAS_INIT:
-        v += tl.load(init_base + (r + WIDTH - 1) * stride_il,
-                     mask=mask_d & (rv < 0) & (rv >= 1 - WIDTH), other=0.0).to(tl.float32)
-    return v
+def _chunk_halo(x_base, init_base, seq_base, c0, L, mask_d, stride_l, stride_il,
+                WIDTH: tl.constexpr, HAS_INIT: tl.constexpr, HAS_SEQ: tl.constexpr):
+    """The 3 rows above a chunk starting at row c0 (x as fp32, initial state / zeros for
+    negative rows) and their seq_idx, plus seq0 (what the initial state counts as)."""
+    xm3 = load_x_tap(x_base, init_base, _splat(mask_d, c0 - 3), L, mask_d, stride_l, stride_il,
+                     WIDTH, HAS_INIT)
+    xm2 = load_x_tap(x_base, init_base, _splat(mask_d, c0 - 2), L, mask_d, stride_l, stride_il,
+                     WIDTH, HAS_INIT)
+    xm1 = load_x_tap(x_base, init_base, _splat(mask_d, c0 - 1), L, mask_d, stride_l, stride_il,
+                     WIDTH, HAS_INIT)
+    seq0 = 0
+    sm3 = 0
+    sm2 = 0
+    sm1 = 0
+    if HAS_SEQ:
+        if HAS_INIT:
+            seq0 = tl.load(seq_base)
+        sm3 = load_seq_tap(seq_base, c0 - 3, L, seq0, HAS_INIT)
+        sm2 = load_seq_tap(seq_base, c0 - 2, L, seq0, HAS_INIT)
+        sm1 = load_seq_tap(seq_base, c0 - 1, L, seq0, HAS_INIT)
+    return xm3, xm2, xm1, seq0, sm3, sm2, sm1
 
 
 @triton.jit
-def _seq(seq_base, r, L, seq0, HAS_INIT: tl.constexpr):
-    """seq_idx of row r: the initial state counts as seq_idx[0]; other rows outside -> -1."""
-    s = tl.load(seq_base + r, mask=(r >= 0) & (r < L), other=-1)
-    if HAS_INIT:
-        s = tl.where(r < 0, seq0, s)
-    return s
+def _chunk_start(X, WEIGHT, BIAS, SEQ, INIT, L, D, rows_per_prog, stride_xb, stride_xd, stride_xl,
+                 stride_wd, stride_wk, stride_ib, stride_id, stride_il, stride_sb,
+                 WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr,
+                 HAS_INIT: tl.constexpr, BLOCK_D: tl.constexpr):
+    """What a program (channel block, chunk of rows, batch row) of either row kernel starts from:
+    its batch row and channels, the x / seq_idx bases, the taps and bias, its rows [c0, c1) and
+    the 3 rows above them (`_chunk_halo`)."""
+    pid_b = tl.program_id(2).to(tl.int64)
+    offs_d = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    x_base = X + pid_b * stride_xb + offs_d * stride_xd
+    init_base = INIT + pid_b * stride_ib + offs_d * stride_id
+    seq_base = SEQ + pid_b * stride_sb
+    w0, w1, w2, w3, bias_v = _load_taps(WEIGHT + offs_d * stride_wd, BIAS, offs_d, mask_d,
+                                        stride_wk, 4 - WIDTH, HAS_BIAS, BLOCK_D)
+    c0 = tl.program_id(1) * rows_per_prog
+    c1 = tl.minimum(c0 + rows_per_prog, L)
+    xm3, xm2, xm1, seq0, sm3, sm2, sm1 = _chunk_halo(
+        x_base, init_base, seq_base, c0, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT, HAS_SEQ)
+    return (pid_b, offs_d, mask_d, x_base, seq_base, w0, w1, w2, w3, bias_v, c0, c1,
+            xm3, xm2, xm1, seq0, sm3, sm2, sm1)
+
+
+@triton.jit
+def _seq4(seq_base, r, L, seq0, HAS_SEQ: tl.constexpr):
+    """seq_idx of rows r..r+3 (all 0 without seq_idx, then unused)."""
+    s0 = 0
+    s1 = 0
+    s2 = 0
+    s3 = 0
+    if HAS_SEQ:
+        s0 = load_seq_tap(seq_base, r, L, seq0, False)
+        s1 = load_seq_tap(seq_base, r + 1, L, seq0, False)
+        s2 = load_seq_tap(seq_base, r + 2, L, seq0, False)
+        s3 = load_seq_tap(seq_base, r + 3, L, seq0, False)
+    return s0, s1, s2, s3
 
 
 @triton.jit
@@ -123,48 +175,18 @@ def _causal_conv1d_fwd_rows_kernel(
     HAS_INIT: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     KPAD: tl.constexpr = 4 - WIDTH
-    pid_d = tl.program_id(0)
-    pid_c = tl.program_id(1)
-    pid_b = tl.program_id(2).to(tl.int64)
-    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask_d = offs_d < D
-    x_base = X + pid_b * stride_xb + offs_d * stride_xd
+    (pid_b, offs_d, mask_d, x_base, seq_base, w0, w1, w2, w3, bias_v, c0, c1,
+     xm3, xm2, xm1, seq0, sm3, sm2, sm1) = _chunk_start(
+        X, WEIGHT, BIAS, SEQ, INIT, L, D, rows_per_prog, stride_xb, stride_xd, stride_xl,
+        stride_wd, stride_wk, stride_ib, stride_id, stride_il, stride_sb,
+        WIDTH, HAS_BIAS, HAS_SEQ, HAS_INIT, BLOCK_D)
     out_base = OUT + pid_b * stride_ob + offs_d * stride_od
-    init_base = INIT + pid_b * stride_ib + offs_d * stride_id
-    seq_base = SEQ + pid_b * stride_sb
-    w_base = WEIGHT + offs_d * stride_wd
-    w0, w1, w2, w3, bias_v = _load_taps(w_base, BIAS, offs_d, mask_d, stride_wk, KPAD, HAS_BIAS,
-                                        BLOCK_D)
-
-    c0 = pid_c * rows_per_prog
-    c1 = tl.minimum(c0 + rows_per_prog, L)
-    xm3 = _halo_row(x_base, init_base, c0 - 3, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
-    xm2 = _halo_row(x_base, init_base, c0 - 2, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
-    xm1 = _halo_row(x_base, init_base, c0 - 1, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
-    seq0 = 0
-    sm3 = 0
-    sm2 = 0
-    sm1 = 0
-    s0 = 0
-    s1 = 0
-    s2 = 0
-    s3 = 0
-    if HAS_SEQ:
-        if HAS_INIT:
-            seq0 = tl.load(seq_base)
-        sm3 = _seq(seq_base, c0 - 3, L, seq0, HAS_INIT)
-        sm2 = _seq(seq_base, c0 - 2, L, seq0, HAS_INIT)
-        sm1 = _seq(seq_base, c0 - 1, L, seq0, HAS_INIT)
     for r in range(c0, c1, 4):
         x0 = _row(x_base, r, L, mask_d, stride_xl)
         x1 = _row(x_base, r + 1, L, mask_d, stride_xl)
         x2 = _row(x_base, r + 2, L, mask_d, stride_xl)
         x3 = _row(x_base, r + 3, L, mask_d, stride_xl)
-        if HAS_SEQ:
-            s0 = _seq(seq_base, r, L, seq0, False)
-            s1 = _seq(seq_base, r + 1, L, seq0, False)
-            s2 = _seq(seq_base, r + 2, L, seq0, False)
-            s3 = _seq(seq_base, r + 3, L, seq0, False)
+        s0, s1, s2, s3 = _seq4(seq_base, r, L, seq0, HAS_SEQ)
         p0 = _pre(xm3, xm2, xm1, x0, sm3, sm2, sm1, s0, w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
         p1 = _pre(xm2, xm1, x0, x1, sm2, sm1, s0, s1, w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
         p2 = _pre(xm1, x0, x1, x2, sm1, s0, s1, s2, w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
@@ -254,45 +276,20 @@ def _causal_conv1d_bwd_rows_kernel(
     BLOCK_D: tl.constexpr,
 ):
     KPAD: tl.constexpr = 4 - WIDTH
-    pid_d = tl.program_id(0)
+    (pid_b, offs_d, mask_d, x_base, seq_base, w0, w1, w2, w3, bias_v, c0, c1,
+     xm3, xm2, xm1, seq0, sm3, sm2, sm1) = _chunk_start(
+        X, WEIGHT, BIAS, SEQ, INIT, L, D, rows_per_prog, stride_xb, stride_xd, stride_xl,
+        stride_wd, stride_wk, stride_ib, stride_id, stride_il, stride_sb,
+        WIDTH, HAS_BIAS, HAS_SEQ, HAS_INIT, BLOCK_D)
     pid_c = tl.program_id(1)
-    pid_b = tl.program_id(2).to(tl.int64)
-    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask_d = offs_d < D
-    x_base = X + pid_b * stride_xb + offs_d * stride_xd
     dout_base = DOUT + pid_b * stride_ob + offs_d * stride_od
     dx_base = DX + pid_b * stride_dxb + offs_d * stride_dxd
-    init_base = INIT + pid_b * stride_ib + offs_d * stride_id
     dfin_base = DFIN + pid_b * stride_fb + offs_d * stride_fd
     dinit_base = DINIT + pid_b * stride_gb + offs_d * stride_gd
-    seq_base = SEQ + pid_b * stride_sb
-    w_base = WEIGHT + offs_d * stride_wd
     zero = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    w0, w1, w2, w3, bias_v = _load_taps(w_base, BIAS, offs_d, mask_d, stride_wk, KPAD, HAS_BIAS,
-                                        BLOCK_D)
-
-    c0 = pid_c * rows_per_prog
-    c1 = tl.minimum(c0 + rows_per_prog, L)
-    xm3 = _halo_row(x_base, init_base, c0 - 3, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
-    xm2 = _halo_row(x_base, init_base, c0 - 2, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
-    xm1 = _halo_row(x_base, init_base, c0 - 1, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
     gm3 = zero  # gradients of rows before the chunk never reach a stored dx (or are 0 at < 0)
     gm2 = zero
     gm1 = zero
-    seq0 = 0
-    sm3 = 0
-    sm2 = 0
-    sm1 = 0
-    s0 = 0
-    s1 = 0
-    s2 = 0
-    s3 = 0
-    if HAS_SEQ:
-        if HAS_INIT:
-            seq0 = tl.load(seq_base)
-        sm3 = _seq(seq_base, c0 - 3, L, seq0, HAS_INIT)
-        sm2 = _seq(seq_base, c0 - 2, L, seq0, HAS_INIT)
-        sm1 = _seq(seq_base, c0 - 1, L, seq0, HAS_INIT)
     acc_w0 = zero
     acc_w1 = zero
     acc_w2 = zero
@@ -308,11 +305,7 @@ def _causal_conv1d_bwd_rows_kernel(
         dy1 = _row(dout_base, r + 1, L, mask_d, stride_ol)
         dy2 = _row(dout_base, r + 2, L, mask_d, stride_ol)
         dy3 = _row(dout_base, r + 3, L, mask_d, stride_ol)
-        if HAS_SEQ:
-            s0 = _seq(seq_base, r, L, seq0, False)
-            s1 = _seq(seq_base, r + 1, L, seq0, False)
-            s2 = _seq(seq_base, r + 2, L, seq0, False)
-            s3 = _seq(seq_base, r + 3, L, seq0, False)
+        s0, s1, s2, s3 = _seq4(seq_base, r, L, seq0, HAS_SEQ)
         g0, acc_w0, acc_w1, acc_w2, acc_w3, acc_b = _bwd_step(
             x0, dy0, s0, r, xm3, xm2, xm1, sm3, sm2, sm1, gm3, gm2, gm1,
             acc_w0, acc_w1, acc_w2, acc_w3, acc_b, w0, w1, w2, w3, bias_v,
@@ -356,11 +349,28 @@ def _causal_conv1d_bwd_rows_kernel(
 
 
 # ------------------------------------------------------------------ launchers
+# The Triton launch (`kernel[grid](...)`) costs more host time than a B=1 L=4096 conv takes on an
+# H200: the second and later calls of a specialisation go through the cached compiled launcher.
+_FWD_LAUNCH = CachedLauncher(
+    _causal_conv1d_fwd_rows_kernel,
+    ("WIDTH", "SILU", "HAS_BIAS", "HAS_SEQ", "HAS_INIT", "BLOCK_D"),
+)
+_BWD_LAUNCH = CachedLauncher(
+    _causal_conv1d_bwd_rows_kernel,
+    ("WIDTH", "SILU", "HAS_BIAS", "HAS_SEQ", "HAS_INIT", "HAS_DFIN", "HAS_DINIT", "BLOCK_D"),
+)
+
+
 def rows_config(x: torch.Tensor, backward: bool) -> dict:
     """BLOCK_D channels per program at 4 per thread (8-byte bf16 vectors: the H200 sweep of
     2026-12-02 put 4/thread ahead of 8/thread, benchmarks/NOTES_causal_conv1d.md), and rows per
     program halved from 64 (fwd) / 128 (bwd) down to 16 until >= 2048 programs fill the chip."""
     batch, dim, seqlen = x.shape
+    return dict(_rows_config(batch, dim, seqlen, backward))
+
+
+@functools.lru_cache(maxsize=256)
+def _rows_config(batch: int, dim: int, seqlen: int, backward: bool) -> dict:
     block_d = min(512, next_pow2(dim))
     num_warps = max(1, min(4, block_d // 128))
     rows = 128 if backward else 64
@@ -370,9 +380,12 @@ def rows_config(x: torch.Tensor, backward: bool) -> dict:
     return {"BLOCK_D": block_d, "ROWS": rows, "num_warps": num_warps}
 
 
-def _rows_split(seqlen: int, rows: int) -> tuple[int, int]:
-    rows = max(4, (rows + 3) // 4 * 4)
-    return rows, max(1, triton.cdiv(seqlen, rows))
+def _plan(x: torch.Tensor, backward: bool, config: dict | None) -> tuple[int, int, int, int]:
+    """(BLOCK_D, rows per program (a multiple of 4), chunks along L, num_warps)."""
+    batch, dim, seqlen = x.shape
+    cfg = config or _rows_config(batch, dim, seqlen, backward)
+    rows = max(4, (cfg["ROWS"] + 3) // 4 * 4)
+    return cfg["BLOCK_D"], rows, max(1, triton.cdiv(seqlen, rows)), cfg["num_warps"]
 
 
 def causal_conv1d_fwd_rows(
@@ -388,15 +401,13 @@ def causal_conv1d_fwd_rows(
     batch, dim, seqlen = x.shape
     if out.numel() == 0:
         return out
-    cfg = dict(config or rows_config(x, backward=False))
-    block_d = cfg.pop("BLOCK_D")
-    rows, n_chunks = _rows_split(seqlen, cfg.pop("ROWS"))
+    block_d, rows, n_chunks, num_warps = _plan(x, False, config)
     ptrs, strides = fwd_operands(x, weight, bias, seq_idx, initial_states, out)
-    _causal_conv1d_fwd_rows_kernel[(triton.cdiv(dim, block_d), n_chunks, batch)](
-        *ptrs, seqlen, dim, rows, *strides,
-        WIDTH=weight.shape[-1], SILU=silu, HAS_BIAS=bias is not None,
-        HAS_SEQ=seq_idx is not None, HAS_INIT=initial_states is not None,
-        BLOCK_D=block_d, **cfg,
+    _FWD_LAUNCH(
+        (triton.cdiv(dim, block_d), n_chunks, batch), (*ptrs, seqlen, dim, rows, *strides),
+        (weight.shape[-1], silu, bias is not None, seq_idx is not None,
+         initial_states is not None, block_d),
+        num_warps,
     )
     return out
 
@@ -416,21 +427,19 @@ def causal_conv1d_bwd_rows(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Writes dx; returns (dweight, dbias or None, dinitial_states or None)."""
     batch, dim, seqlen = x.shape
-    width = weight.shape[-1]
     dweight, dbias, dinit, empty = begin_backward(x, weight, bias, initial_states, dfinal_states,
                                                   return_dinitial_states)
     if empty:
         return dweight, dbias, dinit
-    cfg = dict(config or rows_config(x, backward=True))
-    block_d = cfg.pop("BLOCK_D")
-    rows, n_chunks = _rows_split(seqlen, cfg.pop("ROWS"))
+    block_d, rows, n_chunks, num_warps = _plan(x, True, config)
     ptrs, strides, partials = bwd_operands(x, weight, bias, dout, seq_idx, initial_states,
                                            dfinal_states, dx, dinit, n_chunks)
-    _causal_conv1d_bwd_rows_kernel[(triton.cdiv(dim, block_d), n_chunks, batch)](
-        *ptrs, seqlen, dim, rows, n_chunks, *strides,
-        WIDTH=width, SILU=silu, HAS_BIAS=bias is not None, HAS_SEQ=seq_idx is not None,
-        HAS_INIT=initial_states is not None, HAS_DFIN=dfinal_states is not None,
-        HAS_DINIT=dinit is not None, BLOCK_D=block_d, **cfg,
+    _BWD_LAUNCH(
+        (triton.cdiv(dim, block_d), n_chunks, batch),
+        (*ptrs, seqlen, dim, rows, n_chunks, *strides),
+        (weight.shape[-1], silu, bias is not None, seq_idx is not None,
+         initial_states is not None, dfinal_states is not None, dinit is not None, block_d),
+        num_warps,
     )
     reduce_chunk_partials(partials, dweight, dbias)
     return dweight, dbias, dinit

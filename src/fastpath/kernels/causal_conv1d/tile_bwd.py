@@ -26,6 +26,20 @@ from fastpath.kernels.causal_conv1d.common import (
     silu_grad_fp32,
 )
 from fastpath.kernels.causal_conv1d.grads import begin_backward, bwd_operands, reduce_chunk_partials
+from fastpath.kernels.compiled_launch import CachedLauncher
+
+
+@triton.jit
+def _tap_at(x_base, init_base, seq_base, pos, L, mask_d, seq0, stride_xl, stride_il,
+            WIDTH: tl.constexpr, HAS_INIT: tl.constexpr, HAS_SEQ: tl.constexpr):
+    """x (fp32, (BLOCK_L, BLOCK_D)) and seq_idx ((BLOCK_L,); `pos` itself without seq_idx, then
+    unused) at positions `pos`."""
+    xv = load_x_tap(x_base, init_base, pos[:, None], L, mask_d[None, :], stride_xl, stride_il,
+                    WIDTH, HAS_INIT)
+    s = pos
+    if HAS_SEQ:
+        s = load_seq_tap(seq_base, pos, L, seq0, HAS_INIT)
+    return xv, s
 
 
 @triton.jit
@@ -127,36 +141,24 @@ def _causal_conv1d_bwd_kernel(
     row0 = pid_c * n_iters * BLOCK_L - FRONT
     for it in range(n_iters):
         t = row0 + it * BLOCK_L + tl.arange(0, BLOCK_L)
-        X0 = load_x_tap(x_base, init_base, t, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
-        Xm1 = load_x_tap(x_base, init_base, t - 1, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
-        Xp1 = load_x_tap(x_base, init_base, t + 1, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
-        Xm2 = X0
-        Xp2 = X0
-        Xm3 = X0
-        Xp3 = X0
+        X0, S0 = _tap_at(x_base, init_base, seq_base, t, L, mask_d, seq0, stride_xl, stride_il,
+                         WIDTH, HAS_INIT, HAS_SEQ)
+        Xm1, Sm1 = _tap_at(x_base, init_base, seq_base, t - 1, L, mask_d, seq0, stride_xl,
+                           stride_il, WIDTH, HAS_INIT, HAS_SEQ)
+        Xp1, Sp1 = _tap_at(x_base, init_base, seq_base, t + 1, L, mask_d, seq0, stride_xl,
+                           stride_il, WIDTH, HAS_INIT, HAS_SEQ)
+        Xm2, Sm2, Xp2, Sp2 = X0, S0, X0, S0  # placeholders where the width has no such tap
+        Xm3, Sm3, Xp3, Sp3 = X0, S0, X0, S0
         if WIDTH >= 3:
-            Xm2 = load_x_tap(x_base, init_base, t - 2, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
-            Xp2 = load_x_tap(x_base, init_base, t + 2, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
+            Xm2, Sm2 = _tap_at(x_base, init_base, seq_base, t - 2, L, mask_d, seq0, stride_xl,
+                               stride_il, WIDTH, HAS_INIT, HAS_SEQ)
+            Xp2, Sp2 = _tap_at(x_base, init_base, seq_base, t + 2, L, mask_d, seq0, stride_xl,
+                               stride_il, WIDTH, HAS_INIT, HAS_SEQ)
         if WIDTH >= 4:
-            Xm3 = load_x_tap(x_base, init_base, t - 3, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
-            Xp3 = load_x_tap(x_base, init_base, t + 3, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT)
-        S0 = t
-        Sm1 = t
-        Sp1 = t
-        Sm2 = t
-        Sp2 = t
-        Sm3 = t
-        Sp3 = t
-        if HAS_SEQ:
-            S0 = load_seq_tap(seq_base, t, L, seq0, HAS_INIT)
-            Sm1 = load_seq_tap(seq_base, t - 1, L, seq0, HAS_INIT)
-            Sp1 = load_seq_tap(seq_base, t + 1, L, seq0, HAS_INIT)
-            if WIDTH >= 3:
-                Sm2 = load_seq_tap(seq_base, t - 2, L, seq0, HAS_INIT)
-                Sp2 = load_seq_tap(seq_base, t + 2, L, seq0, HAS_INIT)
-            if WIDTH >= 4:
-                Sm3 = load_seq_tap(seq_base, t - 3, L, seq0, HAS_INIT)
-                Sp3 = load_seq_tap(seq_base, t + 3, L, seq0, HAS_INIT)
+            Xm3, Sm3 = _tap_at(x_base, init_base, seq_base, t - 3, L, mask_d, seq0, stride_xl,
+                               stride_il, WIDTH, HAS_INIT, HAS_SEQ)
+            Xp3, Sp3 = _tap_at(x_base, init_base, seq_base, t + 3, L, mask_d, seq0, stride_xl,
+                               stride_il, WIDTH, HAS_INIT, HAS_SEQ)
 
         # g_j: gradient w.r.t. the pre-activation of output t+j, j = 0..W-1
         pre = zero_d[None, :]
@@ -267,18 +269,18 @@ def causal_conv1d_bwd_triton(
     n_chunks = max(1, triton.cdiv(rows, n_iters * block_l))
     ptrs, strides, partials = bwd_operands(x, weight, bias, dout, seq_idx, initial_states,
                                            dfinal_states, dx, dinit, n_chunks)
-    _causal_conv1d_bwd_kernel[(n_d, n_chunks, batch)](
-        *ptrs, seqlen, dim, n_iters, n_chunks, *strides,
-        WIDTH=width,
-        SILU=silu,
-        HAS_BIAS=bias is not None,
-        HAS_SEQ=seq_idx is not None,
-        HAS_INIT=initial_states is not None,
-        HAS_DFIN=dfinal_states is not None,
-        FRONT=front,
-        BLOCK_L=block_l,
-        BLOCK_D=block_d,
-        **cfg,
+    _BWD_LAUNCH(
+        (n_d, n_chunks, batch), (*ptrs, seqlen, dim, n_iters, n_chunks, *strides),
+        (width, silu, bias is not None, seq_idx is not None, initial_states is not None,
+         dfinal_states is not None, front, block_l, block_d),
+        cfg.get("num_warps", 4),
     )
     reduce_chunk_partials(partials, dweight, dbias)
     return dweight, dbias, dinit
+
+
+_BWD_LAUNCH = CachedLauncher(
+    _causal_conv1d_bwd_kernel,
+    ("WIDTH", "SILU", "HAS_BIAS", "HAS_SEQ", "HAS_INIT", "HAS_DFIN", "FRONT", "BLOCK_L",
+     "BLOCK_D"),
+)

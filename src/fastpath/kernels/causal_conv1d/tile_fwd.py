@@ -18,6 +18,7 @@ from fastpath.kernels.causal_conv1d.common import (
     next_pow2,
     silu_fp32,
 )
+from fastpath.kernels.compiled_launch import CachedLauncher
 
 
 @triton.jit
@@ -61,8 +62,8 @@ def _causal_conv1d_fwd_kernel(
     for k in tl.static_range(4):
         if k >= KPAD:
             pos = offs_l + (k - 3)
-            xv = load_x_tap(x_base, init_base, pos, L, mask_d, stride_xl, stride_il,
-                            WIDTH, HAS_INIT)
+            xv = load_x_tap(x_base, init_base, pos[:, None], L, mask_d[None, :], stride_xl,
+                            stride_il, WIDTH, HAS_INIT)
             if HAS_SEQ:
                 if k < 3:
                     same = load_seq_tap(seq_base, pos, L, seq0, HAS_INIT) == seq_t
@@ -107,16 +108,17 @@ def causal_conv1d_fwd_triton(
     cfg = dict(config or fwd_config(x))
     block_l, block_d = cfg.pop("BLOCK_L"), cfg.pop("BLOCK_D")
     ptrs, strides = fwd_operands(x, weight, bias, seq_idx, initial_states, out)
-    grid = (triton.cdiv(seqlen, block_l), triton.cdiv(dim, block_d), batch)
-    _causal_conv1d_fwd_kernel[grid](
-        *ptrs, seqlen, dim, *strides,
-        WIDTH=weight.shape[-1],
-        SILU=silu,
-        HAS_BIAS=bias is not None,
-        HAS_SEQ=seq_idx is not None,
-        HAS_INIT=initial_states is not None,
-        BLOCK_L=block_l,
-        BLOCK_D=block_d,
-        **cfg,
+    _FWD_LAUNCH(
+        (triton.cdiv(seqlen, block_l), triton.cdiv(dim, block_d), batch),
+        (*ptrs, seqlen, dim, *strides),
+        (weight.shape[-1], silu, bias is not None, seq_idx is not None,
+         initial_states is not None, block_l, block_d),
+        cfg.get("num_warps", 4),
     )
     return out
+
+
+_FWD_LAUNCH = CachedLauncher(
+    _causal_conv1d_fwd_kernel,
+    ("WIDTH", "SILU", "HAS_BIAS", "HAS_SEQ", "HAS_INIT", "BLOCK_L", "BLOCK_D"),
+)

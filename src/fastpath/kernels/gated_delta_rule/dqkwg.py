@@ -331,7 +331,7 @@ def floor_seconds(B: int, T: int, H: int, HV: int, K: int, V: int, chunk_size: i
     Matmuls per (chunk, value head): do@h^T, v@dh^T, dv@h^T (BT*V*K each), do@v^T, ds@k,
     ds^T@q (BT*BT*V or BT*BT*K). Bytes: read q, k (H heads), v, do, dv, w-sized dw write,
     h, dh, g; write dq, dk (H heads) and dg. Defaults: H200 dense bf16 peak (989 TFLOP/s) and
-    the device copy bandwidth measured on the lent H200 (4274 GB/s, /work/shared/FACTS.md).
+    the device-to-device copy bandwidth measured on the lent H200 on 2026-12-02 (4274 GB/s).
     """
     NT = math.ceil(T / chunk_size)
     BT = chunk_size

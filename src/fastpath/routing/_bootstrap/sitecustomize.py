@@ -66,19 +66,26 @@ def _install() -> None:
 
 
 def _chain_next_sitecustomize() -> None:
+    """Run the `sitecustomize` Python would have imported without us, found the way the import
+    system finds it (a .py, a sourceless .pyc, a package, an empty entry meaning the current
+    directory), and make it *the* `sitecustomize` module: `import sitecustomize` in the program
+    then sees the user's attributes, not ours."""
+    import importlib.machinery
+
     here = os.path.dirname(os.path.abspath(__file__))
-    for entry in sys.path:
-        if not entry or os.path.abspath(entry) == here:
-            continue
-        candidate = os.path.join(entry, "sitecustomize.py")
-        if os.path.isfile(candidate):
-            spec = importlib.util.spec_from_file_location("_fastpath_chained_sitecustomize", candidate)
-            if spec is None or spec.loader is None:
-                return
-            module = importlib.util.module_from_spec(spec)
-            sys.modules["_fastpath_chained_sitecustomize"] = module
-            spec.loader.exec_module(module)
-            return
+    rest = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    ours = sys.modules.get("sitecustomize")
+    sys.modules["sitecustomize"] = module  # the import of us returns what sys.modules holds
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        if ours is not None:
+            sys.modules["sitecustomize"] = ours
+        raise
 
 
 _install()
