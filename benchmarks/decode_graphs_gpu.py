@@ -25,7 +25,8 @@ from typing import Any
 
 def run_one(config: str, layers: int, prompt: int, tokens: int) -> dict[str, Any]:
     """In this process: hide what the config hides, build, decode with and without the graph."""
-    from fastpath.proof.bench import CONFIGS, _hide_modules
+    from fastpath.proof.bench_spec import CONFIGS
+    from fastpath.proof.bench_worker import _hide_modules
 
     spec = CONFIGS[config]
     _hide_modules(spec.hide)

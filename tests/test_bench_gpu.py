@@ -35,5 +35,8 @@ def test_bench_on_cuda_writes_everything_into_out(tmp_path, capsys):
             entry = by_name[name]["phases"][phase]
             assert "error" not in entry, entry
             assert entry["peak_mem_mib"] > 0 and entry["tokens_per_s"] > 0
+    assert by_name["fastpath"]["implementation"] == "fastpath Triton"  # real kernels: a real speed-up
+    assert set(doc["speedup"]["fastpath"]) == {"prefill", "train", "decode"}
+    assert not any("not_timing_data" in e for e in by_name["fastpath"]["phases"].values())
     assert doc["environment"]["gpu"]
     assert "CUDA events" in (out / "bench.md").read_text()

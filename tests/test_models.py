@@ -18,6 +18,7 @@ from fastpath.model_source import load_config
 from fastpath.proof.models import (
     build_model,
     cut_layers,
+    kept_layers,
     layer_types,
     torch_dtype,
     transformers_config,
@@ -73,6 +74,31 @@ def test_cut_layers_slices_patterns_and_filters_index_lists():
     assert cut["attn_layer_indices"] == [1, 3]
     assert cut["mlp_only_layers"] == [0]
     assert cut["eos_token_id"] == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize(("preset", "layers", "expected"), [
+    # the first 2 layers are both linear attention / conv: the first attention layer takes the 2nd place
+    ("qwen3.5-27b", 2, ["linear_attention", "full_attention"]),
+    ("lfm2-1.2b", 2, ["conv", "full_attention"]),
+    ("qwen3.5-27b", 5, ["linear_attention"] * 3 + ["full_attention", "linear_attention"]),
+])
+def test_layers_keeps_every_layer_type_of_a_hybrid_model(preset, layers, expected):
+    config = transformers_config(load_config(preset), layers=layers)
+    assert layer_types(config) == expected
+
+
+def test_layers_on_a_hybrid_override_pattern_keeps_mamba_mlp_and_attention():
+    # Nemotron-H: M (Mamba2), - (MLP), * (attention); the first attention layer is layer 7.
+    pattern = load_config("nemotron-h-8b")["hybrid_override_pattern"]
+    assert kept_layers(list(pattern), 3) == [0, 1, 7]
+    cut = cut_layers({"num_hidden_layers": len(pattern), "hybrid_override_pattern": pattern,
+                      "attn_layer_indices": [7, 16]}, 3)
+    assert cut["hybrid_override_pattern"] == "M-*" and cut["attn_layer_indices"] == [2]
+
+
+def test_too_few_layers_for_the_layer_types_is_refused_naming_the_flag():
+    with pytest.raises(UsageError, match=r"^--layers 1 cannot keep every layer type .*use --layers 2 or more$"):
+        transformers_config(load_config("qwen3.5-27b"), layers=1)
 
 
 @pytest.mark.parametrize("layers", [0, -1, 7])

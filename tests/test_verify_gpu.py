@@ -29,7 +29,7 @@ def qwen(tmp_path):
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_verify_passes_on_cuda(qwen, dtype):
-    from fastpath.proof.verify import verify_model
+    from fastpath.proof.run_paths import verify_model
 
     result = verify_model(qwen, dtype=dtype, seq_len=128, batch=2, backward=True, decode_tokens=8, device="cuda")
     assert result.ok, result.problems

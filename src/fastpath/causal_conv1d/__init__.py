@@ -7,6 +7,12 @@ mamba_ssm and friends that `import causal_conv1d` get compiler-free kernels.
 __version__ = "1.7.0"
 __fastpath__ = True
 
+from ..extras import raise_one_line as _raise_one_line
+from ..extras import requirement_error as _requirement_error
+
+if _requirement_error("kernels") is not None:  # no torch: one line with the pip command, exit 2
+    _raise_one_line(_requirement_error("kernels"))
+
 from .causal_conv1d_interface import causal_conv1d_fn, causal_conv1d_update
 
 __all__ = ["__fastpath__", "__version__", "causal_conv1d_fn", "causal_conv1d_update"]

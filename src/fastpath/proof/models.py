@@ -59,6 +59,13 @@ def dtype_label(dtype: Any) -> str:
     )
 
 
+def resolve_dtype(name: str, device: str | None) -> str:
+    """--dtype auto: bf16 on a GPU, fp32 on CPU (where bf16 matmuls are slow and less exact)."""
+    if name != "auto":
+        return name
+    return "bf16" if resolve_device(device).type == "cuda" else "fp32"
+
+
 def resolve_device(name: str | None) -> Any:
     """'auto' (CUDA when available) | 'cpu' | 'cuda[:N]' | 'meta' -> torch.device."""
     import torch
@@ -133,11 +140,38 @@ def _is_index_list_key(key: str) -> bool:
     return key.endswith(("_idxs", "_indices", "_layers", "_layer_ids"))
 
 
-def cut_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:
-    """Keep the first `layers` decoder layers of a (text) config dict, pattern included.
+def kept_layers(types: list[str], layers: int) -> list[int]:
+    """Indices of the layers `--layers N` keeps: the first N, except that every layer type of the
+    model stays represented (the last kept layers of a repeated type give way to the first layer
+    of each missing type).
 
-    Per-layer lists and pattern strings are sliced; lists of layer indices are filtered. The
-    result is checked: its layer types must be the first `layers` types of the original.
+    Why: the first 2 layers of Qwen3.5 or LFM2 are both linear-attention / conv layers; a model
+    without its attention layer cannot even build a decode cache (transformers raises
+    "`get_seq_length` can only be called on Attention layers"), and verify would not exercise
+    the layer types the full model has.
+    """
+    distinct = list(dict.fromkeys(types))
+    if layers < len(distinct):
+        raise UsageError(f"--layers {layers} cannot keep every layer type of this model "
+                         f"({', '.join(distinct)}); use --layers {len(distinct)} or more")
+    keep = list(range(layers))
+    for kind in distinct:
+        if any(types[i] == kind for i in keep):
+            continue
+        for pos in range(len(keep) - 1, -1, -1):
+            if sum(types[i] == types[keep[pos]] for i in keep) > 1:
+                keep.pop(pos)
+                break
+        keep.append(types.index(kind))
+    return sorted(keep)
+
+
+def cut_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:
+    """Keep `layers` decoder layers of a (text) config dict (see kept_layers), pattern included.
+
+    Per-layer lists and pattern strings are gathered at the kept indices; lists of layer indices
+    are filtered and renumbered. The result is checked: its layer types must be the original's
+    types at the kept indices.
     """
     if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
         raise UsageError(f"--layers must be a positive integer, got {layers!r}")
@@ -146,6 +180,7 @@ def cut_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:
     if layers > total:
         raise UsageError(f"--layers {layers} is more than the model's {total} layers")
     before = layer_types(config)
+    keep = kept_layers(before, layers) if len(before) == total else list(range(layers))
     cut: dict[str, Any] = {}
     for key, value in config.items():
         if key == count_key:
@@ -153,13 +188,14 @@ def cut_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:
         elif _is_index_list_key(key) and isinstance(value, list) and all(
             isinstance(v, int) and not isinstance(v, bool) for v in value
         ):
-            cut[key] = [v for v in value if v < layers]
+            cut[key] = [keep.index(v) for v in value if v in keep]
         elif key in _PATTERN_KEYS and isinstance(value, (list, str)) and len(value) == total:
-            cut[key] = value[:layers]
+            picked = [value[i] for i in keep]
+            cut[key] = "".join(picked) if isinstance(value, str) else picked
         else:
             cut[key] = value
     after = layer_types(cut)
-    if before and len(before) == total and after != before[:layers]:
+    if before and len(before) == total and after != [before[i] for i in keep]:
         raise UsageError(f"cannot cut this config to {layers} layers keeping its layer-type pattern")
     return cut
 
@@ -191,6 +227,29 @@ def transformers_config(config: dict[str, Any], layers: int | None = None) -> An
         return type(text).from_dict(cut_layers(data, layers))
     except (ValueError, TypeError, KeyError) as exc:
         raise UsageError(f"cannot cut {model_type!r} to {layers} layers: {first_line(exc)}") from None
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """What a job will build, decided before anything is allocated (sizing reads it)."""
+
+    source: ModelSource
+    config: Any  # the transformers (text) config, cut to --layers
+    device: Any
+    min_layers: int  # the fewest layers that keep every layer type
+
+
+def plan_job(source: str, *, layers: int | None, dtype: str, device: str | None) -> JobPlan:
+    """Resolve the source, dtype, device and (cut) config: every UsageError before the build."""
+    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
+        raise UsageError(f"--layers must be a positive integer, got {layers!r}")
+    src = resolve_source(source)
+    torch_dtype(dtype)
+    target = resolve_device(device)
+    full = transformers_config(src.config)
+    config = transformers_config(src.config, layers) if layers is not None else full
+    return JobPlan(src, config, target, len(set(layer_types(full))) or 1)
+
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,29 +32,76 @@ MAMBA_SSM_NAMES = ("selective_state_update", "selective_scan_fn", "mamba_inner_f
 PACKAGE_DEVICES = {"causal_conv1d": ("cuda",), "fla": ("cuda", "xpu", "mlu", "npu"), "mamba_ssm": ("cuda",)}
 
 
-@dataclass
+DEFAULT_WIDTH = 100  # columns when there is no terminal to ask (notebooks, pipes)
+_HEAD = ("layer", "layer_type", "op", "impl", "fast")
+_GAP = "  "
+
+
+@dataclass(repr=False)
 class Explanation:
-    """Rows {layer, layer_type, op, impl, fast}; str() is an aligned table."""
+    """Rows {layer, layer_type, op, impl, fast}; str() is an aligned table that fits `width`
+    columns (default: the terminal's width, else 100); long cells wrap inside their column."""
 
     rows: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    width: int | None = None
 
     @property
     def slow_count(self) -> int:
         return sum(1 for r in self.rows if not r["fast"])
 
     def __str__(self) -> str:
+        return self.table(self.width)
+
+    def __repr__(self) -> str:  # notebooks show the table, not a dump of the rows
+        return self.table(self.width)
+
+    def table(self, width: int | None = None) -> str:
         if not self.rows:
             return "(no causal_conv1d / gated-delta-rule layers found)"
-        head = ("layer", "layer_type", "op", "impl", "fast")
-        cells = [head] + [(r["layer"], r["layer_type"], r["op"], r["impl"], "yes" if r["fast"] else "NO")
-                          for r in self.rows]
-        widths = [max(len(str(c[i])) for c in cells) for i in range(len(head))]
-        lines = ["  ".join(str(c[i]).ljust(widths[i]) for i in range(len(head))).rstrip() for c in cells]
-        lines.insert(1, "  ".join("-" * w for w in widths))
+        if width is None:
+            import shutil
+
+            width = shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+        cells = [[str(r["layer"]), str(r["layer_type"]), str(r["op"]), str(r["impl"]),
+                  "yes" if r["fast"] else "NO"] for r in self.rows]
+        widths = _fit_columns([_HEAD, *cells], max(int(width), 40))
+        lines = [_GAP.join(h.ljust(w) for h, w in zip(_HEAD, widths, strict=True)).rstrip(),
+                 _GAP.join("-" * w for w in widths)]
+        for row in cells:
+            lines += _wrapped_row(row, widths)
         lines.append(f"{len(self.rows) - self.slow_count}/{len(self.rows)} ops fast")
-        lines.extend(f"note: {n}" for n in self.notes)
+        import textwrap
+
+        for note in self.notes:
+            lines += textwrap.wrap(f"note: {note}", max(int(width), 40), subsequent_indent="  ")
         return "\n".join(lines)
+
+
+def _fit_columns(rows: list[Any], width: int) -> list[int]:
+    """Column widths whose sum (plus gaps) fits `width`: the widest wrappable columns (impl,
+    layer, layer_type) give up space first, never below a readable minimum."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_HEAD))]
+    budget = width - len(_GAP) * (len(_HEAD) - 1)
+    minimum = [12, 10, len("chunk_gated_delta_rule"), 16, 4]
+    for col in (3, 0, 1, 2):
+        excess = sum(widths) - budget
+        if excess <= 0:
+            break
+        widths[col] = max(minimum[col], widths[col] - excess, len(_HEAD[col]))
+    return widths
+
+
+def _wrapped_row(row: list[str], widths: list[int]) -> list[str]:
+    import textwrap
+
+    parts = [textwrap.wrap(c, w, break_on_hyphens=False) or [""] for c, w in zip(row, widths, strict=True)]
+    height = max(len(p) for p in parts)
+    lines = []
+    for i in range(height):
+        cells = [(p[i] if i < len(p) else "").ljust(w) for p, w in zip(parts, widths, strict=True)]
+        lines.append(_GAP.join(cells).rstrip())
+    return lines
 
 
 def explain_model(model: Any) -> Explanation:

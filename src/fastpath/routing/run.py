@@ -59,6 +59,9 @@ def main(args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise UsageError("no command given; usage: fastpath run -- python train.py")
+    from fastpath.extras import require
+
+    require("run")  # enable() in every process needs torch; say so once, here
     if shutil.which(cmd[0]) is None and not os.path.exists(cmd[0]):
         raise UsageError(f"command not found: {cmd[0]}")
     env = launch_environment(warn=not args.no_warn)

@@ -34,6 +34,8 @@ from fastpath.routing.patch_registry import PatchRegistry
 __all__ = ["EnableReport", "Explanation", "assert_fast", "disable", "enable", "explain", "is_enabled"]
 
 _GDN_MODES = ("auto", "fla", "off")
+# The transformers releases enable() knows the hooks of (oldest, newest), as major.minor.
+SUPPORTED_TRANSFORMERS = ("4.57", "5.25")
 
 
 @dataclass
@@ -102,6 +104,7 @@ def enable(
     Calling enable() again replaces the previous routing (disable() first, then enable).
     """
     global _STATE
+    version_note = check_transformers_version(_transformers_version())
     if gated_delta_rule not in _GDN_MODES:
         raise UsageError(f"gated_delta_rule must be one of {_GDN_MODES}, got {gated_delta_rule!r}")
     if lift_device_gate and not triton_interpreter_on():
@@ -179,6 +182,8 @@ def enable(
         if hub_kernels.kernels_installed():
             report.notes.append("`kernels` is installed: fastpath's routes are module globals, which "
                                 "Hub kernelize() does not replace while USE_HUB_KERNELS=0")
+        if version_note:
+            report.notes.append(version_note)
         if lift_device_gate:
             report.notes.append("lift_device_gate: CUDA-gated lfm2 kernel paths run on CPU (Triton interpreter)")
         if fla.chunk_impl == fla_route.DQKWG_IMPL:
@@ -240,7 +245,43 @@ def _provide_causal_conv1d_module(face: Any, reg: PatchRegistry, report: EnableR
     report.notes.append("sys.modules['causal_conv1d'] -> fastpath.causal_conv1d (for mamba_ssm)")
 
 
+def check_transformers_version(found: str | None) -> str | None:
+    """None when `found` is a supported transformers; a warning text when it is newer than the
+    newest release fastpath knows (it may work: the hooks change rarely); an error otherwise."""
+    from packaging.version import InvalidVersion, Version
+
+    from fastpath.extras import MissingDependency, raise_one_line
+
+    oldest, newest = SUPPORTED_TRANSFORMERS
+    supported = f"fastpath.enable() supports transformers {oldest} to {newest}"
+    pin = f'pip install "transformers>={oldest},<{_next_minor(newest)}"'
+    if found is None:
+        raise_one_line(MissingDependency(f"{supported}, and transformers is not installed; run: {pin}",
+                                         "transformers"))
+    try:
+        release = Version(found).release[:2]
+    except InvalidVersion:
+        return f"{supported}; cannot read the installed version {found!r}"
+    if release < Version(oldest).release[:2]:
+        raise UsageError(f"{supported}; transformers {found} is too old: {pin}")
+    if release > Version(newest).release[:2]:
+        text = (f"{supported}; transformers {found} is newer than fastpath knows: routing may miss "
+                f"changed hooks (check fastpath.explain(model)), or {pin}")
+        warnings.warn(f"fastpath: {text}", RuntimeWarning, stacklevel=3)
+        return text
+    return None
+
+
+def _next_minor(version: str) -> str:
+    major, minor = version.split(".")[:2]
+    return f"{major}.{int(minor) + 1}"
+
+
 def _transformers_version() -> str | None:
+    from fastpath.extras import missing_modules
+
+    if missing_modules(("transformers",)):  # not installed, or made unimportable (None in sys.modules)
+        return None
     module = sys.modules.get("transformers")
     if module is not None:
         return getattr(module, "__version__", None)

@@ -24,7 +24,7 @@ def mean_token_norm(t: Any) -> float:
 
 def state_problems(name: str, state: Any, embed_norm: float) -> list[str]:
     """What is wrong with one stored state [seq, H] of a row (empty when nothing is)."""
-    from fastpath.proof.verify import tensor_flags
+    from fastpath.proof.compare import tensor_flags
 
     flags = tensor_flags(state.unsqueeze(0))
     if flags:

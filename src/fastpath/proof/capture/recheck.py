@@ -28,7 +28,7 @@ def recheck_row(parts: DecoderParts, ids: Any, captured: dict[str, Any], capture
     captured: "layer {i}" -> [T, H] for each capture id, plus "final norm" -> [T, H].
     fastpath is disabled for the reference run and re-enabled afterwards when it was on."""
     import fastpath
-    from fastpath.proof.verify import compare
+    from fastpath.proof.compare import compare
 
     if on_fast_path:
         fastpath.disable()

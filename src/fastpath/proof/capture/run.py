@@ -173,7 +173,7 @@ class _Progress:
 
 def load_target(opts: CaptureOptions, device: Any) -> Any:
     from fastpath.proof.models import build_model
-    from fastpath.proof.verify import hidden_compiled_peers
+    from fastpath.proof.run_paths import hidden_compiled_peers
 
     # The reference path must be transformers' torch fallbacks (as in `fastpath verify`).
     with hidden_compiled_peers():
@@ -185,8 +185,8 @@ def run_capture(opts: CaptureOptions) -> CaptureResult:
     """Capture every row of opts.data into opts.out (see the package doc)."""
     import torch
 
+    from fastpath.proof.compare import TOLERANCES
     from fastpath.proof.models import dtype_label, resolve_device
-    from fastpath.proof.verify import TOLERANCES
 
     if opts.max_len < 2:
         raise UsageError("--max-len must be at least 2")

@@ -1,0 +1,165 @@
+"""What `fastpath bench` runs: the configurations (one worker process each), the phases it
+times (a registry: a new phase is one `register_phase` call), and the settings both sides share.
+
+Light at import (no torch): the parent validates against these before starting any worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastpath.errors import UsageError
+
+SCHEMA = "fastpath.bench/1"
+PROGRESS_PREFIX = "@fastpath-bench-progress "
+
+# A phase runner: (model, input ids [B, L], settings) -> (timed fn, untimed setup before each call
+# or None, tokens processed per call). Runners import torch themselves (they run in the worker).
+PhaseRunner = Callable[[Any, Any, "BenchSettings"], tuple[Callable[[], Any], "Callable[[], Any] | None", int]]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One timed phase: its JSON key, the label tables use, and how the worker runs it."""
+
+    name: str
+    label: str
+    runner: PhaseRunner
+    backward: bool = False  # keeps gradients and saved activations (sizing reads this)
+    default: bool = True  # part of the default --phases
+
+
+PHASE_REGISTRY: dict[str, Phase] = {}
+
+
+def register_phase(phase: Phase) -> Phase:
+    """Add a phase (e.g. a CUDA-graph decode) to bench; its runner is called in the worker."""
+    PHASE_REGISTRY[phase.name] = phase
+    return phase
+
+
+def phase_label(name: str) -> str:
+    phase = PHASE_REGISTRY.get(name)
+    return phase.label if phase is not None else name
+
+
+def default_phases() -> tuple[str, ...]:
+    return tuple(name for name, phase in PHASE_REGISTRY.items() if phase.default)
+
+
+@dataclass(frozen=True)
+class ConfigSpec:
+    """One way of running the model: which packages the worker hides, whether it enables fastpath."""
+
+    name: str
+    label: str
+    enable: bool
+    hide: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()  # top-level modules that must be importable (else skipped)
+    needs_cuda: bool = False
+
+
+CONFIGS: dict[str, ConfigSpec] = {
+    # The torch fallback users get without the compiled packages (hidden even where installed).
+    "reference": ConfigSpec("reference", "transformers torch fallback", enable=False,
+                            hide=("causal_conv1d", "causal_conv1d_cuda", "fla")),
+    "fastpath": ConfigSpec("fastpath", "fastpath.enable()", enable=True),
+    # FLA's gated delta rule with transformers' torch conv: what fastpath adds on top of FLA.
+    "fla": ConfigSpec("fla", "FLA, torch conv", enable=False, hide=("causal_conv1d", "causal_conv1d_cuda"),
+                      requires=("fla",), needs_cuda=True),
+    # The compiled peers, as transformers binds them itself when they are installed.
+    "fla+dao": ConfigSpec("fla+dao", "FLA + Dao causal-conv1d CUDA", enable=False,
+                          requires=("causal_conv1d", "causal_conv1d_cuda", "fla"), needs_cuda=True),
+}
+
+
+@dataclass
+class BenchSettings:
+    source: str
+    layers: int | None = None
+    dtype: str = "fp32"
+    device: str = "cpu"
+    seq_len: int = 4096
+    batch: int = 1
+    decode_tokens: int = 64
+    repeats: int = 5
+    warmup: int = 2
+    seed: int = 0
+    phases: tuple[str, ...] = field(default_factory=lambda: default_phases())
+
+    def validate(self) -> None:
+        if self.seq_len < 2:
+            raise UsageError("--seq-len must be at least 2")
+        if self.batch < 1:
+            raise UsageError("--batch must be at least 1")
+        if self.repeats < 1:
+            raise UsageError("--repeats must be at least 1")
+        if self.warmup < 0:
+            raise UsageError("--warmup must be >= 0")
+        if "decode" in self.phases and self.decode_tokens < 1:
+            raise UsageError("--decode-tokens must be at least 1")
+        if not self.phases:
+            raise UsageError(f"--phases is empty; phases: {', '.join(PHASE_REGISTRY)}")
+        unknown = [p for p in self.phases if p not in PHASE_REGISTRY]
+        if unknown:
+            raise UsageError(f"unknown phase {unknown[0]!r}; phases: {', '.join(PHASE_REGISTRY)}")
+        if self.layers is not None and self.layers < 1:
+            raise UsageError(f"--layers must be a positive integer, got {self.layers}")
+
+
+
+
+# ---------------------------------------------------------------------------------------------
+# The built-in phases
+
+
+def _prefill(model: Any, ids: Any, settings: BenchSettings) -> tuple[Callable[[], Any], None, int]:
+    """Forward without grad over B x L tokens, logits for the last token only (as serving does)."""
+    import torch
+
+    def run() -> None:
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False, logits_to_keep=1)
+    return run, None, ids.numel()
+
+
+def _train(model: Any, ids: Any, settings: BenchSettings) -> tuple[Callable[[], Any], None, int]:
+    """Forward + backward of a next-token loss over B x L tokens."""
+    import torch
+
+    def run() -> None:
+        model.zero_grad(set_to_none=True)
+        out = model(input_ids=ids, use_cache=False)
+        logits = out.logits[:, :-1].float()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        loss.backward()
+    return run, None, ids.numel()
+
+
+def _decode(model: Any, ids: Any, settings: BenchSettings) -> tuple[Callable[[], Any], Callable[[], Any], int]:
+    """N single-token cached steps after an (untimed) prefill of the L-token prompt."""
+    import torch
+
+    from fastpath.proof.greedy import prefill, step
+
+    holder: dict[str, Any] = {}
+
+    def setup() -> None:
+        holder.clear()
+        with torch.no_grad():
+            holder["state"] = prefill(model, ids)
+
+    def run() -> None:
+        with torch.no_grad():
+            state = holder["state"]
+            for _ in range(settings.decode_tokens):
+                state = step(model, state)
+            holder["state"] = state
+    return run, setup, ids.shape[0] * settings.decode_tokens
+
+
+register_phase(Phase("prefill", "prefill", _prefill))
+register_phase(Phase("train", "forward+backward", _train, backward=True))
+register_phase(Phase("decode", "decode", _decode))

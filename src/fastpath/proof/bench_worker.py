@@ -1,0 +1,206 @@
+"""The bench worker: `python -m fastpath.proof.bench_worker JOB.json` runs one configuration in a
+fresh interpreter and writes its result JSON.
+
+Why a process per configuration: transformers binds causal_conv1d / FLA when it imports a
+modeling module (5.15+), so "the torch fallback" and "FLA + Dao CUDA" are properties of a fresh
+interpreter (with those packages hidden, or not), not switches to flip in one; a fresh process
+also gives each configuration a clean peak-memory counter. Warm-up runs first (Triton compiles
+there), then the repeats, timed with CUDA events on a GPU and perf_counter on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fastpath.errors import FastpathError, first_line
+from fastpath.proof.bench_spec import (
+    CONFIGS,
+    PHASE_REGISTRY,
+    PROGRESS_PREFIX,
+    BenchSettings,
+    ConfigSpec,
+)
+from fastpath.proof.verdict import kernel_impls
+
+TORCH = "torch"  # what a configuration ran when no fast kernel executed
+INTERPRETED = "(interpreter)"
+NOT_TIMING_DATA = "Triton interpreter: kernels emulated on the CPU, a correctness run, not timing data"
+
+
+def _hide_modules(names: tuple[str, ...]) -> None:
+    """Make `import name` raise ImportError in this process (transformers then takes torch)."""
+    for name in names:
+        sys.modules[name] = None  # type: ignore[assignment]
+
+
+class _Timer:
+    """Seconds for one call: CUDA events on a GPU (device time, no host sync inside), else perf_counter."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self.cuda = device.type == "cuda"
+        self.torch = torch
+
+    def __call__(self, fn: Callable[[], Any]) -> float:
+        if self.cuda:
+            start = self.torch.cuda.Event(enable_timing=True)
+            end = self.torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        import time
+
+        begin = time.perf_counter()
+        fn()
+        return time.perf_counter() - begin
+
+
+
+def run_config(spec: ConfigSpec, settings: BenchSettings, report: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Time every phase of one configuration in *this* process (the worker calls it first thing)."""
+    say = report or (lambda _phase: None)
+    _hide_modules(spec.hide)
+    missing = [m for m in spec.requires if not _importable(m)]
+    if missing:
+        return {"config": spec.name, "label": spec.label, "skipped": f"not importable: {', '.join(missing)}"}
+    import torch
+
+    import fastpath
+    from fastpath.kernels.counters import CALLS
+    from fastpath.proof.models import build_model
+
+    result: dict[str, Any] = {"config": spec.name, "label": spec.label, "phases": {}}
+    if spec.enable:
+        result["enable_report"] = str(fastpath.enable())
+    built = build_model(settings.source, layers=settings.layers, dtype=settings.dtype,
+                        device=settings.device, seed=settings.seed)
+    model = built.model
+    device = built.device
+    result["model"] = built.to_json()
+    result["environment"] = _environment(device)
+    try:
+        result["explain"] = [dict(r) for r in fastpath.explain(model).rows]
+    except Exception as exc:  # a report only
+        result["explain"] = [{"error": first_line(exc, with_type=True)}]
+    gen = torch.Generator().manual_seed(settings.seed + 1)
+    ids = torch.randint(0, built.vocab_size, (settings.batch, settings.seq_len), generator=gen).to(device)
+    timer = _Timer(device)
+    calls_before = dict(CALLS)
+    for phase in settings.phases:
+        fn, setup, tokens = PHASE_REGISTRY[phase].runner(model, ids, settings)
+        entry: dict[str, Any] = {"tokens_per_call": tokens}
+        try:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+            for _ in range(settings.warmup):
+                if setup:
+                    setup()
+                fn()
+                say(phase)
+            samples = []
+            for _ in range(settings.repeats):
+                if setup:
+                    setup()
+                samples.append(timer(fn))
+                say(phase)
+            median = statistics.median(samples)
+            entry.update(
+                median_s=median,
+                samples_s=samples,
+                tokens_per_s=tokens / median if median > 0 else None,
+                peak_mem_mib=(torch.cuda.max_memory_allocated(device) / 2**20) if device.type == "cuda" else None,
+            )
+        except Exception as exc:  # one failing phase (an FLA refusal, an OOM) must not hide the others
+            entry["error"] = first_line(exc, with_type=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            for _ in range(settings.warmup + settings.repeats):
+                say(phase)
+        model.zero_grad(set_to_none=True)
+        result["phases"][phase] = entry
+    result["kernel_calls"] = {k: v - calls_before.get(k, 0) for k, v in CALLS.items() if v - calls_before.get(k, 0)}
+    result["implementation"] = implementation(spec, result["kernel_calls"], device)
+    if result["implementation"].endswith(INTERPRETED):
+        for entry in result["phases"].values():
+            entry["not_timing_data"] = NOT_TIMING_DATA
+    return result
+
+
+def implementation(spec: ConfigSpec, calls: dict[str, int], device: Any) -> str:
+    """What a configuration really ran, so the report can say when two ran the same code.
+
+    fastpath.enable() on a CPU without the Triton interpreter routes every call to the kernels'
+    torch reference: the same torch code as the reference configuration ("torch").
+    """
+    if not spec.enable:
+        return TORCH if spec.name == "reference" else spec.name
+    if not kernel_impls(calls).get("triton"):
+        return TORCH
+    if device.type == "cpu":
+        return f"fastpath Triton {INTERPRETED}"
+    return "fastpath Triton"
+
+
+def _importable(module: str) -> bool:
+    if sys.modules.get(module, False) is None:
+        return False
+    try:
+        __import__(module)
+    except Exception:
+        return False
+    return True
+
+
+def _environment(device: Any) -> dict[str, Any]:
+    import torch
+
+    env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                           "host": platform.node(), "device": str(device)}
+    for dist in ("transformers", "triton", "fla-core", "flash-linear-attention", "causal-conv1d"):
+        try:
+            from importlib.metadata import version
+
+            env[dist] = version(dist)
+        except Exception:
+            env[dist] = None
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+        env["cuda"] = torch.version.cuda
+    else:
+        env["cpu"] = platform.processor() or platform.machine()
+    env["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
+    return env
+
+
+
+def main(argv: list[str]) -> int:
+    """Run the job file argv[0] names; the result JSON goes where the job says."""
+    job = json.loads(Path(argv[0]).read_text())
+    spec = CONFIGS[job["config"]]
+    settings = BenchSettings(**{**job["settings"], "phases": tuple(job["settings"]["phases"])})
+
+    def report(phase: str) -> None:
+        print(PROGRESS_PREFIX + phase, flush=True)
+
+    try:
+        result = run_config(spec, settings, report)
+    except FastpathError as exc:
+        result = {"config": spec.name, "label": spec.label, "error": str(exc)}
+    Path(job["result"]).write_text(json.dumps(result, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,199 @@
+"""The comparison maths of `fastpath verify`: per-dtype tolerances, relative errors over whole
+tensors and single tokens, flags for states that are wrong on both paths (all zero, constant,
+non-finite), gradient comparison with an fp32 oracle, and the greedy-decode check.
+
+Pure functions of tensors: nothing here runs a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Pass limits for one dtype.
+
+    rel: ||fast - ref|| / ||ref|| over a whole layer output (or the logits).
+    token_rel: the same ratio for the worst single token; looser, because one token's norm is
+        a small sample, but it catches an error confined to a few positions (the first token,
+        a packed-sequence boundary) that the whole-tensor ratio would average away.
+    grad_rel: per-parameter gradient ratio; gradients pass through every layer twice.
+    """
+
+    rel: float
+    token_rel: float
+    grad_rel: float
+
+
+# Calibration (CPU, torch 2.13, Triton 3.9 interpreter, tiny Qwen3.5 / LFM2 / Mamba2 models,
+# 2-4 layers; see tests/test_verify.py): correct kernels measured fp32 <= 4e-7 on hidden states
+# and logits (worst token <= 5e-7), <= 3e-5 on gradients (A_log, a sum over every token); a
+# packed batch whose gated delta rule leaked state across sequences measured 2e-5 (token 1e-4),
+# so the fp32 limits sit between the two. fp32 means fp32: verify turns TF32 off on CUDA
+# (cuDNN's default would put the reference's F.conv1d at ~1e-3). The kernel and torch's conv accumulate in different orders, so
+# in bf16 (unit roundoff 2^-8 = 3.9e-3) every layer's output differs by a rounding step and
+# the difference is carried through the residual stream: ~1e-2 after a few layers. fp16 has
+# 3 more mantissa bits (2^-11 = 4.9e-4). A kernel that drops the conv bias or shifts by one
+# step measures 1e-1 .. 1 (tests), far outside every limit below.
+TOLERANCES: dict[str, Tolerance] = {
+    "fp32": Tolerance(rel=1e-5, token_rel=5e-5, grad_rel=1e-3),
+    "fp16": Tolerance(rel=1e-2, token_rel=4e-2, grad_rel=4e-2),
+    "bf16": Tolerance(rel=4e-2, token_rel=1e-1, grad_rel=1e-1),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass
+class TensorDiff:
+    """How far the fast path's tensor is from the reference's, and what looks wrong in either."""
+
+    name: str
+    rel: float
+    token_rel_max: float
+    token_rel_mean: float
+    ok: bool
+    flags: list[str] = field(default_factory=list)
+    kind: str = ""  # layer type ("linear_attention", "conv", ...) for decoder layers
+
+
+@dataclass
+class GradDiff:
+    """One parameter's gradient. In bf16/fp16, `fast_vs_fp32` / `ref_vs_fp32` are each path's
+    relative distance to an fp32 run of the reference (None in fp32)."""
+
+    name: str
+    rel: float
+    ok: bool
+    fast_vs_fp32: float | None = None
+    ref_vs_fp32: float | None = None
+
+
+@dataclass
+class DecodeCheck:
+    steps: int
+    identical_steps: int  # leading steps where every row chose the same token on both paths
+    logits_rel_max: float  # worst per-step logits ratio over the compared steps
+    near_tie_step: int | None  # step where tokens split while logits stayed within tolerance
+    ok: bool
+    detail: str
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparing tensors
+
+
+def tensor_flags(tensor: Any) -> list[str]:
+    """What is wrong with a hidden state regardless of any reference: the drafter-killers."""
+    import torch
+
+    t = tensor.detach()
+    if not bool(torch.isfinite(t).all()):
+        return ["non-finite"]
+    if not bool(t.any()):
+        return ["all-zero"]
+    if bool(t.max() == t.min()):
+        return ["constant"]
+    if t.dim() >= 3 and t.shape[-2] > 1 and bool((t == t[..., :1, :]).all()):
+        return ["same at every position"]
+    return []
+
+
+def compare(name: str, fast: Any, ref: Any, tol: Tolerance) -> TensorDiff:
+    """Relative error of `fast` against `ref` (both [..., T, H]); flags from both."""
+    import torch
+
+    a = fast.detach().float()
+    b = ref.detach().float()
+    if a.shape != b.shape:
+        return TensorDiff(name, float("inf"), float("inf"), float("inf"), False,
+                          [f"shape {tuple(a.shape)} != reference {tuple(b.shape)}"])
+    flags = [f"fast: {f}" for f in tensor_flags(fast)] + [f"reference: {f}" for f in tensor_flags(ref)]
+    diff = a - b
+    ref_norm = float(torch.linalg.vector_norm(b))
+    rel = float(torch.linalg.vector_norm(diff)) / max(ref_norm, 1e-30)
+    token_ref = torch.linalg.vector_norm(b, dim=-1)
+    floor = max(float(token_ref.mean()) * 1e-6, 1e-30)
+    token_rel = torch.linalg.vector_norm(diff, dim=-1) / token_ref.clamp_min(floor)
+    token_max = float(token_rel.max()) if token_rel.numel() else 0.0
+    token_mean = float(token_rel.mean()) if token_rel.numel() else 0.0
+    finite = all(x == x and x != float("inf") for x in (rel, token_max))
+    ok = finite and not flags and rel <= tol.rel and token_max <= tol.token_rel
+    return TensorDiff(name, rel, token_max, token_mean, ok, flags)
+
+
+def _rel(a: Any, b: Any) -> float:
+    import torch
+
+    diff = float(torch.linalg.vector_norm(a.float() - b.float()))
+    return 0.0 if diff == 0.0 else diff / max(float(torch.linalg.vector_norm(b.float())), 1e-30)
+
+
+# In bf16/fp16 a gradient that sums many terms of both signs (A_log, dt_bias: one value per
+# head, summed over every token) carries rounding noise of the order of itself: measured 0.2
+# relative between two *correct* paths in bf16. So in low precision a parameter also passes when
+# the fast path is no further from an fp32 oracle than ORACLE_SLACK x the reference path is.
+ORACLE_SLACK = 2.0
+
+
+def compare_grads(fast: dict[str, Any], ref: dict[str, Any], tol: Tolerance,
+                  oracle: dict[str, Any] | None = None) -> list[GradDiff]:
+    import torch
+
+    out = []
+    for name, g_ref in ref.items():
+        g_fast = fast.get(name)
+        if g_ref is None and g_fast is None:
+            continue
+        if g_ref is None or g_fast is None:
+            out.append(GradDiff(name, float("inf"), False))
+            continue
+        rel = _rel(g_fast, g_ref)
+        finite = bool(torch.isfinite(g_fast).all())
+        ok = finite and rel <= tol.grad_rel
+        fast_o = ref_o = None
+        g_o = None if oracle is None else oracle.get(name)
+        if g_o is not None:
+            fast_o, ref_o = _rel(g_fast, g_o), _rel(g_ref, g_o)
+            ok = ok or (finite and fast_o <= ORACLE_SLACK * ref_o + 1e-6)
+        out.append(GradDiff(name, rel, ok, fast_o, ref_o))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode
+
+
+def check_decode(fast: Any, ref: Any, tol: Tolerance) -> DecodeCheck:
+    """Same greedy tokens with close logits; a split exactly at a near tie is reported, not failed.
+
+    With random weights two vocabulary entries can be within rounding of each other; then the
+    paths may legitimately choose differently. That is accepted only if the logits at that step
+    are within tolerance; after a split the contexts differ, so later steps are not compared.
+    """
+    import torch
+
+    steps = int(ref.tokens.shape[1])
+    worst = 0.0
+    for s in range(steps):
+        a, b = fast.logits[s], ref.logits[s]
+        rel = float(torch.linalg.vector_norm(a - b)) / max(float(torch.linalg.vector_norm(b)), 1e-30)
+        worst = max(worst, rel if rel == rel else float("inf"))
+        same = bool((fast.tokens[:, s] == ref.tokens[:, s]).all())
+        close = rel <= tol.rel
+        if not close:
+            return DecodeCheck(steps, s, worst, None, False,
+                               f"logits at decode step {s} differ by {rel:.3g} (> {tol.rel:g})")
+        if not same:
+            return DecodeCheck(steps, s, worst, s, True,
+                               f"tokens identical for {s} steps, then a near tie at step {s} "
+                               f"(logits within {rel:.2g}); later steps not compared")
+    return DecodeCheck(steps, steps, worst, None, True,
+                       f"{steps} greedy tokens identical on both paths, logits within {worst:.2g}")
+
+

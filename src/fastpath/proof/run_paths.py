@@ -1,0 +1,416 @@
+"""Running the two paths of `fastpath verify`: the inputs (plain or packed), one pass of a model on
+whatever path is active (forward, optional backward, greedy decode), the kernel calls it made,
+and the reference kept honest (compiled peers hidden, TF32 off in fp32, an fp32 gradient oracle).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastpath.errors import FastpathError, UsageError, first_line
+from fastpath.proof.compare import TOLERANCES, check_decode, compare, compare_grads
+from fastpath.proof.verdict import VerifyResult
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+@dataclass
+class Inputs:
+    """Token ids for one verify run; packed runs keep the per-sequence split."""
+
+    ids: Any  # [B, L]
+    packed_ids: Any | None = None  # [1, total]
+    segments: list[int] = field(default_factory=list)
+
+    def packed_kwargs(self) -> dict[str, Any]:
+        """The flattened-batch arguments DataCollatorWithFlattening would produce."""
+        import torch
+
+        device = self.packed_ids.device
+        lengths = torch.tensor(self.segments, device=device)
+        starts = torch.cumsum(lengths, 0) - lengths
+        total = int(lengths.sum())
+        position_ids = torch.arange(total, device=device) - torch.repeat_interleave(starts, lengths)
+        seq_idx = torch.repeat_interleave(torch.arange(len(self.segments), device=device), lengths)
+        cu = torch.cat([torch.zeros(1, dtype=torch.long, device=device), torch.cumsum(lengths, 0)])
+        cu = cu.to(torch.int32)
+        return {
+            "position_ids": position_ids[None],
+            "seq_idx": seq_idx.to(torch.int32)[None],
+            "cu_seq_lens_q": cu,
+            "cu_seq_lens_k": cu,
+            "max_length_q": int(lengths.max()),
+            "max_length_k": int(lengths.max()),
+        }
+
+
+def make_inputs(vocab: int, batch: int, seq_len: int, packed: bool, seed: int, device: Any,
+                min_segment: int = 4) -> Inputs:
+    """Random ids; with `packed`, the B*L tokens split into max(B, 2) sequences of unequal length."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randint(0, vocab, (batch, seq_len), generator=gen).to(device)
+    if not packed:
+        return Inputs(ids)
+    total = batch * seq_len
+    count = max(batch, 2)
+    if total < count * min_segment:
+        raise UsageError(f"--packed needs at least {count * min_segment} tokens (batch x seq-len)")
+    # Cut points drawn at random, but every piece keeps >= min_segment tokens (longer than the
+    # conv window, so a leak across a boundary shows up inside the next sequence).
+    free = total - count * min_segment
+    weights = torch.rand(count, generator=gen) + 0.25
+    extra = (weights / weights.sum() * free).floor().long()
+    extra[-1] += free - int(extra.sum())
+    segments = [int(min_segment + e) for e in extra]
+    return Inputs(ids, ids.reshape(1, total), segments)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running one path
+
+
+@dataclass
+class PathRun:
+    hidden: list[Any]
+    logits: Any
+    grads: dict[str, Any] | None
+
+
+def _next_token_loss_sum(logits: Any, ids: Any) -> Any:
+    import torch.nn.functional as F
+
+    return F.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="sum"
+    )
+
+
+def _collect_grads(model: Any) -> dict[str, Any]:
+    """Take the .grad tensors over (no copy: a 27B-wide model's gradients are gigabytes)."""
+    grads = {n: (p.grad.detach() if p.grad is not None else None) for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def _forward(model: Any, ids: Any, backward: bool, denom: int, **kwargs: Any) -> tuple[list[Any], Any]:
+    import torch
+
+    with torch.set_grad_enabled(backward):
+        out = model(input_ids=ids, output_hidden_states=True, use_cache=False, **kwargs)
+        if backward:
+            (_next_token_loss_sum(out.logits, ids) / denom).backward()
+    return [h.detach() for h in out.hidden_states], out.logits.detach()
+
+
+def run_path(model: Any, inputs: Inputs, *, packed_reference: bool, backward: bool) -> PathRun:
+    """One pass over `inputs` on whatever path is active now.
+
+    packed_reference: run each packed sequence on its own and join the outputs in time — the
+    ground truth for a packed batch (transformers' torch fallback ignores seq_idx / cu_seqlens).
+    """
+    import torch
+
+    model.zero_grad(set_to_none=True)
+    if inputs.packed_ids is None:
+        ids = inputs.ids
+        hidden, logits = _forward(model, ids, backward, ids.shape[0] * (ids.shape[1] - 1))
+    elif not packed_reference:
+        denom = sum(s - 1 for s in inputs.segments)
+        ids = inputs.packed_ids
+        with torch.set_grad_enabled(backward):
+            out = model(input_ids=ids, output_hidden_states=True, use_cache=False, **inputs.packed_kwargs())
+            if backward:
+                loss = 0.0
+                start = 0
+                for length in inputs.segments:
+                    piece = slice(start, start + length)
+                    loss = loss + _next_token_loss_sum(out.logits[:, piece], ids[:, piece])
+                    start += length
+                (loss / denom).backward()
+        hidden, logits = [h.detach() for h in out.hidden_states], out.logits.detach()
+    else:
+        denom = sum(s - 1 for s in inputs.segments)
+        pieces_h: list[list[Any]] = []
+        pieces_l = []
+        start = 0
+        for length in inputs.segments:
+            seg = inputs.packed_ids[:, start:start + length]
+            h, lg = _forward(model, seg, backward, denom)
+            pieces_h.append(h)
+            pieces_l.append(lg)
+            start += length
+        hidden = [torch.cat([p[i] for p in pieces_h], dim=1) for i in range(len(pieces_h[0]))]
+        logits = torch.cat(pieces_l, dim=1)
+    grads = _collect_grads(model) if backward else None
+    return PathRun(hidden, logits, grads)
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole verification
+
+
+class _Tf32Off:
+    """Context: real fp32 matmuls and convolutions on CUDA (both default to TF32 somewhere)."""
+
+    def __enter__(self) -> None:
+        import torch
+
+        self.saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+    def __exit__(self, *exc: object) -> None:
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.saved
+
+
+def _run_side(name: str, model: Any, inputs: Inputs, *, packed_reference: bool, backward: bool,
+              decode_tokens: int, say: Callable[[str], None]) -> tuple[PathRun, Any, dict[str, int]]:
+    """One side of the comparison: forward (+ backward), optional greedy decode, and the kernel
+    calls it made (counted at the kernels' own entry points)."""
+    from fastpath.kernels.counters import CALLS
+    from fastpath.proof.greedy import greedy_decode
+
+    say(f"{name}: forward" + (" + backward" if backward else ""))
+    before = Counter(CALLS)
+    run = run_path(model, inputs, packed_reference=packed_reference, backward=backward)
+    decode = None
+    if decode_tokens:
+        say(f"{name}: greedy decode")
+        decode = greedy_decode(model, inputs.ids, decode_tokens)
+    return run, decode, _call_delta(before, Counter(CALLS))
+
+
+def _call_delta(before: Counter[str], after: Counter[str]) -> dict[str, int]:
+    return {k: after[k] - before.get(k, 0) for k in sorted(after) if after[k] - before.get(k, 0) > 0}
+
+
+def _explain_rows(model: Any) -> list[dict[str, Any]]:
+    import fastpath
+
+    try:
+        rows = fastpath.explain(model).rows
+    except Exception as exc:  # explain is a report, never a reason to fail verify
+        return [{"error": f"explain failed: {exc.__class__.__name__}: {exc}"}]
+    return [dict(r) if isinstance(r, dict) else dict(vars(r)) for r in rows]
+
+
+# Ops that must see cu_seqlens to keep packed sequences apart. transformers' torch fallbacks take
+
+# The compiled packages transformers would bind instead of its torch fallbacks.
+COMPILED_PEERS = ("causal_conv1d", "causal_conv1d_cuda", "fla")
+REFERENCES = ("torch", "transformers")
+
+
+@contextlib.contextmanager
+def hidden_compiled_peers() -> Any:
+    """While the model is built, make Dao causal-conv1d and FLA unimportable.
+
+    Why: transformers 5.15+ binds causal_conv1d / FLA once, when it imports a modeling module,
+    and disable() restores that binding. With the peers hidden at that moment the reference is
+    the torch fallback, the spec, on every machine (with FLA bound instead, the reference
+    backward even raises on Hopper with Triton < 3.7.1, FLA #640). They are importable again
+    afterwards, so enable() can still route the gated delta rule to FLA. A modeling module
+    imported before this keeps its binding; verify reports the reference's routes either way.
+    """
+    hidden = [name for name in COMPILED_PEERS if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for name in hidden:
+            if sys.modules.get(name, False) is None:
+                del sys.modules[name]
+
+
+def _fp32_oracle_grads(model: Any, inputs: Inputs) -> dict[str, Any]:
+    """Gradients of an fp32 copy of `model` on the active (reference) path, in the model's dtype
+    layout; the copy is freed before returning."""
+    import copy
+
+    import torch
+
+    oracle = copy.deepcopy(model).float()
+    try:
+        with _Tf32Off():
+            grads = run_path(oracle, inputs, packed_reference=True, backward=True).grads or {}
+    finally:
+        del oracle
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return grads
+
+
+
+
+def _starts_with_embeddings(model: Any, ids: Any, first_hidden: Any) -> bool:
+    import torch
+
+    with torch.no_grad():
+        embedded = model.get_input_embeddings()(ids)
+    return embedded.shape == first_hidden.shape and bool(torch.equal(embedded, first_hidden))
+
+
+class _Stage:
+    """Which part of the work is running, so an exception is blamed on the right party: our own
+    setup (building, inputs, enable()) is never reported as "the reference path raised"."""
+
+    def __init__(self) -> None:
+        self.name = "verify setup"
+
+    def __call__(self, name: str) -> None:
+        self.name = name
+
+
+def verify_model(
+    source: str,
+    *,
+    dtype: str = "fp32",
+    seq_len: int = 64,
+    batch: int = 2,
+    packed: bool = False,
+    backward: bool = False,
+    layers: int | None = None,
+    decode_tokens: int = 8,
+    device: str | None = "auto",
+    seed: int = 0,
+    enable_kwargs: dict[str, Any] | None = None,
+    reference: str = "torch",
+    progress: Callable[[str], None] | None = None,
+    note: Callable[[str], None] | None = None,
+    check_memory: bool = True,
+) -> VerifyResult:
+    """Run `source` on the reference path and on the fast path; compare (see verify's module doc).
+
+    enable_kwargs go to fastpath.enable() (tests route deliberately wrong kernels this way).
+    reference="torch": transformers' torch fallbacks are the reference even where Dao
+    causal-conv1d / FLA are installed (see hidden_compiled_peers); "transformers": whatever
+    transformers binds in this environment. check_memory: size the job first and refuse
+    (UsageError) when it will not fit (proof/sizing.py). fastpath is left disabled afterwards.
+    """
+    if seq_len < 2:
+        raise UsageError("--seq-len must be at least 2")
+    if batch < 1:
+        raise UsageError("--batch must be at least 1")
+    if decode_tokens < 0:
+        raise UsageError("--decode-tokens must be >= 0")
+    if reference not in REFERENCES:
+        raise UsageError(f"unknown reference {reference!r}; use {' or '.join(REFERENCES)}")
+    say = progress or (lambda _msg: None)
+    tell = note or (lambda _msg: None)
+    from fastpath.extras import require
+
+    require("verify")
+    import torch
+
+    import fastpath
+    from fastpath.proof.models import build_model, dtype_label, plan_job
+    from fastpath.proof.verdict import collect_problems, layer_names
+
+    # With reference="torch" the compiled peers stay hidden until the model is built: sizing
+    # builds the module tree on the meta device, which imports the modeling module (and binds).
+    peers = hidden_compiled_peers() if reference == "torch" else contextlib.nullcontext()
+    with peers:
+        plan = plan_job(source, layers=layers, dtype=dtype, device=device)  # bad input: before any output
+        size = None
+        if check_memory:
+            from fastpath.proof.sizing import size_job
+
+            say("sizing the job")
+            size = size_job(plan.config, plan.source.config, what=f"verify {source}", dtype=dtype,
+                            device=plan.device, batch=batch, seq_len=seq_len, backward=backward, paths=2,
+                            min_layers=plan.min_layers)
+            tell(size.header())
+            if size.defaults_note():
+                tell("note: " + size.defaults_note())
+        say("building the model")
+        built = build_model(source, layers=layers, dtype=dtype, device=device, seed=seed)
+    if size is not None and size.defaults_note():
+        built.notes.append(size.defaults_note())
+    tol = TOLERANCES[dtype_label(built.dtype)]
+    inputs = make_inputs(built.vocab_size, batch, seq_len, packed, seed, built.device)
+    model = built.model
+    if backward:
+        model.requires_grad_(True)
+    stage = _Stage()
+    tf32 = _Tf32Off() if built.dtype == torch.float32 else contextlib.nullcontext()
+
+    def step(name: str) -> None:
+        stage(name)
+        say(name)
+
+    try:
+        tf32.__enter__()
+        fastpath.disable()
+        reference_rows = _explain_rows(model)
+        ref, ref_decode, ref_calls = _run_side("reference path", model, inputs, packed_reference=True,
+                                               backward=backward, decode_tokens=decode_tokens, say=step)
+        oracle_grads = None
+        if backward and built.dtype != torch.float32:
+            step("reference path in fp32: gradient oracle")
+            oracle_grads = _fp32_oracle_grads(model, inputs)
+
+        step("enable()")
+        report = fastpath.enable(**(enable_kwargs or {}))
+        explain_rows = _explain_rows(model)
+        fast, fast_decode, fast_calls = _run_side("fast path", model, inputs, packed_reference=False,
+                                                  backward=backward, decode_tokens=decode_tokens,
+                                                  say=step)
+    except FastpathError:
+        raise
+    except torch.cuda.OutOfMemoryError as exc:
+        raise FastpathError(f"{stage.name}: out of GPU memory: {first_line(exc)}; "
+                            "try a smaller --seq-len/--batch/--layers") from None
+    except Exception as exc:
+        # A path that raises (a kernel refusing packed training, a shape error) is a failed
+        # verification, reported in one line: exit 1, not a traceback.
+        raise FastpathError(f"{stage.name} raised {exc.__class__.__name__}: {first_line(exc)}") from None
+    finally:
+        fastpath.disable()
+        tf32.__exit__(None, None, None)
+
+    say("comparing")
+    ids = inputs.packed_ids if inputs.packed_ids is not None else inputs.ids
+    names = layer_names(built.layer_types, len(ref.hidden), _starts_with_embeddings(model, ids, ref.hidden[0]))
+    counts = [] if len(fast.hidden) == len(ref.hidden) else [
+        f"fast path returned {len(fast.hidden)} hidden states, reference {len(ref.hidden)}"]
+    diffs = []
+    for (name, kind), f, r in zip(names, fast.hidden, ref.hidden, strict=False):
+        diffs.append(compare(name, f, r, tol))
+        diffs[-1].kind = kind
+    logits = compare("logits", fast.logits, ref.logits, tol)
+    grads = compare_grads(fast.grads, ref.grads, tol, oracle_grads) if backward else None
+    decode = check_decode(fast_decode, ref_decode, tol) if decode_tokens else None
+
+    problems = counts + collect_problems(diffs, logits, grads, decode, tol, fast_calls=fast_calls, ref_calls=ref_calls,
+                                explain_rows=explain_rows if packed else None)
+
+    return VerifyResult(
+        model=built.to_json(),
+        dtype=dtype_label(built.dtype),
+        batch=batch,
+        seq_len=seq_len,
+        packed=packed,
+        segments=list(inputs.segments),
+        tolerance=tol,
+        layers=diffs,
+        logits=logits,
+        grads=grads,
+        decode=decode,
+        reference_calls=ref_calls,
+        fast_calls=fast_calls,
+        enable_report=str(report),
+        explain=explain_rows,
+        problems=problems,
+        reference_explain=reference_rows,
+        sizing=size.to_json() if size is not None else {},
+    )

@@ -1,0 +1,199 @@
+"""What `fastpath verify` concludes: the result document, the per-output names, the route checks,
+and the verdict (PASS / FAIL / NOT VERIFIED).
+
+Why NOT VERIFIED is its own verdict: on a CPU without the Triton interpreter (or with Triton
+lacking a backend) fastpath's kernels hand every call to their torch reference, so both sides run
+torch code and agree trivially. Only the kernel-call counters (kernels/counters.py, incremented at
+each kernel entry point) say which implementation really executed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fastpath.proof.compare import DecodeCheck, GradDiff, TensorDiff, Tolerance
+
+CONV_OPS = ("fwd", "bwd", "update", "varlen_states")
+PASS = "PASS"
+FAIL = "FAIL"
+NOT_VERIFIED = "NOT VERIFIED"
+NOT_VERIFIED_LINE = "NOT VERIFIED: the fast path ran the torch reference here"
+NOT_VERIFIED_HINT = ("run on a CUDA GPU, or set TRITON_INTERPRET=1 to run the Triton kernels on CPU "
+                     "(a correctness check only; its timings mean nothing)")
+# Exit status per verdict (2 stays "bad input", from the CLI).
+EXIT_CODES = {PASS: 0, FAIL: 1, NOT_VERIFIED: 3}
+
+
+def kernel_impls(calls: dict[str, int]) -> dict[str, int]:
+    """{"triton": n, "reference": m}: conv kernel calls by the implementation that executed."""
+    out: dict[str, int] = {}
+    for key, n in calls.items():
+        op, _, impl = key.partition(":")
+        if op in CONV_OPS:
+            out[impl] = out.get(impl, 0) + n
+    return out
+
+
+def not_verified_reason(fast_calls: dict[str, int]) -> str | None:
+    """Why the fast path's numbers prove nothing about the kernels, or None when they do.
+
+    Verified means: every conv kernel call of the fast path executed a Triton kernel. Calls that
+    fell to the torch reference (no GPU, no interpreter, no Triton backend) compare torch with
+    torch. Zero calls is a routing failure, reported as a problem (FAIL) instead.
+    """
+    impls = kernel_impls(fast_calls)
+    fell_back = sorted({k.split(":")[0] for k, n in fast_calls.items()
+                        if n and k.endswith(":reference") and k.split(":")[0] in CONV_OPS})
+    if not impls or not fell_back:
+        return None
+    return (f"{', '.join(fell_back)} ran fastpath's torch reference, not a Triton kernel "
+            f"({impls.get('triton', 0)} Triton calls, {impls.get('reference', 0)} reference calls)")
+
+
+@dataclass
+class VerifyResult:
+    model: dict[str, Any]
+    dtype: str
+    batch: int
+    seq_len: int
+    packed: bool
+    segments: list[int]
+    tolerance: Tolerance
+    layers: list[TensorDiff]
+    logits: TensorDiff
+    grads: list[GradDiff] | None
+    decode: DecodeCheck | None
+    reference_calls: dict[str, int]
+    fast_calls: dict[str, int]
+    enable_report: str
+    explain: list[dict[str, Any]]
+    problems: list[str]
+    reference_explain: list[dict[str, Any]] = field(default_factory=list)
+    sizing: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def not_verified(self) -> str | None:
+        """Why nothing was verified (the fast path ran torch code), or None."""
+        return not_verified_reason(self.fast_calls)
+
+    @property
+    def verdict(self) -> str:
+        if self.problems:
+            return FAIL
+        return NOT_VERIFIED if self.not_verified else PASS
+
+    @property
+    def ok(self) -> bool:
+        """PASS: the numbers agree *and* the fast path executed fast kernels."""
+        return self.verdict == PASS
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+    @property
+    def first_divergence(self) -> str | None:
+        for diff in [*self.layers, self.logits]:
+            if not diff.ok:
+                return diff.name
+        return None
+
+    @property
+    def conv_kernel_calls(self) -> int:
+        return sum(n for key, n in self.fast_calls.items() if key.split(":")[0] in CONV_OPS)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["ok"] = self.ok
+        data["verdict"] = self.verdict
+        data["not_verified"] = self.not_verified
+        data["first_divergence"] = self.first_divergence
+        data["conv_kernel_calls"] = self.conv_kernel_calls
+        return data
+
+
+
+def collect_problems(layers: list[TensorDiff], logits: TensorDiff, grads: list[GradDiff] | None,
+                     decode: DecodeCheck | None, tol: Tolerance, *, fast_calls: dict[str, int],
+                     ref_calls: dict[str, int], explain_rows: list[dict[str, Any]] | None) -> list[str]:
+    """Every reason the comparison fails, one line each (empty: the numbers agree).
+
+    explain_rows: the fast path's routes, given for packed inputs (packed_route_problems).
+    """
+    problems = [f"{d.name}: {', '.join(d.flags)}" for d in [*layers, logits] if d.flags]
+    first = next((d for d in [*layers, logits] if not d.ok), None)
+    if first is not None:
+        problems.append(
+            f"first diverging: {first.name}{f' ({first.kind})' if first.kind else ''}: relative error "
+            f"{first.rel:.3g} (limit {tol.rel:g}), worst token {first.token_rel_max:.3g} (limit {tol.token_rel:g})"
+        )
+    bad = [g for g in grads or [] if not g.ok]
+    if bad:
+        worst = max(bad, key=lambda g: g.rel)
+        problems.append(f"{len(bad)} of {len(grads or [])} parameter gradients differ; first {bad[0].name} "
+                        f"({bad[0].rel:.3g}), worst {worst.name} ({worst.rel:.3g}), limit {tol.grad_rel:g}")
+    if decode is not None and not decode.ok:
+        problems.append(f"decode: {decode.detail}")
+    if not kernel_impls(fast_calls):
+        problems.append("the fast path executed 0 conv kernel calls: enable() did not route this model, "
+                        "so nothing was verified")
+    if explain_rows is not None:
+        problems += packed_route_problems(explain_rows)
+    if kernel_impls(ref_calls):
+        problems.append(f"the reference path ran fastpath kernels ({ref_calls}): disable() did not restore it")
+    return problems
+
+
+# Ops that must see cu_seqlens to keep packed sequences apart. transformers' torch fallbacks take
+# no cu_seqlens: the 5.15+ wrapper filters it out by signature (<=5.17 silently; 5.21+ raises).
+_PACKING_OPS = ("chunk_gated_delta_rule", "chunk_kda")
+
+
+def packed_route_problems(explain_rows: list[dict[str, Any]]) -> list[str]:
+    """Packed inputs through a torch gated-delta-rule fallback leak state across sequences.
+
+    Why a route check and not only numbers: with random weights most heads decay within a few
+    tokens, so the leak measured only 3e-6 .. 2e-5 relative on hidden states (fp32, tiny
+    Qwen3.5): caught by the fp32 limit, lost in bf16 rounding, while the gradients of A_log /
+    dt_bias were off by 10%. A trained model's slow-decaying heads leak far more.
+    """
+    slow = sorted({r["layer"] for r in explain_rows if r.get("op") in _PACKING_OPS and not r.get("fast", True)})
+    if not slow:
+        return []
+    return [f"packed sequences: {len(slow)} layers run the gated delta rule on transformers' torch fallback, "
+            f"which ignores cu_seqlens, so state leaks from one sequence into the next "
+            f"(first: {slow[0]}; FLA on a GPU keeps them apart)"]
+
+def route_summary(rows: list[dict[str, Any]]) -> str:
+    """'causal_conv1d_fn: torch fallback (...) x3; ...' — what each op resolved to, counted."""
+    counts: dict[tuple[str, str], int] = {}
+    for r in rows:
+        if "op" in r:
+            key = (str(r["op"]), str(r.get("impl")))
+            counts[key] = counts.get(key, 0) + 1
+    if not counts:
+        return "no causal_conv1d / gated-delta-rule layers found"
+    return "; ".join(f"{op}: {impl} x{n}" for (op, impl), n in counts.items())
+
+
+def layer_names(layer_types: list[str], count: int, starts_with_embeddings: bool = True) -> list[tuple[str, str]]:
+    """(name, type) for the output_hidden_states entries.
+
+    Most families (transformers 5 `capture_outputs`) return the embeddings, then each decoder
+    layer's output, the last one after the final norm. Mamba-style families return each layer's
+    output, then the final norm's output, without the embeddings.
+    """
+
+    def kind(i: int) -> str:
+        return layer_types[i] if i < len(layer_types) else "decoder"
+
+    if starts_with_embeddings:
+        names = [("embeddings", "")]
+        for i in range(count - 1):
+            names.append((f"layer {i}" + (" + final norm" if i == count - 2 else ""), kind(i)))
+        return names
+    names = [(f"layer {i}", kind(i)) for i in range(count - 1)]
+    return [*names, ("final norm", "")]
+
+

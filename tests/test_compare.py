@@ -1,0 +1,57 @@
+"""verify's comparison maths (proof/compare.py) on hand-made tensors: the flags that catch states
+wrong on both paths, the whole-tensor and per-token ratios, the decode check."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fastpath.proof.compare import TOLERANCES, check_decode, compare, tensor_flags  # noqa: E402
+from fastpath.proof.greedy import GreedyRun  # noqa: E402
+
+
+def test_tensor_flags_catch_zero_constant_nonfinite_and_position_independent_states():
+    good = torch.randn(2, 8, 16)
+    assert tensor_flags(good) == []
+    assert tensor_flags(torch.zeros(2, 8, 16)) == ["all-zero"]
+    assert tensor_flags(torch.full((2, 8, 16), 0.5)) == ["constant"]
+    bad = good.clone()
+    bad[0, 3, 1] = float("nan")
+    assert tensor_flags(bad) == ["non-finite"]
+    assert tensor_flags(good[:, :1, :].expand(2, 8, 16)) == ["same at every position"]
+
+
+def test_compare_flags_an_all_zero_fast_output_even_when_the_reference_is_tiny():
+    ref = torch.randn(1, 4, 8) * 1e-6
+    diff = compare("layer 0", torch.zeros_like(ref), ref, TOLERANCES["fp32"])
+    assert not diff.ok and "fast: all-zero" in diff.flags
+    same = compare("layer 0", ref.clone(), ref, TOLERANCES["fp32"])
+    assert same.ok and same.rel == 0.0
+
+
+def test_error_confined_to_one_token_is_caught_by_the_token_metric():
+    ref = torch.randn(1, 64, 32)
+    fast = ref.clone()
+    fast[0, 5] *= 1.01  # 1% off on one token of 64: whole-tensor ratio ~1.2e-3, token ratio 1e-2
+    diff = compare("layer", fast, ref, TOLERANCES["fp32"])
+    assert diff.token_rel_max == pytest.approx(0.01, rel=1e-3)
+    assert not diff.ok
+
+
+def _run(tokens, logits):
+    return GreedyRun(torch.tensor(tokens), [torch.tensor(row, dtype=torch.float32) for row in logits])
+
+
+def test_decode_split_at_a_near_tie_is_reported_not_failed():
+    ref = _run([[3, 5]], [[[0.0, 1.0]], [[2.0, 2.0]]])
+    fast = _run([[3, 6]], [[[0.0, 1.0]], [[2.0, 2.0 + 1e-7]]])
+    check = check_decode(fast, ref, TOLERANCES["fp32"])
+    assert check.ok and check.near_tie_step == 1 and check.identical_steps == 1
+
+
+def test_decode_logits_beyond_tolerance_fail_at_that_step():
+    ref = _run([[3, 5]], [[[0.0, 1.0]], [[2.0, 1.0]]])
+    fast = _run([[3, 5]], [[[0.0, 1.0]], [[2.0, 1.5]]])
+    check = check_decode(fast, ref, TOLERANCES["fp32"])
+    assert not check.ok and "decode step 1" in check.detail
