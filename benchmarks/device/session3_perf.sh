@@ -34,7 +34,7 @@ source benchmarks/device/peers_env.sh   # sets root, t0, logging, PYTHONPATH (fa
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
 python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)'
 dao_path=""
-if python3 -c "import sys; sys.path.insert(0, '$root/.dev/dao'); import causal_conv1d_cuda" 2>/dev/null; then
+if python3 -c "import sys, torch; sys.path.insert(0, '$root/.dev/dao'); import causal_conv1d_cuda" 2>/dev/null; then
   dao_path=":$root/.dev/dao"; echo "Dao causal-conv1d: present (peer rows included)"
 else
   echo "Dao causal-conv1d: not present (its rows are skipped)"
