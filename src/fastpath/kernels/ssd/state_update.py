@@ -265,8 +265,15 @@ def _reference(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_in
     """The float64 spec (kernels/ssd/naive.py), in place on `state` like the kernel."""
     from fastpath.kernels.ssd.naive import selective_state_update_ref
 
-    return selective_state_update_ref(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias,
-                                      dt_softplus=dt_softplus, state_batch_indices=state_batch_indices)
+    if state_batch_indices is None or bool((state_batch_indices >= 0).all()):
+        return selective_state_update_ref(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias,
+                                          dt_softplus=dt_softplus, state_batch_indices=state_batch_indices)
+    keep = (state_batch_indices >= 0).nonzero().flatten()  # padding rows: output 0, no state touched
+    out = torch.zeros_like(x)
+    out[keep] = selective_state_update_ref(
+        state, x[keep], dt[keep], A, B[keep], C[keep], D=D, z=None if z is None else z[keep],
+        dt_bias=dt_bias, dt_softplus=dt_softplus, state_batch_indices=state_batch_indices[keep])
+    return out
 
 
 _WARNED: set[str] = set()
