@@ -118,8 +118,9 @@ def resolve_op(op: Op, fam: Family, tv: Version, facts: dict[str, Any]) -> dict[
 
 
 def _with_fastpath(op: Op, impl: str, facts: dict[str, Any]) -> str:
-    """What the op becomes after fastpath.enable(): it supplies causal_conv1d only."""
-    if op.dist == "causal-conv1d" and impl != FAST and fastpath_route_available(facts):
+    """What the op becomes after fastpath.enable(): the ops it routes (families.Op.fastpath:
+    causal_conv1d, and the Mamba-2 SSD ops on every version) unless a working package supplies them."""
+    if op.fastpath and impl != FAST and fastpath_route_available(facts):
         return "fastpath-triton"
     return impl
 

@@ -203,7 +203,7 @@ def _resolve(op: str, layer: Any, module: ModuleType, device: str) -> tuple[str,
         return _classify(value, device, "fla")
     if op in mamba_route.MAMBA_OPS:  # 5.15+ under its wrapper's global name, <=5.14 its own
         value = g.get(mamba_route.op_globals(module).get(op, op))
-        return mamba_route.classify(value, device) or _classify(value, device, None)
+        return mamba_route.classify(value, device, layer) or _classify(value, device, None)
     return _classify(g.get(op), device, None)
 
 

@@ -121,9 +121,13 @@ def make_chunk_scan_route(torch_fn: Callable[..., Any] | None) -> Callable[..., 
                             return_final_states=return_final_states)
         from fastpath.kernels.ssd.interface import mamba_chunk_scan_combined as impl
 
-        return impl(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
-                    seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=tuple(dt_limit),
-                    return_final_states=return_final_states)
+        result = impl(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                      seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=tuple(dt_limit),
+                      return_final_states=return_final_states)
+        # mamba_ssm's out is a fresh contiguous (B, L, H, P) tensor; callers .view() it (falcon_h1)
+        if return_final_states:
+            return result[0].contiguous(), result[1]
+        return result.contiguous()
 
     return _mark(mamba_chunk_scan_combined, "mamba_chunk_scan_combined", torch_fn)
 
@@ -300,6 +304,11 @@ def lift_device_gates(module: ModuleType, reg: PatchRegistry) -> None:
         if not (isinstance(obj, type) and obj.__module__ == module.__name__
                 and "cuda_kernels_forward" in obj.__dict__ and "forward" in obj.__dict__):
             continue
+        try:  # falcon_h1 <=5.14 enters torch.cuda.device() there: no CPU run possible
+            if "torch.cuda." in inspect.getsource(obj.__dict__["cuda_kernels_forward"]):
+                continue
+        except (OSError, TypeError):
+            continue
         original = obj.__dict__["forward"]
         fwd_sig = inspect.signature(original)
         fast_params = list(inspect.signature(obj.__dict__["cuda_kernels_forward"]).parameters)[1:]
@@ -318,13 +327,41 @@ def lift_device_gates(module: ModuleType, reg: PatchRegistry) -> None:
 
 
 # ------------------------------------------------------------------ explain
-def classify(value: Any, device: str) -> tuple[str, bool] | None:
-    """explain()'s (impl, fast) for a fastpath Mamba route, or None if `value` is not one."""
-    if getattr(value, ROUTE_ATTR, None) is None:
+def kernel_limit(op: str, layer: Any) -> str | None:
+    """Why fastpath's Triton kernels would hand this layer's `op` calls to the float reference."""
+    headdim = getattr(layer, "head_dim", None)
+    dstate = getattr(layer, "ssm_state_size", None)
+    chunk = getattr(layer, "chunk_size", None)
+    if op == "selective_state_update":
+        from fastpath.kernels.ssd.state_update import MAX_DSTATE as UPDATE_MAX_DSTATE
+
+        if isinstance(dstate, int) and dstate > UPDATE_MAX_DSTATE:
+            return f"state size {dstate} > {UPDATE_MAX_DSTATE}"
         return None
+    from fastpath.kernels.ssd import interface
+
+    if not interface.KERNELS_READY:
+        return "the Triton SSD scan kernels are not in this build"
+    for name, value, limit in (("head dim", headdim, interface.MAX_HEADDIM),
+                               ("state size", dstate, interface.MAX_DSTATE),
+                               ("chunk size", chunk, interface.MAX_CHUNK)):
+        if isinstance(value, int) and value > limit:
+            return f"{name} {value} > {limit}"
+    return None
+
+
+def classify(value: Any, device: str, layer: Any = None) -> tuple[str, bool] | None:
+    """explain()'s (impl, fast) for a fastpath Mamba route, or None if `value` is not one."""
+    op = getattr(value, ROUTE_ATTR, None)
+    if op is None:
+        return None
+    runs = device == "cuda" or (os.environ.get("TRITON_INTERPRET") == "1" and device == "cpu")
+    limit = kernel_limit(op, layer) if runs and layer is not None else None
+    if limit is not None:
+        return f"fastpath (torch reference: {limit})", False
     if device == "cuda":
         return "fastpath-triton", True
-    if os.environ.get("TRITON_INTERPRET") == "1" and device == "cpu":
+    if runs:
         return "fastpath-triton (interpreter)", True
     if getattr(value, "__fastpath_torch_fn__", None) is not None:
         return f"torch ({device} tensors; fastpath routed for CUDA)", False
