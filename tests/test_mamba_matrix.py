@@ -20,9 +20,9 @@ from functools import cache
 from typing import Any
 
 import pytest
-from test_enable_matrix import VERSIONS, _python_for, _run
 
 from fastpath.kernels.ssd import interface as ssd_interface
+from test_enable_matrix import VERSIONS, _python_for, _run
 
 MAMBA_OPS = ("mamba_chunk_scan_combined", "selective_state_update", "mamba_split_conv1d_scan_combined")
 TOL = 1e-4          # float32 tiny models, relative to the logits' scale

@@ -4,8 +4,8 @@ the torch fallback (all-or-nothing), and after fastpath.enable() they are fast o
 from __future__ import annotations
 
 import pytest
-from fakeenv import seed_facts
 
+from fakeenv import seed_facts
 from fastpath.doctor.families import family_for
 from fastpath.doctor.plan import VERSION_RANGES, plan_model
 from fastpath.model_source import load_config
