@@ -176,3 +176,15 @@ def test_ngroups_must_divide_heads():
     case["C"] = torch.randn(2, 3, 4)
     with pytest.raises(ValueError, match="ngroups"):
         run(selective_state_update, case, False)
+
+
+@needs_triton
+def test_state_size_beyond_the_kernel_falls_back_with_a_warning():
+    case = make_case(2, 1, 1, 1, 2, 300, torch.float32, torch.float32, True, "head", "channel", False, False, True)
+    reset()
+    with pytest.warns(RuntimeWarning, match="dstate 300"):
+        out, _ = run(selective_state_update, to(case, DEVICE), True)
+    assert CALLS["ssd_update:reference"] == 1 and CALLS["ssd_update:triton"] == 0
+    ref_case = to(case, "cpu", torch.float64)
+    ref_out, _ = run(selective_state_update_ref, ref_case, True)
+    torch.testing.assert_close(out.double().cpu(), ref_out, atol=1e-5, rtol=1e-5)
