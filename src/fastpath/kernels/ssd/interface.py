@@ -27,7 +27,7 @@ from fastpath.kernels.ssd import naive as reference
 MAX_CHUNK = 256  # the kernels hold a chunk's (Q, Q) decay tile in registers
 MAX_HEADDIM = 256
 MAX_DSTATE = 256
-KERNELS_READY = False  # flipped once scan_fwd/scan_bwd pass the float64 tests
+KERNELS_READY = True
 
 
 @cache
@@ -122,9 +122,6 @@ def _fwd_fake(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, chunk_size
     batch, _, nheads, headdim = x.shape
     fdtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     return out, x.new_empty((batch, nheads, headdim, B.shape[-1]), dtype=fdtype)
-
-
-_FWD_TENSORS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx")
 
 
 def _fwd_setup_context(ctx, inputs, output) -> None:
@@ -241,6 +238,8 @@ def _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx) -
     if x.dim() != 4:
         raise ValueError(f"x must be (batch, seqlen, nheads, headdim), got {tuple(x.shape)}")
     batch, seqlen, nheads, headdim = x.shape
+    if seqlen == 0:
+        raise ValueError("seqlen must be >= 1 (x has an empty length axis)")
     if B.dim() != 4 or B.shape[:2] != (batch, seqlen):
         raise ValueError(f"B must be (batch, seqlen, ngroups, dstate), got {tuple(B.shape)}")
     ngroups, dstate = B.shape[2:]
@@ -311,7 +310,8 @@ def mamba_chunk_scan_combined(
     if not return_varlen_states:
         return (out, final) if return_final_states else out
     varlen = varlen_states(
-        x, dt, A, B, cu_seqlens, initial_states, dt_bias, dt_softplus, (dt_min, dt_max), C.dtype
+        x, dt, A, B, cu_seqlens, initial_states, dt_bias, dt_softplus, (dt_min, dt_max), C.dtype,
+        chunk_size,
     )
     return (out, final, varlen) if return_final_states else (out, varlen)
 
@@ -327,10 +327,19 @@ def varlen_states(
     dt_softplus: bool,
     dt_limit: tuple[float, float],
     out_dtype: torch.dtype,
+    chunk_size: int = 128,
 ) -> Tensor:
     """Final state per packed sequence, (S, H, P, N) in out_dtype; no gradient."""
-    CALLS["ssd_varlen_states:reference"] += 1
     with torch.no_grad():
+        if _use_triton("varlen states", x, B, chunk_size, dt, A, dt_bias, initial_states):
+            from fastpath.kernels.ssd.varlen import varlen_states_triton
+
+            CALLS["ssd_varlen_states:triton"] += 1
+            return varlen_states_triton(
+                x, dt, A, B, cu_seqlens, initial_states, dt_bias, dt_softplus, dt_limit,
+                chunk_size, out_dtype,
+            )
+        CALLS["ssd_varlen_states:reference"] += 1
         return reference.varlen_states_ref(
             x, dt, A, B, cu_seqlens, initial_states, dt_bias, dt_softplus, dt_limit, out_dtype
         )

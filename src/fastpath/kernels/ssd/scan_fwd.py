@@ -1,0 +1,357 @@
+"""Triton forward of the chunked state-space scan (the SSD algorithm), our own kernels.
+
+Three launches, all group-aware (head h reads B/C of group h // (H/G) in place; nothing is
+expanded to heads):
+1. `_dt_kernel`: dt' = clamp(softplus(dt + bias)) and the within-chunk cumulative log-decay
+   cum_t = sum_{k<=t} A dt'_k, both float32, laid out (B, H, NC*Q).
+2. `_states_kernel`: per (batch, head, P/N tile), a sequential pass over chunks: stores the state
+   entering each chunk (float32) and keeps h <- exp(cum_last) h + sum_u exp(cum_last-cum_u) dt'_u
+   x_u B_u^T in float32 registers (one tl.dot per chunk); the last h is the final state.
+3. `_out_kernel`: per (batch, chunk, head): y_t = exp(cum_t) C_t h_in + sum_{u<=t} (C_t.B_u)
+   exp(cum_t-cum_u) dt'_u x_u + D x_t, then * silu(z_t).
+With seq_idx a token only sees tokens of its own sequence; the state entering chunk 0 belongs to
+sequence 0 (see naive.py). Inputs are read in place when each (batch, token) row is a contiguous
+(heads, dim) block (row_layout); offsets of rows are int64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from fastpath.kernels.dispatch import triton_interpreter_on
+
+# Tile knobs (benchmarks/ssd.py --sweep times alternatives): heads of a group per output
+# program, and the P/N tile of the sequential state pass.
+OUT_HEADS_CAP = 4
+STATE_BLOCK = 64
+
+
+def heads_per_program(ratio: int, cap: int) -> int:
+    """Heads of one group handled by one program (they share its C B^T tile)."""
+    return next(k for k in (cap, 8, 4, 2, 1) if k <= cap and ratio % k == 0)
+
+
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Per-chunk states are kept in the inputs' 16-bit type (the dots read them in it anyway);
+    the running state is always accumulated in float32."""
+    return dtype if dtype in (torch.float16, torch.bfloat16) else torch.float32
+
+
+def pow2(n: int, floor: int = 16) -> int:
+    return max(floor, triton.next_power_of_2(n))
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """float32 inputs get exact fp32 dots (tf32 would cost ~1e-3 relative)."""
+    return "ieee" if dtype == torch.float32 else "default"
+
+
+def needs_upcast(dtype: torch.dtype) -> bool:
+    """Triton's CPU interpreter multiplies bfloat16 dots wrongly (3.9); there we upcast them."""
+    return dtype == torch.bfloat16 and triton_interpreter_on()
+
+
+@triton.jit
+def mm(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """tl.dot with float32 accumulation (see needs_upcast for UPCAST)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    if PREC == "ieee":
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+def light_autotune(key: list[str], loop: bool = False):
+    """A few warp/stage configs timed once per shape on a compiled device; the plain kernel
+    under the interpreter (nothing to time there). Safe to re-run: the kernels only overwrite
+    their outputs. `loop`: the kernel streams a loop, so deeper pipelining is worth a try."""
+    stages = (2, 3) if loop else (1, 2)
+    configs = [triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8) for s in stages]
+
+    def wrap(fn):
+        if triton_interpreter_on():
+            return fn
+        return triton.autotune(configs=configs, key=key)(fn)
+
+    return wrap
+
+
+@triton.jit
+def _dt_kernel(
+    dt_ptr, A_ptr, bias_ptr, dtp_ptr, cum_ptr,
+    L, H, NC, Q, dt_min, dt_max,
+    HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_LIMIT: tl.constexpr,
+    BQ: tl.constexpr, BH: tl.constexpr,
+):
+    pid_bc = tl.program_id(0)
+    b = pid_bc // NC
+    c = pid_bc % NC
+    offs_h = tl.program_id(1) * BH + tl.arange(0, BH)
+    offs_t = tl.arange(0, BQ)
+    tok = c * Q + offs_t
+    valid = (offs_t < Q) & (tok < L)
+    hmask = offs_h < H
+    m = valid[:, None] & hmask[None, :]
+    row = b.to(tl.int64) * L + tok
+    dt = tl.load(dt_ptr + row[:, None] * H + offs_h[None, :], mask=m, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        dt += tl.load(bias_ptr + offs_h, mask=hmask, other=0.0).to(tl.float32)[None, :]
+    if SOFTPLUS:
+        dt = tl.where(dt <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(dt, 20.0))), dt)
+    if HAS_LIMIT:
+        dt = tl.minimum(tl.maximum(dt, dt_min), dt_max)
+    dt = tl.where(m, dt, 0.0)
+    a = tl.load(A_ptr + offs_h, mask=hmask, other=0.0).to(tl.float32)
+    cum = tl.cumsum(dt * a[None, :], axis=0)
+    out = (b.to(tl.int64) * H + offs_h[None, :]) * (NC * Q) + (c * Q + offs_t)[:, None]
+    sm = (offs_t < Q)[:, None] & hmask[None, :]
+    tl.store(dtp_ptr + out, dt, mask=sm)
+    tl.store(cum_ptr + out, cum, mask=sm)
+
+
+@triton.jit
+def _chunk_bounds(seq_ptr, b, c, L, Q, offs_t, HAS_SEQ: tl.constexpr):
+    """Token validity and the seq_idx masks of chunk c: (valid, seq_t, seq_last, seq_prev)."""
+    tok = c * Q + offs_t
+    valid = (offs_t < Q) & (tok < L)
+    n_valid = tl.minimum(Q, L - c * Q)
+    if HAS_SEQ:
+        base = seq_ptr + b.to(tl.int64) * L
+        seq_t = tl.load(base + tok, mask=valid, other=-1)
+        seq_last = tl.load(base + c * Q + n_valid - 1)
+        seq_prev = tl.load(base + c * Q - 1, mask=c > 0, other=0)
+    else:
+        seq_t = tl.where(valid, 0, -1)
+        seq_last = 0
+        seq_prev = 0
+    return valid, n_valid, seq_t, seq_last, seq_prev
+
+
+@triton.jit
+def _carry(seq_last, seq_prev, cum_last, HAS_SEQ: tl.constexpr):
+    """Decay of the state across a whole chunk; zero when a new sequence starts inside it."""
+    if HAS_SEQ:
+        return tl.where(seq_last == seq_prev, tl.exp(cum_last), 0.0)
+    return tl.exp(cum_last)
+
+
+@light_autotune(["Q", "P", "N", "BP", "BN"], loop=True)
+@triton.jit
+def _states_kernel(
+    x_ptr, B_ptr, dtp_ptr, cum_ptr, seq_ptr, init_ptr, states_ptr, final_ptr,
+    L, H, G, P, N, NC, Q, SX, SB,
+    HAS_SEQ: tl.constexpr, HAS_INIT: tl.constexpr, STORE_STATES: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr,
+    BQ: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
+):
+    n_nb = tl.cdiv(N, BN)
+    pid_pn = tl.program_id(0)
+    offs_p = (pid_pn // n_nb) * BP + tl.arange(0, BP)
+    offs_n = (pid_pn % n_nb) * BN + tl.arange(0, BN)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    g = h // (H // G)
+    pn_mask = (offs_p[:, None] < P) & (offs_n[None, :] < N)
+    pn_off = offs_p[:, None] * N + offs_n[None, :]
+    bh = b.to(tl.int64) * H + h
+    if HAS_INIT:
+        state = tl.load(init_ptr + bh * P * N + pn_off, mask=pn_mask, other=0.0).to(tl.float32)
+    else:
+        state = tl.zeros((BP, BN), dtype=tl.float32)
+    offs_t = tl.arange(0, BQ)
+    for c in range(NC):
+        valid, n_valid, seq_t, seq_last, seq_prev = _chunk_bounds(
+            seq_ptr, b, c, L, Q, offs_t, HAS_SEQ
+        )
+        if STORE_STATES:
+            st_off = ((b.to(tl.int64) * NC + c) * H + h) * P * N
+            tl.store(states_ptr + st_off + pn_off, state.to(states_ptr.dtype.element_ty),
+                     mask=pn_mask)
+        cbase = bh * NC * Q + c * Q
+        dtp = tl.load(dtp_ptr + cbase + offs_t, mask=valid, other=0.0)
+        cum = tl.load(cum_ptr + cbase + offs_t, mask=valid, other=0.0)
+        cum_last = tl.load(cum_ptr + cbase + n_valid - 1)
+        keep = valid & (seq_t == seq_last)
+        w = tl.where(keep, tl.exp(tl.where(keep, cum_last - cum, 0.0)) * dtp, 0.0)
+        rows = b.to(tl.int64) * L + c * Q + offs_t
+        x = tl.load(x_ptr + rows[:, None] * SX + h * P + offs_p[None, :],
+                    mask=valid[:, None] & (offs_p[None, :] < P), other=0.0)
+        Bt = tl.load(B_ptr + rows[:, None] * SB + g * N + offs_n[None, :],
+                     mask=valid[:, None] & (offs_n[None, :] < N), other=0.0)
+        xw = (x.to(tl.float32) * w[:, None]).to(x.dtype)
+        gate = _carry(seq_last, seq_prev, cum_last, HAS_SEQ)
+        state = state * gate + mm(tl.trans(xw), Bt, PREC, UPCAST)
+    tl.store(final_ptr + bh * P * N + pn_off, state, mask=pn_mask)
+
+
+@light_autotune(["Q", "P", "N", "HPP"])
+@triton.jit
+def _out_kernel(
+    x_ptr, B_ptr, C_ptr, z_ptr, D_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, out_ptr,
+    L, H, G, P, N, NC, Q, SX, SB, SC, SZ,
+    HAS_SEQ: tl.constexpr, HAS_D: tl.constexpr, D_PER_CHANNEL: tl.constexpr,
+    HAS_Z: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, HPP: tl.constexpr,
+    BQ: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
+):
+    """One program: a chunk of HPP heads of one group, sharing one C B^T tile."""
+    pid_bc = tl.program_id(0)
+    b = pid_bc // NC
+    c = pid_bc % NC
+    ratio = H // G
+    n_hb = ratio // HPP
+    g = tl.program_id(1) // n_hb
+    h0 = g * ratio + (tl.program_id(1) % n_hb) * HPP
+    offs_t = tl.arange(0, BQ)
+    offs_p = tl.arange(0, BP)
+    offs_n = tl.arange(0, BN)
+    valid, _, seq_t, _, seq_prev = _chunk_bounds(seq_ptr, b, c, L, Q, offs_t, HAS_SEQ)
+    rows = b.to(tl.int64) * L + c * Q + offs_t
+    tn_mask = valid[:, None] & (offs_n[None, :] < N)
+    tp_mask = valid[:, None] & (offs_p[None, :] < P)
+    pn_mask = (offs_p[:, None] < P) & (offs_n[None, :] < N)
+    Ct = tl.load(C_ptr + rows[:, None] * SC + g * N + offs_n[None, :], mask=tn_mask, other=0.0)
+    Bt = tl.load(B_ptr + rows[:, None] * SB + g * N + offs_n[None, :], mask=tn_mask, other=0.0)
+    cb = mm(Ct, tl.trans(Bt), PREC, UPCAST)  # shared by the group's heads
+    pair = (offs_t[:, None] >= offs_t[None, :]) & (seq_t[:, None] == seq_t[None, :])
+    pair = pair & valid[:, None] & valid[None, :]
+    prev_ok = valid & (seq_t == seq_prev)
+    for j in range(HPP):
+        h = h0 + j
+        bh = b.to(tl.int64) * H + h
+        cbase = bh * NC * Q + c * Q
+        dtp = tl.load(dtp_ptr + cbase + offs_t, mask=valid, other=0.0)
+        cum = tl.load(cum_ptr + cbase + offs_t, mask=valid, other=0.0)
+        hp = h * P + offs_p[None, :]
+        x = tl.load(x_ptr + rows[:, None] * SX + hp, mask=tp_mask, other=0.0)
+        # intra-chunk: (C B^T masked by the causal decay) @ (dt' x)
+        decay = tl.exp(tl.where(pair, cum[:, None] - cum[None, :], -float("inf")))
+        m = (cb * decay * dtp[None, :]).to(x.dtype)
+        y = mm(m, x, PREC, UPCAST)
+        # inter-chunk: exp(cum_t) C_t h_in for tokens of the sequence that entered the chunk
+        st_off = ((b.to(tl.int64) * NC + c) * H + h) * P * N
+        h_in = tl.load(states_ptr + st_off + offs_p[:, None] * N + offs_n[None, :],
+                       mask=pn_mask, other=0.0)
+        inter = mm(Ct, tl.trans(h_in.to(Ct.dtype)), PREC, UPCAST)
+        scale = tl.where(prev_ok, tl.exp(tl.where(prev_ok, cum, 0.0)), 0.0)
+        y += inter * scale[:, None]
+        if HAS_D:
+            if D_PER_CHANNEL:
+                d = tl.load(D_ptr + h * P + offs_p, mask=offs_p < P, other=0.0).to(tl.float32)
+                y += x.to(tl.float32) * d[None, :]
+            else:
+                y += x.to(tl.float32) * tl.load(D_ptr + h).to(tl.float32)
+        if HAS_Z:
+            zz = tl.load(z_ptr + rows[:, None] * SZ + hp, mask=tp_mask, other=0.0)
+            zz = zz.to(tl.float32)
+            y = y * zz * tl.sigmoid(zz)
+        tl.store(out_ptr + rows[:, None] * (H * P) + hp, y.to(out_ptr.dtype.element_ty),
+                 mask=tp_mask)
+
+
+# ---------------------------------------------------------------- launchers
+def prepare_dt(dt: Tensor, A: Tensor, dt_bias: Tensor | None, chunk_size: int, dt_softplus: bool,
+               dt_limit: tuple[float, float]) -> tuple[Tensor, Tensor]:
+    """(dt', cum), both float32 (B, H, NC*Q)."""
+    batch, seqlen, nheads = dt.shape
+    nchunks = triton.cdiv(seqlen, chunk_size)
+    dtp = torch.empty((batch, nheads, nchunks * chunk_size), device=dt.device,
+                      dtype=torch.float32)
+    cum = torch.empty_like(dtp)
+    has_limit = tuple(dt_limit) != (0.0, math.inf)
+    bh = min(16, pow2(nheads, 1))
+    grid = (batch * nchunks, triton.cdiv(nheads, bh))
+    _dt_kernel[grid](
+        dt.contiguous(), A.contiguous(), dt_bias.contiguous() if dt_bias is not None else dt,
+        dtp, cum, seqlen, nheads, nchunks, chunk_size,
+        float(dt_limit[0]), float(dt_limit[1]),
+        HAS_BIAS=dt_bias is not None, SOFTPLUS=dt_softplus, HAS_LIMIT=has_limit,
+        BQ=pow2(chunk_size), BH=bh,
+    )
+    return dtp, cum
+
+
+def chunk_states(x: Tensor, B: Tensor, dtp: Tensor, cum: Tensor, seq_idx: Tensor | None,
+                 initial_states: Tensor | None, chunk_size: int,
+                 store_states: bool = True) -> tuple[Tensor, Tensor]:
+    """States entering each chunk (B, NC, H, P, N; state_dtype) and the final state
+    (B, H, P, N, float32)."""
+    batch, seqlen, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[2:]
+    nchunks = triton.cdiv(seqlen, chunk_size)
+    states = torch.empty(
+        (batch, nchunks, nheads, headdim, dstate) if store_states else (0,),
+        device=x.device, dtype=state_dtype(x.dtype),
+    )
+    final = torch.empty((batch, nheads, headdim, dstate), device=x.device, dtype=torch.float32)
+    bp, bn = min(pow2(headdim), STATE_BLOCK), min(pow2(dstate), STATE_BLOCK)
+    grid = (triton.cdiv(headdim, bp) * triton.cdiv(dstate, bn), batch * nheads)
+    _states_kernel[grid](
+        x, B, dtp, cum, seq_idx if seq_idx is not None else dtp,
+        initial_states.contiguous() if initial_states is not None else dtp, states, final,
+        seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size, x.stride(1), B.stride(1),
+        HAS_SEQ=seq_idx is not None, HAS_INIT=initial_states is not None,
+        STORE_STATES=store_states, PREC=dot_precision(x.dtype), UPCAST=needs_upcast(x.dtype),
+        BQ=pow2(chunk_size), BP=bp, BN=bn,
+    )
+    return states, final
+
+
+def chunk_outputs(x: Tensor, B: Tensor, C: Tensor, z: Tensor | None, D: Tensor | None,
+                  dtp: Tensor, cum: Tensor, seq_idx: Tensor | None, states: Tensor,
+                  chunk_size: int) -> Tensor:
+    batch, seqlen, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[2:]
+    nchunks = triton.cdiv(seqlen, chunk_size)
+    out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    hpp = heads_per_program(nheads // ngroups, OUT_HEADS_CAP)
+    grid = (batch * nchunks, nheads // hpp)
+    _out_kernel[grid](
+        x, B, C, z if z is not None else x, D.contiguous() if D is not None else x,
+        dtp, cum, seq_idx if seq_idx is not None else dtp, states, out,
+        seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
+        x.stride(1), B.stride(1), C.stride(1), z.stride(1) if z is not None else 0,
+        HAS_SEQ=seq_idx is not None, HAS_D=D is not None,
+        D_PER_CHANNEL=D is not None and D.dim() == 2, HAS_Z=z is not None,
+        PREC=dot_precision(x.dtype), UPCAST=needs_upcast(x.dtype), HPP=hpp,
+        BQ=pow2(chunk_size), BP=pow2(headdim), BN=pow2(dstate),
+    )
+    return out
+
+
+def row_layout(t: Tensor) -> Tensor:
+    """t (batch, seqlen, K, D) as batch*seqlen rows, each a contiguous (K, D) block, one row
+    stride apart (contiguous tensors and mamba's split-off views of xBC both are); else a copy.
+    The kernels address element (row, k, d) as row * t.stride(1) + k * D + d."""
+    batch, seqlen, k, d = t.shape
+    s0, s1, s2, s3 = t.stride()
+    if (s3 == 1 or d == 1) and (s2 == d or k == 1) and (batch == 1 or s0 == seqlen * s1):
+        return t
+    return t.contiguous()
+
+
+def contiguous_inputs(x, B, C, z, seq_idx):
+    """The kernels' layout: x/B/C/z in row_layout (no copy for contiguous tensors or views
+    split off a wider last axis), int32 seq_idx; B and C take x's dtype so the tensor-core
+    dots see one input type."""
+    x = row_layout(x)
+    B = row_layout(B.to(x.dtype))
+    C = row_layout(C.to(x.dtype))
+    z = row_layout(z) if z is not None else None
+    seq_idx = seq_idx.to(torch.int32).contiguous() if seq_idx is not None else None
+    return x, B, C, z, seq_idx
+
+
+def ssd_scan_fwd_triton(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, chunk_size,
+                        dt_softplus, dt_limit):
+    """(out, final_states float32)."""
+    x, B, C, z, seq_idx = contiguous_inputs(x, B, C, z, seq_idx)
+    dtp, cum = prepare_dt(dt, A, dt_bias, chunk_size, dt_softplus, dt_limit)
+    states, final = chunk_states(x, B, dtp, cum, seq_idx, initial_states, chunk_size)
+    out = chunk_outputs(x, B, C, z, D, dtp, cum, seq_idx, states, chunk_size)
+    return out, final

@@ -1,0 +1,89 @@
+"""Triton kernel for `return_varlen_states`: the final state of each sequence packed along the
+length of a batch-1 input (cu_seqlens), each from zeros (sequence 0 from initial_states[0]).
+
+One program per (sequence, head, P/N tile) walks its sequence in blocks of BQ tokens:
+h <- exp(sum a) h + sum_u exp(sum_{k>u} a_k) dt'_u x_u B_u^T, float32 in registers.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from fastpath.kernels.ssd.scan_fwd import (
+    contiguous_inputs,
+    dot_precision,
+    mm,
+    needs_upcast,
+    pow2,
+    prepare_dt,
+)
+
+
+@triton.jit
+def _varlen_states_kernel(
+    x_ptr, B_ptr, dtp_ptr, A_ptr, cu_ptr, init_ptr, out_ptr,
+    H, G, P, N, LP, SX, SB,
+    HAS_INIT: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+    BQ: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
+):
+    n_nb = tl.cdiv(N, BN)
+    pid_pn = tl.program_id(0)
+    offs_p = (pid_pn // n_nb) * BP + tl.arange(0, BP)
+    offs_n = (pid_pn % n_nb) * BN + tl.arange(0, BN)
+    pid_sh = tl.program_id(1)
+    s = pid_sh // H
+    h = pid_sh % H
+    g = h // (H // G)
+    pn_mask = (offs_p[:, None] < P) & (offs_n[None, :] < N)
+    pn_off = offs_p[:, None] * N + offs_n[None, :]
+    start = tl.load(cu_ptr + s)  # int32 bounds: one loop-variable type for range()
+    end = tl.load(cu_ptr + s + 1)
+    if HAS_INIT:
+        state = tl.load(init_ptr + h * P * N + pn_off, mask=pn_mask, other=0.0)
+        state = state.to(tl.float32) * (s == 0).to(tl.float32)  # only sequence 0 continues it
+    else:
+        state = tl.zeros((BP, BN), dtype=tl.float32)
+    a_h = tl.load(A_ptr + h).to(tl.float32)
+    offs_t = tl.arange(0, BQ)
+    for blk in range(start, end, BQ):
+        tok = (blk + offs_t).to(tl.int64)
+        valid = tok < end
+        dtp = tl.load(dtp_ptr + h * LP + tok, mask=valid, other=0.0)
+        a = dtp * a_h
+        cum = tl.cumsum(a, axis=0)
+        total = tl.sum(a)
+        w = tl.where(valid, tl.exp(total - cum) * dtp, 0.0)
+        x = tl.load(x_ptr + tok[:, None] * SX + h * P + offs_p[None, :],
+                    mask=valid[:, None] & (offs_p[None, :] < P), other=0.0)
+        Bt = tl.load(B_ptr + tok[:, None] * SB + g * N + offs_n[None, :],
+                     mask=valid[:, None] & (offs_n[None, :] < N), other=0.0)
+        xw = (x.to(tl.float32) * w[:, None]).to(x.dtype)
+        state = state * tl.exp(total) + mm(tl.trans(xw), Bt, PREC, UPCAST)
+    o = (s.to(tl.int64) * H + h) * P * N + pn_off
+    tl.store(out_ptr + o, state.to(out_ptr.dtype.element_ty), mask=pn_mask)
+
+
+def varlen_states_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, cu_seqlens: Tensor,
+                         initial_states: Tensor | None, dt_bias: Tensor | None,
+                         dt_softplus: bool, dt_limit: tuple[float, float], chunk_size: int,
+                         out_dtype: torch.dtype) -> Tensor:
+    """(S, H, P, N) in out_dtype; x etc. have batch 1."""
+    x, B, _, _, _ = contiguous_inputs(x, B, B, None, None)
+    nheads, headdim = x.shape[2:]
+    ngroups, dstate = B.shape[2:]
+    dtp, _ = prepare_dt(dt, A, dt_bias, chunk_size, dt_softplus, dt_limit)
+    nseq = cu_seqlens.numel() - 1
+    out = torch.empty((nseq, nheads, headdim, dstate), device=x.device, dtype=out_dtype)
+    bp, bn = min(pow2(headdim), 64), min(pow2(dstate), 64)
+    grid = (triton.cdiv(headdim, bp) * triton.cdiv(dstate, bn), nseq * nheads)
+    _varlen_states_kernel[grid](
+        x, B, dtp, A.contiguous(), cu_seqlens.to(device=x.device, dtype=torch.int32).contiguous(),
+        initial_states.contiguous() if initial_states is not None else dtp, out,
+        nheads, ngroups, headdim, dstate, dtp.shape[-1], x.stride(1), B.stride(1),
+        HAS_INIT=initial_states is not None, PREC=dot_precision(x.dtype),
+        UPCAST=needs_upcast(x.dtype), BQ=pow2(min(chunk_size, 128)), BP=bp, BN=bn,
+    )
+    return out

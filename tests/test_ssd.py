@@ -1,0 +1,401 @@
+"""The chunked state-space scan (mamba_chunk_scan_combined) against the float64 recurrence.
+
+On CPU the Triton kernels run under TRITON_INTERPRET=1 (scripts/test.sh exports it) at tiny
+shapes; every case checks the call counters so a silent fallback to the reference fails. Inputs
+are random (never zeros); gradients are torch.autograd.grad of the op against autograd of the
+float64 token-by-token recurrence in naive.py.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fastpath.kernels.counters import CALLS
+from fastpath.kernels.dispatch import use_triton
+from fastpath.kernels.ssd import (
+    mamba_chunk_scan_combined,
+    mamba_split_conv1d_scan_ref,
+    selective_state_update_ref,
+    ssd_chunked_ref,
+    ssd_recurrent_ref,
+)
+from fastpath.kernels.ssd.interface import MAX_CHUNK
+
+EXPECTED_IMPL = "triton" if use_triton(torch.empty(0)) else "reference"
+# relative L2 error allowed against float64, by input dtype
+TOL = {torch.float32: 1e-4, torch.float16: 8e-3, torch.bfloat16: 3e-2}
+NAMES = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    assert torch.isfinite(got).all(), "non-finite value in result"
+    got, ref = got.double(), ref.double()
+    return ((got - ref).norm() / ref.norm().clamp_min(1e-12)).item()
+
+
+def make_case(batch, seqlen, nheads, headdim, ngroups, dstate, *, seed=0, per_channel_d=True,
+              npacked=1):
+    """float64 inputs; dt near softplus' knee so the clamp and the exp threshold both matter."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=1.0):
+        return torch.randn(*shape, generator=g, dtype=torch.float64) * scale
+
+    t = {
+        "x": rnd(batch, seqlen, nheads, headdim),
+        "dt": rnd(batch, seqlen, nheads, scale=0.7),
+        "A": -(torch.rand(nheads, generator=g, dtype=torch.float64) + 0.3),
+        "B": rnd(batch, seqlen, ngroups, dstate, scale=0.5),
+        "C": rnd(batch, seqlen, ngroups, dstate, scale=0.5),
+        "D": rnd(nheads, headdim) if per_channel_d else rnd(nheads),
+        "z": rnd(batch, seqlen, nheads, headdim),
+        "dt_bias": rnd(nheads, scale=0.5),
+        "initial_states": rnd(batch, nheads, headdim, dstate, scale=0.5),
+    }
+    cuts = sorted(torch.randperm(seqlen - 1, generator=g)[: npacked - 1].add(1).tolist())
+    seq = torch.zeros(batch, seqlen, dtype=torch.int32)
+    for c in cuts:
+        seq[:, c:] += 1
+    return t, seq
+
+
+def run_case(t, seq_idx, chunk_size, dtype, opts, *, grads=True, return_final=True):
+    """The op in `dtype` vs the float64 recurrence: out, final states and every gradient."""
+    used = ["x", "dt", "A", "B", "C", *[k for k in ("D", "z", "dt_bias", "initial_states")
+                                       if opts.get(k)]]
+    kw = {"seq_idx": seq_idx if opts.get("seq_idx") else None,
+          "dt_softplus": opts.get("dt_softplus", False),
+          "dt_limit": opts.get("dt_limit", (0.0, float("inf")))}
+    low = {k: t[k].to(dtype).requires_grad_() for k in used}
+    ref = {k: t[k].clone().requires_grad_() for k in used}
+    CALLS.clear()
+    out, final = mamba_chunk_scan_combined(
+        low["x"], low["dt"], low["A"], low["B"], low["C"], chunk_size,
+        **{k: low[k] for k in used[5:]}, return_final_states=True, **kw,
+    )
+    rout, rfinal = ssd_recurrent_ref(
+        ref["x"], ref["dt"], ref["A"], ref["B"], ref["C"], **{k: ref[k] for k in used[5:]}, **kw
+    )
+    assert out.dtype == dtype and final.dtype == torch.float32
+    tol = TOL[dtype]
+    assert rel_err(out, rout) < tol
+    assert rel_err(final, rfinal) < tol
+    assert CALLS[f"ssd_fwd:{EXPECTED_IMPL}"] == 1
+    if not grads:
+        return
+    g = torch.Generator().manual_seed(7)
+    gout = torch.randn(rout.shape, generator=g, dtype=torch.float64)
+    gfinal = torch.randn(rfinal.shape, generator=g, dtype=torch.float64)
+    outs = [out, final] if return_final else [out]
+    gouts = [gout.to(dtype), gfinal.float()] if return_final else [gout.to(dtype)]
+    got = torch.autograd.grad(outs, [low[k] for k in used], gouts)
+    routs = [rout, rfinal] if return_final else [rout]
+    want = torch.autograd.grad(routs, [ref[k] for k in used], [gout, gfinal][: len(routs)])
+    assert CALLS[f"ssd_bwd:{EXPECTED_IMPL}"] == 1
+    for name, a, b in zip(used, got, want, strict=True):
+        assert a.dtype == dtype, name
+        # dA and ddt_bias sum over every token: allow the low-precision dtypes a bit more
+        bound = tol * (2 if name in ("A", "dt_bias") and dtype != torch.float32 else 1)
+        assert rel_err(a, b) < bound, (name, rel_err(a, b))
+
+
+ALL = {"D": True, "z": True, "dt_bias": True, "initial_states": True, "seq_idx": True,
+       "dt_softplus": True, "dt_limit": (0.05, 1.5)}
+
+
+# ---------------------------------------------------------------- the references agree
+@pytest.mark.parametrize("opts", [{}, ALL], ids=["plain", "all"])
+@pytest.mark.parametrize("chunk_size", [8, 16, 64])
+def test_chunked_reference_matches_recurrence(opts, chunk_size):
+    t, seq = make_case(2, 45, 4, 4, 2, 8, npacked=3)
+    kw = {k: t[k] for k in ("D", "z", "dt_bias", "initial_states") if opts.get(k)}
+    kw.update(seq_idx=seq if opts else None, dt_softplus=bool(opts),
+              dt_limit=opts.get("dt_limit", (0.0, float("inf"))))
+    a = ssd_recurrent_ref(t["x"], t["dt"], t["A"], t["B"], t["C"], **kw)
+    b = ssd_chunked_ref(t["x"], t["dt"], t["A"], t["B"], t["C"], chunk_size, **kw)
+    assert rel_err(b[0], a[0]) < 1e-12
+    assert rel_err(b[1], a[1]) < 1e-12
+
+
+def test_seq_idx_resets_state_like_separate_calls():
+    t, _ = make_case(1, 30, 2, 4, 1, 8)
+    seq = torch.tensor([[0] * 11 + [1] * 19], dtype=torch.int32)
+    args = [t[k] for k in ("x", "dt", "A", "B", "C")]
+    packed, _ = ssd_recurrent_ref(*args, seq_idx=seq, initial_states=t["initial_states"])
+    first, _ = ssd_recurrent_ref(*[a[:, :11] if a.dim() > 1 else a for a in args],
+                                 initial_states=t["initial_states"])
+    second, _ = ssd_recurrent_ref(*[a[:, 11:] if a.dim() > 1 else a for a in args])
+    assert rel_err(packed, torch.cat([first, second], dim=1)) < 1e-12
+
+
+# ---------------------------------------------------------------- kernels vs float64
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("opts", [{}, ALL], ids=["plain", "all"])
+def test_forward(dtype, opts):
+    t, seq = make_case(2, 40, 4, 8, 2, 16, npacked=3)
+    run_case(t, seq, 16, dtype, opts, grads=False)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "opts"),
+    [
+        (torch.float32, ALL),
+        (torch.bfloat16, ALL),
+        (torch.float16, {"D": True, "dt_bias": True, "dt_softplus": True}),
+        (torch.float32, {"z": True, "initial_states": True, "dt_limit": (0.0, 0.8)}),
+    ],
+    ids=["fp32-all", "bf16-all", "fp16-d-bias", "fp32-z-init-limit"],
+)
+def test_gradients(dtype, opts):
+    t, seq = make_case(2, 37, 4, 8, 2, 16, npacked=3, seed=3)
+    run_case(t, seq, 16, dtype, opts)
+
+
+def test_views_split_off_a_wider_tensor_are_read_in_place():
+    """x, B, C (and z, dout) as mamba's split of xBC makes them: strided rows, no copy."""
+    from fastpath.kernels.ssd.scan_fwd import row_layout
+
+    t, seq = make_case(2, 21, 4, 4, 2, 8, seed=11)
+    dim, gn = 16, 16
+    xbc = torch.cat([t["x"].reshape(2, 21, dim), t["B"].reshape(2, 21, gn),
+                     t["C"].reshape(2, 21, gn), t["z"].reshape(2, 21, dim)], dim=-1).float()
+    x, B, C, z = torch.split(xbc, [dim, gn, gn, dim], dim=-1)
+    x, z = x.view(2, 21, 4, 4), z.view(2, 21, 4, 4)
+    B, C = B.view(2, 21, 2, 8), C.view(2, 21, 2, 8)
+    assert all(row_layout(v) is v for v in (x, B, C, z)) and not x.is_contiguous()
+    leaves = [v.detach().requires_grad_() for v in (xbc,)]
+    x, B, C, z = (v.view(s) for v, s in zip(
+        torch.split(leaves[0], [dim, gn, gn, dim], dim=-1),
+        [(2, 21, 4, 4), (2, 21, 2, 8), (2, 21, 2, 8), (2, 21, 4, 4)], strict=True))
+    dt, A = t["dt"].float(), t["A"].float()
+    CALLS.clear()
+    out = mamba_chunk_scan_combined(x, dt, A, B, C, 8, z=z, seq_idx=seq)
+    gout = torch.randn(2, 4, 21, 4, dtype=torch.float64).transpose(1, 2)  # strided dout
+    (got,) = torch.autograd.grad(out, leaves, gout.float())
+    ref = xbc.double().requires_grad_()
+    rx, rB, rC, rz = torch.split(ref, [dim, gn, gn, dim], dim=-1)
+    want_out, _ = ssd_recurrent_ref(rx.reshape(2, 21, 4, 4), t["dt"], t["A"],
+                                    rB.reshape(2, 21, 2, 8), rC.reshape(2, 21, 2, 8),
+                                    z=rz.reshape(2, 21, 4, 4), seq_idx=seq)
+    (want,) = torch.autograd.grad(want_out, [ref], gout)
+    assert CALLS[f"ssd_fwd:{EXPECTED_IMPL}"] == 1 and CALLS[f"ssd_bwd:{EXPECTED_IMPL}"] == 1
+    assert rel_err(out, want_out) < 1e-4 and rel_err(got, want) < 1e-4
+
+
+def test_per_head_d_and_chunk_not_power_of_two():
+    t, seq = make_case(1, 29, 2, 4, 1, 8, per_channel_d=False, npacked=2, seed=5)
+    run_case(t, seq, 12, torch.float32, ALL)
+
+
+def test_gradients_without_final_state_output():
+    t, seq = make_case(1, 20, 2, 4, 2, 8, seed=9)
+    run_case(t, seq, 8, torch.float32, {"D": True, "initial_states": True},
+             return_final=False)
+
+
+@st.composite
+def sweep_cases(draw):
+    ngroups = draw(st.sampled_from([1, 2]))
+    nheads = ngroups * draw(st.sampled_from([1, 2]))
+    return {
+        "batch": draw(st.integers(1, 2)),
+        "seqlen": draw(st.integers(1, 48)),
+        "nheads": nheads,
+        "ngroups": ngroups,
+        "headdim": draw(st.sampled_from([4, 8, 16])),
+        "dstate": draw(st.sampled_from([4, 8, 16])),
+        "chunk": draw(st.sampled_from([8, 16])),
+        "dtype": draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16])),
+        "npacked": draw(st.integers(1, 3)),
+        "per_channel_d": draw(st.booleans()),
+        "opts": {
+            "D": draw(st.booleans()),
+            "z": draw(st.booleans()),
+            "dt_bias": draw(st.booleans()),
+            "initial_states": draw(st.booleans()),
+            "seq_idx": draw(st.booleans()),
+            "dt_softplus": draw(st.booleans()),
+            "dt_limit": draw(st.sampled_from([(0.0, float("inf")), (0.05, 1.2)])),
+        },
+        "seed": draw(st.integers(0, 2**16)),
+    }
+
+
+@settings(max_examples=16, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(case=sweep_cases())
+def test_sweep(case):
+    npacked = min(case["npacked"], case["seqlen"])
+    t, seq = make_case(case["batch"], case["seqlen"], case["nheads"], case["headdim"],
+                       case["ngroups"], case["dstate"], seed=case["seed"],
+                       per_channel_d=case["per_channel_d"], npacked=npacked)
+    run_case(t, seq, case["chunk"], case["dtype"], case["opts"])
+
+
+# ---------------------------------------------------------------- public face
+def test_return_conventions_and_varlen_states():
+    t, _ = make_case(1, 26, 2, 4, 1, 8)
+    cu = torch.tensor([0, 9, 20, 26], dtype=torch.int32)
+    seq = torch.tensor([[0] * 9 + [1] * 11 + [2] * 6], dtype=torch.int32)
+    args = [t[k].float() for k in ("x", "dt", "A", "B", "C")]
+    init = t["initial_states"].float()
+    out = mamba_chunk_scan_combined(*args, 8)
+    assert isinstance(out, torch.Tensor) and out.shape == args[0].shape
+    out2, final = mamba_chunk_scan_combined(*args, 8, return_final_states=True)
+    assert torch.equal(out, out2) and final.shape == (1, 2, 4, 8)
+    out3, varlen = mamba_chunk_scan_combined(
+        *args, 8, initial_states=init, seq_idx=seq, cu_seqlens=cu, return_varlen_states=True
+    )
+    CALLS.clear()
+    _, final4, varlen4 = mamba_chunk_scan_combined(
+        *args, 8, initial_states=init, seq_idx=seq, cu_seqlens=cu, return_final_states=True,
+        return_varlen_states=True,
+    )
+    assert CALLS[f"ssd_varlen_states:{EXPECTED_IMPL}"] == 1
+    assert varlen.shape == (3, 2, 4, 8) and torch.equal(varlen, varlen4)
+    assert out3.shape == out.shape
+    assert rel_err(varlen4[2], final4[0]) < 1e-5  # the last sequence ends the row
+    for i, (s, e) in enumerate([(0, 9), (9, 20), (20, 26)]):
+        _, want = ssd_recurrent_ref(*[a[:, s:e] if a.dim() > 1 else a for a in args],
+                                    initial_states=init if i == 0 else None)
+        assert rel_err(varlen[i], want[0]) < 1e-5
+
+
+def test_bad_input_is_one_clear_error():
+    t, _ = make_case(1, 8, 4, 4, 2, 8)
+    args = [t[k] for k in ("x", "dt", "A", "B", "C")]
+    with pytest.raises(ValueError, match="multiple of ngroups"):
+        mamba_chunk_scan_combined(args[0][:, :, :3], args[1][:, :, :3], args[2][:3], *args[3:], 8)
+    with pytest.raises(ValueError, match="D must be"):
+        mamba_chunk_scan_combined(*args, 8, D=torch.ones(3))
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        mamba_chunk_scan_combined(*args, 8, return_varlen_states=True)
+    with pytest.raises(ValueError, match="chunk_size"):
+        mamba_chunk_scan_combined(*args, 0)
+    with pytest.raises(ValueError, match="seqlen"):
+        mamba_chunk_scan_combined(*[a[:, :0] if a.dim() > 1 else a for a in args], 8)
+
+
+@pytest.mark.skipif(EXPECTED_IMPL != "triton", reason="needs a Triton device or the interpreter")
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [("chunk", "chunk_size"), ("dstate", "dstate"), ("float64", "dtype")],
+)
+def test_unsupported_options_fall_back_with_a_warning(change, named):
+    from fastpath.kernels.ssd import interface
+
+    interface._warn_once.cache_clear()
+    chunk, dstate = (MAX_CHUNK + 1, 8) if change == "chunk" else (8, 8)
+    if change == "dstate":
+        dstate = interface.MAX_DSTATE + 1
+    t, _ = make_case(1, 12, 2, 4, 1, dstate)
+    dtype = torch.float64 if change == "float64" else torch.float32
+    args = [t[k].to(dtype) for k in ("x", "dt", "A", "B", "C")]
+    CALLS.clear()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = mamba_chunk_scan_combined(*args, chunk)
+    assert any(named in str(w.message) for w in seen), [str(w.message) for w in seen]
+    assert CALLS["ssd_fwd:reference"] == 1 and CALLS["ssd_fwd:triton"] == 0
+    want, _ = ssd_recurrent_ref(*[t[k] for k in ("x", "dt", "A", "B", "C")])
+    assert rel_err(out, want) < 1e-5
+
+
+def test_no_triton_device_falls_back_with_a_warning(monkeypatch):
+    from fastpath.kernels.ssd import interface
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    interface._warn_once.cache_clear()
+    t, _ = make_case(1, 10, 2, 4, 1, 8)
+    args = [t[k].float() for k in ("x", "dt", "A", "B", "C")]
+    CALLS.clear()
+    with pytest.warns(RuntimeWarning, match="no Triton device"):
+        out = mamba_chunk_scan_combined(*args, 8)
+    assert CALLS["ssd_fwd:reference"] == 1
+    want, _ = ssd_recurrent_ref(*[t[k] for k in ("x", "dt", "A", "B", "C")])
+    assert rel_err(out, want) < 1e-5
+
+
+def test_custom_op_contract_and_compile():
+    """Schema, fake (meta) impl and autograd registration are consistent; fullgraph compile
+    sees one op and gives eager's numbers."""
+    from fastpath.kernels.ssd.interface import ssd_scan_fwd
+
+    t, seq = make_case(1, 20, 2, 4, 1, 8)
+    args = [t[k].float() for k in ("x", "dt", "A", "B", "C", "D")]
+    args[0].requires_grad_()
+    args[5].requires_grad_()
+    torch.library.opcheck(
+        ssd_scan_fwd,
+        (*args, None, t["dt_bias"].float(), None, seq, 8, True, 0.0, float("inf"), True),
+        test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
+    )
+
+    def loss(x, D):
+        out, final = mamba_chunk_scan_combined(x, *args[1:5], 8, D=D, dt_softplus=True,
+                                               return_final_states=True)
+        return out.square().sum() + final.sum()
+
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
+    got = torch.autograd.grad(compiled(args[0], args[5]), [args[0], args[5]])
+    want = torch.autograd.grad(loss(args[0], args[5]), [args[0], args[5]])
+    for a, b in zip(got, want, strict=True):
+        assert rel_err(a, b) < 1e-6
+
+
+# ---------------------------------------------------------------- the other two specs
+def test_state_update_is_one_step_of_the_scan():
+    t, _ = make_case(3, 1, 4, 8, 2, 16)
+    state = t["initial_states"].clone()
+    pool = torch.randn(5, 4, 8, 16, dtype=torch.float64)
+    idx = torch.tensor([4, 0, 2])
+    pool[idx] = state
+    x, dt, B, C = t["x"][:, 0], t["dt"][:, 0], t["B"][:, 0], t["C"][:, 0]
+    P, N = 8, 16
+    out = selective_state_update_ref(
+        pool, x, dt[..., None].expand(-1, -1, P), t["A"][:, None, None].expand(-1, P, N), B, C,
+        D=t["D"], z=t["z"][:, 0], dt_bias=t["dt_bias"][:, None].expand(-1, P), dt_softplus=True,
+        state_batch_indices=idx,
+    )
+    want, final = ssd_recurrent_ref(
+        t["x"], t["dt"], t["A"], t["B"], t["C"], D=t["D"], z=t["z"], dt_bias=t["dt_bias"],
+        initial_states=state, dt_softplus=True,
+    )
+    assert rel_err(out, want[:, 0]) < 1e-12
+    assert rel_err(pool[idx], final) < 1e-12
+    assert torch.equal(pool[1], pool[1]) and not torch.equal(pool[idx], state)
+
+
+def test_split_conv_scan_spec_composes_conv_and_scan():
+    from fastpath.kernels.causal_conv1d.naive import causal_conv1d_ref
+
+    g = torch.Generator().manual_seed(2)
+    batch, seqlen, nheads, headdim, ngroups, dstate, width = 2, 13, 4, 4, 2, 8, 4
+    dim = nheads * headdim
+    conv_dim = dim + 2 * ngroups * dstate
+    zxbcdt = torch.randn(batch, seqlen, 2 * dim + 2 * ngroups * dstate + nheads,
+                         generator=g, dtype=torch.float64)
+    w = torch.randn(conv_dim, width, generator=g, dtype=torch.float64) * 0.5
+    bias = torch.randn(conv_dim, generator=g, dtype=torch.float64)
+    dt_bias = torch.randn(nheads, generator=g, dtype=torch.float64)
+    A = -torch.rand(nheads, generator=g, dtype=torch.float64) - 0.3
+    D = torch.randn(nheads, generator=g, dtype=torch.float64)
+    out, final = mamba_split_conv1d_scan_ref(zxbcdt, w, bias, dt_bias, A, D, 8,
+                                             return_final_states=True, headdim=headdim,
+                                             ngroups=ngroups)
+    z, xbc, dt = torch.split(zxbcdt, [dim, conv_dim, nheads], dim=-1)
+    xbc = causal_conv1d_ref(xbc.transpose(1, 2), w, bias, activation="silu").transpose(1, 2)
+    x, B, C = torch.split(xbc, [dim, ngroups * dstate, ngroups * dstate], dim=-1)
+    want, want_final = ssd_recurrent_ref(
+        x.reshape(batch, seqlen, nheads, headdim), dt, A,
+        B.reshape(batch, seqlen, ngroups, dstate), C.reshape(batch, seqlen, ngroups, dstate),
+        D=D, z=z.reshape(batch, seqlen, nheads, headdim), dt_bias=dt_bias, dt_softplus=True,
+    )
+    assert rel_err(out, want.reshape(batch, seqlen, dim)) < 1e-12
+    assert rel_err(final, want_final) < 1e-12
