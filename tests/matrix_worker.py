@@ -361,6 +361,9 @@ def main() -> int:
     ap.add_argument("--offline-load", default="", help="model_type to save/load offline")
     ap.add_argument("--skip-packed", action="store_true")
     ap.add_argument("--mamba", action="store_true", help="only the Mamba-2 family checks (issue 17)")
+    ap.add_argument("--scan-reference", action="store_true",
+                    help="run the SSD chunk scan on its float reference (its Triton kernels are slow under "
+                         "the CPU interpreter; one version runs them, the others check the routing)")
     args = ap.parse_args()
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
@@ -369,7 +372,11 @@ def main() -> int:
 
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     if args.mamba:
-        result = {"transformers": transformers.__version__, "interp": interp,
+        if args.scan_reference:
+            from fastpath.kernels.ssd import interface as ssd_interface
+
+            ssd_interface.KERNELS_READY = False
+        result = {"scan_reference": args.scan_reference, "transformers": transformers.__version__, "interp": interp,
                   **mamba_main(interp, args.gen_tokens, [f for f in args.families.split(",") if f])}
         json.dump(result, sys.stdout)
         return 0
