@@ -38,6 +38,11 @@ What enable() does (exact undo through the PatchRegistry):
   exposing the routes, so layers built later resolve to them and no Hub download is tried.
 * mamba_ssm installed and importing: kept (mode "auto"); `enable(mamba_ssm="fastpath")` routes to
   fastpath anyway, `"off"` leaves the Mamba ops alone.
+Caveats found while testing (fastpath follows mamba_ssm's semantics, checked against the float64
+recurrence in kernels/ssd/naive.py): zamba2 and nemotron_h <=5.14 `torch_forward` disagree with the
+SSD definition once a prompt spans more than one chunk (their kernel path, and fastpath, do not);
+mamba_ssm's fused op normalises in groups of dim // ngroups, which 5.17's Mamba2 unfused norm does
+not (equal for ngroups = 1; 5.23+ group the unfused norm too).
 No `mamba_ssm` stand-in module is injected: 4.57's availability check needs dist-info metadata a
 stand-in would have to fake, and module globals reach every version.
 """
