@@ -152,9 +152,10 @@ def split(t: dict[str, torch.Tensor]) -> dict[str, float]:
 
 
 KNOBS = {  # module, attribute, values to try (the first listed default is restored after)
-    "OUT_HEADS_CAP": (fwd_mod, (1, 2, 4, 8)),
+    "OUT_BLOCK_M": (fwd_mod, (32, 64, 128)),
     "STATE_BLOCK": (fwd_mod, (32, 64, 128)),
-    "DX_HEADS_CAP": (bwd_mod, (1, 2, 4)),
+    "DX_BLOCK_M": (bwd_mod, (32, 64, 128)),
+    "DBC_BLOCK_M": (bwd_mod, (32, 64, 128)),
     "DBC_BLOCK_N": (bwd_mod, (32, 64, 128)),
 }
 

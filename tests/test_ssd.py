@@ -188,6 +188,18 @@ def test_views_split_off_a_wider_tensor_are_read_in_place():
     assert rel_err(out, want_out) < 1e-4 and rel_err(got, want) < 1e-4
 
 
+def test_output_rows_in_several_blocks(monkeypatch):
+    """Chunks longer than the output, dx and dB/dC kernels' row blocks (as at chunk 128 on the
+    GPU)."""
+    from fastpath.kernels.ssd import scan_bwd, scan_fwd
+
+    monkeypatch.setattr(scan_fwd, "OUT_BLOCK_M", 16)
+    monkeypatch.setattr(scan_bwd, "DBC_BLOCK_M", 16)
+    monkeypatch.setattr(scan_bwd, "DX_BLOCK_M", 16)
+    t, seq = make_case(1, 70, 2, 8, 1, 16, npacked=3, seed=13)
+    run_case(t, seq, 48, torch.float32, ALL)
+
+
 def test_per_head_d_and_chunk_not_power_of_two():
     t, seq = make_case(1, 29, 2, 4, 1, 8, per_channel_d=False, npacked=2, seed=5)
     run_case(t, seq, 12, torch.float32, ALL)

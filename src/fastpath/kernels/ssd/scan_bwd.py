@@ -4,11 +4,13 @@ Recompute dt', cum and the states entering each chunk (scan_fwd), then:
 1. `_dstates_kernel` (per batch, head, P/N tile; sequential over chunks, newest first, float32):
    R_c = dL/d(state leaving chunk c);  R_{c-1} = gate_c R_c + sum_t exp(cum_t) dy_t^T C_t,
    and dinitial_states = the gradient entering chunk 0.
-2. `_dx_kernel` (per batch, chunk, head): dx, d(dt') (through the decay's cumulative sum, then
-   the dt_limit clamp, softplus and bias), per-chunk partial sums of dA and dD.
-3. `_dbc_kernel` (per batch, chunk, group, N tile): dB and dC summed over the group's heads in
-   registers (never expanded to heads): W = sum_h (dy_h (dt' x_h)^T) * decay_h, dC = W B + ...,
-   dB = W^T C + ...
+2. `_dx_kernel` (per batch, chunk, block of positions, head): dx, the direct part of d(dt'),
+   the gradient of the cumulative log-decay per position and partial sums of dD; `dt_chain`
+   (small torch tensors) turns those into ddt and dA through the reverse cumulative sum, the
+   dt_limit clamp, softplus and bias.
+3. `_dbc_kernel` (per batch, chunk, block of rows, group, N tile; once for dC, once for dB):
+   summed over the group's heads in registers (never expanded to heads), walking the chunk's
+   causal blocks.
 z gating (dz and dy = dout * silu(z)) is elementwise torch around the kernels; y before the gate
 is recomputed by the forward's output kernel.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 from fastpath.kernels.ssd import scan_fwd as fwd
 from fastpath.kernels.ssd.scan_fwd import (
@@ -27,7 +30,6 @@ from fastpath.kernels.ssd.scan_fwd import (
     chunk_states,
     contiguous_inputs,
     dot_precision,
-    heads_per_program,
     light_autotune,
     mm,
     needs_upcast,
@@ -36,9 +38,10 @@ from fastpath.kernels.ssd.scan_fwd import (
     row_layout,
 )
 
-# Tile knobs (benchmarks/ssd.py --sweep times alternatives): heads of a group per dx program,
-# the N tile of the dB/dC programs.
-DX_HEADS_CAP = 2
+# Tile knobs (benchmarks/ssd.py --sweep times alternatives): the row blocks of the dx and
+# dB/dC programs, the N tile of the dB/dC programs.
+DX_BLOCK_M = 64
+DBC_BLOCK_M = 64
 DBC_BLOCK_N = 64
 
 
@@ -90,169 +93,239 @@ def _dstates_kernel(
     tl.store(dinit_ptr + bh * P * N + pn_off, dh, mask=pn_mask)
 
 
-@light_autotune(["Q", "P", "N", "HPP"])
+@light_autotune(["Q", "P", "N", "BM"], loop=True)
 @triton.jit
 def _dx_kernel(
-    x_ptr, dy_ptr, B_ptr, C_ptr, D_ptr, A_ptr, dt_ptr, bias_ptr, dtp_ptr, cum_ptr, seq_ptr,
-    states_ptr, dstates_ptr,
-    dx_ptr, ddt_ptr, dA_ptr, dD_ptr,
-    L, H, G, P, N, NC, Q, SX, SDY, SB, SC, dt_min, dt_max,
+    x_ptr, dy_ptr, B_ptr, C_ptr, D_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, dstates_ptr,
+    dx_ptr, ddtd_ptr, ds_ptr, extra_ptr, dD_ptr,
+    L, H, G, P, N, NC, Q, SX, SDY, SB, SC,
     HAS_SEQ: tl.constexpr, HAS_D: tl.constexpr, D_PER_CHANNEL: tl.constexpr,
-    HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_LIMIT: tl.constexpr,
-    PREC: tl.constexpr, UPCAST: tl.constexpr, HPP: tl.constexpr,
-    BQ: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr,
+    BM: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
 ):
-    """One program: a chunk of HPP heads of one group, sharing one C B^T tile."""
-    pid_bc = tl.program_id(0)
-    b = pid_bc // NC
-    c = pid_bc % NC
-    ratio = H // G
-    n_hb = ratio // HPP
-    g = tl.program_id(1) // n_hb
-    h0 = g * ratio + (tl.program_id(1) % n_hb) * HPP
-    offs_t = tl.arange(0, BQ)
+    """BM positions of one chunk and head. As sources u they get dv_u (hence dx_u and the direct
+    part of d dt'_u) from the later rows t; as rows t and as sources u they get their share of
+    ds (the gradient of the log-decay cum): row sums minus column sums of
+    T[t, u] = (C_t.B_u) exp(cum_t - cum_u) (dy_t . dt'_u x_u). The reverse cumulative sum of ds
+    over the chunk (and the chunk-end extra) is done by the caller."""
+    n_m = tl.cdiv(Q, BM)
+    pid = tl.program_id(0)
+    m = pid % n_m
+    b = (pid // n_m) // NC
+    c = (pid // n_m) % NC
+    h = tl.program_id(1)
+    g = h // (H // G)
+    offs_m = m * BM + tl.arange(0, BM)
     offs_p = tl.arange(0, BP)
     offs_n = tl.arange(0, BN)
-    valid, n_valid, seq_t, seq_last, seq_prev = _chunk_bounds(seq_ptr, b, c, L, Q, offs_t, HAS_SEQ)
-    rows = b.to(tl.int64) * L + c * Q + offs_t
-    tn_mask = valid[:, None] & (offs_n[None, :] < N)
-    tp_mask = valid[:, None] & (offs_p[None, :] < P)
-    pn_mask = (offs_p[:, None] < P) & (offs_n[None, :] < N)
+    valid_m, n_valid, seq_m, seq_last, seq_prev = _chunk_bounds(
+        seq_ptr, b, c, L, Q, offs_m, HAS_SEQ
+    )
+    cbase = (b.to(tl.int64) * H + h) * NC * Q + c * Q
+    dtp_m = tl.load(dtp_ptr + cbase + offs_m, mask=valid_m, other=0.0)
+    cum_m = tl.load(cum_ptr + cbase + offs_m, mask=valid_m, other=0.0)
+    cum_last = tl.load(cum_ptr + cbase + n_valid - 1)
+    rows_m = b.to(tl.int64) * L + c * Q + offs_m
+    n_ok = offs_n[None, :] < N
+    p_ok = offs_p[None, :] < P
+    hp = h * P + offs_p[None, :]
+    x_m = tl.load(x_ptr + rows_m[:, None] * SX + hp, mask=valid_m[:, None] & p_ok, other=0.0)
+    dy_m = tl.load(dy_ptr + rows_m[:, None] * SDY + hp, mask=valid_m[:, None] & p_ok, other=0.0)
+    B_m = tl.load(B_ptr + rows_m[:, None] * SB + g * N + offs_n[None, :],
+                  mask=valid_m[:, None] & n_ok, other=0.0)
+    C_m = tl.load(C_ptr + rows_m[:, None] * SC + g * N + offs_n[None, :],
+                  mask=valid_m[:, None] & n_ok, other=0.0)
+    xf = x_m.to(tl.float32)
+    v_m = (xf * dtp_m[:, None]).to(x_m.dtype)
+    dv = tl.zeros((BM, BP), dtype=tl.float32)
+    ds = tl.zeros((BM,), dtype=tl.float32)
+    # as sources u: the rows t >= u of the chunk
+    for tb in range(m * BM, Q, BM):
+        offs_k = tb + tl.arange(0, BM)
+        valid_k, _, seq_k, _, _ = _chunk_bounds(seq_ptr, b, c, L, Q, offs_k, HAS_SEQ)
+        cum_k = tl.load(cum_ptr + cbase + offs_k, mask=valid_k, other=0.0)
+        rows_k = b.to(tl.int64) * L + c * Q + offs_k
+        C_k = tl.load(C_ptr + rows_k[:, None] * SC + g * N + offs_n[None, :],
+                      mask=valid_k[:, None] & n_ok, other=0.0)
+        dy_k = tl.load(dy_ptr + rows_k[:, None] * SDY + hp, mask=valid_k[:, None] & p_ok,
+                       other=0.0)
+        pair = (offs_k[None, :] >= offs_m[:, None]) & (seq_m[:, None] == seq_k[None, :])
+        pair = pair & valid_m[:, None] & valid_k[None, :]
+        decay = tl.exp(tl.where(pair, cum_k[None, :] - cum_m[:, None], -float("inf")))
+        cbd = mm(B_m, tl.trans(C_k), PREC, UPCAST) * decay  # [u, t]
+        dv += mm(cbd.to(dy_k.dtype), dy_k, PREC, UPCAST)
+        ds -= tl.sum(cbd * mm(v_m, tl.trans(dy_k), PREC, UPCAST), axis=1)
+    # as rows t: the sources u <= t
+    for kb in range(0, (m + 1) * BM, BM):
+        offs_k = kb + tl.arange(0, BM)
+        valid_k, _, seq_k, _, _ = _chunk_bounds(seq_ptr, b, c, L, Q, offs_k, HAS_SEQ)
+        cum_k = tl.load(cum_ptr + cbase + offs_k, mask=valid_k, other=0.0)
+        dtp_k = tl.load(dtp_ptr + cbase + offs_k, mask=valid_k, other=0.0)
+        rows_k = b.to(tl.int64) * L + c * Q + offs_k
+        B_k = tl.load(B_ptr + rows_k[:, None] * SB + g * N + offs_n[None, :],
+                      mask=valid_k[:, None] & n_ok, other=0.0)
+        x_k = tl.load(x_ptr + rows_k[:, None] * SX + hp, mask=valid_k[:, None] & p_ok,
+                      other=0.0)
+        v_k = (x_k.to(tl.float32) * dtp_k[:, None]).to(x_k.dtype)
+        pair = (offs_m[:, None] >= offs_k[None, :]) & (seq_m[:, None] == seq_k[None, :])
+        pair = pair & valid_m[:, None] & valid_k[None, :]
+        decay = tl.exp(tl.where(pair, cum_m[:, None] - cum_k[None, :], -float("inf")))
+        cbd = mm(C_m, tl.trans(B_k), PREC, UPCAST) * decay  # [t, u]
+        ds += tl.sum(cbd * mm(dy_m, tl.trans(v_k), PREC, UPCAST), axis=1)
+    # through the state leaving the chunk, and the state entering it
+    st_off = ((b.to(tl.int64) * NC + c) * H + h) * P * N
     pn_off = offs_p[:, None] * N + offs_n[None, :]
-    Ct = tl.load(C_ptr + rows[:, None] * SC + g * N + offs_n[None, :], mask=tn_mask, other=0.0)
-    Bt = tl.load(B_ptr + rows[:, None] * SB + g * N + offs_n[None, :], mask=tn_mask, other=0.0)
-    cb = mm(Ct, tl.trans(Bt), PREC, UPCAST)
-    # intra-chunk pairs (t attends u <= t of its own sequence)
-    pair = (offs_t[:, None] >= offs_t[None, :]) & (seq_t[:, None] == seq_t[None, :])
-    pair = pair & valid[:, None] & valid[None, :]
-    keep_last = valid & (seq_t == seq_last)
-    prev_ok = valid & (seq_t == seq_prev)
-    for j in range(HPP):
-        h = h0 + j
-        bh = b.to(tl.int64) * H + h
-        cbase = bh * NC * Q + c * Q
-        dtp = tl.load(dtp_ptr + cbase + offs_t, mask=valid, other=0.0)
-        cum = tl.load(cum_ptr + cbase + offs_t, mask=valid, other=0.0)
-        cum_last = tl.load(cum_ptr + cbase + n_valid - 1)
-        hp = h * P + offs_p[None, :]
-        x = tl.load(x_ptr + rows[:, None] * SX + hp, mask=tp_mask, other=0.0)
-        dy = tl.load(dy_ptr + rows[:, None] * SDY + hp, mask=tp_mask, other=0.0)
-        st_off = ((b.to(tl.int64) * NC + c) * H + h) * P * N
-        h_in = tl.load(states_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
-        R = tl.load(dstates_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
-
-        decay = tl.exp(tl.where(pair, cum[:, None] - cum[None, :], -float("inf")))
-        cbd = cb * decay
-        xf = x.to(tl.float32)
-        v = xf * dtp[:, None]
-        dv = mm(tl.trans(cbd.to(dy.dtype)), dy, PREC, UPCAST)
-        # through the state leaving the chunk
-        to_end = tl.where(keep_last, tl.exp(tl.where(keep_last, cum_last - cum, 0.0)), 0.0)
-        br = mm(Bt, tl.trans(R.to(Bt.dtype)), PREC, UPCAST)  # (Q, P): B_u R^T
-        dv += br * to_end[:, None]
-        dx = dv * dtp[:, None]
-        dyf = dy.to(tl.float32)
-        if HAS_D:
-            if D_PER_CHANNEL:
-                d = tl.load(D_ptr + h * P + offs_p, mask=offs_p < P, other=0.0).to(tl.float32)
-                dx += dyf * d[None, :]
-                tl.store(dD_ptr + ((b.to(tl.int64) * NC + c) * H + h) * P + offs_p,
-                         tl.sum(dyf * xf, axis=0), mask=offs_p < P)
-            else:
-                dx += dyf * tl.load(D_ptr + h).to(tl.float32)
-                tl.store(dD_ptr + (b.to(tl.int64) * NC + c) * H + h, tl.sum(dyf * xf))
-        tl.store(dx_ptr + rows[:, None] * (H * P) + hp, dx.to(dx_ptr.dtype.element_ty),
-                 mask=tp_mask)
-        ddtp = tl.sum(xf * dv, axis=1)
-
-        # gradient of the cumulative log-decay cum_t
-        dyv = mm(dy, tl.trans(v.to(dy.dtype)), PREC, UPCAST)  # (t, u): dy_t . v_u
-        tt = cbd * dyv
-        ds = tl.sum(tt, axis=1) - tl.sum(tt, axis=0)
-        from_start = tl.where(prev_ok, tl.exp(tl.where(prev_ok, cum, 0.0)), 0.0)
-        inter = mm(Ct, tl.trans(h_in.to(Ct.dtype)), PREC, UPCAST)  # (Q, P): C_t h_in^T
-        ds += from_start * tl.sum(dyf * inter, axis=1)
-        q = to_end * tl.sum(v * br, axis=1)
-        gate = _carry(seq_last, seq_prev, cum_last, HAS_SEQ)
+    pn_mask = (offs_p[:, None] < P) & n_ok
+    R = tl.load(dstates_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
+    h_in = tl.load(states_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
+    keep_last = valid_m & (seq_m == seq_last)
+    to_end = tl.where(keep_last, tl.exp(tl.where(keep_last, cum_last - cum_m, 0.0)), 0.0)
+    br = mm(B_m, tl.trans(R.to(B_m.dtype)), PREC, UPCAST)  # (BM, P): B_u R^T
+    dv += br * to_end[:, None]
+    q = to_end * tl.sum(v_m.to(tl.float32) * br, axis=1)
+    prev_ok = valid_m & (seq_m == seq_prev)
+    from_start = tl.where(prev_ok, tl.exp(tl.where(prev_ok, cum_m, 0.0)), 0.0)
+    dyf = dy_m.to(tl.float32)
+    inter = mm(C_m, tl.trans(h_in.to(C_m.dtype)), PREC, UPCAST)  # (BM, P): C_t h_in^T
+    ds += from_start * tl.sum(dyf * inter, axis=1) - q
+    extra = tl.sum(q)
+    if m == 0:  # the state carried across the whole chunk, once per chunk
         rh = tl.sum(tl.sum(R.to(tl.float32) * h_in.to(tl.float32), axis=1))
-        ds = ds - q + tl.where(offs_t == n_valid - 1, tl.sum(q) + gate * rh, 0.0)
-        ds = tl.where(valid, ds, 0.0)
-        da = tl.sum(ds) - tl.cumsum(ds, axis=0) + ds  # reverse cumulative sum
-        ddtp += da * tl.load(A_ptr + h).to(tl.float32)
-        tl.store(dA_ptr + (b.to(tl.int64) * NC + c) * H + h, tl.sum(da * dtp))
-
-        # through dt' = clamp(softplus(dt + bias))
-        raw = tl.load(dt_ptr + rows * H + h, mask=valid, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            raw += tl.load(bias_ptr + h).to(tl.float32)
-        if SOFTPLUS:
-            sp = tl.where(raw <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(raw, 20.0))), raw)
-            ddtp = ddtp * tl.where(raw <= 20.0, tl.sigmoid(raw), 1.0)
+        extra += _carry(seq_last, seq_prev, cum_last, HAS_SEQ) * rh
+    tl.store(extra_ptr + ((b.to(tl.int64) * NC + c) * H + h) * n_m + m, extra)
+    tl.store(ds_ptr + cbase + offs_m, ds, mask=valid_m)
+    tl.store(ddtd_ptr + cbase + offs_m, tl.sum(xf * dv, axis=1), mask=valid_m)
+    dx = dv * dtp_m[:, None]
+    if HAS_D:
+        blk = ((b.to(tl.int64) * NC + c) * n_m + m) * H + h
+        if D_PER_CHANNEL:
+            d = tl.load(D_ptr + h * P + offs_p, mask=offs_p < P, other=0.0).to(tl.float32)
+            dx += dyf * d[None, :]
+            tl.store(dD_ptr + blk * P + offs_p, tl.sum(dyf * xf, axis=0), mask=offs_p < P)
         else:
-            sp = raw
-        if HAS_LIMIT:
-            ddtp = tl.where((sp >= dt_min) & (sp <= dt_max), ddtp, 0.0)
-        tl.store(ddt_ptr + rows * H + h, ddtp, mask=valid)
+            dx += dyf * tl.load(D_ptr + h).to(tl.float32)
+            tl.store(dD_ptr + blk, tl.sum(dyf * xf))
+    tl.store(dx_ptr + rows_m[:, None] * (H * P) + hp, dx.to(dx_ptr.dtype.element_ty),
+             mask=valid_m[:, None] & p_ok)
 
 
-@light_autotune(["Q", "P", "N", "BN"], loop=True)
+def dt_chain(ds: Tensor, extra: Tensor, ddtd: Tensor, dtp: Tensor, dt: Tensor, A: Tensor,
+             dt_bias: Tensor | None, dt_softplus: bool, dt_limit: tuple[float, float],
+             chunk_size: int) -> tuple[Tensor, Tensor]:
+    """From the per-position pieces to (ddt (B, L, H) float32, dA (H,)): d cum -> d(A dt') by a
+    reverse cumulative sum within each chunk (plus the chunk-end extra), then back through the
+    dt_limit clamp, softplus and bias. Small (B, H, L) float32 tensors: plain torch."""
+    batch, seqlen, nheads = dt.shape
+    nchunks = extra.shape[1]
+    shape = (batch, nheads, nchunks, chunk_size)
+    da = ds.view(shape).flip(-1).cumsum(-1).flip(-1)
+    da = da + extra.sum(-1).permute(0, 2, 1)[..., None]  # (B, NC, H, nM) -> (B, H, NC, 1)
+    da = da.reshape(batch, nheads, -1)[..., :seqlen]
+    dtp = dtp[..., :seqlen]
+    A32 = A.float()[None, :, None]
+    dA = (da * dtp).sum(dim=(0, 2))
+    ddtp = ddtd[..., :seqlen] + A32 * da
+    raw = dt.float().permute(0, 2, 1)
+    if dt_bias is not None:
+        raw = raw + dt_bias.float()[None, :, None]
+    if dt_softplus:
+        sp = torch.where(raw <= 20.0, torch.nn.functional.softplus(raw), raw)
+        ddtp = ddtp * torch.where(raw <= 20.0, torch.sigmoid(raw), torch.ones_like(raw))
+    else:
+        sp = raw
+    if tuple(dt_limit) != (0.0, float("inf")):
+        ddtp = ddtp * ((sp >= dt_limit[0]) & (sp <= dt_limit[1]))
+    return ddtp.permute(0, 2, 1), dA
+
+
+@light_autotune(["Q", "P", "N", "BM", "BN"], loop=True)
 @triton.jit
 def _dbc_kernel(
-    x_ptr, dy_ptr, B_ptr, C_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, dstates_ptr,
-    dB_ptr, dC_ptr,
+    x_ptr, dy_ptr, B_ptr, C_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, dstates_ptr, out_ptr,
     L, H, G, P, N, NC, Q, SX, SDY, SB, SC,
-    HAS_SEQ: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
-    BQ: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
+    WANT_C: tl.constexpr, HAS_SEQ: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+    BM: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
 ):
+    """dC (WANT_C) or dB for BM rows of one chunk and an N tile, summed over the group's heads.
+
+    With W_h[t, u] = (dy_t . dt'_u x_u) exp(cum_t - cum_u) for u <= t of one sequence:
+    dC_t = sum_h [sum_u W_h[t, u] B_u + exp(cum_t) h_in C-side term], walking u blocks up to
+    the diagonal; dB_u = sum_h [sum_t W_h[t, u] C_t + exp(cum_last - cum_u) (dt'_u x_u) R_h],
+    walking t blocks from the diagonal to the chunk's end.
+    """
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
-    pid_bc = tl.program_id(1)
-    b = pid_bc // NC
-    c = pid_bc % NC
+    n_m = tl.cdiv(Q, BM)
+    pid = tl.program_id(1)
+    m = pid % n_m
+    b = (pid // n_m) // NC
+    c = (pid // n_m) % NC
     g = tl.program_id(2)
     ratio = H // G
-    offs_t = tl.arange(0, BQ)
+    offs_m = m * BM + tl.arange(0, BM)
     offs_p = tl.arange(0, BP)
-    valid, n_valid, seq_t, seq_last, seq_prev = _chunk_bounds(seq_ptr, b, c, L, Q, offs_t, HAS_SEQ)
-    rows = b.to(tl.int64) * L + c * Q + offs_t
-    tn_mask = valid[:, None] & (offs_n[None, :] < N)
-    tp_mask = valid[:, None] & (offs_p[None, :] < P)
-    pn_mask = (offs_p[:, None] < P) & (offs_n[None, :] < N)
+    valid_m, n_valid, seq_m, seq_last, seq_prev = _chunk_bounds(
+        seq_ptr, b, c, L, Q, offs_m, HAS_SEQ
+    )
+    rows_m = b.to(tl.int64) * L + c * Q + offs_m
+    n_ok = offs_n[None, :] < N
+    mp_mask = valid_m[:, None] & (offs_p[None, :] < P)
+    pn_mask = (offs_p[:, None] < P) & n_ok
     pn_off = offs_p[:, None] * N + offs_n[None, :]
-    pair = (offs_t[:, None] >= offs_t[None, :]) & (seq_t[:, None] == seq_t[None, :])
-    pair = pair & valid[:, None] & valid[None, :]
-    prev_ok = valid & (seq_t == seq_prev)
-    keep_last = valid & (seq_t == seq_last)
-    w_sum = tl.zeros((BQ, BQ), dtype=tl.float32)
-    dC = tl.zeros((BQ, BN), dtype=tl.float32)
-    dB = tl.zeros((BQ, BN), dtype=tl.float32)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
     for j in range(ratio):
         h = g * ratio + j
-        bh = b.to(tl.int64) * H + h
-        cbase = bh * NC * Q + c * Q
-        dtp = tl.load(dtp_ptr + cbase + offs_t, mask=valid, other=0.0)
-        cum = tl.load(cum_ptr + cbase + offs_t, mask=valid, other=0.0)
-        cum_last = tl.load(cum_ptr + cbase + n_valid - 1)
+        cbase = (b.to(tl.int64) * H + h) * NC * Q + c * Q
+        cum_m = tl.load(cum_ptr + cbase + offs_m, mask=valid_m, other=0.0)
         hp = h * P + offs_p[None, :]
-        x = tl.load(x_ptr + rows[:, None] * SX + hp, mask=tp_mask, other=0.0)
-        dy = tl.load(dy_ptr + rows[:, None] * SDY + hp, mask=tp_mask, other=0.0)
-        v = (x.to(tl.float32) * dtp[:, None]).to(x.dtype)
-        decay = tl.exp(tl.where(pair, cum[:, None] - cum[None, :], -float("inf")))
-        w_sum += mm(dy, tl.trans(v), PREC, UPCAST) * decay
         st_off = ((b.to(tl.int64) * NC + c) * H + h) * P * N
-        h_in = tl.load(states_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
-        R = tl.load(dstates_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
-        from_start = tl.where(prev_ok, tl.exp(tl.where(prev_ok, cum, 0.0)), 0.0)
-        to_end = tl.where(keep_last, tl.exp(tl.where(keep_last, cum_last - cum, 0.0)), 0.0)
-        dC += mm(dy, h_in.to(dy.dtype), PREC, UPCAST) * from_start[:, None]
-        dB += mm(v, R.to(v.dtype), PREC, UPCAST) * to_end[:, None]
-    Ct = tl.load(C_ptr + rows[:, None] * SC + g * N + offs_n[None, :], mask=tn_mask, other=0.0)
-    Bt = tl.load(B_ptr + rows[:, None] * SB + g * N + offs_n[None, :], mask=tn_mask, other=0.0)
-    w = w_sum.to(Bt.dtype)
-    dC += mm(w, Bt, PREC, UPCAST)
-    dB += mm(tl.trans(w), Ct, PREC, UPCAST)
-    bo = rows[:, None] * (G * N) + g * N + offs_n[None, :]
-    tl.store(dC_ptr + bo, dC.to(dC_ptr.dtype.element_ty), mask=tn_mask)
-    tl.store(dB_ptr + bo, dB.to(dB_ptr.dtype.element_ty), mask=tn_mask)
+        if WANT_C:
+            dy_m = tl.load(dy_ptr + rows_m[:, None] * SDY + hp, mask=mp_mask, other=0.0)
+            h_in = tl.load(states_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
+            prev_ok = valid_m & (seq_m == seq_prev)
+            from_start = tl.where(prev_ok, tl.exp(tl.where(prev_ok, cum_m, 0.0)), 0.0)
+            acc += mm(dy_m, h_in.to(dy_m.dtype), PREC, UPCAST) * from_start[:, None]
+            for kb in range(0, (m + 1) * BM, BM):
+                offs_k = kb + tl.arange(0, BM)
+                valid_k, _, seq_k, _, _ = _chunk_bounds(seq_ptr, b, c, L, Q, offs_k, HAS_SEQ)
+                rows_k = b.to(tl.int64) * L + c * Q + offs_k
+                dtp_k = tl.load(dtp_ptr + cbase + offs_k, mask=valid_k, other=0.0)
+                cum_k = tl.load(cum_ptr + cbase + offs_k, mask=valid_k, other=0.0)
+                x_k = tl.load(x_ptr + rows_k[:, None] * SX + hp,
+                              mask=valid_k[:, None] & (offs_p[None, :] < P), other=0.0)
+                v_k = (x_k.to(tl.float32) * dtp_k[:, None]).to(x_k.dtype)
+                B_k = tl.load(B_ptr + rows_k[:, None] * SB + g * N + offs_n[None, :],
+                              mask=valid_k[:, None] & n_ok, other=0.0)
+                pair = (offs_m[:, None] >= offs_k[None, :]) & (seq_m[:, None] == seq_k[None, :])
+                pair = pair & valid_m[:, None] & valid_k[None, :]
+                decay = tl.exp(tl.where(pair, cum_m[:, None] - cum_k[None, :], -float("inf")))
+                w = mm(dy_m, tl.trans(v_k), PREC, UPCAST) * decay
+                acc += mm(w.to(B_k.dtype), B_k, PREC, UPCAST)
+        else:
+            dtp_m = tl.load(dtp_ptr + cbase + offs_m, mask=valid_m, other=0.0)
+            x_m = tl.load(x_ptr + rows_m[:, None] * SX + hp, mask=mp_mask, other=0.0)
+            v_m = (x_m.to(tl.float32) * dtp_m[:, None]).to(x_m.dtype)
+            R = tl.load(dstates_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
+            cum_last = tl.load(cum_ptr + cbase + n_valid - 1)
+            keep_last = valid_m & (seq_m == seq_last)
+            to_end = tl.where(keep_last, tl.exp(tl.where(keep_last, cum_last - cum_m, 0.0)), 0.0)
+            acc += mm(v_m, R.to(v_m.dtype), PREC, UPCAST) * to_end[:, None]
+            for tb in range(m * BM, Q, BM):
+                offs_k = tb + tl.arange(0, BM)
+                valid_k, _, seq_k, _, _ = _chunk_bounds(seq_ptr, b, c, L, Q, offs_k, HAS_SEQ)
+                rows_k = b.to(tl.int64) * L + c * Q + offs_k
+                cum_k = tl.load(cum_ptr + cbase + offs_k, mask=valid_k, other=0.0)
+                dy_k = tl.load(dy_ptr + rows_k[:, None] * SDY + hp,
+                               mask=valid_k[:, None] & (offs_p[None, :] < P), other=0.0)
+                C_k = tl.load(C_ptr + rows_k[:, None] * SC + g * N + offs_n[None, :],
+                              mask=valid_k[:, None] & n_ok, other=0.0)
+                # rows u (this block), columns t (block k): t >= u of the same sequence
+                pair = (offs_k[None, :] >= offs_m[:, None]) & (seq_m[:, None] == seq_k[None, :])
+                pair = pair & valid_m[:, None] & valid_k[None, :]
+                decay = tl.exp(tl.where(pair, cum_k[None, :] - cum_m[:, None], -float("inf")))
+                wt = mm(v_m, tl.trans(dy_k), PREC, UPCAST) * decay
+                acc += mm(wt.to(C_k.dtype), C_k, PREC, UPCAST)
+    bo = rows_m[:, None] * (G * N) + g * N + offs_n[None, :]
+    tl.store(out_ptr + bo, acc.to(out_ptr.dtype.element_ty), mask=valid_m[:, None] & n_ok)
 
 
 def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx,
@@ -290,41 +363,42 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
     )
 
     dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-    ddt = torch.empty((batch, seqlen, nheads), device=x.device, dtype=torch.float32)
-    dA_part = torch.empty((batch, nchunks, nheads), device=x.device, dtype=torch.float32)
+    bm = min(DX_BLOCK_M, bq)
+    n_m = triton.cdiv(chunk_size, bm)
+    ds = torch.zeros_like(dtp)  # padding positions must add nothing to the reverse sums
+    ddtd = torch.empty_like(dtp)
+    extra = torch.empty((batch, nchunks, nheads, n_m), device=x.device, dtype=torch.float32)
     per_channel = D is not None and D.dim() == 2
     dD_part = torch.empty(
-        (batch, nchunks, nheads, headdim if per_channel else 1) if D is not None else (0,),
+        (batch, nchunks, n_m, nheads, headdim if per_channel else 1) if D is not None else (0,),
         device=x.device, dtype=torch.float32,
     )
-    hpp = heads_per_program(nheads // ngroups, DX_HEADS_CAP)
-    _dx_kernel[(batch * nchunks, nheads // hpp)](
-        x, dy, B, C, D.contiguous() if D is not None else x, A.contiguous(), dt.contiguous(),
-        dt_bias.contiguous() if dt_bias is not None else dtp, dtp, cum, seq_arg,
-        states, dstates, dx, ddt, dA_part, dD_part,
+    _dx_kernel[(batch * nchunks * n_m, nheads)](
+        x, dy, B, C, D.contiguous() if D is not None else x, dtp, cum, seq_arg,
+        states, dstates, dx, ddtd, ds, extra, dD_part,
         seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
         x.stride(1), dy.stride(1), B.stride(1), C.stride(1),
-        float(dt_limit[0]), float(dt_limit[1]),
         HAS_SEQ=seq_idx is not None, HAS_D=D is not None, D_PER_CHANNEL=per_channel,
-        HAS_BIAS=dt_bias is not None, SOFTPLUS=dt_softplus,
-        HAS_LIMIT=tuple(dt_limit) != (0.0, float("inf")),
-        PREC=prec, UPCAST=up, HPP=hpp, BQ=bq, BP=bp_full, BN=bn_full,
+        PREC=prec, UPCAST=up, BM=bm, BP=bp_full, BN=bn_full,
     )
+    ddt, dA = dt_chain(ds, extra, ddtd, dtp, dt, A, dt_bias, dt_softplus, dt_limit, chunk_size)
 
     dB = torch.empty(B.shape, device=x.device, dtype=B.dtype)
     dC = torch.empty(C.shape, device=x.device, dtype=C.dtype)
     bn_bc = min(bn_full, DBC_BLOCK_N)
-    _dbc_kernel[(triton.cdiv(dstate, bn_bc), batch * nchunks, ngroups)](
-        x, dy, B, C, dtp, cum, seq_arg, states, dstates, dB, dC,
-        seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
-        x.stride(1), dy.stride(1), B.stride(1), C.stride(1),
-        HAS_SEQ=seq_idx is not None, PREC=prec, UPCAST=up,
-        BQ=bq, BP=bp_full, BN=bn_bc,
-    )
-    dA = dA_part.sum(dim=(0, 1))
+    bm_bc = min(DBC_BLOCK_M, bq)
+    grid = (triton.cdiv(dstate, bn_bc), batch * nchunks * triton.cdiv(chunk_size, bm_bc), ngroups)
+    for want_c, result in ((True, dC), (False, dB)):
+        _dbc_kernel[grid](
+            x, dy, B, C, dtp, cum, seq_arg, states, dstates, result,
+            seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
+            x.stride(1), dy.stride(1), B.stride(1), C.stride(1),
+            WANT_C=want_c, HAS_SEQ=seq_idx is not None, PREC=prec, UPCAST=up,
+            BM=bm_bc, BP=bp_full, BN=bn_bc,
+        )
     dD = None
     if D is not None:
-        dD = dD_part.sum(dim=(0, 1))
+        dD = dD_part.sum(dim=(0, 1, 2))
         dD = dD if per_channel else dD[:, 0]
     ddt_bias = ddt.sum(dim=(0, 1)) if dt_bias is not None else None
     return (dx, ddt, dA, dB, dC, dD, dz, ddt_bias,

@@ -7,8 +7,8 @@ expanded to heads):
 2. `_states_kernel`: per (batch, head, P/N tile), a sequential pass over chunks: stores the state
    entering each chunk (float32) and keeps h <- exp(cum_last) h + sum_u exp(cum_last-cum_u) dt'_u
    x_u B_u^T in float32 registers (one tl.dot per chunk); the last h is the final state.
-3. `_out_kernel`: per (batch, chunk, head): y_t = exp(cum_t) C_t h_in + sum_{u<=t} (C_t.B_u)
-   exp(cum_t-cum_u) dt'_u x_u + D x_t, then * silu(z_t).
+3. `_out_kernel`: per (batch, chunk, head, block of rows): y_t = exp(cum_t) C_t h_in +
+   sum_{u<=t} (C_t.B_u) exp(cum_t-cum_u) dt'_u x_u + D x_t, then * silu(z_t).
 With seq_idx a token only sees tokens of its own sequence; the state entering chunk 0 belongs to
 sequence 0 (see naive.py). Inputs are read in place when each (batch, token) row is a contiguous
 (heads, dim) block (row_layout); offsets of rows are int64.
@@ -25,15 +25,10 @@ from torch import Tensor
 
 from fastpath.kernels.dispatch import triton_interpreter_on
 
-# Tile knobs (benchmarks/ssd.py --sweep times alternatives): heads of a group per output
-# program, and the P/N tile of the sequential state pass.
-OUT_HEADS_CAP = 4
+# Tile knobs (benchmarks/ssd.py --sweep times alternatives): output rows per program, and
+# the P/N tile of the sequential state pass.
+OUT_BLOCK_M = 64
 STATE_BLOCK = 64
-
-
-def heads_per_program(ratio: int, cap: int) -> int:
-    """Heads of one group handled by one program (they share its C B^T tile)."""
-    return next(k for k in (cap, 8, 4, 2, 1) if k <= cap and ratio % k == 0)
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -190,68 +185,71 @@ def _states_kernel(
     tl.store(final_ptr + bh * P * N + pn_off, state, mask=pn_mask)
 
 
-@light_autotune(["Q", "P", "N", "HPP"])
+@light_autotune(["Q", "P", "N", "BM"])
 @triton.jit
 def _out_kernel(
     x_ptr, B_ptr, C_ptr, z_ptr, D_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, out_ptr,
     L, H, G, P, N, NC, Q, SX, SB, SC, SZ,
     HAS_SEQ: tl.constexpr, HAS_D: tl.constexpr, D_PER_CHANNEL: tl.constexpr,
-    HAS_Z: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, HPP: tl.constexpr,
-    BQ: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
+    HAS_Z: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+    BM: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
 ):
-    """One program: a chunk of HPP heads of one group, sharing one C B^T tile."""
-    pid_bc = tl.program_id(0)
-    b = pid_bc // NC
-    c = pid_bc % NC
-    ratio = H // G
-    n_hb = ratio // HPP
-    g = tl.program_id(1) // n_hb
-    h0 = g * ratio + (tl.program_id(1) % n_hb) * HPP
-    offs_t = tl.arange(0, BQ)
+    """One program: BM output rows of one chunk and head; the causal sum walks the chunk's
+    column blocks up to the diagonal (small tiles keep everything in registers)."""
+    n_m = tl.cdiv(Q, BM)
+    pid = tl.program_id(0)
+    m = pid % n_m
+    b = (pid // n_m) // NC
+    c = (pid // n_m) % NC
+    h = tl.program_id(1)
+    g = h // (H // G)
+    offs_m = m * BM + tl.arange(0, BM)
     offs_p = tl.arange(0, BP)
     offs_n = tl.arange(0, BN)
-    valid, _, seq_t, _, seq_prev = _chunk_bounds(seq_ptr, b, c, L, Q, offs_t, HAS_SEQ)
-    rows = b.to(tl.int64) * L + c * Q + offs_t
-    tn_mask = valid[:, None] & (offs_n[None, :] < N)
-    tp_mask = valid[:, None] & (offs_p[None, :] < P)
-    pn_mask = (offs_p[:, None] < P) & (offs_n[None, :] < N)
-    Ct = tl.load(C_ptr + rows[:, None] * SC + g * N + offs_n[None, :], mask=tn_mask, other=0.0)
-    Bt = tl.load(B_ptr + rows[:, None] * SB + g * N + offs_n[None, :], mask=tn_mask, other=0.0)
-    cb = mm(Ct, tl.trans(Bt), PREC, UPCAST)  # shared by the group's heads
-    pair = (offs_t[:, None] >= offs_t[None, :]) & (seq_t[:, None] == seq_t[None, :])
-    pair = pair & valid[:, None] & valid[None, :]
-    prev_ok = valid & (seq_t == seq_prev)
-    for j in range(HPP):
-        h = h0 + j
-        bh = b.to(tl.int64) * H + h
-        cbase = bh * NC * Q + c * Q
-        dtp = tl.load(dtp_ptr + cbase + offs_t, mask=valid, other=0.0)
-        cum = tl.load(cum_ptr + cbase + offs_t, mask=valid, other=0.0)
-        hp = h * P + offs_p[None, :]
-        x = tl.load(x_ptr + rows[:, None] * SX + hp, mask=tp_mask, other=0.0)
-        # intra-chunk: (C B^T masked by the causal decay) @ (dt' x)
-        decay = tl.exp(tl.where(pair, cum[:, None] - cum[None, :], -float("inf")))
-        m = (cb * decay * dtp[None, :]).to(x.dtype)
-        y = mm(m, x, PREC, UPCAST)
-        # inter-chunk: exp(cum_t) C_t h_in for tokens of the sequence that entered the chunk
-        st_off = ((b.to(tl.int64) * NC + c) * H + h) * P * N
-        h_in = tl.load(states_ptr + st_off + offs_p[:, None] * N + offs_n[None, :],
-                       mask=pn_mask, other=0.0)
-        inter = mm(Ct, tl.trans(h_in.to(Ct.dtype)), PREC, UPCAST)
-        scale = tl.where(prev_ok, tl.exp(tl.where(prev_ok, cum, 0.0)), 0.0)
-        y += inter * scale[:, None]
-        if HAS_D:
-            if D_PER_CHANNEL:
-                d = tl.load(D_ptr + h * P + offs_p, mask=offs_p < P, other=0.0).to(tl.float32)
-                y += x.to(tl.float32) * d[None, :]
-            else:
-                y += x.to(tl.float32) * tl.load(D_ptr + h).to(tl.float32)
-        if HAS_Z:
-            zz = tl.load(z_ptr + rows[:, None] * SZ + hp, mask=tp_mask, other=0.0)
-            zz = zz.to(tl.float32)
-            y = y * zz * tl.sigmoid(zz)
-        tl.store(out_ptr + rows[:, None] * (H * P) + hp, y.to(out_ptr.dtype.element_ty),
-                 mask=tp_mask)
+    valid_m, _, seq_m, _, seq_prev = _chunk_bounds(seq_ptr, b, c, L, Q, offs_m, HAS_SEQ)
+    cbase = (b.to(tl.int64) * H + h) * NC * Q + c * Q
+    cum_m = tl.load(cum_ptr + cbase + offs_m, mask=valid_m, other=0.0)
+    rows_m = b.to(tl.int64) * L + c * Q + offs_m
+    n_ok = offs_n[None, :] < N
+    p_ok = offs_p[None, :] < P
+    Cm = tl.load(C_ptr + rows_m[:, None] * SC + g * N + offs_n[None, :],
+                 mask=valid_m[:, None] & n_ok, other=0.0)
+    y = tl.zeros((BM, BP), dtype=tl.float32)
+    for kb in range(0, (m + 1) * BM, BM):
+        offs_k = kb + tl.arange(0, BM)
+        valid_k, _, seq_k, _, _ = _chunk_bounds(seq_ptr, b, c, L, Q, offs_k, HAS_SEQ)
+        dtp_k = tl.load(dtp_ptr + cbase + offs_k, mask=valid_k, other=0.0)
+        cum_k = tl.load(cum_ptr + cbase + offs_k, mask=valid_k, other=0.0)
+        rows_k = b.to(tl.int64) * L + c * Q + offs_k
+        Bk = tl.load(B_ptr + rows_k[:, None] * SB + g * N + offs_n[None, :],
+                     mask=valid_k[:, None] & n_ok, other=0.0)
+        xk = tl.load(x_ptr + rows_k[:, None] * SX + h * P + offs_p[None, :],
+                     mask=valid_k[:, None] & p_ok, other=0.0)
+        cb = mm(Cm, tl.trans(Bk), PREC, UPCAST)
+        pair = (offs_m[:, None] >= offs_k[None, :]) & (seq_m[:, None] == seq_k[None, :])
+        pair = pair & valid_m[:, None] & valid_k[None, :]
+        decay = tl.exp(tl.where(pair, cum_m[:, None] - cum_k[None, :], -float("inf")))
+        y += mm((cb * decay * dtp_k[None, :]).to(xk.dtype), xk, PREC, UPCAST)
+    # inter-chunk: exp(cum_t) C_t h_in for tokens of the sequence that entered the chunk
+    st_off = ((b.to(tl.int64) * NC + c) * H + h) * P * N
+    h_in = tl.load(states_ptr + st_off + offs_p[:, None] * N + offs_n[None, :],
+                   mask=(offs_p[:, None] < P) & n_ok, other=0.0)
+    inter = mm(Cm, tl.trans(h_in.to(Cm.dtype)), PREC, UPCAST)
+    prev_ok = valid_m & (seq_m == seq_prev)
+    y += inter * tl.where(prev_ok, tl.exp(tl.where(prev_ok, cum_m, 0.0)), 0.0)[:, None]
+    hp = h * P + offs_p[None, :]
+    mp = valid_m[:, None] & p_ok
+    if HAS_D:
+        xm = tl.load(x_ptr + rows_m[:, None] * SX + hp, mask=mp, other=0.0).to(tl.float32)
+        if D_PER_CHANNEL:
+            d = tl.load(D_ptr + h * P + offs_p, mask=offs_p < P, other=0.0).to(tl.float32)
+            y += xm * d[None, :]
+        else:
+            y += xm * tl.load(D_ptr + h).to(tl.float32)
+    if HAS_Z:
+        zz = tl.load(z_ptr + rows_m[:, None] * SZ + hp, mask=mp, other=0.0).to(tl.float32)
+        y = y * zz * tl.sigmoid(zz)
+    tl.store(out_ptr + rows_m[:, None] * (H * P) + hp, y.to(out_ptr.dtype.element_ty), mask=mp)
 
 
 # ---------------------------------------------------------------- launchers
@@ -309,8 +307,8 @@ def chunk_outputs(x: Tensor, B: Tensor, C: Tensor, z: Tensor | None, D: Tensor |
     ngroups, dstate = B.shape[2:]
     nchunks = triton.cdiv(seqlen, chunk_size)
     out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-    hpp = heads_per_program(nheads // ngroups, OUT_HEADS_CAP)
-    grid = (batch * nchunks, nheads // hpp)
+    bm = min(OUT_BLOCK_M, pow2(chunk_size))
+    grid = (batch * nchunks * triton.cdiv(chunk_size, bm), nheads)
     _out_kernel[grid](
         x, B, C, z if z is not None else x, D.contiguous() if D is not None else x,
         dtp, cum, seq_idx if seq_idx is not None else dtp, states, out,
@@ -318,8 +316,8 @@ def chunk_outputs(x: Tensor, B: Tensor, C: Tensor, z: Tensor | None, D: Tensor |
         x.stride(1), B.stride(1), C.stride(1), z.stride(1) if z is not None else 0,
         HAS_SEQ=seq_idx is not None, HAS_D=D is not None,
         D_PER_CHANNEL=D is not None and D.dim() == 2, HAS_Z=z is not None,
-        PREC=dot_precision(x.dtype), UPCAST=needs_upcast(x.dtype), HPP=hpp,
-        BQ=pow2(chunk_size), BP=pow2(headdim), BN=pow2(dstate),
+        PREC=dot_precision(x.dtype), UPCAST=needs_upcast(x.dtype),
+        BM=bm, BP=pow2(headdim), BN=pow2(dstate),
     )
     return out
 
