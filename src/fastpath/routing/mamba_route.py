@@ -234,6 +234,8 @@ def op_globals(module: ModuleType) -> dict[str, str]:
         op = hub_op_of(value)
         if op is not None:
             found[op] = gname
+    if "mamba_chunk_scan_combined" not in found:  # Mamba-1 modules wrap selective_state_update only
+        found = {}
     if not found and _is_legacy_mamba2(module):
         found = {op: op for op in MAMBA_OPS}
     return found
