@@ -114,6 +114,9 @@ def test_outputs_match_reference_and_kernels_ran(version: str) -> None:
     for model_type, res in data["families"].items():
         if "error" in res:
             continue
+        fam = family_for(model_type)
+        if fam is not None and fam.name == "mamba2":
+            continue  # their SSD ops are routed too: tests/test_mamba_matrix.py checks these families
         family = res["family"]
         tol = ATOL * max(1.0, res["scale"])
         assert res["max_abs_diff"] <= tol, (model_type, res["max_abs_diff"])

@@ -20,11 +20,12 @@ class Op:
     name: str
     dist: str  # distribution that provides it (what `pip install` takes)
     module: str  # import name transformers tries
+    fastpath: bool = False  # fastpath.enable() routes it to fastpath's Triton kernels
 
 
 CONV_OPS = (
-    Op("causal_conv1d_fn", "causal-conv1d", "causal_conv1d"),
-    Op("causal_conv1d_update", "causal-conv1d", "causal_conv1d"),
+    Op("causal_conv1d_fn", "causal-conv1d", "causal_conv1d", fastpath=True),
+    Op("causal_conv1d_update", "causal-conv1d", "causal_conv1d", fastpath=True),
 )
 GDN_OPS = (
     Op("chunk_gated_delta_rule", "flash-linear-attention", "fla"),
@@ -34,10 +35,12 @@ KDA_OPS = (
     Op("chunk_kda", "flash-linear-attention", "fla"),
     Op("fused_recurrent_kda", "flash-linear-attention", "fla"),
 )
+# Mamba-2 families: fastpath routes all three (routing/mamba_route.py); the Mamba-1 families'
+# selective_state_update (3-D state, next to selective_scan_fn) is left to mamba_ssm / torch
 MAMBA2_OPS = (
-    Op("mamba_chunk_scan_combined", "mamba-ssm", "mamba_ssm"),
-    Op("mamba_split_conv1d_scan_combined", "mamba-ssm", "mamba_ssm"),
-    Op("selective_state_update", "mamba-ssm", "mamba_ssm"),
+    Op("mamba_chunk_scan_combined", "mamba-ssm", "mamba_ssm", fastpath=True),
+    Op("mamba_split_conv1d_scan_combined", "mamba-ssm", "mamba_ssm", fastpath=True),
+    Op("selective_state_update", "mamba-ssm", "mamba_ssm", fastpath=True),
 )
 MAMBA1_OPS = (
     Op("selective_scan_fn", "mamba-ssm", "mamba_ssm"),

@@ -48,9 +48,6 @@ HUB_MAPPED_525 = {"causal_conv1d_fn": "kernels-community/mamba-ssm",
 HUB_CAUSAL_CONV1D_514 = "kernels-community/causal-conv1d"
 
 
-# Ops `fastpath.enable()` routes to fastpath's own kernels: the one place to add an op it covers.
-FASTPATH_ROUTED_OPS = frozenset({"causal_conv1d_fn", "causal_conv1d_update"})
-
 # What installs each kernel distribution (the after-enable column names it when it is missing).
 INSTALL = {
     "flash-linear-attention": ("fla-core", "pip install fla-core"),
@@ -100,7 +97,7 @@ def after_enable(op: Op, impl: str, fv: FactsView) -> tuple[str, str | None]:
     """(implementation after fastpath.enable(), what it still needs or None when it runs fast)."""
     if impl in (FAST, HUB):
         return impl, None
-    if op.name in FASTPATH_ROUTED_OPS:
+    if op.fastpath:  # families.Op.fastpath: fastpath.enable() routes it to its Triton kernels
         if fv.fastpath_route_available and fv.gpu_present and fv.torch_arch_covered is not False:
             return "fastpath-triton", None
         return FALLBACK, _needs_a_device(fv)

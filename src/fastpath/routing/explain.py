@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Any
 
 from fastpath.kernels.dispatch import triton_interpreter_on
+from fastpath.routing import mamba_route
 from fastpath.routing.conv_route import FASTPATH_ROUTE_ATTR
 from fastpath.routing.fla_route import DQKWG_IMPL
 from fastpath.routing.fla_route import ROUTE_ATTR as GDN_ROUTE_ATTR
@@ -119,7 +120,7 @@ def explain_model(model: Any) -> Explanation:
         limit = _kernel_limit(layer)
         for op in ops:
             impl, fast = _resolve(op, layer, module, device)
-            if gate is not None and op in CONV_OPS:
+            if gate is not None and (op in CONV_OPS or op in mamba_route.MAMBA_OPS):
                 impl, fast = f"torch ({gate})", False
             elif limit is not None and op in CONV_OPS and impl.startswith("fastpath-triton"):
                 impl, fast = f"fastpath (torch reference: {limit})", False
@@ -153,8 +154,12 @@ def _ops_of_class(cls: type) -> tuple[str, ...]:
             ops.append(op)
     if module is not None:  # 5.15+: every other hub-fallback op the layer calls (mamba_ssm, fla KDA)
         src = src + _helpers_source(module, src)
+        mamba_globals = mamba_route.op_globals(module)  # Mamba-2 ops under their mamba_ssm names
+        ops.extend(op for op, gname in mamba_globals.items() if f"{gname}(" in src)
         for gname, value in vars(module).items():
             if gname in CONV_OPS or gname in {g for _, g in GDN_OPS.values()} or not _is_hub_fallback(value):
+                continue
+            if gname in mamba_globals.values():
                 continue
             if f"{gname}(" in src:
                 ops.append(gname)
@@ -244,6 +249,9 @@ def _resolve(op: str, layer: Any, module: ModuleType, device: str) -> tuple[str,
         if value is None:
             return "torch", False
         return _classify(value, device, "fla")
+    if op in mamba_route.MAMBA_OPS:  # 5.15+ under its wrapper's global name, <=5.14 its own
+        value = g.get(mamba_route.op_globals(module).get(op, op))
+        return mamba_route.classify(value, device, layer) or _classify(value, device, None)
     return _classify(g.get(op), device, None)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from fastpath.errors import FastpathError, UsageError
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.routing import conv_route, fla_route, hub_kernels
+from fastpath.routing import conv_route, fla_route, hub_kernels, mamba_route
 from fastpath.routing.explain import Explanation, explain_model
 from fastpath.routing.modeling_patch import (
     ModelingImportHook,
@@ -46,6 +46,7 @@ class EnableReport:
     gated_delta_rule: str               # "fla" | "fla-fwd+torch-bwd" | "torch"
     gated_delta_rule_reason: str
     transformers_version: str | None
+    mamba_ssd: str = "fastpath"         # Mamba-2 ops: "fastpath" | "mamba_ssm" | "off"
     modules_patched: list[str] = field(default_factory=list)
     modules_pending: list[str] = field(default_factory=list)   # patched when imported
     layers_patched: int = 0
@@ -60,7 +61,8 @@ class EnableReport:
             checked = "".join(f"; dqkwg {r.config.label()}: {'PASS' if r.passed else 'FAIL'}"
                               for r in fla_selfcheck.RESULTS.values())
         return (f"fastpath enabled: causal_conv1d -> {self.conv_impl}; gated delta rule -> "
-                f"{self.gated_delta_rule} ({self.gated_delta_rule_reason}{checked}); transformers {tf}: "
+                f"{self.gated_delta_rule} ({self.gated_delta_rule_reason}{checked}); Mamba-2 SSD "
+                f"ops -> {self.mamba_ssd}; transformers {tf}: "
                 f"{len(self.modules_patched)} modeling modules patched, {len(self.modules_pending)} on import, "
                 f"{self.layers_patched} built layers")
 
@@ -93,20 +95,27 @@ def enable(
     gated_delta_rule: str = "auto",
     warn: bool = True,
     lift_device_gate: bool = False,
+    mamba_ssm: str = "auto",
 ) -> EnableReport:
     """Route transformers' causal_conv1d (and, when safe, the gated delta rule) to fastpath.
 
     causal_conv1d_fn / causal_conv1d_update: Dao-style callables to route instead of fastpath's
     (tests pass deliberately wrong ones to prove the route is live).
     gated_delta_rule: "auto" (FLA when importable and safe), "fla" (error if FLA unusable), "off".
-    lift_device_gate: testing only, needs TRITON_INTERPRET=1: transformers <=5.14 lfm2 gates its
-    kernel path on CUDA tensors; this lets CPU tensors take it so the interpreter runs the kernels.
+    lift_device_gate: testing only, needs TRITON_INTERPRET=1: transformers <=5.14 lfm2 and Mamba-2
+    mixers gate their kernel path on CUDA tensors; this lets CPU tensors take it so the interpreter
+    runs the kernels.
+    mamba_ssm: the Mamba-2 ops (mamba_chunk_scan_combined, selective_state_update,
+    mamba_split_conv1d_scan_combined; see routing/mamba_route.py): "auto" routes them to fastpath
+    unless a working mamba_ssm is installed, "fastpath" always, "off" never.
     Calling enable() again replaces the previous routing (disable() first, then enable).
     """
     global _STATE
     version_note = check_transformers_version(_transformers_version())
     if gated_delta_rule not in _GDN_MODES:
         raise UsageError(f"gated_delta_rule must be one of {_GDN_MODES}, got {gated_delta_rule!r}")
+    if mamba_ssm not in mamba_route.MODES:
+        raise UsageError(f"mamba_ssm must be one of {mamba_route.MODES}, got {mamba_ssm!r}")
     if lift_device_gate and not triton_interpreter_on():
         raise UsageError("lift_device_gate=True is a testing option and needs TRITON_INTERPRET=1")
     with _LOCK:
@@ -115,6 +124,7 @@ def enable(
         from fastpath import causal_conv1d as face
 
         fla = fla_route.detect_fla(gated_delta_rule)
+        mamba = mamba_route.detect_mamba(mamba_ssm)
         if gated_delta_rule == "fla" and not fla.route:
             raise FastpathError(f"gated_delta_rule='fla' but FLA cannot be used: {fla.reason}")
         if fla.route:
@@ -143,13 +153,22 @@ def enable(
             gated_delta_rule=fla.chunk_impl if fla.route else "torch",
             gated_delta_rule_reason=fla.reason,
             transformers_version=_transformers_version(),
+            mamba_ssd=mamba.impl,
         )
+        if mamba_ssm != "auto" or not mamba.route:
+            report.notes.append(f"Mamba-2 SSD ops: {mamba.reason}")
         targets = set(discover_modeling_modules()) | {hub_kernels.HUB_MODULE}
 
         def on_loaded(module: Any) -> None:
             if module.__name__ == hub_kernels.HUB_MODULE:
                 hub_kernels.seed_lazy_kernel_mapping(module, routes.conv_module, reg)
+                if mamba.route:
+                    mamba_route.seed_lazy_kernel_mapping(module, reg)
             else:
+                # before patch_module: it recomputes a <=5.14 `is_fast_path_available` from these
+                if mamba.route and mamba_route.patch_module(module, conv_fn, conv_update, reg) \
+                        and lift_device_gate:
+                    mamba_route.lift_device_gates(module, reg)
                 patch_module(module, routes, reg)
                 if module.__name__ in report.modules_pending:
                     report.modules_pending.remove(module.__name__)
