@@ -110,8 +110,11 @@ def test_malformed_facts_never_crash(tmp_path: Path, case: str) -> None:
     assert b"Traceback" not in text.stderr + text.stdout, text.stderr[-3000:].decode()
     as_json = fastpath("doctor", "--on", prefix, "--timeout", "30", "--json")
     assert b"Traceback" not in as_json.stderr, as_json.stderr[-3000:].decode()
-    if case == "deep-100k":  # not parseable at all: the target fails, one line, exit 1
-        assert as_json.returncode == 1 and as_json.stderr.count(b"\n") == 1
+    if case == "deep-100k":  # not parseable at all: the target fails, one line, exit 3
+        assert text.returncode == 3 and as_json.returncode == 3
+        assert as_json.stderr.count(b"\n") == 1
+        failed = _strict(as_json.stdout.decode())  # still one JSON document, with the error
+        assert failed["exit_code"] == 3 and failed["error"]
         return
     assert text.returncode in (0, 1) and as_json.returncode in (0, 1), text.stderr.decode()
     report = _strict(as_json.stdout.decode())  # strict JSON: no NaN / Infinity
