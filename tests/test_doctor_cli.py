@@ -88,7 +88,7 @@ def test_cli_on_a_fake_gpu_machine_exits_1_for_slow(tmp_path):
 
 
 @pytest.mark.parametrize("args,words", [
-    (["--hosts", "HOSTS", "--jobs", "0"], "--jobs must be at least 1"),
+    (["--hosts", "HOSTS", "--jobs", "0"], "--jobs: must be at least 1"),
     (["--on", ""], "--on needs a command prefix"),
     (["--on", "   "], "--on needs a command prefix"),
     (["--gpu", "H9000"], "--gpu 'H9000'"),
@@ -133,12 +133,16 @@ def test_unknown_model_type_names_the_installed_transformers(tmp_path):
         "fastpath to fix"]
 
 
-def test_unreadable_layer_fields_are_one_line_exit_2(tmp_path):
+@pytest.mark.parametrize("config,words", [
+    ({"num_hidden_layers": "many"}, "num_hidden_layers must be a positive integer"),  # sizes
+    ({}, "cannot read the layer layout"),  # sizes fine, but no layers to plan
+])
+def test_unreadable_layer_fields_are_one_line_exit_2(tmp_path, config, words):
     cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({"model_type": "qwen3_5_text", "num_hidden_layers": "many"}))
+    cfg.write_text(json.dumps({"model_type": "qwen3_5_text", **config}))
     r = _doctor("--probe", "static", "--model", str(cfg))
     assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
-    assert "layer layout" in r.stderr
+    assert words in r.stderr, r.stderr
 
 
 def test_on_with_a_missing_python_falls_back_to_sh_and_says_so():

@@ -145,7 +145,7 @@ def test_no_gpu_extension_built_for_no_gpu_torch_supports():
     assert "extension-missing-arch" not in [f.id for f in diagnose(facts, "qwen3.5-27b").findings]
 
 
-def test_after_enable_says_what_each_op_needs_without_a_gpu():
+def test_after_enable_says_what_each_op_needs_without_a_gpu(tmp_path):
     facts = _no_gpu_seed(["sm_90"])
     facts["packages"]["fla-core"] = {"version": None, "so_files": [], "import": {
         "ok": False, "error_kind": "not-installed", "error": "No module named 'fla'"}}
@@ -154,10 +154,25 @@ def test_after_enable_says_what_each_op_needs_without_a_gpu():
     assert needs["chunk_gated_delta_rule"] == "needs fla-core: pip install fla-core"
     assert needs["causal_conv1d_fn"] == "needs a GPU"
     assert {"fla-missing", "causal-conv1d-missing"} <= {f.id for f in d.findings}
+    # Mamba-2: enable() routes the SSD ops too (routing/mamba_route.py), so on the assumed GPU
+    # every op is fastpath's, and without one each op names the GPU as what it needs
     mamba = diagnose(_no_gpu_seed(["sm_90"]), "mamba2", parse_gpu_spec("sm_90"))
     rows = [r for t in mamba.model_plan["layer_types"] for r in t["ops"]]
-    ssm = next(r for r in rows if r["op"] == "mamba_chunk_scan_combined")
+    assert {r["op"] for r in rows} >= {"mamba_chunk_scan_combined", "causal_conv1d_fn"}
+    assert all(r["with_fastpath"] == "fastpath-triton" and r["with_fastpath_needs"] is None
+               for r in rows), rows
+    assert mamba.model_plan["layers_slow_with_fastpath"] == 0
+    here = diagnose(_no_gpu_seed(["sm_90"]), "mamba2")
+    ssm = next(r for t in here.model_plan["layer_types"] for r in t["ops"]
+               if r["op"] == "mamba_chunk_scan_combined")
+    assert ssm["with_fastpath_needs"] == "needs a GPU"
+    # Mamba-1 (selective_scan_fn is not routed): all-or-nothing on mamba_ssm
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"model_type": "mamba", "num_hidden_layers": 4}')
+    mamba1 = diagnose(_no_gpu_seed(["sm_90"]), str(cfg), parse_gpu_spec("sm_90"))
+    rows = [r for t in mamba1.model_plan["layer_types"] for r in t["ops"]]
+    scan = next(r for r in rows if r["op"] == "selective_scan_fn")
     conv = next(r for r in rows if r["op"] == "causal_conv1d_fn")
-    assert ssm["with_fastpath_needs"] == "needs mamba-ssm: pip install mamba-ssm --no-build-isolation"
+    assert scan["with_fastpath_needs"] == "needs mamba-ssm: pip install mamba-ssm --no-build-isolation"
     assert conv["with_fastpath"] == "torch-fallback"  # all-or-nothing: the conv alone does not help
     assert conv["with_fastpath_needs"].startswith("all-or-nothing: needs mamba-ssm")

@@ -117,7 +117,10 @@ def test_one_unsafe_host_is_skipped_not_the_fleet(tmp_path: Path) -> None:
     assert status["evil"][0] == "failed" and "unsafe ansible_host" in status["evil"][1]
     assert status["evil2"][0] == "failed" and "not a number" in status["evil2"][1]
     assert status["good"][0] == "ok", status["good"]
-    assert proc.returncode == 1
+    good = next(t for t in report["targets"] if t["name"] == "good")
+    # 3: two targets could not be diagnosed; 1 wins when this machine is slow or blocked (as
+    # with a CPU-only torch)
+    assert proc.returncode == (1 if good["report"]["exit_code"] == 1 else 3)
     assert not (tmp_path / "PWNED").exists()
 
 

@@ -20,7 +20,7 @@ def _hostile_facts() -> dict:
     gpus = [{"index": 0, "name": "H100" + OSC8 + CLEAR, "driver": "550.1" + CLEAR,
              "compute_capability": "9.0", "memory_mib": 81559, "source": "[link=http://evil]x[/link]"}]
     return facts(
-        host={"hostname": "node[/bold]\x1b]0;pwned title\x07", "os": "[bold red]OS[/]",
+        host={"hostname": "node[/bold]\x1b]0;pwned title\x07", "os": "[bold red]OS[/] :warning:",
               "arch": "x86_64", "python": "3.11.9", "glibc": "glibc\u202e2.39"},
         gpus=gpus,
         driver={"version": "550.1" + CLEAR, "cuda_version": "12.4", "source": "[/]"},
@@ -38,6 +38,8 @@ def test_single_target_report_is_inert(tmp_path: Path) -> None:
     text = proc.stdout.decode()
     assert "\\x1b[2J" in text and "\\x1b]8;;http://evil.example/" in text  # shown, visibly
     assert "node[/bold]" in text and "[link=http://evil]x[/link]" in text  # markup shown as text
+    assert "\\[" not in text  # ... as sent, not markup-escaped
+    assert "[bold red]OS[/] :warning:" in text  # not an emoji either
     assert "\\u202e" in text  # a bidi override is shown, not applied
 
 
@@ -51,6 +53,18 @@ def test_fleet_table_and_progress_are_inert(tmp_path: Path) -> None:
     assert b"Traceback" not in out, out[-3000:].decode()
     assert ESC not in out
     assert "550.1\\x1b[2J\\x1b[H" in proc.stdout.decode()  # the driver column, visibly
+
+
+def test_fleet_progress_on_a_terminal_is_inert(tmp_path: Path) -> None:
+    """On a terminal the progress bar shows each target's name: a rich TextColumn read it as
+    markup, and a host `n[/b]` crashed the fleet with a MarkupError."""
+    hosts = tmp_path / "fleet.txt"
+    hosts.write_text("n[/b]\n")
+    proc = fastpath("doctor", "--hosts", str(hosts), "--timeout", "10",
+                    extra_env={"TTY_COMPATIBLE": "1"})  # rich: stdout/stderr are terminals
+    assert b"Traceback" not in proc.stderr, proc.stderr[-3000:].decode()
+    assert proc.returncode == 3  # the one target could not be diagnosed
+    assert b"n[/b]" in proc.stderr  # the progress line shows the name as sent
 
 
 def test_local_cuda_home_with_markup_does_not_crash(tmp_path: Path) -> None:
@@ -96,8 +110,11 @@ def test_malformed_facts_never_crash(tmp_path: Path, case: str) -> None:
     assert b"Traceback" not in text.stderr + text.stdout, text.stderr[-3000:].decode()
     as_json = fastpath("doctor", "--on", prefix, "--timeout", "30", "--json")
     assert b"Traceback" not in as_json.stderr, as_json.stderr[-3000:].decode()
-    if case == "deep-100k":  # not parseable at all: the target fails, one line, exit 1
-        assert as_json.returncode == 1 and as_json.stderr.count(b"\n") == 1
+    if case == "deep-100k":  # not parseable at all: the target fails, one line, exit 3
+        assert text.returncode == 3 and as_json.returncode == 3
+        assert as_json.stderr.count(b"\n") == 1
+        failed = _strict(as_json.stdout.decode())  # still one JSON document, with the error
+        assert failed["exit_code"] == 3 and failed["error"]
         return
     assert text.returncode in (0, 1) and as_json.returncode in (0, 1), text.stderr.decode()
     report = _strict(as_json.stdout.decode())  # strict JSON: no NaN / Infinity

@@ -102,3 +102,35 @@ def test_signal_kills_every_target(tmp_path: Path, sig: signal.Signals, mode: st
     assert _wait_for(lambda: not any(os.path.exists(f"/proc/{c}") and
                                      open(f"/proc/{c}/stat").read().rsplit(")", 1)[1].split()[0]
                                      != "Z" for c in children), 10), "orphaned children"
+
+
+@pytest.mark.parametrize("how", ["timeout", "cancel"])
+def test_unread_stdin_leaves_no_asyncio_noise(how: str) -> None:
+    """A target that never reads its stdin, sent a little more than a pipe holds (the probe is
+    over 64 KiB; the rest stays in asyncio's buffer, below its flow-control mark), then stopped by the timeout or by a cancellation (what SIGTERM does): asyncio logged
+    InvalidStateError from pipe_connection_lost, because the stdin-closed future had been
+    cancelled with the task awaiting it."""
+    code = f"""
+import asyncio
+from fastpath.doctor.remote import run_command
+
+async def main():
+    work = run_command(["sh", "-c", "sleep 1000"], b"x" * 70_000, timeout=1.0)
+    if {how!r} == "timeout":
+        assert (await work).timed_out
+        return
+    task = asyncio.ensure_future(work)
+    await asyncio.sleep(0.5)
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+
+asyncio.run(main())
+print("done")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env(), timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "done", proc.stderr
+    assert proc.stderr == "", proc.stderr

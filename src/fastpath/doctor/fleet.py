@@ -300,7 +300,7 @@ class _Progress:
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
-                TextColumn("{task.description}"),
+                TextColumn("{task.description}", markup=False),  # a host name is not markup
                 console=self.console,
                 transient=True,
             )
@@ -326,7 +326,7 @@ class _Progress:
         else:
             self.console.print(
                 f"[{self.done}/{self.total}] {name}: {result.status} ({result.seconds:.1f}s)",
-                markup=False, highlight=False, soft_wrap=True,
+                markup=False, emoji=False, highlight=False, soft_wrap=True,
             )
 
 

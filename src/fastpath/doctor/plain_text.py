@@ -4,9 +4,10 @@ A GPU name, host name, path or error line is data, never terminal control or ric
 target that answers `\\x1b]8;;http://x\\x1b\\\\` (an OSC-8 hyperlink), `\\x1b[2J` (clear screen) or
 `[link=...]` must show up as those characters, not act on the reader's terminal, and a host name
 `node[/bold]` must not crash the report with a MarkupError. Every renderer (single-target report,
-fleet table, progress and error lines) goes through `plain` (then `markup.escape` where the text
-lands in a markup string, or `rich.text.Text`), and long strings are cut so that nothing later
-(rich's highlighter, redaction, wrapping) sees more than `MAX_FIELD_CHARS`.
+fleet table, progress and error lines) goes through `plain` and prints it as `rich.text.Text` or
+with a plain print() (never as a rich string, whose markup, emoji and highlighter passes read
+`[...]` and `:name:`), and long strings are cut so that nothing later
+(redaction, wrapping) sees more than `MAX_FIELD_CHARS`.
 """
 
 from __future__ import annotations
@@ -43,25 +44,19 @@ def plain(value: Any, limit: int = MAX_FIELD_CHARS, multiline: bool = False) -> 
     return text
 
 
-def inert(value: Any, limit: int = MAX_FIELD_CHARS, multiline: bool = False) -> str:
-    """`plain`, then escaped for a rich markup string (so `[link=...]` is shown, not applied)."""
-    from rich.markup import escape
-
-    return escape(plain(value, limit, multiline))
-
-
-def inert_tree(obj: Any, depth: int = 0) -> Any:
-    """A copy of a JSON-like tree with every string (keys too) passed through `inert`: what the
-    markup-based report renders. Deeper than 64 levels is not a fact; it is shown as '...'."""
+def plain_tree(obj: Any, depth: int = 0) -> Any:
+    """A copy of a JSON-like tree with every string (keys too) passed through `plain`: what the
+    single-target report renders (as rich Text, so no markup is read from it). Deeper than 64
+    levels is not a fact; it is shown as '...'."""
     if depth > 64:
         return "..."
     if isinstance(obj, dict):
-        return {inert(k) if isinstance(k, str) else k: inert_tree(v, depth + 1)
+        return {plain(k) if isinstance(k, str) else k: plain_tree(v, depth + 1)
                 for k, v in obj.items()}
     if isinstance(obj, list):
-        return [inert_tree(v, depth + 1) for v in obj]
+        return [plain_tree(v, depth + 1) for v in obj]
     if isinstance(obj, str):
-        return inert(obj)
+        return plain(obj)
     return obj
 
 

@@ -317,8 +317,13 @@ async def run_command(argv: list[str], stdin_data: bytes, timeout: float,
         try:
             proc.stdin.write(stdin_data)
             await proc.stdin.drain()
+            # No wait_closed(): it awaits the protocol's own stdin-closed future, and cancelling
+            # this task (timeout, Ctrl-C, SIGTERM) cancels that future; when the killed target's
+            # pipe then reports BrokenPipeError, asyncio sets an exception on the cancelled future
+            # and logs InvalidStateError from pipe_connection_lost. That happens whenever part of
+            # the probe (over 64 KiB, more than a pipe holds) is still buffered when the target
+            # dies. The transport flushes and closes the pipe by itself after close().
             proc.stdin.close()
-            await proc.stdin.wait_closed()
         except (BrokenPipeError, ConnectionResetError):
             pass  # the target exited without reading its stdin: its exit status tells why
 

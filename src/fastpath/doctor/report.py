@@ -2,8 +2,9 @@
 
 Fits the console width (COLUMNS when piped, 80 by default): prose wraps between words, a
 `command` in backticks is never broken across lines, and a table that would not fit without
-splitting a cell becomes a `key: value` list. Facts from the target are printed as plain text
-(no rich markup is read from them).
+splitting a cell becomes a `key: value` list. Everything is printed as rich Text: no markup,
+emoji code or highlighting is read from the strings, so facts from the target (made plain by
+fastpath.doctor.plain_text: control characters visible, long strings cut) show as they are.
 """
 
 from __future__ import annotations
@@ -41,15 +42,22 @@ def wrap_keeping_commands(text: str, width: int, indent: str = "", first: str = 
     return lines
 
 
+def _line(console: Any, text: str, style: str = "") -> None:
+    """One line as rich Text (a str would go through rich's markup and emoji passes)."""
+    from rich.text import Text
+
+    console.print(Text(text, style=style), soft_wrap=True)
+
+
 def _say(console: Any, text: str, *, indent: str = "", first: str = "", style: str = "") -> None:
     for line in wrap_keeping_commands(text, console.width, indent, first):
-        console.print(line, style=style or None, markup=False, highlight=False, soft_wrap=True)
+        _line(console, line, style)
 
 
 def _section(console: Any, title: str) -> None:
     console.print()
     _say(console, title, style="bold")
-    console.print("-" * min(len(title), console.width), style="dim")
+    _line(console, "-" * min(len(title), console.width), style="dim")
 
 
 def _grid(console: Any, columns: list[str], rows: list[list[str]]) -> None:
@@ -58,17 +66,17 @@ def _grid(console: Any, columns: list[str], rows: list[list[str]]) -> None:
     widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
     if sum(widths) + _GAP * (len(columns) - 1) <= console.width:
         from rich.table import Table
+        from rich.text import Text
 
         t = Table(box=None, pad_edge=False, padding=(0, _GAP // 2), show_edge=False)
         for c in columns:
-            t.add_column(c, no_wrap=True, overflow="ignore")
-        for r in rows:
-            t.add_row(*r)
-        console.print(t, markup=False, highlight=False)
+            t.add_column(Text(c), no_wrap=True, overflow="ignore")
+        for r in rows:  # Text cells: a str cell would be read as markup
+            t.add_row(*(Text(v) for v in r))
+        console.print(t)
         return
     for r in rows:
-        console.print(f"{columns[0]}: {r[0]}", style="bold", markup=False, highlight=False,
-                      soft_wrap=True)
+        _line(console, f"{columns[0]}: {r[0]}", style="bold")
         for c, v in zip(columns[1:], r[1:], strict=True):
             if v:
                 _say(console, v, indent="    ", first=f"  {c}: ")
@@ -127,7 +135,7 @@ def _nvcc_section(console: Any, facts: dict[str, Any]) -> None:
     _section(console, "nvcc candidates")
     cands = facts.get("nvcc_candidates") or []
     if not cands:
-        console.print("no nvcc found anywhere", style="red")
+        _line(console, "no nvcc found anywhere", style="red")
     else:
         rows = []
         for c in cands:
@@ -187,7 +195,7 @@ def _packages_section(console: Any, fv: FactsView) -> None:
 def _findings_section(console: Any, findings: list[Any]) -> None:
     _section(console, f"Findings ({len(findings)})")
     if not findings:
-        console.print("none")
+        _line(console, "none")
     for f in findings:
         _say(console, f"[{f.severity.upper()}] {f.title} ({f.id})",
              style=SEVERITY_STYLE.get(f.severity, ""))
@@ -241,27 +249,26 @@ def ran_static(facts: dict[str, Any]) -> bool:
     return FactsView(facts).static_probe
 
 
-def _inert_view(diagnosis: Any) -> Any:
+def _plain_view(diagnosis: Any) -> Any:
     """The diagnosis with every string that came from a target, a file or the environment (facts,
-    model plan, findings' text, headline) made inert: control characters visible, rich markup
-    escaped, long strings cut (see fastpath.doctor.plain_text). The layout below adds its own
-    markup around these."""
+    model plan, findings' text, headline) made plain: control characters visible, long strings
+    cut (see fastpath.doctor.plain_text). Not markup-escaped: the layout prints only Text."""
     import dataclasses
 
-    from fastpath.doctor.plain_text import inert, inert_tree
+    from fastpath.doctor.plain_text import plain, plain_tree
 
-    findings = [dataclasses.replace(f, title=inert(f.title),
-                                    detail=inert(f.detail, multiline=True),
-                                    remedies=tuple(inert(r, multiline=True) for r in f.remedies),
-                                    source=inert(f.source)) for f in diagnosis.findings]
+    findings = [dataclasses.replace(f, title=plain(f.title),
+                                    detail=plain(f.detail, multiline=True),
+                                    remedies=tuple(plain(r, multiline=True) for r in f.remedies),
+                                    source=plain(f.source)) for f in diagnosis.findings]
     return dataclasses.replace(
-        diagnosis, facts=inert_tree(diagnosis.facts), findings=findings,
-        model_plan=inert_tree(diagnosis.model_plan), headline=inert(diagnosis.headline),
-        top_remedy=None if diagnosis.top_remedy is None else inert(diagnosis.top_remedy))
+        diagnosis, facts=plain_tree(diagnosis.facts), findings=findings,
+        model_plan=plain_tree(diagnosis.model_plan), headline=plain(diagnosis.headline),
+        top_remedy=None if diagnosis.top_remedy is None else plain(diagnosis.top_remedy))
 
 
 def render(diagnosis: Any, console: Any) -> None:
-    diagnosis = _inert_view(diagnosis)
+    diagnosis = _plain_view(diagnosis)
     facts = diagnosis.facts
     fv = FactsView(facts, diagnosis.assumed_gpu)
     _say(console, diagnosis.headline, style=VERDICT_STYLE.get(diagnosis.verdict, "bold"))

@@ -396,13 +396,36 @@ def check_mamba_kernels_hub_only(ctx: Context) -> dict | None:
     return {"v": str(v)}
 
 
+def mamba_ops_routed(ctx: Context) -> bool:
+    """fastpath.enable() routes every kernel op of this model's Mamba layers (the Mamba-2
+    families, per families.Op.fastpath), so mamba_ssm is not needed for the fast path."""
+    from fastpath.doctor.families import family_for
+
+    fam = family_for(str((ctx.plan or {}).get("model_type") or ""))
+    return fam is not None and all(op.fastpath for ops in fam.ops_by_layer.values() for op in ops)
+
+
 def check_mamba_needs_ssm(ctx: Context) -> dict | None:
     if ctx.plan is None or not ctx.plan.get("all_or_nothing"):
         return None
     if ctx.package_ok("mamba-ssm"):
         return None
+    routed = mamba_ops_routed(ctx)
     return {"n": ctx.plan.get("layers_slow") or ctx.plan.get("layers_total"),
-            "total": ctx.plan.get("layers_total"), "model": ctx.plan.get("model")}
+            "total": ctx.plan.get("layers_total"), "model": ctx.plan.get("model"),
+            "enable": " fastpath.enable() routes all of this family's ops (Mamba-2 scans, state "
+                      "update, causal_conv1d) to fastpath's Triton kernels instead." if routed else
+                      " fastpath does not route this family's selective scan."}
+
+
+def mamba_fastpath_route(ctx: Context) -> str | None:
+    """The compiler-free remedy for the Mamba-2 families (None where it does not apply)."""
+    if not (mamba_ops_routed(ctx) and ctx.fastpath_route_available):
+        return None
+    install = "pip install fastpath-kit" if ctx.triton_version else "pip install fastpath-kit triton"
+    return (f"Compiler-free (no nvcc, no mamba_ssm): `{install}`, then call `fastpath.enable()` "
+            f"before loading the model, or run `fastpath run -- python train.py`; Triton compiles "
+            f"the Mamba-2 and causal_conv1d kernels for {ctx.sm} at run time.")
 
 
 def check_fla_missing(ctx: Context) -> dict | None:
@@ -493,9 +516,10 @@ RULES: tuple[Rule, ...] = (
          "https://github.com/fla-org/flash-linear-attention#installation"),
     Rule("mamba-needs-mamba-ssm", "error", "Mamba fast path also needs mamba_ssm",
          check_mamba_needs_ssm,
-         "The Mamba-family fast path is all-or-nothing: without mamba_ssm all {n} of {total} "
-         "layers of {model} stay on the torch path, even with a causal_conv1d (fastpath's or Dao's).",
-         ("`pip install mamba-ssm --no-build-isolation` (compiled: needs a prebuilt wheel for this "
+         "The Mamba-family fast path in transformers is all-or-nothing: without mamba_ssm all "
+         "{n} of {total} layers of {model} stay on the torch path, whatever causal_conv1d is "
+         "installed.{enable}",
+         (mamba_fastpath_route, "`pip install mamba-ssm --no-build-isolation` (compiled: needs a prebuilt wheel for this "
           "torch or nvcc matching torch's CUDA), together with a causal_conv1d.",),
          "https://github.com/huggingface/transformers/blob/v5.14.0/src/transformers/models/mamba2/modeling_mamba2.py"),
     Rule("no-usable-nvcc", "warning", "No nvcc anywhere: causal-conv1d cannot build from source",
