@@ -184,3 +184,16 @@ def test_bad_sources_are_usage_errors(tmp_path):
                     device="meta")
     with pytest.raises(UsageError, match="--layers"):
         build_model(write_config(tmp_path, TINY_QWEN35, "y.json"), layers=0, device="meta")
+
+
+def test_cut_layers_reads_the_count_from_the_pattern_when_no_count_key():
+    """NemotronHConfig.to_dict() (transformers >= 5.17) has no num_hidden_layers: the pattern
+    string/list is the layer count, and every layer type stays represented."""
+    from fastpath.proof.models import cut_layers
+
+    cut = cut_layers({"model_type": "nemotron_h", "hybrid_override_pattern": "M-M-M-M*M-"}, 3)
+    assert sorted(set(cut["hybrid_override_pattern"])) == ["*", "-", "M"]
+    assert len(cut["hybrid_override_pattern"]) == 3 and "num_hidden_layers" not in cut
+    cut = cut_layers({"model_type": "nemotron_h",
+                      "layers_block_type": ["mamba", "mlp", "mamba", "attention", "mlp"]}, 3)
+    assert cut["layers_block_type"] == ["mamba", "mlp", "attention"]

@@ -175,8 +175,14 @@ def cut_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:
     """
     if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
         raise UsageError(f"--layers must be a positive integer, got {layers!r}")
-    count_key = layer_count_key(config)
-    total = int(config[count_key])
+    pattern = next((config[k] for k in _PATTERN_KEYS
+                    if isinstance(config.get(k), (list, str)) and len(config[k]) > 0), None)
+    if pattern is not None and not any(isinstance(config.get(k), int) for k in _LAYER_COUNT_KEYS):
+        # e.g. NemotronHConfig.to_dict() on transformers >= 5.17: the pattern is the layer count
+        count_key, total = None, len(pattern)
+    else:
+        count_key = layer_count_key(config)
+        total = int(config[count_key])
     if layers > total:
         raise UsageError(f"--layers {layers} is more than the model's {total} layers")
     before = layer_types(config)
