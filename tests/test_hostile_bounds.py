@@ -88,4 +88,6 @@ def test_fleet_output_is_bounded_in_memory(tmp_path: Path) -> None:
     report = json.loads(proc.stdout)
     assert all("MiB of output" in t["error"] for t in report["targets"])
     rss_kb = int(proc.stderr.decode().split("RSS_KB")[1].split()[0])
-    assert rss_kb < 600 * 1024, rss_kb  # the doctor itself; the old code reached 2.2 GB
+    # The doctor itself; the old code reached 2.2 GB. Idle it stays near 64 MB, but on a loaded
+    # 2-core CI machine one full-suite run measured 744 MB (reads lag the kills), hence 1 GiB.
+    assert rss_kb < 1024 * 1024, rss_kb
