@@ -12,12 +12,20 @@ unpacked PyPI sdist) WITHOUT running mamba_ssm/__init__.py (which imports the CU
 empty parent packages are put in sys.modules and ops/triton/ssd_combined.py is imported below
 them. It needs einops importable.
 
-usage: python benchmarks/ssd.py --out DIR [--mamba-src DIR] [--quick] [--sweep]
+--profile adds, per shape and implementation, the CUDA time of every kernel of one fwd+bwd step
+(torch.profiler, averaged over a few steps): where the backward's time goes. --update times the
+decode step (selective_state_update) at Nemotron-H's shapes, B in (1, 64), eager, against
+mamba_ssm's Triton op from the same source tree.
+
+usage: python benchmarks/ssd.py --out DIR [--mamba-src DIR] [--quick] [--sweep] [--profile]
+                                [--update]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import json
 import platform
 import sys
@@ -47,13 +55,13 @@ SHAPES = [(1, 4096), (8, 4096)]
 GRADS = ("x", "dt", "A", "B", "C", "D", "dt_bias")
 
 
-def load_mamba(src: str | None):
-    """mamba_ssm's mamba_chunk_scan_combined from a source tree, or (None, why)."""
+def load_mamba(src: str | None, module: str = "ssd_combined", name: str = "mamba_chunk_scan_combined"):
+    """An op of mamba_ssm.ops.triton.<module> from a source tree, or (None, why)."""
     if not src:
         return None, "no --mamba-src given"
     root = Path(src).resolve()
-    if not (root / "mamba_ssm" / "ops" / "triton" / "ssd_combined.py").is_file():
-        return None, f"{root}/mamba_ssm/ops/triton/ssd_combined.py not found"
+    if not (root / "mamba_ssm" / "ops" / "triton" / f"{module}.py").is_file():
+        return None, f"{root}/mamba_ssm/ops/triton/{module}.py not found"
     for name in ("mamba_ssm", "mamba_ssm.ops", "mamba_ssm.ops.triton", "mamba_ssm.utils"):
         if name in sys.modules:
             continue
@@ -61,10 +69,10 @@ def load_mamba(src: str | None):
         module.__path__ = [str(root.joinpath(*name.split(".")))]
         sys.modules[name] = module
     try:
-        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+        mod = importlib.import_module(f"mamba_ssm.ops.triton.{module}")
+        return getattr(mod, name), "loaded"
     except Exception as exc:  # report, keep benchmarking ours
         return None, f"import failed: {type(exc).__name__}: {exc}"
-    return mamba_chunk_scan_combined, "loaded"
 
 
 def make_inputs(batch: int, seqlen: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -151,6 +159,80 @@ def split(t: dict[str, torch.Tensor]) -> dict[str, float]:
     }
 
 
+def profile(fn, t: dict[str, torch.Tensor], steps: int = 5) -> list[dict]:
+    """CUDA time per kernel name of one fwd+bwd step (mean over `steps`), largest first."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in t.items()}
+    dout = torch.randn_like(t["x"])
+    for _ in range(3):
+        call(fn, leaves).backward(dout)
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            call(fn, leaves).backward(dout)
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if us > 0:
+            rows.append({"kernel": ev.key[:90], "ms_per_step": round(us / steps / 1e3, 4),
+                         "calls_per_step": ev.count / steps})
+    rows.sort(key=lambda r: -r["ms_per_step"])
+    return rows[:25]
+
+
+def update_inputs(batch: int) -> dict[str, torch.Tensor]:
+    """Decode-step inputs at Nemotron-H's mixer shapes as transformers passes them: dt, A, D and
+    dt_bias expanded from per-head values (stride 0), z given."""
+    g = torch.Generator(device="cuda").manual_seed(batch)
+
+    def rnd(*shape, scale=1.0, dtype=torch.bfloat16):
+        return (torch.randn(*shape, generator=g, device="cuda") * scale).to(dtype)
+
+    return {
+        "state": rnd(batch, H, P, N, scale=0.1, dtype=torch.float32),
+        "x": rnd(batch, H, P), "z": rnd(batch, H, P),
+        "dt": rnd(batch, H, scale=0.5)[:, :, None].expand(batch, H, P),
+        "A": (-(torch.rand(H, generator=g, device="cuda") * 8 + 1))[:, None, None].expand(H, P, N),
+        "B": rnd(batch, G, N, scale=0.3), "C": rnd(batch, G, N, scale=0.3),
+        "D": rnd(H, dtype=torch.float32)[:, None].expand(H, P),
+        "dt_bias": (rnd(H, scale=0.5, dtype=torch.float32) - 3)[:, None].expand(H, P),
+    }
+
+
+def update_step(fn, u: dict[str, torch.Tensor], state: torch.Tensor) -> torch.Tensor:
+    return fn(state, u["x"], u["dt"], u["A"], u["B"], u["C"], D=u["D"], z=u["z"],
+              dt_bias=u["dt_bias"], dt_softplus=True)
+
+
+def update_timings(mamba_update) -> list[dict]:
+    """The eager decode step per batch size (1 and 64), ours and mamba_ssm's, on equal inputs."""
+    from fastpath.kernels.ssd.state_update import selective_state_update
+
+    impls = {"fastpath": selective_state_update}
+    if mamba_update is not None:
+        impls["mamba_ssm"] = mamba_update
+    rows = []
+    for batch in (1, 64):
+        u = update_inputs(batch)
+        row: dict = {"batch": batch}
+        outs = {}
+        for name, fn in impls.items():
+            try:
+                outs[name] = update_step(fn, u, u["state"].clone()).float()
+                state = u["state"].clone()
+                row[f"{name}_us"] = round(bench(functools.partial(update_step, fn, u, state)) * 1e3, 2)
+            except Exception as exc:
+                row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        if len(outs) == 2:
+            row["max_abs_diff_vs_mamba"] = float((outs["fastpath"] - outs["mamba_ssm"]).abs().max())
+        rows.append(row)
+        print(json.dumps(row))
+    return rows
+
+
 KNOBS = {  # module, attribute, values to try (the first listed default is restored after)
     "OUT_BLOCK_M": (fwd_mod, (32, 64, 128)),
     "STATE_BLOCK": (fwd_mod, (32, 64, 128)),
@@ -182,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="output directory (ssd.json is written there)")
     ap.add_argument("--mamba-src", default=None, help="folder holding mamba_ssm/ (source tree)")
     ap.add_argument("--quick", action="store_true", help="only (1, 4096), no fallback timing")
+    ap.add_argument("--no-fallback", action="store_true", help="skip timing the torch fallback")
+    ap.add_argument("--profile", action="store_true",
+                    help="also the CUDA time per kernel of a fwd+bwd step, per implementation")
+    ap.add_argument("--update", action="store_true",
+                    help="also the decode step (selective_state_update) at B=1 and B=64")
     ap.add_argument("--sweep", action="store_true",
                     help="also time each tile knob (scan_fwd/scan_bwd constants) alone")
     args = ap.parse_args(argv)
@@ -212,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                 row[name] = timings(fn, t)
             except Exception:
                 row[name] = {"error": traceback.format_exc(limit=3)}
-        if not args.quick:
+        if not (args.quick or args.no_fallback):
             try:
                 row["torch_chunked"] = timings(
                     lambda *a, **k: ssd_chunked_ref(*a, **k)[0], t)
@@ -223,6 +310,13 @@ def main(argv: list[str] | None = None) -> int:
             row["fastpath_split"] = split(t)
         except Exception:
             row["fastpath_split"] = {"error": traceback.format_exc(limit=3)}
+        if args.profile:
+            row["profile"] = {}
+            for name, fn in impls.items():
+                try:
+                    row["profile"][name] = profile(fn, t)
+                except Exception:
+                    row["profile"][name] = {"error": traceback.format_exc(limit=3)}
         if args.sweep:
             row["sweep"] = sweep(t)
         if batch == 1:
@@ -233,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         report["shapes"].append(row)
         print(json.dumps(row, indent=1))
         torch.cuda.empty_cache()
+    if args.update:
+        mamba_update, why = load_mamba(args.mamba_src, "selective_state_update",
+                                       "selective_state_update")
+        report["update"] = {"mamba_ssm": why, "rows": update_timings(mamba_update)}
     report["wall_s"] = round(time.time() - started, 1)
     (outdir / "ssd.json").write_text(json.dumps(report, indent=1))
     print(f"wrote {outdir / 'ssd.json'} in {report['wall_s']} s")
