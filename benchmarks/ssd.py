@@ -239,6 +239,7 @@ KNOBS = {  # module, attribute, values to try (the first listed default is resto
     "DX_BLOCK_M": (bwd_mod, (32, 64, 128)),
     "DBC_BLOCK_M": (bwd_mod, (32, 64, 128)),
     "DBC_BLOCK_N": (bwd_mod, (32, 64, 128)),
+    "PAIR_BLOCK_M": (fwd_mod, (32, 64, 128)),
 }
 
 

@@ -188,14 +188,16 @@ def test_views_split_off_a_wider_tensor_are_read_in_place():
     assert rel_err(out, want_out) < 1e-4 and rel_err(got, want) < 1e-4
 
 
-def test_output_rows_in_several_blocks(monkeypatch):
-    """Chunks longer than the output, dx and dB/dC kernels' row blocks (as at chunk 128 on the
-    GPU)."""
+@pytest.mark.parametrize("blocks", [(16, 16, 16, 16), (16, 32, 16, 8)])
+def test_output_rows_in_several_blocks(monkeypatch, blocks):
+    """Chunks longer than the output, dx, dB/dC and CB/dCB kernels' row blocks (as at chunk 128
+    on the GPU), also with block sizes that differ between the kernels sharing CB/dCB."""
     from fastpath.kernels.ssd import scan_bwd, scan_fwd
 
-    monkeypatch.setattr(scan_fwd, "OUT_BLOCK_M", 16)
-    monkeypatch.setattr(scan_bwd, "DBC_BLOCK_M", 16)
-    monkeypatch.setattr(scan_bwd, "DX_BLOCK_M", 16)
+    monkeypatch.setattr(scan_fwd, "OUT_BLOCK_M", blocks[0])
+    monkeypatch.setattr(scan_bwd, "DX_BLOCK_M", blocks[1])
+    monkeypatch.setattr(scan_bwd, "DBC_BLOCK_M", blocks[2])
+    monkeypatch.setattr(scan_fwd, "PAIR_BLOCK_M", blocks[3])
     t, seq = make_case(1, 70, 2, 8, 1, 16, npacked=3, seed=13)
     run_case(t, seq, 48, torch.float32, ALL)
 

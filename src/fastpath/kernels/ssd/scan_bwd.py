@@ -4,13 +4,19 @@ Recompute dt', cum and the states entering each chunk (scan_fwd), then:
 1. `_dstates_kernel` (per batch, head, P/N tile; sequential over chunks, newest first, float32):
    R_c = dL/d(state leaving chunk c);  R_{c-1} = gate_c R_c + sum_t exp(cum_t) dy_t^T C_t,
    and dinitial_states = the gradient entering chunk 0.
-2. `_dx_kernel` (per batch, chunk, block of positions, head): dx, the direct part of d(dt'),
+2. CB[t, u] = C_t . B_u once per group (scan_fwd.chunk_cb); every head of the group reads it
+   instead of recomputing the dot.
+3. `_dx_kernel` (per batch, chunk, block of positions, head; heads of a group adjacent in the
+   launch order so CB, B and C tiles are reused from L2): dx, the direct part of d(dt'),
    the gradient of the cumulative log-decay per position and partial sums of dD; `dt_chain`
    (small torch tensors) turns those into ddt and dA through the reverse cumulative sum, the
    dt_limit clamp, softplus and bias.
-3. `_dbc_kernel` (per batch, chunk, block of rows, group, N tile; once for dC, once for dB):
-   summed over the group's heads in registers (never expanded to heads), walking the chunk's
-   causal blocks.
+4. `_dcb_kernel` (per batch, chunk, group, block pair): dCB[t, u] = sum over the group's heads of
+   (dy_t . dt'_u x_u) exp(cum_t - cum_u), the gradient of CB; the intra-chunk parts of dC and dB
+   are then dCB B and dCB^T C, once per group rather than once per head.
+5. `_dbc_kernel` (per batch, chunk, block of rows, group, N tile): dC and dB together: the
+   state terms summed over the group's heads in registers (never expanded to heads), plus the
+   dCB products.
 z gating (dz and dy = dout * silu(z)) is elementwise torch around the kernels; y before the gate
 is recomputed by the forward's output kernel.
 """
@@ -26,6 +32,7 @@ from fastpath.kernels.ssd import scan_fwd as fwd
 from fastpath.kernels.ssd.scan_fwd import (
     _carry,
     _chunk_bounds,
+    chunk_cb,
     chunk_outputs,
     chunk_states,
     contiguous_inputs,
@@ -39,7 +46,7 @@ from fastpath.kernels.ssd.scan_fwd import (
 )
 
 # Tile knobs (benchmarks/ssd.py --sweep times alternatives): the row blocks of the dx and
-# dB/dC programs, the N tile of the dB/dC programs.
+# dB/dC programs, the N tile of the dB/dC programs (scan_fwd.PAIR_BLOCK_M: CB / dCB blocks).
 DX_BLOCK_M = 64
 DBC_BLOCK_M = 64
 DBC_BLOCK_N = 64
@@ -97,7 +104,7 @@ def _dstates_kernel(
 @triton.jit
 def _dx_kernel(
     x_ptr, dy_ptr, B_ptr, C_ptr, D_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, dstates_ptr,
-    dx_ptr, ddtd_ptr, ds_ptr, extra_ptr, dD_ptr,
+    cb_ptr, dx_ptr, ddtd_ptr, ds_ptr, extra_ptr, dD_ptr,
     L, H, G, P, N, NC, Q, SX, SDY, SB, SC,
     HAS_SEQ: tl.constexpr, HAS_D: tl.constexpr, D_PER_CHANNEL: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr,
@@ -107,14 +114,16 @@ def _dx_kernel(
     part of d dt'_u) from the later rows t; as rows t and as sources u they get their share of
     ds (the gradient of the log-decay cum): row sums minus column sums of
     T[t, u] = (C_t.B_u) exp(cum_t - cum_u) (dy_t . dt'_u x_u). The reverse cumulative sum of ds
-    over the chunk (and the chunk-end extra) is done by the caller."""
+    over the chunk (and the chunk-end extra) is done by the caller. The head is the fastest
+    launch axis: the group's heads run side by side and share CB, B and C tiles in L2."""
     n_m = tl.cdiv(Q, BM)
-    pid = tl.program_id(0)
+    h = tl.program_id(0)
+    pid = tl.program_id(1)
     m = pid % n_m
     b = (pid // n_m) // NC
     c = (pid // n_m) % NC
-    h = tl.program_id(1)
     g = h // (H // G)
+    cbb = ((b.to(tl.int64) * NC + c) * G + g) * Q * Q
     offs_m = m * BM + tl.arange(0, BM)
     offs_p = tl.arange(0, BP)
     offs_n = tl.arange(0, BN)
@@ -145,14 +154,14 @@ def _dx_kernel(
         valid_k, _, seq_k, _, _ = _chunk_bounds(seq_ptr, b, c, L, Q, offs_k, HAS_SEQ)
         cum_k = tl.load(cum_ptr + cbase + offs_k, mask=valid_k, other=0.0)
         rows_k = b.to(tl.int64) * L + c * Q + offs_k
-        C_k = tl.load(C_ptr + rows_k[:, None] * SC + g * N + offs_n[None, :],
-                      mask=valid_k[:, None] & n_ok, other=0.0)
         dy_k = tl.load(dy_ptr + rows_k[:, None] * SDY + hp, mask=valid_k[:, None] & p_ok,
                        other=0.0)
         pair = (offs_k[None, :] >= offs_m[:, None]) & (seq_m[:, None] == seq_k[None, :])
         pair = pair & valid_m[:, None] & valid_k[None, :]
         decay = tl.exp(tl.where(pair, cum_k[None, :] - cum_m[:, None], -float("inf")))
-        cbd = mm(B_m, tl.trans(C_k), PREC, UPCAST) * decay  # [u, t]
+        cb_ut = tl.load(cb_ptr + cbb + offs_k[None, :] * Q + offs_m[:, None],
+                        mask=(offs_m[:, None] < Q) & (offs_k[None, :] < Q), other=0.0)
+        cbd = cb_ut * decay  # [u, t]
         dv += mm(cbd.to(dy_k.dtype), dy_k, PREC, UPCAST)
         ds -= tl.sum(cbd * mm(v_m, tl.trans(dy_k), PREC, UPCAST), axis=1)
     # as rows t: the sources u <= t
@@ -162,15 +171,15 @@ def _dx_kernel(
         cum_k = tl.load(cum_ptr + cbase + offs_k, mask=valid_k, other=0.0)
         dtp_k = tl.load(dtp_ptr + cbase + offs_k, mask=valid_k, other=0.0)
         rows_k = b.to(tl.int64) * L + c * Q + offs_k
-        B_k = tl.load(B_ptr + rows_k[:, None] * SB + g * N + offs_n[None, :],
-                      mask=valid_k[:, None] & n_ok, other=0.0)
         x_k = tl.load(x_ptr + rows_k[:, None] * SX + hp, mask=valid_k[:, None] & p_ok,
                       other=0.0)
         v_k = (x_k.to(tl.float32) * dtp_k[:, None]).to(x_k.dtype)
         pair = (offs_m[:, None] >= offs_k[None, :]) & (seq_m[:, None] == seq_k[None, :])
         pair = pair & valid_m[:, None] & valid_k[None, :]
         decay = tl.exp(tl.where(pair, cum_m[:, None] - cum_k[None, :], -float("inf")))
-        cbd = mm(C_m, tl.trans(B_k), PREC, UPCAST) * decay  # [t, u]
+        cb_tu = tl.load(cb_ptr + cbb + offs_m[:, None] * Q + offs_k[None, :],
+                        mask=(offs_m[:, None] < Q) & (offs_k[None, :] < Q), other=0.0)
+        cbd = cb_tu * decay  # [t, u]
         ds += tl.sum(cbd * mm(dy_m, tl.trans(v_k), PREC, UPCAST), axis=1)
     # through the state leaving the chunk, and the state entering it
     st_off = ((b.to(tl.int64) * NC + c) * H + h) * P * N
@@ -238,20 +247,68 @@ def dt_chain(ds: Tensor, extra: Tensor, ddtd: Tensor, dtp: Tensor, dt: Tensor, A
     return ddtp.permute(0, 2, 1), dA
 
 
+@light_autotune(["Q", "P", "BM"], loop=True)
+@triton.jit
+def _dcb_kernel(
+    x_ptr, dy_ptr, dtp_ptr, cum_ptr, seq_ptr, dcb_ptr,
+    L, H, G, P, NC, Q, SX, SDY,
+    HAS_SEQ: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+    BM: tl.constexpr, BP: tl.constexpr,
+):
+    """dCB[b, c, g, t, u] = sum over the group's heads of (dy_t . dt'_u x_u) exp(cum_t - cum_u),
+    for u <= t of one sequence (float32), one BM x BM block; 0 above the diagonal."""
+    n_m = tl.cdiv(Q, BM)
+    mt = tl.program_id(0) // n_m
+    mu = tl.program_id(0) % n_m
+    pid = tl.program_id(1)
+    g = pid % G
+    b = (pid // G) // NC
+    c = (pid // G) % NC
+    offs_t = mt * BM + tl.arange(0, BM)
+    offs_u = mu * BM + tl.arange(0, BM)
+    offs_p = tl.arange(0, BP)
+    p_ok = offs_p[None, :] < P
+    valid_t, _, seq_t, _, _ = _chunk_bounds(seq_ptr, b, c, L, Q, offs_t, HAS_SEQ)
+    valid_u, _, seq_u, _, _ = _chunk_bounds(seq_ptr, b, c, L, Q, offs_u, HAS_SEQ)
+    rows_t = b.to(tl.int64) * L + c * Q + offs_t
+    rows_u = b.to(tl.int64) * L + c * Q + offs_u
+    pair = (offs_t[:, None] >= offs_u[None, :]) & (seq_t[:, None] == seq_u[None, :])
+    pair = pair & valid_t[:, None] & valid_u[None, :]
+    ratio = H // G
+    acc = tl.zeros((BM, BM), dtype=tl.float32)
+    for j in range(0, tl.where(mu <= mt, ratio, 0)):  # nothing to sum above the diagonal
+        h = g * ratio + j
+        cbase = (b.to(tl.int64) * H + h) * NC * Q + c * Q
+        cum_t = tl.load(cum_ptr + cbase + offs_t, mask=valid_t, other=0.0)
+        cum_u = tl.load(cum_ptr + cbase + offs_u, mask=valid_u, other=0.0)
+        dtp_u = tl.load(dtp_ptr + cbase + offs_u, mask=valid_u, other=0.0)
+        dy_t = tl.load(dy_ptr + rows_t[:, None] * SDY + h * P + offs_p[None, :],
+                       mask=valid_t[:, None] & p_ok, other=0.0)
+        x_u = tl.load(x_ptr + rows_u[:, None] * SX + h * P + offs_p[None, :],
+                      mask=valid_u[:, None] & p_ok, other=0.0)
+        v_u = (x_u.to(tl.float32) * dtp_u[:, None]).to(x_u.dtype)
+        decay = tl.exp(tl.where(pair, cum_t[:, None] - cum_u[None, :], -float("inf")))
+        acc += mm(dy_t, tl.trans(v_u), PREC, UPCAST) * decay
+    base = ((b.to(tl.int64) * NC + c) * G + g) * Q * Q
+    tl.store(dcb_ptr + base + offs_t[:, None] * Q + offs_u[None, :], acc,
+             mask=(offs_t[:, None] < Q) & (offs_u[None, :] < Q))
+
+
 @light_autotune(["Q", "P", "N", "BM", "BN"], loop=True)
 @triton.jit
 def _dbc_kernel(
-    x_ptr, dy_ptr, B_ptr, C_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, dstates_ptr, out_ptr,
+    x_ptr, dy_ptr, B_ptr, C_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, dstates_ptr, dcb_ptr,
+    dB_ptr, dC_ptr,
     L, H, G, P, N, NC, Q, SX, SDY, SB, SC,
-    WANT_C: tl.constexpr, HAS_SEQ: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_SEQ: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
     BM: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
 ):
-    """dC (WANT_C) or dB for BM rows of one chunk and an N tile, summed over the group's heads.
+    """dC and dB for BM rows of one chunk and an N tile of one group.
 
-    With W_h[t, u] = (dy_t . dt'_u x_u) exp(cum_t - cum_u) for u <= t of one sequence:
-    dC_t = sum_h [sum_u W_h[t, u] B_u + exp(cum_t) h_in C-side term], walking u blocks up to
-    the diagonal; dB_u = sum_h [sum_t W_h[t, u] C_t + exp(cum_last - cum_u) (dt'_u x_u) R_h],
-    walking t blocks from the diagonal to the chunk's end.
+    State terms, summed over the group's heads: dC_t += exp(cum_t) dy_t h_in (the state
+    entering the chunk), dB_u += exp(cum_last - cum_u) (dt'_u x_u) R (R = gradient of the state
+    leaving it). Intra-chunk terms, once per group: dC_t += sum_u dCB[t, u] B_u over the blocks
+    up to the diagonal, dB_u += sum_t dCB[t, u] C_t over the blocks from it to the chunk's end.
     """
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     n_m = tl.cdiv(Q, BM)
@@ -271,61 +328,51 @@ def _dbc_kernel(
     mp_mask = valid_m[:, None] & (offs_p[None, :] < P)
     pn_mask = (offs_p[:, None] < P) & n_ok
     pn_off = offs_p[:, None] * N + offs_n[None, :]
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    prev_ok = valid_m & (seq_m == seq_prev)
+    keep_last = valid_m & (seq_m == seq_last)
+    acc_c = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_b = tl.zeros((BM, BN), dtype=tl.float32)
     for j in range(ratio):
         h = g * ratio + j
         cbase = (b.to(tl.int64) * H + h) * NC * Q + c * Q
         cum_m = tl.load(cum_ptr + cbase + offs_m, mask=valid_m, other=0.0)
+        dtp_m = tl.load(dtp_ptr + cbase + offs_m, mask=valid_m, other=0.0)
+        cum_last = tl.load(cum_ptr + cbase + n_valid - 1)
         hp = h * P + offs_p[None, :]
         st_off = ((b.to(tl.int64) * NC + c) * H + h) * P * N
-        if WANT_C:
-            dy_m = tl.load(dy_ptr + rows_m[:, None] * SDY + hp, mask=mp_mask, other=0.0)
-            h_in = tl.load(states_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
-            prev_ok = valid_m & (seq_m == seq_prev)
-            from_start = tl.where(prev_ok, tl.exp(tl.where(prev_ok, cum_m, 0.0)), 0.0)
-            acc += mm(dy_m, h_in.to(dy_m.dtype), PREC, UPCAST) * from_start[:, None]
-            for kb in range(0, (m + 1) * BM, BM):
-                offs_k = kb + tl.arange(0, BM)
-                valid_k, _, seq_k, _, _ = _chunk_bounds(seq_ptr, b, c, L, Q, offs_k, HAS_SEQ)
-                rows_k = b.to(tl.int64) * L + c * Q + offs_k
-                dtp_k = tl.load(dtp_ptr + cbase + offs_k, mask=valid_k, other=0.0)
-                cum_k = tl.load(cum_ptr + cbase + offs_k, mask=valid_k, other=0.0)
-                x_k = tl.load(x_ptr + rows_k[:, None] * SX + hp,
-                              mask=valid_k[:, None] & (offs_p[None, :] < P), other=0.0)
-                v_k = (x_k.to(tl.float32) * dtp_k[:, None]).to(x_k.dtype)
-                B_k = tl.load(B_ptr + rows_k[:, None] * SB + g * N + offs_n[None, :],
-                              mask=valid_k[:, None] & n_ok, other=0.0)
-                pair = (offs_m[:, None] >= offs_k[None, :]) & (seq_m[:, None] == seq_k[None, :])
-                pair = pair & valid_m[:, None] & valid_k[None, :]
-                decay = tl.exp(tl.where(pair, cum_m[:, None] - cum_k[None, :], -float("inf")))
-                w = mm(dy_m, tl.trans(v_k), PREC, UPCAST) * decay
-                acc += mm(w.to(B_k.dtype), B_k, PREC, UPCAST)
-        else:
-            dtp_m = tl.load(dtp_ptr + cbase + offs_m, mask=valid_m, other=0.0)
-            x_m = tl.load(x_ptr + rows_m[:, None] * SX + hp, mask=mp_mask, other=0.0)
-            v_m = (x_m.to(tl.float32) * dtp_m[:, None]).to(x_m.dtype)
-            R = tl.load(dstates_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
-            cum_last = tl.load(cum_ptr + cbase + n_valid - 1)
-            keep_last = valid_m & (seq_m == seq_last)
-            to_end = tl.where(keep_last, tl.exp(tl.where(keep_last, cum_last - cum_m, 0.0)), 0.0)
-            acc += mm(v_m, R.to(v_m.dtype), PREC, UPCAST) * to_end[:, None]
-            for tb in range(m * BM, Q, BM):
-                offs_k = tb + tl.arange(0, BM)
-                valid_k, _, seq_k, _, _ = _chunk_bounds(seq_ptr, b, c, L, Q, offs_k, HAS_SEQ)
-                rows_k = b.to(tl.int64) * L + c * Q + offs_k
-                cum_k = tl.load(cum_ptr + cbase + offs_k, mask=valid_k, other=0.0)
-                dy_k = tl.load(dy_ptr + rows_k[:, None] * SDY + hp,
-                               mask=valid_k[:, None] & (offs_p[None, :] < P), other=0.0)
-                C_k = tl.load(C_ptr + rows_k[:, None] * SC + g * N + offs_n[None, :],
-                              mask=valid_k[:, None] & n_ok, other=0.0)
-                # rows u (this block), columns t (block k): t >= u of the same sequence
-                pair = (offs_k[None, :] >= offs_m[:, None]) & (seq_m[:, None] == seq_k[None, :])
-                pair = pair & valid_m[:, None] & valid_k[None, :]
-                decay = tl.exp(tl.where(pair, cum_k[None, :] - cum_m[:, None], -float("inf")))
-                wt = mm(v_m, tl.trans(dy_k), PREC, UPCAST) * decay
-                acc += mm(wt.to(C_k.dtype), C_k, PREC, UPCAST)
+        dy_m = tl.load(dy_ptr + rows_m[:, None] * SDY + hp, mask=mp_mask, other=0.0)
+        x_m = tl.load(x_ptr + rows_m[:, None] * SX + hp, mask=mp_mask, other=0.0)
+        v_m = (x_m.to(tl.float32) * dtp_m[:, None]).to(x_m.dtype)
+        h_in = tl.load(states_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
+        R = tl.load(dstates_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
+        from_start = tl.where(prev_ok, tl.exp(tl.where(prev_ok, cum_m, 0.0)), 0.0)
+        to_end = tl.where(keep_last, tl.exp(tl.where(keep_last, cum_last - cum_m, 0.0)), 0.0)
+        acc_c += mm(dy_m, h_in.to(dy_m.dtype), PREC, UPCAST) * from_start[:, None]
+        acc_b += mm(v_m, R.to(v_m.dtype), PREC, UPCAST) * to_end[:, None]
+    dbase = ((b.to(tl.int64) * NC + c) * G + g) * Q * Q
+    m_ok = offs_m < Q
+    for kb in range(0, (m + 1) * BM, BM):  # dC: source blocks up to the diagonal
+        offs_k = kb + tl.arange(0, BM)
+        valid_k = (offs_k < Q) & (c * Q + offs_k < L)
+        rows_k = b.to(tl.int64) * L + c * Q + offs_k
+        B_k = tl.load(B_ptr + rows_k[:, None] * SB + g * N + offs_n[None, :],
+                      mask=valid_k[:, None] & n_ok, other=0.0)
+        d_tu = tl.load(dcb_ptr + dbase + offs_m[:, None] * Q + offs_k[None, :],
+                       mask=m_ok[:, None] & (offs_k[None, :] < Q), other=0.0)
+        acc_c += mm(d_tu.to(B_k.dtype), B_k, PREC, UPCAST)
+    for tb in range(m * BM, Q, BM):  # dB: row blocks from the diagonal to the chunk's end
+        offs_k = tb + tl.arange(0, BM)
+        valid_k = (offs_k < Q) & (c * Q + offs_k < L)
+        rows_k = b.to(tl.int64) * L + c * Q + offs_k
+        C_k = tl.load(C_ptr + rows_k[:, None] * SC + g * N + offs_n[None, :],
+                      mask=valid_k[:, None] & n_ok, other=0.0)
+        d_ut = tl.load(dcb_ptr + dbase + offs_k[None, :] * Q + offs_m[:, None],
+                       mask=m_ok[:, None] & (offs_k[None, :] < Q), other=0.0)
+        acc_b += mm(d_ut.to(C_k.dtype), C_k, PREC, UPCAST)
     bo = rows_m[:, None] * (G * N) + g * N + offs_n[None, :]
-    tl.store(out_ptr + bo, acc.to(out_ptr.dtype.element_ty), mask=valid_m[:, None] & n_ok)
+    out_mask = valid_m[:, None] & n_ok
+    tl.store(dC_ptr + bo, acc_c.to(dC_ptr.dtype.element_ty), mask=out_mask)
+    tl.store(dB_ptr + bo, acc_b.to(dB_ptr.dtype.element_ty), mask=out_mask)
 
 
 def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx,
@@ -337,9 +384,10 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
     nchunks = triton.cdiv(seqlen, chunk_size)
     dtp, cum = prepare_dt(dt, A, dt_bias, chunk_size, dt_softplus, dt_limit)
     states, _ = chunk_states(x, B, dtp, cum, seq_idx, initial_states, chunk_size)
+    cb = chunk_cb(B, C, chunk_size)
     dz = None
     if z is not None:
-        y = chunk_outputs(x, B, C, None, D, dtp, cum, seq_idx, states, chunk_size)
+        y = chunk_outputs(x, B, C, None, D, dtp, cum, seq_idx, states, chunk_size, cb)
         zf = z.float()
         sig = torch.sigmoid(zf)
         dz = (dout.float() * y.float() * sig * (1 + zf * (1 - sig))).to(z.dtype)
@@ -373,9 +421,9 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
         (batch, nchunks, n_m, nheads, headdim if per_channel else 1) if D is not None else (0,),
         device=x.device, dtype=torch.float32,
     )
-    _dx_kernel[(batch * nchunks * n_m, nheads)](
+    _dx_kernel[(nheads, batch * nchunks * n_m)](
         x, dy, B, C, D.contiguous() if D is not None else x, dtp, cum, seq_arg,
-        states, dstates, dx, ddtd, ds, extra, dD_part,
+        states, dstates, cb, dx, ddtd, ds, extra, dD_part,
         seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
         x.stride(1), dy.stride(1), B.stride(1), C.stride(1),
         HAS_SEQ=seq_idx is not None, HAS_D=D is not None, D_PER_CHANNEL=per_channel,
@@ -383,19 +431,24 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
     )
     ddt, dA = dt_chain(ds, extra, ddtd, dtp, dt, A, dt_bias, dt_softplus, dt_limit, chunk_size)
 
+    dcb = cb  # CB is not read after dx: its buffer takes dCB
+    bm_pair = min(fwd.PAIR_BLOCK_M, bq)
+    _dcb_kernel[(triton.cdiv(chunk_size, bm_pair) ** 2, batch * nchunks * ngroups)](
+        x, dy, dtp, cum, seq_arg, dcb, seqlen, nheads, ngroups, headdim, nchunks, chunk_size,
+        x.stride(1), dy.stride(1),
+        HAS_SEQ=seq_idx is not None, PREC=prec, UPCAST=up, BM=bm_pair, BP=bp_full,
+    )
     dB = torch.empty(B.shape, device=x.device, dtype=B.dtype)
     dC = torch.empty(C.shape, device=x.device, dtype=C.dtype)
     bn_bc = min(bn_full, DBC_BLOCK_N)
     bm_bc = min(DBC_BLOCK_M, bq)
     grid = (triton.cdiv(dstate, bn_bc), batch * nchunks * triton.cdiv(chunk_size, bm_bc), ngroups)
-    for want_c, result in ((True, dC), (False, dB)):
-        _dbc_kernel[grid](
-            x, dy, B, C, dtp, cum, seq_arg, states, dstates, result,
-            seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
-            x.stride(1), dy.stride(1), B.stride(1), C.stride(1),
-            WANT_C=want_c, HAS_SEQ=seq_idx is not None, PREC=prec, UPCAST=up,
-            BM=bm_bc, BP=bp_full, BN=bn_bc,
-        )
+    _dbc_kernel[grid](
+        x, dy, B, C, dtp, cum, seq_arg, states, dstates, dcb, dB, dC,
+        seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
+        x.stride(1), dy.stride(1), B.stride(1), C.stride(1),
+        HAS_SEQ=seq_idx is not None, PREC=prec, UPCAST=up, BM=bm_bc, BP=bp_full, BN=bn_bc,
+    )
     dD = None
     if D is not None:
         dD = dD_part.sum(dim=(0, 1, 2))

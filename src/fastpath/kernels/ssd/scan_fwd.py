@@ -25,10 +25,11 @@ from torch import Tensor
 
 from fastpath.kernels.dispatch import triton_interpreter_on
 
-# Tile knobs (benchmarks/ssd.py --sweep times alternatives): output rows per program, and
-# the P/N tile of the sequential state pass.
+# Tile knobs (benchmarks/ssd.py --sweep times alternatives): output rows per program, the
+# P/N tile of the sequential state pass, the blocks of the CB (and backward dCB) programs.
 OUT_BLOCK_M = 64
 STATE_BLOCK = 64
+PAIR_BLOCK_M = 64
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -185,24 +186,59 @@ def _states_kernel(
     tl.store(final_ptr + bh * P * N + pn_off, state, mask=pn_mask)
 
 
+@light_autotune(["Q", "N", "BM"])
+@triton.jit
+def _cb_kernel(
+    B_ptr, C_ptr, cb_ptr, L, G, N, NC, Q, SB, SC,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+):
+    """CB[b, c, g, t, u] = C_t . B_u (float32) for one BM x BM block of chunk c; padding rows
+    and columns come out 0. Blocks above the diagonal are computed too (never read)."""
+    n_m = tl.cdiv(Q, BM)
+    mt = tl.program_id(0) // n_m
+    mu = tl.program_id(0) % n_m
+    pid = tl.program_id(1)
+    g = pid % G
+    b = (pid // G) // NC
+    c = (pid // G) % NC
+    offs_t = mt * BM + tl.arange(0, BM)
+    offs_u = mu * BM + tl.arange(0, BM)
+    offs_n = tl.arange(0, BN)
+    n_ok = offs_n[None, :] < N
+    valid_t = (offs_t < Q) & (c * Q + offs_t < L)
+    valid_u = (offs_u < Q) & (c * Q + offs_u < L)
+    rows_t = b.to(tl.int64) * L + c * Q + offs_t
+    rows_u = b.to(tl.int64) * L + c * Q + offs_u
+    Ct = tl.load(C_ptr + rows_t[:, None] * SC + g * N + offs_n[None, :],
+                 mask=valid_t[:, None] & n_ok, other=0.0)
+    Bu = tl.load(B_ptr + rows_u[:, None] * SB + g * N + offs_n[None, :],
+                 mask=valid_u[:, None] & n_ok, other=0.0)
+    cb = mm(Ct, tl.trans(Bu), PREC, UPCAST)
+    base = ((b.to(tl.int64) * NC + c) * G + g) * Q * Q
+    tl.store(cb_ptr + base + offs_t[:, None] * Q + offs_u[None, :], cb,
+             mask=(offs_t[:, None] < Q) & (offs_u[None, :] < Q))
+
+
 @light_autotune(["Q", "P", "N", "BM"])
 @triton.jit
 def _out_kernel(
-    x_ptr, B_ptr, C_ptr, z_ptr, D_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, out_ptr,
-    L, H, G, P, N, NC, Q, SX, SB, SC, SZ,
+    x_ptr, C_ptr, cb_ptr, z_ptr, D_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, out_ptr,
+    L, H, G, P, N, NC, Q, SX, SC, SZ,
     HAS_SEQ: tl.constexpr, HAS_D: tl.constexpr, D_PER_CHANNEL: tl.constexpr,
     HAS_Z: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
     BM: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
 ):
     """One program: BM output rows of one chunk and head; the causal sum walks the chunk's
-    column blocks up to the diagonal (small tiles keep everything in registers)."""
+    column blocks up to the diagonal (small tiles keep everything in registers), reading the
+    group's CB. The head is the fastest launch axis: a group's heads share CB and C in L2."""
     n_m = tl.cdiv(Q, BM)
-    pid = tl.program_id(0)
+    h = tl.program_id(0)
+    pid = tl.program_id(1)
     m = pid % n_m
     b = (pid // n_m) // NC
     c = (pid // n_m) % NC
-    h = tl.program_id(1)
     g = h // (H // G)
+    cbb = ((b.to(tl.int64) * NC + c) * G + g) * Q * Q
     offs_m = m * BM + tl.arange(0, BM)
     offs_p = tl.arange(0, BP)
     offs_n = tl.arange(0, BN)
@@ -221,11 +257,10 @@ def _out_kernel(
         dtp_k = tl.load(dtp_ptr + cbase + offs_k, mask=valid_k, other=0.0)
         cum_k = tl.load(cum_ptr + cbase + offs_k, mask=valid_k, other=0.0)
         rows_k = b.to(tl.int64) * L + c * Q + offs_k
-        Bk = tl.load(B_ptr + rows_k[:, None] * SB + g * N + offs_n[None, :],
-                     mask=valid_k[:, None] & n_ok, other=0.0)
         xk = tl.load(x_ptr + rows_k[:, None] * SX + h * P + offs_p[None, :],
                      mask=valid_k[:, None] & p_ok, other=0.0)
-        cb = mm(Cm, tl.trans(Bk), PREC, UPCAST)
+        cb = tl.load(cb_ptr + cbb + offs_m[:, None] * Q + offs_k[None, :],
+                     mask=(offs_m[:, None] < Q) & (offs_k[None, :] < Q), other=0.0)
         pair = (offs_m[:, None] >= offs_k[None, :]) & (seq_m[:, None] == seq_k[None, :])
         pair = pair & valid_m[:, None] & valid_k[None, :]
         decay = tl.exp(tl.where(pair, cum_m[:, None] - cum_k[None, :], -float("inf")))
@@ -300,20 +335,37 @@ def chunk_states(x: Tensor, B: Tensor, dtp: Tensor, cum: Tensor, seq_idx: Tensor
     return states, final
 
 
+def chunk_cb(B: Tensor, C: Tensor, chunk_size: int) -> Tensor:
+    """CB = C B^T within each chunk, per group: (B, NC, G, Q, Q) float32."""
+    batch, seqlen, ngroups, dstate = B.shape
+    nchunks = triton.cdiv(seqlen, chunk_size)
+    cb = torch.empty((batch, nchunks, ngroups, chunk_size, chunk_size), device=B.device,
+                     dtype=torch.float32)
+    bm = min(PAIR_BLOCK_M, pow2(chunk_size))
+    _cb_kernel[(triton.cdiv(chunk_size, bm) ** 2, batch * nchunks * ngroups)](
+        B, C, cb, seqlen, ngroups, dstate, nchunks, chunk_size, B.stride(1), C.stride(1),
+        PREC=dot_precision(B.dtype), UPCAST=needs_upcast(B.dtype), BM=bm, BN=pow2(dstate),
+    )
+    return cb
+
+
 def chunk_outputs(x: Tensor, B: Tensor, C: Tensor, z: Tensor | None, D: Tensor | None,
                   dtp: Tensor, cum: Tensor, seq_idx: Tensor | None, states: Tensor,
-                  chunk_size: int) -> Tensor:
+                  chunk_size: int, cb: Tensor | None = None) -> Tensor:
+    """y per token and head; `cb` (chunk_cb) when the caller has it already."""
     batch, seqlen, nheads, headdim = x.shape
     ngroups, dstate = B.shape[2:]
     nchunks = triton.cdiv(seqlen, chunk_size)
+    if cb is None:
+        cb = chunk_cb(B, C, chunk_size)
     out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     bm = min(OUT_BLOCK_M, pow2(chunk_size))
-    grid = (batch * nchunks * triton.cdiv(chunk_size, bm), nheads)
+    grid = (nheads, batch * nchunks * triton.cdiv(chunk_size, bm))
     _out_kernel[grid](
-        x, B, C, z if z is not None else x, D.contiguous() if D is not None else x,
+        x, C, cb, z if z is not None else x, D.contiguous() if D is not None else x,
         dtp, cum, seq_idx if seq_idx is not None else dtp, states, out,
         seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
-        x.stride(1), B.stride(1), C.stride(1), z.stride(1) if z is not None else 0,
+        x.stride(1), C.stride(1), z.stride(1) if z is not None else 0,
         HAS_SEQ=seq_idx is not None, HAS_D=D is not None,
         D_PER_CHANNEL=D is not None and D.dim() == 2, HAS_Z=z is not None,
         PREC=dot_precision(x.dtype), UPCAST=needs_upcast(x.dtype),
