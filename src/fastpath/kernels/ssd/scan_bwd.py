@@ -103,19 +103,19 @@ def _dstates_kernel(
 @light_autotune(["Q", "P", "N", "BM"], loop=True)
 @triton.jit
 def _dx_kernel(
-    x_ptr, dy_ptr, B_ptr, C_ptr, D_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, dstates_ptr,
-    cb_ptr, dx_ptr, ddtd_ptr, ds_ptr, extra_ptr, dD_ptr,
-    L, H, G, P, N, NC, Q, SX, SDY, SB, SC,
+    x_ptr, dy_ptr, B_ptr, D_ptr, dtp_ptr, cum_ptr, seq_ptr, dstates_ptr, cb_ptr,
+    dx_ptr, ddtd_ptr, ds_ptr, extra_ptr, dD_ptr,
+    L, H, G, P, N, NC, Q, SX, SDY, SB,
     HAS_SEQ: tl.constexpr, HAS_D: tl.constexpr, D_PER_CHANNEL: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr,
     BM: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
 ):
-    """BM positions of one chunk and head. As sources u they get dv_u (hence dx_u and the direct
-    part of d dt'_u) from the later rows t; as rows t and as sources u they get their share of
-    ds (the gradient of the log-decay cum): row sums minus column sums of
-    T[t, u] = (C_t.B_u) exp(cum_t - cum_u) (dy_t . dt'_u x_u). The reverse cumulative sum of ds
-    over the chunk (and the chunk-end extra) is done by the caller. The head is the fastest
-    launch axis: the group's heads run side by side and share CB, B and C tiles in L2."""
+    """BM positions u of one chunk and head: dv_u = sum_{t >= u} CB[t, u] exp(cum_t - cum_u) dy_t
+    + exp(cum_last - cum_u) B_u R^T (R = gradient of the state leaving the chunk), hence dx_u,
+    the direct part of d dt'_u and partial sums of dD; and the chunk-end share of ds (the
+    gradient of the log-decay cum), -q_u with q_u = exp(cum_last - cum_u) v_u . (B_u R^T).
+    The other shares of ds come from the dCB and dB/dC kernels. The head is the fastest launch
+    axis: the group's heads run side by side and share CB and B tiles in L2."""
     n_m = tl.cdiv(Q, BM)
     h = tl.program_id(0)
     pid = tl.program_id(1)
@@ -127,29 +127,14 @@ def _dx_kernel(
     offs_m = m * BM + tl.arange(0, BM)
     offs_p = tl.arange(0, BP)
     offs_n = tl.arange(0, BN)
-    valid_m, n_valid, seq_m, seq_last, seq_prev = _chunk_bounds(
-        seq_ptr, b, c, L, Q, offs_m, HAS_SEQ
-    )
+    valid_m, n_valid, seq_m, seq_last, _ = _chunk_bounds(seq_ptr, b, c, L, Q, offs_m, HAS_SEQ)
     cbase = (b.to(tl.int64) * H + h) * NC * Q + c * Q
-    dtp_m = tl.load(dtp_ptr + cbase + offs_m, mask=valid_m, other=0.0)
     cum_m = tl.load(cum_ptr + cbase + offs_m, mask=valid_m, other=0.0)
-    cum_last = tl.load(cum_ptr + cbase + n_valid - 1)
     rows_m = b.to(tl.int64) * L + c * Q + offs_m
-    n_ok = offs_n[None, :] < N
     p_ok = offs_p[None, :] < P
     hp = h * P + offs_p[None, :]
-    x_m = tl.load(x_ptr + rows_m[:, None] * SX + hp, mask=valid_m[:, None] & p_ok, other=0.0)
-    dy_m = tl.load(dy_ptr + rows_m[:, None] * SDY + hp, mask=valid_m[:, None] & p_ok, other=0.0)
-    B_m = tl.load(B_ptr + rows_m[:, None] * SB + g * N + offs_n[None, :],
-                  mask=valid_m[:, None] & n_ok, other=0.0)
-    C_m = tl.load(C_ptr + rows_m[:, None] * SC + g * N + offs_n[None, :],
-                  mask=valid_m[:, None] & n_ok, other=0.0)
-    xf = x_m.to(tl.float32)
-    v_m = (xf * dtp_m[:, None]).to(x_m.dtype)
     dv = tl.zeros((BM, BP), dtype=tl.float32)
-    ds = tl.zeros((BM,), dtype=tl.float32)
-    # as sources u: the rows t >= u of the chunk
-    for tb in range(m * BM, Q, BM):
+    for tb in range(m * BM, Q, BM):  # the rows t >= u of the chunk
         offs_k = tb + tl.arange(0, BM)
         valid_k, _, seq_k, _, _ = _chunk_bounds(seq_ptr, b, c, L, Q, offs_k, HAS_SEQ)
         cum_k = tl.load(cum_ptr + cbase + offs_k, mask=valid_k, other=0.0)
@@ -161,51 +146,30 @@ def _dx_kernel(
         decay = tl.exp(tl.where(pair, cum_k[None, :] - cum_m[:, None], -float("inf")))
         cb_ut = tl.load(cb_ptr + cbb + offs_k[None, :] * Q + offs_m[:, None],
                         mask=(offs_m[:, None] < Q) & (offs_k[None, :] < Q), other=0.0)
-        cbd = cb_ut * decay  # [u, t]
-        dv += mm(cbd.to(dy_k.dtype), dy_k, PREC, UPCAST)
-        ds -= tl.sum(cbd * mm(v_m, tl.trans(dy_k), PREC, UPCAST), axis=1)
-    # as rows t: the sources u <= t
-    for kb in range(0, (m + 1) * BM, BM):
-        offs_k = kb + tl.arange(0, BM)
-        valid_k, _, seq_k, _, _ = _chunk_bounds(seq_ptr, b, c, L, Q, offs_k, HAS_SEQ)
-        cum_k = tl.load(cum_ptr + cbase + offs_k, mask=valid_k, other=0.0)
-        dtp_k = tl.load(dtp_ptr + cbase + offs_k, mask=valid_k, other=0.0)
-        rows_k = b.to(tl.int64) * L + c * Q + offs_k
-        x_k = tl.load(x_ptr + rows_k[:, None] * SX + hp, mask=valid_k[:, None] & p_ok,
-                      other=0.0)
-        v_k = (x_k.to(tl.float32) * dtp_k[:, None]).to(x_k.dtype)
-        pair = (offs_m[:, None] >= offs_k[None, :]) & (seq_m[:, None] == seq_k[None, :])
-        pair = pair & valid_m[:, None] & valid_k[None, :]
-        decay = tl.exp(tl.where(pair, cum_m[:, None] - cum_k[None, :], -float("inf")))
-        cb_tu = tl.load(cb_ptr + cbb + offs_m[:, None] * Q + offs_k[None, :],
-                        mask=(offs_m[:, None] < Q) & (offs_k[None, :] < Q), other=0.0)
-        cbd = cb_tu * decay  # [t, u]
-        ds += tl.sum(cbd * mm(dy_m, tl.trans(v_k), PREC, UPCAST), axis=1)
-    # through the state leaving the chunk, and the state entering it
+        dv += mm((cb_ut * decay).to(dy_k.dtype), dy_k, PREC, UPCAST)
+    # through the state leaving the chunk
     st_off = ((b.to(tl.int64) * NC + c) * H + h) * P * N
-    pn_off = offs_p[:, None] * N + offs_n[None, :]
-    pn_mask = (offs_p[:, None] < P) & n_ok
-    R = tl.load(dstates_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
-    h_in = tl.load(states_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
+    R = tl.load(dstates_ptr + st_off + offs_p[:, None] * N + offs_n[None, :],
+                mask=(offs_p[:, None] < P) & (offs_n[None, :] < N), other=0.0)
+    B_m = tl.load(B_ptr + rows_m[:, None] * SB + g * N + offs_n[None, :],
+                  mask=valid_m[:, None] & (offs_n[None, :] < N), other=0.0)
+    cum_last = tl.load(cum_ptr + cbase + n_valid - 1)
     keep_last = valid_m & (seq_m == seq_last)
     to_end = tl.where(keep_last, tl.exp(tl.where(keep_last, cum_last - cum_m, 0.0)), 0.0)
     br = mm(B_m, tl.trans(R.to(B_m.dtype)), PREC, UPCAST)  # (BM, P): B_u R^T
     dv += br * to_end[:, None]
+    dtp_m = tl.load(dtp_ptr + cbase + offs_m, mask=valid_m, other=0.0)
+    x_m = tl.load(x_ptr + rows_m[:, None] * SX + hp, mask=valid_m[:, None] & p_ok, other=0.0)
+    xf = x_m.to(tl.float32)
+    v_m = (xf * dtp_m[:, None]).to(x_m.dtype)
     q = to_end * tl.sum(v_m.to(tl.float32) * br, axis=1)
-    prev_ok = valid_m & (seq_m == seq_prev)
-    from_start = tl.where(prev_ok, tl.exp(tl.where(prev_ok, cum_m, 0.0)), 0.0)
-    dyf = dy_m.to(tl.float32)
-    inter = mm(C_m, tl.trans(h_in.to(C_m.dtype)), PREC, UPCAST)  # (BM, P): C_t h_in^T
-    ds += from_start * tl.sum(dyf * inter, axis=1) - q
-    extra = tl.sum(q)
-    if m == 0:  # the state carried across the whole chunk, once per chunk
-        rh = tl.sum(tl.sum(R.to(tl.float32) * h_in.to(tl.float32), axis=1))
-        extra += _carry(seq_last, seq_prev, cum_last, HAS_SEQ) * rh
-    tl.store(extra_ptr + ((b.to(tl.int64) * NC + c) * H + h) * n_m + m, extra)
-    tl.store(ds_ptr + cbase + offs_m, ds, mask=valid_m)
+    tl.store(extra_ptr + ((b.to(tl.int64) * NC + c) * H + h) * n_m + m, tl.sum(q))
+    tl.store(ds_ptr + cbase + offs_m, -q, mask=valid_m)
     tl.store(ddtd_ptr + cbase + offs_m, tl.sum(xf * dv, axis=1), mask=valid_m)
     dx = dv * dtp_m[:, None]
     if HAS_D:
+        dyf = tl.load(dy_ptr + rows_m[:, None] * SDY + hp, mask=valid_m[:, None] & p_ok,
+                      other=0.0).to(tl.float32)
         blk = ((b.to(tl.int64) * NC + c) * n_m + m) * H + h
         if D_PER_CHANNEL:
             d = tl.load(D_ptr + h * P + offs_p, mask=offs_p < P, other=0.0).to(tl.float32)
@@ -250,13 +214,16 @@ def dt_chain(ds: Tensor, extra: Tensor, ddtd: Tensor, dtp: Tensor, dt: Tensor, A
 @light_autotune(["Q", "P", "BM"], loop=True)
 @triton.jit
 def _dcb_kernel(
-    x_ptr, dy_ptr, dtp_ptr, cum_ptr, seq_ptr, dcb_ptr,
-    L, H, G, P, NC, Q, SX, SDY,
+    x_ptr, dy_ptr, dtp_ptr, cum_ptr, seq_ptr, cb_ptr, dsw_ptr,
+    L, H, G, P, NC, Q, SX, SDY, SW,
     HAS_SEQ: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
     BM: tl.constexpr, BP: tl.constexpr,
 ):
-    """dCB[b, c, g, t, u] = sum over the group's heads of (dy_t . dt'_u x_u) exp(cum_t - cum_u),
-    for u <= t of one sequence (float32), one BM x BM block; 0 above the diagonal."""
+    """One BM x BM block (rows t, columns u) of chunk c and group g, with
+    W_h[t, u] = (dy_t . dt'_u x_u) exp(cum_t - cum_u) for u <= t of one sequence:
+    dCB[t, u] = sum over the group's heads of W_h (float32; 0 above the diagonal), written over
+    the block of CB it reads first (in place); per head, the row sums (into dsw[0, block u]) and
+    column sums (into dsw[1, block t]) of T_h = CB * W_h, the intra-chunk shares of ds."""
     n_m = tl.cdiv(Q, BM)
     mt = tl.program_id(0) // n_m
     mu = tl.program_id(0) % n_m
@@ -275,6 +242,10 @@ def _dcb_kernel(
     pair = (offs_t[:, None] >= offs_u[None, :]) & (seq_t[:, None] == seq_u[None, :])
     pair = pair & valid_t[:, None] & valid_u[None, :]
     ratio = H // G
+    base = ((b.to(tl.int64) * NC + c) * G + g) * Q * Q
+    blk = base + offs_t[:, None] * Q + offs_u[None, :]
+    blk_ok = (offs_t[:, None] < Q) & (offs_u[None, :] < Q)
+    cb = tl.load(cb_ptr + blk, mask=blk_ok, other=0.0)
     acc = tl.zeros((BM, BM), dtype=tl.float32)
     for j in range(0, tl.where(mu <= mt, ratio, 0)):  # nothing to sum above the diagonal
         h = g * ratio + j
@@ -288,18 +259,20 @@ def _dcb_kernel(
                       mask=valid_u[:, None] & p_ok, other=0.0)
         v_u = (x_u.to(tl.float32) * dtp_u[:, None]).to(x_u.dtype)
         decay = tl.exp(tl.where(pair, cum_t[:, None] - cum_u[None, :], -float("inf")))
-        acc += mm(dy_t, tl.trans(v_u), PREC, UPCAST) * decay
-    base = ((b.to(tl.int64) * NC + c) * G + g) * Q * Q
-    tl.store(dcb_ptr + base + offs_t[:, None] * Q + offs_u[None, :], acc,
-             mask=(offs_t[:, None] < Q) & (offs_u[None, :] < Q))
+        w = mm(dy_t, tl.trans(v_u), PREC, UPCAST) * decay
+        acc += w
+        t_hu = cb * w
+        tl.store(dsw_ptr + mu * SW + cbase + offs_t, tl.sum(t_hu, axis=1), mask=valid_t)
+        tl.store(dsw_ptr + (n_m + mt) * SW + cbase + offs_u, tl.sum(t_hu, axis=0), mask=valid_u)
+    tl.store(cb_ptr + blk, acc, mask=blk_ok)
 
 
 @light_autotune(["Q", "P", "N", "BM", "BN"], loop=True)
 @triton.jit
 def _dbc_kernel(
     x_ptr, dy_ptr, B_ptr, C_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, dstates_ptr, dcb_ptr,
-    dB_ptr, dC_ptr,
-    L, H, G, P, N, NC, Q, SX, SDY, SB, SC,
+    dB_ptr, dC_ptr, dsi_ptr, rh_ptr,
+    L, H, G, P, N, NC, Q, SX, SDY, SB, SC, SI,
     HAS_SEQ: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
     BM: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
 ):
@@ -309,6 +282,8 @@ def _dbc_kernel(
     entering the chunk), dB_u += exp(cum_last - cum_u) (dt'_u x_u) R (R = gradient of the state
     leaving it). Intra-chunk terms, once per group: dC_t += sum_u dCB[t, u] B_u over the blocks
     up to the diagonal, dB_u += sum_t dCB[t, u] C_t over the blocks from it to the chunk's end.
+    Per head, for ds: exp(cum_t) C_t . (dy_t h_in) over this N tile (into dsi[tile]), and from
+    the first row block, the chunk-carry term carry * sum(R * h_in) over the tile (into rh).
     """
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     n_m = tl.cdiv(Q, BM)
@@ -330,6 +305,8 @@ def _dbc_kernel(
     pn_off = offs_p[:, None] * N + offs_n[None, :]
     prev_ok = valid_m & (seq_m == seq_prev)
     keep_last = valid_m & (seq_m == seq_last)
+    C_m = tl.load(C_ptr + rows_m[:, None] * SC + g * N + offs_n[None, :],
+                  mask=valid_m[:, None] & n_ok, other=0.0).to(tl.float32)
     acc_c = tl.zeros((BM, BN), dtype=tl.float32)
     acc_b = tl.zeros((BM, BN), dtype=tl.float32)
     for j in range(ratio):
@@ -347,8 +324,16 @@ def _dbc_kernel(
         R = tl.load(dstates_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
         from_start = tl.where(prev_ok, tl.exp(tl.where(prev_ok, cum_m, 0.0)), 0.0)
         to_end = tl.where(keep_last, tl.exp(tl.where(keep_last, cum_last - cum_m, 0.0)), 0.0)
-        acc_c += mm(dy_m, h_in.to(dy_m.dtype), PREC, UPCAST) * from_start[:, None]
+        dyh = mm(dy_m, h_in.to(dy_m.dtype), PREC, UPCAST) * from_start[:, None]
+        acc_c += dyh
+        tl.store(dsi_ptr + tl.program_id(0) * SI + cbase + offs_m, tl.sum(C_m * dyh, axis=1),
+                 mask=valid_m)
         acc_b += mm(v_m, R.to(v_m.dtype), PREC, UPCAST) * to_end[:, None]
+        if m == 0:  # the state carried across the whole chunk, once per chunk and N tile
+            rh = tl.sum(tl.sum(R.to(tl.float32) * h_in.to(tl.float32), axis=1))
+            carry = _carry(seq_last, seq_prev, cum_last, HAS_SEQ)
+            tl.store(rh_ptr + ((b.to(tl.int64) * NC + c) * H + h) * tl.num_programs(0)
+                     + tl.program_id(0), carry * rh)
     dbase = ((b.to(tl.int64) * NC + c) * G + g) * Q * Q
     m_ok = offs_m < Q
     for kb in range(0, (m + 1) * BM, BM):  # dC: source blocks up to the diagonal
@@ -422,33 +407,40 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
         device=x.device, dtype=torch.float32,
     )
     _dx_kernel[(nheads, batch * nchunks * n_m)](
-        x, dy, B, C, D.contiguous() if D is not None else x, dtp, cum, seq_arg,
-        states, dstates, cb, dx, ddtd, ds, extra, dD_part,
+        x, dy, B, D.contiguous() if D is not None else x, dtp, cum, seq_arg, dstates, cb,
+        dx, ddtd, ds, extra, dD_part,
         seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
-        x.stride(1), dy.stride(1), B.stride(1), C.stride(1),
+        x.stride(1), dy.stride(1), B.stride(1),
         HAS_SEQ=seq_idx is not None, HAS_D=D is not None, D_PER_CHANNEL=per_channel,
         PREC=prec, UPCAST=up, BM=bm, BP=bp_full, BN=bn_full,
     )
-    ddt, dA = dt_chain(ds, extra, ddtd, dtp, dt, A, dt_bias, dt_softplus, dt_limit, chunk_size)
 
-    dcb = cb  # CB is not read after dx: its buffer takes dCB
+    # dCB over CB's buffer (in place, block by block) and the intra-chunk shares of ds
     bm_pair = min(fwd.PAIR_BLOCK_M, bq)
-    _dcb_kernel[(triton.cdiv(chunk_size, bm_pair) ** 2, batch * nchunks * ngroups)](
-        x, dy, dtp, cum, seq_arg, dcb, seqlen, nheads, ngroups, headdim, nchunks, chunk_size,
-        x.stride(1), dy.stride(1),
+    n_pair = triton.cdiv(chunk_size, bm_pair)
+    dsw = torch.zeros((2 * n_pair, *dtp.shape), device=x.device, dtype=torch.float32)
+    _dcb_kernel[(n_pair * n_pair, batch * nchunks * ngroups)](
+        x, dy, dtp, cum, seq_arg, cb, dsw, seqlen, nheads, ngroups, headdim, nchunks, chunk_size,
+        x.stride(1), dy.stride(1), dtp.numel(),
         HAS_SEQ=seq_idx is not None, PREC=prec, UPCAST=up, BM=bm_pair, BP=bp_full,
     )
     dB = torch.empty(B.shape, device=x.device, dtype=B.dtype)
     dC = torch.empty(C.shape, device=x.device, dtype=C.dtype)
     bn_bc = min(bn_full, DBC_BLOCK_N)
     bm_bc = min(DBC_BLOCK_M, bq)
-    grid = (triton.cdiv(dstate, bn_bc), batch * nchunks * triton.cdiv(chunk_size, bm_bc), ngroups)
+    n_nt = triton.cdiv(dstate, bn_bc)
+    dsi = torch.zeros((n_nt, *dtp.shape), device=x.device, dtype=torch.float32)
+    rh = torch.empty((batch, nchunks, nheads, n_nt), device=x.device, dtype=torch.float32)
+    grid = (n_nt, batch * nchunks * triton.cdiv(chunk_size, bm_bc), ngroups)
     _dbc_kernel[grid](
-        x, dy, B, C, dtp, cum, seq_arg, states, dstates, dcb, dB, dC,
+        x, dy, B, C, dtp, cum, seq_arg, states, dstates, cb, dB, dC, dsi, rh,
         seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
-        x.stride(1), dy.stride(1), B.stride(1), C.stride(1),
+        x.stride(1), dy.stride(1), B.stride(1), C.stride(1), dtp.numel(),
         HAS_SEQ=seq_idx is not None, PREC=prec, UPCAST=up, BM=bm_bc, BP=bp_full, BN=bn_bc,
     )
+    ds += dsi.sum(0) + dsw[:n_pair].sum(0) - dsw[n_pair:].sum(0)
+    ddt, dA = dt_chain(ds, torch.cat([extra, rh], -1), ddtd, dtp, dt, A, dt_bias, dt_softplus,
+                       dt_limit, chunk_size)
     dD = None
     if D is not None:
         dD = dD_part.sum(dim=(0, 1, 2))
