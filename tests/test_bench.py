@@ -150,6 +150,8 @@ def test_load_previous_rejects_other_json(tmp_path):
         (["qwen3.5-27b", "--layers", "0"], "--layers"),
         (["lfm2", "--configs", "reference,turbo"], "unknown config"),
         (["lfm2", "--seq-len", "1"], "--seq-len"),
+        (["lfm2", "--phases", "decode,decode-graphs"], "unknown phase 'decode-graphs'"),
+        (["lfm2", "--phases", "decode-graph", "--decode-tokens", "0"], "--decode-tokens"),
     ],
 )
 def test_cli_bench_bad_input_is_one_line_and_exit_2(extra, message, tmp_path, capsys):
@@ -196,3 +198,69 @@ def test_bench_without_matplotlib_or_the_interpreter_loses_nothing_and_claims_no
     assert "(same implementation as reference)" in text
     assert "ran the same torch code as reference" in text
     assert "bench: reference: prefill" in proc.stderr and "estimate:" in proc.stderr
+
+
+def test_decode_graph_phase_on_cpu_says_needs_cuda_in_table_and_json(tmp_path):
+    """A real run selecting the CUDA-graph decode on a CPU: the phase is accepted, its entry and
+    its table cell carry the reason instead of a number, the eager decode beside it still runs,
+    nothing claims a speed-up for it, and the exit code is that of a run with skipped parts (0)."""
+    import contextlib
+    import io
+
+    from fastpath.cli import main
+    from fastpath.proof.bench_spec import PHASE_REGISTRY, default_phases
+
+    assert "decode-graph" in PHASE_REGISTRY and PHASE_REGISTRY["decode-graph"].needs_cuda
+    assert "decode-graph" not in default_phases("cpu") and "decode-graph" in default_phases("cuda:0")
+    source = tmp_path / "tiny.json"
+    source.write_text(json.dumps(TINY_QWEN35))
+    out = tmp_path / "out"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["bench", str(source), "--device", "cpu", "--seq-len", "8", "--decode-tokens", "2",
+                     "--repeats", "1", "--warmup", "0", "--phases", "decode,decode-graph",
+                     "--configs", "reference,fla", "--out", str(out), "--json"])
+    assert code == 0
+    doc = json.loads(buf.getvalue())
+    assert doc["settings"]["phases"] == ["decode", "decode-graph"]
+    reference = next(r for r in doc["configs"] if r["config"] == "reference")
+    assert reference["phases"]["decode-graph"] == {"skipped": "needs a CUDA device"}
+    assert reference["phases"]["decode"]["tokens_per_s"] > 0
+    assert doc["speedup_versus"] == {}
+    text = (out / "bench.md").read_text()
+    header = next(line for line in text.splitlines() if line.startswith("| config |"))
+    assert "decode (CUDA graph) tok/s" in header
+    row = next(line for line in text.splitlines() if line.startswith("| reference ("))
+    assert row.split(" | ")[2] == "skipped: needs a CUDA device"
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_phase_has_one_way_to_be_timed():
+    from fastpath.proof.bench_spec import Phase
+
+    with pytest.raises(ValueError, match="exactly one of runner and measure"):
+        Phase("both", "both", runner=lambda m, i, s: (lambda: None, None, 1), measure=lambda m, i, s: {})
+    with pytest.raises(ValueError, match="exactly one of runner and measure"):
+        Phase("neither", "neither")
+
+
+def test_speedup_versus_compares_graph_decode_with_the_reference_eager_decode():
+    from fastpath.proof.bench_outputs import speedups_versus
+
+    doc = {"settings": {"phases": ["decode", "decode-graph"]}, "configs": [
+        {"config": "reference", "implementation": "torch",
+         "phases": {"decode": {"tokens_per_s": 90.0}, "decode-graph": {"tokens_per_s": 270.0}}},
+        {"config": "fastpath", "implementation": "fastpath Triton",
+         "phases": {"decode": {"tokens_per_s": 91.0}, "decode-graph": {"tokens_per_s": 300.0}}},
+        {"config": "fla", "implementation": "fla",
+         "phases": {"decode": {"tokens_per_s": 70.0}, "decode-graph": {"skipped": "needs a CUDA device"}}},
+    ]}
+    got = speedups_versus(doc)
+    assert got == {"reference": {"decode-graph/decode": pytest.approx(3.0)},
+                   "fastpath": {"decode-graph/decode": pytest.approx(300.0 / 90.0)}}
+    doc.update(settings={**doc["settings"], "source": "m", "layers": None, "dtype": "bf16", "batch": 1,
+                         "seq_len": 8, "decode_tokens": 1, "repeats": 1, "warmup": 0, "device": "cuda"},
+               created="now", speedup_versus=got)
+    text = markdown(doc)
+    assert "- fastpath decode (CUDA graph): 3.33x the reference's decode" in text
+    assert "| fla (" in text and "skipped: needs a CUDA device" in text

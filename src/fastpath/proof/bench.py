@@ -3,7 +3,7 @@ compiled peers.
 
 Each configuration runs in its own worker process (proof/bench_worker.py) on the same model (same
 source, seed, dtype) and times the registered phases (proof/bench_spec.py: prefill, forward +
-backward, decode). This module is the parent: it checks the optional dependencies and sizes the
+backward, decode, decode replayed from a CUDA graph). This module is the parent: it checks the optional dependencies and sizes the
 job before any work starts, runs the workers, shows progress on stderr, and writes bench.json,
 bench.md and (with matplotlib) bench.png through proof/bench_outputs.py.
 """
@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from fastpath.errors import UsageError
-from fastpath.proof.bench_outputs import compare_docs, load_previous, speedups, write_outputs
+from fastpath.proof.bench_outputs import (
+    compare_docs,
+    load_previous,
+    speedups,
+    speedups_versus,
+    write_outputs,
+)
 from fastpath.proof.bench_spec import (
     CONFIGS,
     PHASE_REGISTRY,
@@ -126,6 +132,7 @@ def run_bench(settings: BenchSettings, configs: list[str], *, timeout: float | N
     doc["environment"] = first["environment"] if first else None
     doc["sizing"] = size.to_json() if size is not None else None
     doc["speedup"] = speedups(doc)
+    doc["speedup_versus"] = speedups_versus(doc)
     return doc
 
 
@@ -144,7 +151,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-tokens", type=int, default=64, help="cached single-token steps timed (default 64)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per phase; the median is reported (default 5)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed runs per phase first (default 2)")
-    parser.add_argument("--phases", default=None, help=f"comma list of {', '.join(PHASE_REGISTRY)} (default: {','.join(default_phases())})")
+    cuda_only = [name for name, phase in PHASE_REGISTRY.items() if phase.needs_cuda]
+    about = "; ".join(f"{name}: {phase.about}" for name, phase in PHASE_REGISTRY.items() if phase.about)
+    parser.add_argument("--phases", default=None, help=(
+        f"comma list of {', '.join(PHASE_REGISTRY)} (default: {','.join(default_phases())}"
+        + (f", and {','.join(cuda_only)} on a CUDA device" if cuda_only else "") + ")"
+        + (f"; {about}" if about else "")))
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {', '.join(CONFIGS)}")
     parser.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs")
     parser.add_argument("--out", default="fastpath-bench", help="directory for bench.json, bench.md, bench.png")
@@ -211,7 +223,7 @@ def main(args: argparse.Namespace) -> int:
     from fastpath.proof.models import resolve_device, resolve_dtype
 
     device = str(resolve_device(args.device))
-    phases = default_phases() if args.phases is None else tuple(p.strip() for p in args.phases.split(",") if p.strip())
+    phases = default_phases(device) if args.phases is None else tuple(p.strip() for p in args.phases.split(",") if p.strip())
     settings = BenchSettings(
         source=args.model, layers=args.layers, dtype=resolve_dtype(args.dtype, device), device=device,
         seq_len=args.seq_len, batch=args.batch, decode_tokens=args.decode_tokens, repeats=args.repeats,

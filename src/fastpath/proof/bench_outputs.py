@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fastpath.errors import UsageError
-from fastpath.proof.bench_spec import SCHEMA, phase_label
+from fastpath.proof.bench_spec import PHASE_REGISTRY, SCHEMA, phase_label
 
 SAME_AS_REFERENCE = "same implementation as reference"
 
@@ -53,6 +53,24 @@ def speedups(doc: dict[str, Any]) -> dict[str, dict[str, float]]:
                 continue
             if base and value:
                 out.setdefault(r["config"], {})[phase] = value / base
+    return out
+
+
+def speedups_versus(doc: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """config -> "phase/baseline" -> tokens/s relative to the reference's `baseline` phase, for
+    phases declaring `versus` (a CUDA-graph decode against the eager fallback decode)."""
+    out: dict[str, dict[str, float]] = {}
+    for phase in doc["settings"]["phases"]:
+        spec = PHASE_REGISTRY.get(phase)
+        if spec is None or spec.versus is None:
+            continue
+        base = tokens_per_s(doc, "reference", spec.versus)
+        for r in doc.get("configs", []):
+            value = tokens_per_s(doc, r["config"], phase)
+            if not_timing_data(doc, r["config"]) or (r["config"] != "reference" and same_as_reference(doc, r["config"])):
+                continue
+            if base and value:
+                out.setdefault(r["config"], {})[f"{phase}/{spec.versus}"] = value / base
     return out
 
 
@@ -96,6 +114,8 @@ def _cell(r: dict[str, Any], phase: str, speed: dict[str, dict[str, float]], doc
     entry = r.get("phases", {}).get(phase)
     if entry is None:
         return "error" if "error" in r else "-"
+    if "skipped" in entry:  # this setup cannot run the phase: the reason, never a number
+        return f"skipped: {entry['skipped']}"
     if "error" in entry:
         return "error"
     text = _fmt_rate(entry.get("tokens_per_s"))
@@ -158,6 +178,11 @@ def markdown(doc: dict[str, Any], comparison: list[dict[str, Any]] | None = None
         for p, entry in r.get("phases", {}).items():
             if "error" in entry:
                 notes.append(f"- {r['config']} {phase_label(p)}: {entry['error']}")
+            elif entry.get("note"):
+                notes.append(f"- {r['config']} {phase_label(p)}: {entry['note']}")
+        for key, ratio in doc.get("speedup_versus", {}).get(r.get("config"), {}).items():
+            phase, base = key.split("/", 1)
+            notes.append(f"- {r['config']} {phase_label(phase)}: {ratio:.2f}x the reference's {phase_label(base)}")
         if r.get("explain"):
             notes.append(f"- {r['config']} routes: {route_digest(r['explain'])}")
         if same_as_reference(doc, r.get("config", "")):
@@ -191,15 +216,16 @@ def chart(doc: dict[str, Any], path: Path) -> None:
     colors = {"reference": "#9e9e9e", "fastpath": "#1f77b4", "fla": "#2ca02c", "fla+dao": "#ff7f0e"}
     fig, axes = plt.subplots(1, len(phases), figsize=(4.2 * len(phases), 4.2), squeeze=False)
     for ax, phase in zip(axes[0], phases, strict=True):
-        names, values = [], []
+        names, values, skipped = [], [], []
         for r in configs:
             value = r["phases"].get(phase, {}).get("tokens_per_s")
             names.append(r["config"])
             values.append(value or 0.0)
+            skipped.append("skipped" in r["phases"].get(phase, {}))
         bars = ax.bar(names, values, color=[colors.get(n, "#2ca02c") for n in names])
         base = tokens_per_s(doc, "reference", phase)
-        for bar, name, value in zip(bars, names, values, strict=True):
-            label = _fmt_rate(value) if value else "error"
+        for bar, name, value, skip in zip(bars, names, values, skipped, strict=True):
+            label = _fmt_rate(value) if value else ("skipped" if skip else "error")
             if not_timing_data(doc, name):
                 label += "\ninterpreter:\nnot timing data"
             elif same_as_reference(doc, name):

@@ -19,16 +19,34 @@ PROGRESS_PREFIX = "@fastpath-bench-progress "
 # or None, tokens processed per call). Runners import torch themselves (they run in the worker).
 PhaseRunner = Callable[[Any, Any, "BenchSettings"], tuple[Callable[[], Any], "Callable[[], Any] | None", int]]
 
+# A self-timed phase: (model, input ids, settings) -> its JSON entry, with `tokens_per_call` and
+# `samples_s` (seconds per call, one per repeat; the worker adds median, tokens/s, peak memory),
+# or `skipped` / `error` (one line, no number). For work the worker's timer cannot wrap: a
+# CUDA-graph decode warms up, captures once and replays, and its capture must stay out of the
+# timing. Extra fields are kept; `note` (one line) goes under bench.md's table.
+PhaseMeasure = Callable[[Any, Any, "BenchSettings"], dict[str, Any]]
+
+NEEDS_CUDA = "needs a CUDA device"
+
 
 @dataclass(frozen=True)
 class Phase:
-    """One timed phase: its JSON key, the label tables use, and how the worker runs it."""
+    """One timed phase: its JSON key, the label tables use, and how the worker runs it (exactly
+    one of `runner`, timed by the worker, and `measure`, which times itself)."""
 
     name: str
     label: str
-    runner: PhaseRunner
+    runner: PhaseRunner | None = None
     backward: bool = False  # keeps gradients and saved activations (sizing reads this)
-    default: bool = True  # part of the default --phases
+    default: bool = True  # part of the default --phases (on a CUDA device only, if needs_cuda)
+    measure: PhaseMeasure | None = None
+    needs_cuda: bool = False  # elsewhere its entry is {"skipped": NEEDS_CUDA}
+    versus: str | None = None  # also compared with this phase of the reference configuration
+    about: str = ""  # one line for `fastpath bench --help`
+
+    def __post_init__(self) -> None:
+        if (self.runner is None) == (self.measure is None):
+            raise ValueError(f"phase {self.name!r} needs exactly one of runner and measure")
 
 
 PHASE_REGISTRY: dict[str, Phase] = {}
@@ -45,8 +63,11 @@ def phase_label(name: str) -> str:
     return phase.label if phase is not None else name
 
 
-def default_phases() -> tuple[str, ...]:
-    return tuple(name for name, phase in PHASE_REGISTRY.items() if phase.default)
+def default_phases(device: str = "cpu") -> tuple[str, ...]:
+    """The phases bench runs without --phases on `device`: a CUDA-only phase only on CUDA."""
+    cuda = device.startswith("cuda")
+    return tuple(name for name, phase in PHASE_REGISTRY.items()
+                 if phase.default and (cuda or not phase.needs_cuda))
 
 
 @dataclass(frozen=True)
@@ -98,7 +119,7 @@ class BenchSettings:
             raise UsageError("--repeats must be at least 1")
         if self.warmup < 0:
             raise UsageError("--warmup must be >= 0")
-        if "decode" in self.phases and self.decode_tokens < 1:
+        if any(p.startswith("decode") for p in self.phases) and self.decode_tokens < 1:
             raise UsageError("--decode-tokens must be at least 1")
         if not self.phases:
             raise UsageError(f"--phases is empty; phases: {', '.join(PHASE_REGISTRY)}")
@@ -160,6 +181,20 @@ def _decode(model: Any, ids: Any, settings: BenchSettings) -> tuple[Callable[[],
     return run, setup, ids.shape[0] * settings.decode_tokens
 
 
+def _decode_graph(model: Any, ids: Any, settings: BenchSettings) -> dict[str, Any]:
+    """The decode phase's N steps per timed call, on transformers' StaticCache, each step replayed
+    from one CUDA graph (proof/decode_graphs.py): capture untimed, tokens checked against eager."""
+    from fastpath.proof.decode_graphs import bench_phase
+
+    return bench_phase(model, ids, settings.decode_tokens, warmup=settings.warmup,
+                       repeats=settings.repeats)
+
+
 register_phase(Phase("prefill", "prefill", _prefill))
 register_phase(Phase("train", "forward+backward", _train, backward=True))
 register_phase(Phase("decode", "decode", _decode))
+register_phase(Phase(
+    "decode-graph", "decode (CUDA graph)", measure=_decode_graph, needs_cuda=True, versus="decode",
+    about="the decode steps replayed from one CUDA graph on transformers' StaticCache (capture timed "
+          "apart, tokens checked against eager); where it cannot run (no CUDA, a transformers whose "
+          "StaticCache cannot hold the model's layers) its cell says why instead of a number"))

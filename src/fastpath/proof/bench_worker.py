@@ -22,10 +22,12 @@ from typing import Any
 from fastpath.errors import FastpathError, first_line
 from fastpath.proof.bench_spec import (
     CONFIGS,
+    NEEDS_CUDA,
     PHASE_REGISTRY,
     PROGRESS_PREFIX,
     BenchSettings,
     ConfigSpec,
+    Phase,
 )
 from fastpath.proof.verdict import kernel_impls
 
@@ -96,46 +98,104 @@ def run_config(spec: ConfigSpec, settings: BenchSettings, report: Callable[[str]
     ids = torch.randint(0, built.vocab_size, (settings.batch, settings.seq_len), generator=gen).to(device)
     timer = _Timer(device)
     calls_before = dict(CALLS)
-    for phase in settings.phases:
-        fn, setup, tokens = PHASE_REGISTRY[phase].runner(model, ids, settings)
-        entry: dict[str, Any] = {"tokens_per_call": tokens}
-        try:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats(device)
-            for _ in range(settings.warmup):
-                if setup:
-                    setup()
-                fn()
-                say(phase)
-            samples = []
-            for _ in range(settings.repeats):
-                if setup:
-                    setup()
-                samples.append(timer(fn))
-                say(phase)
-            median = statistics.median(samples)
-            entry.update(
-                median_s=median,
-                samples_s=samples,
-                tokens_per_s=tokens / median if median > 0 else None,
-                peak_mem_mib=(torch.cuda.max_memory_allocated(device) / 2**20) if device.type == "cuda" else None,
-            )
-        except Exception as exc:  # one failing phase (an FLA refusal, an OOM) must not hide the others
-            entry["error"] = first_line(exc, with_type=True)
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            for _ in range(settings.warmup + settings.repeats):
-                say(phase)
+    for name in settings.phases:
+        phase = PHASE_REGISTRY[name]
+        ticks = settings.warmup + settings.repeats
+        if phase.needs_cuda and device.type != "cuda":
+            entry: dict[str, Any] = {"skipped": NEEDS_CUDA}
+            for _ in range(ticks):
+                say(name)
+        elif phase.measure is not None:
+            entry = _self_timed(phase, model, ids, settings, device, lambda n=name: say(n))
+        else:
+            entry = _timed(phase, model, ids, settings, device, timer, lambda n=name: say(n))
         model.zero_grad(set_to_none=True)
-        result["phases"][phase] = entry
+        result["phases"][name] = entry
     result["kernel_calls"] = {k: v - calls_before.get(k, 0) for k, v in CALLS.items() if v - calls_before.get(k, 0)}
     result["implementation"] = implementation(spec, result["kernel_calls"], device)
     if result["implementation"].endswith(INTERPRETED):
         for entry in result["phases"].values():
-            entry["not_timing_data"] = NOT_TIMING_DATA
+            if "samples_s" in entry:
+                entry["not_timing_data"] = NOT_TIMING_DATA
     return result
+
+
+
+def _reset_peak(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _summarise(entry: dict[str, Any], device: Any) -> dict[str, Any]:
+    """Median, tokens/s and peak memory from `samples_s`, the same for both kinds of phase."""
+    import torch
+
+    median = statistics.median(entry["samples_s"])
+    tokens = entry["tokens_per_call"]
+    entry.update(median_s=median, tokens_per_s=tokens / median if median > 0 else None,
+                 peak_mem_mib=(torch.cuda.max_memory_allocated(device) / 2**20) if device.type == "cuda" else None)
+    return entry
+
+
+def _failed(entry: dict[str, Any], exc: Exception, device: Any) -> dict[str, Any]:
+    import torch
+
+    entry["error"] = first_line(exc, with_type=True)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return entry
+
+
+def _timed(phase: Phase, model: Any, ids: Any, settings: BenchSettings, device: Any, timer: _Timer,
+           tick: Callable[[], None]) -> dict[str, Any]:
+    """Warm-up calls, then `repeats` calls timed one by one around the runner's function."""
+    assert phase.runner is not None
+    fn, setup, tokens = phase.runner(model, ids, settings)
+    entry: dict[str, Any] = {"tokens_per_call": tokens}
+    done = 0
+    try:
+        _reset_peak(device)
+        for _ in range(settings.warmup):
+            if setup:
+                setup()
+            fn()
+            done += 1
+            tick()
+        samples = []
+        for _ in range(settings.repeats):
+            if setup:
+                setup()
+            samples.append(timer(fn))
+            done += 1
+            tick()
+        entry["samples_s"] = samples
+        return _summarise(entry, device)
+    except Exception as exc:  # one failing phase (an FLA refusal, an OOM) must not hide the others
+        for _ in range(settings.warmup + settings.repeats - done):
+            tick()
+        return _failed(entry, exc, device)
+
+
+def _self_timed(phase: Phase, model: Any, ids: Any, settings: BenchSettings, device: Any,
+                tick: Callable[[], None]) -> dict[str, Any]:
+    """A phase that times itself (bench_spec.PhaseMeasure): its samples, summarised like the others."""
+    assert phase.measure is not None
+    tick()  # progress shows the phase while it runs
+    entry: dict[str, Any] = {}
+    try:
+        _reset_peak(device)
+        entry = dict(phase.measure(model, ids, settings))
+        if "skipped" not in entry and "error" not in entry:
+            _summarise(entry, device)
+    except Exception as exc:
+        _failed(entry, exc, device)
+    for _ in range(settings.warmup + settings.repeats - 1):
+        tick()
+    return entry
 
 
 def implementation(spec: ConfigSpec, calls: dict[str, int], device: Any) -> str:
