@@ -269,7 +269,8 @@ def selective_state_step(
     dt_bias and dt_softplus apply (mamba_ssm's update has no dt_limit, seq_idx or initial state).
 
     Shapes with heads (mamba_ssm's 4-D form): state (B, H, P, N), x/z (B, H, P), dt (B, H, P),
-    A (H, P, N), B/C (B, G, N), D/dt_bias (H, P). The head-less 3-D form (state (B, D, N)) is
+    A (H, P, N), B/C (B, G, N), D/dt_bias (H, P) or per head (H,) (state_update.py accepts
+    both; mamba_ssm takes (H, P)). The head-less 3-D form (state (B, D, N)) is
     the same with H = 1 after unsqueeze. Arithmetic in float32 (float64 for float64 state).
     """
     dtype = torch.float64 if state.dtype == torch.float64 else torch.float32
@@ -285,6 +286,8 @@ def selective_state_step(
             z=None if z is None else z[:, None],
             dt_bias=None if dt_bias is None else dt_bias[None],
         )
+    elif opts.dt_bias is not None and opts.dt_bias.dim() == 1:  # per head (H,), as D in _finish
+        opts = replace(opts, dt_bias=opts.dt_bias[:, None])
     nheads = state.shape[1]
     dtp = opts.process_dt(dt, dtype)  # (B, H, P)
     dA = torch.exp(dtp[..., None] * A.to(dtype))  # (B, H, P, N)
