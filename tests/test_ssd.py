@@ -15,6 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fastpath.kernels import dispatch
 from fastpath.kernels.counters import CALLS
 from fastpath.kernels.dispatch import use_triton
 from fastpath.kernels.ssd import (
@@ -304,7 +305,7 @@ def test_bad_input_is_one_clear_error():
 def test_unsupported_options_fall_back_with_a_warning(change, named):
     from fastpath.kernels.ssd import interface
 
-    interface._warn_once.cache_clear()
+    dispatch._warn_once.cache_clear()
     chunk, dstate = (MAX_CHUNK + 1, 8) if change == "chunk" else (8, 8)
     if change == "dstate":
         dstate = interface.MAX_DSTATE + 1
@@ -322,10 +323,8 @@ def test_unsupported_options_fall_back_with_a_warning(change, named):
 
 
 def test_no_triton_device_falls_back_with_a_warning(monkeypatch):
-    from fastpath.kernels.ssd import interface
-
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    interface._warn_once.cache_clear()
+    dispatch._warn_once.cache_clear()
     t, _ = make_case(1, 10, 2, 4, 1, 8)
     args = [t[k].float() for k in ("x", "dt", "A", "B", "C")]
     CALLS.clear()
@@ -386,30 +385,54 @@ def test_state_update_is_one_step_of_the_scan():
     assert torch.equal(pool[1], pool[1]) and not torch.equal(pool[idx], state)
 
 
-def test_split_conv_scan_spec_composes_conv_and_scan():
+@pytest.mark.parametrize("norm_before_gate", [None, True, False])  # None: z gates in the scan
+def test_split_conv_scan_spec_composes_conv_and_scan(norm_before_gate):
+    """The spec (whose composition split_conv_scan.py shares) against the conv and the scan
+    references put together by hand, with the non-SSM prefix, gated norm and out-projection."""
+    import torch.nn.functional as F
+
     from fastpath.kernels.causal_conv1d.naive import causal_conv1d_ref
 
     g = torch.Generator().manual_seed(2)
     batch, seqlen, nheads, headdim, ngroups, dstate, width = 2, 13, 4, 4, 2, 8, 4
+    d_nonssm = 0 if norm_before_gate is None else 3
     dim = nheads * headdim
     conv_dim = dim + 2 * ngroups * dstate
-    zxbcdt = torch.randn(batch, seqlen, 2 * dim + 2 * ngroups * dstate + nheads,
-                         generator=g, dtype=torch.float64)
-    w = torch.randn(conv_dim, width, generator=g, dtype=torch.float64) * 0.5
-    bias = torch.randn(conv_dim, generator=g, dtype=torch.float64)
-    dt_bias = torch.randn(nheads, generator=g, dtype=torch.float64)
+
+    def rnd(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, dtype=torch.float64) * scale
+
+    zxbcdt = rnd(batch, seqlen, 2 * d_nonssm + 2 * dim + 2 * ngroups * dstate + nheads)
+    w, bias = rnd(conv_dim, width, scale=0.5), rnd(conv_dim)
+    dt_bias, D = rnd(nheads), rnd(nheads)
     A = -torch.rand(nheads, generator=g, dtype=torch.float64) - 0.3
-    D = torch.randn(nheads, generator=g, dtype=torch.float64)
+    tail = {}
+    if norm_before_gate is not None:
+        tail = {"rmsnorm_weight": 1 + 0.1 * rnd(dim), "rmsnorm_eps": 1e-5,
+                "outproj_weight": rnd(5, d_nonssm + dim, scale=0.3), "outproj_bias": rnd(5),
+                "norm_before_gate": norm_before_gate}
     out, final = mamba_split_conv1d_scan_ref(zxbcdt, w, bias, dt_bias, A, D, 8,
                                              return_final_states=True, headdim=headdim,
-                                             ngroups=ngroups)
-    z, xbc, dt = torch.split(zxbcdt, [dim, conv_dim, nheads], dim=-1)
+                                             ngroups=ngroups, **tail)
+    x0, z0, z, xbc, dt = torch.split(zxbcdt, [d_nonssm, d_nonssm, dim, conv_dim, nheads], dim=-1)
     xbc = causal_conv1d_ref(xbc.transpose(1, 2), w, bias, activation="silu").transpose(1, 2)
     x, B, C = torch.split(xbc, [dim, ngroups * dstate, ngroups * dstate], dim=-1)
     want, want_final = ssd_recurrent_ref(
         x.reshape(batch, seqlen, nheads, headdim), dt, A,
         B.reshape(batch, seqlen, ngroups, dstate), C.reshape(batch, seqlen, ngroups, dstate),
-        D=D, z=z.reshape(batch, seqlen, nheads, headdim), dt_bias=dt_bias, dt_softplus=True,
+        D=D, z=z.reshape(batch, seqlen, nheads, headdim) if not tail else None, dt_bias=dt_bias,
+        dt_softplus=True,
     )
-    assert rel_err(out, want.reshape(batch, seqlen, dim)) < 1e-12
+    want = want.reshape(batch, seqlen, dim)
+    if tail:
+        gate = F.silu(z)
+        pre = want if norm_before_gate else want * gate
+        grouped = pre.reshape(batch, seqlen, ngroups, dim // ngroups)
+        normed = grouped / grouped.square().mean(-1, keepdim=True).add(1e-5).sqrt()
+        want = normed.reshape(batch, seqlen, dim) * tail["rmsnorm_weight"]
+        want = want * gate if norm_before_gate else want
+        # the non-SSM SwiGLU runs in float32 (even for float64 inputs), as the spec states it
+        want = torch.cat([(F.silu(x0.float()) * z0.float()).double(), want], dim=-1)
+        want = want @ tail["outproj_weight"].T + tail["outproj_bias"]
+    assert rel_err(out, want) < 1e-12
     assert rel_err(final, want_final) < 1e-12

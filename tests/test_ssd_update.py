@@ -156,6 +156,22 @@ def test_reference_path_without_triton(monkeypatch):
     assert torch.equal(state[[0, 2, 3]], before[[0, 2, 3]])
 
 
+@pytest.mark.parametrize("dim", [3, 4])  # dim == nheads: a (nheads,) vector broadcast on dim fits
+def test_reference_path_takes_per_head_d_and_dt_bias(monkeypatch, dim):
+    """float64 goes to the spec, which must read (nheads,) D / dt_bias per head like the kernel."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    case = to(make_case(7, 2, 4, 2, dim, 5, torch.float32, torch.float32, False, "head", "head",
+                        True, False, True), "cpu", torch.float64)
+    reset()
+    out, state = run(selective_state_update, case, True)
+    assert CALLS["ssd_update:reference"] == 1
+    channel = dict(case, D=case["D"][:, None].expand(4, dim),
+                   dt_bias=case["dt_bias"][:, None].expand(4, dim))
+    want, want_state = run(selective_state_update_ref, channel, True)
+    torch.testing.assert_close(out, want, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(state, want_state, atol=1e-12, rtol=1e-12)
+
+
 @pytest.mark.parametrize("change, match", [
     (lambda c: c.update(A=c["A"][:, :, :-1]), "A"),
     (lambda c: c.update(B=c["B"][:, :, :-1]), "B/C"),

@@ -35,15 +35,15 @@ def use_triton(x: torch.Tensor) -> bool:
     return False
 
 
-def warn_fallback(op: str, why: str) -> None:
+def warn_fallback(op: str, why: str, family: str = "causal_conv1d") -> None:
     """Say (once per reason) that a supported-by-reference combination skips the kernel."""
-    _warn_once(op, why)
+    _warn_once(family, op, why)
 
 
 @cache
-def _warn_once(op: str, why: str) -> None:
+def _warn_once(family: str, op: str, why: str) -> None:
     warnings.warn(
-        f"fastpath causal_conv1d {op}: {why}; using the (slower) torch reference",
+        f"fastpath {family} {op}: {why}; using the (slower) torch reference",
         RuntimeWarning,
         stacklevel=4,
     )

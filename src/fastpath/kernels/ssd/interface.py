@@ -5,38 +5,31 @@ Ops (namespace "fastpath"), one place that validates, dispatches (Triton or refe
 defines autograd so eager, autograd and torch.compile see the same thing:
 - ssd_scan_fwd(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, chunk_size, dt_softplus,
       dt_min, dt_max, return_final_states) -> (out, final_states)
-- ssd_scan_bwd(dout, dfinal_states, <the forward's inputs>) -> (dx, ddt, dA, dB, dC, dD, dz,
-      ddt_bias, dinitial_states)
+- ssd_scan_bwd(dout, dfinal_states, [x, dt, A, B, C, D, z, dt_bias, initial_states], seq_idx,
+      chunk_size, dt_softplus, dt_min, dt_max) -> [dx, ddt, dA, dB, dC, dD, dz, ddt_bias,
+      dinitial_states]
 Custom-op schemas cannot return None: missing results are empty tensors.
-Semantics (and the float64 spec) live in naive.py.
+Semantics (and the float64 spec) live in naive.py; outside the op schemas the optional inputs
+travel as one naive.ScanOptions.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
-from functools import cache
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
 from fastpath.kernels.counters import CALLS
-from fastpath.kernels.dispatch import TRITON_DTYPES, use_triton
+from fastpath.kernels.dispatch import TRITON_DTYPES, use_triton, warn_fallback
 from fastpath.kernels.ssd import naive as reference
+from fastpath.kernels.ssd.naive import ScanOptions
 
 MAX_CHUNK = 256  # the kernels hold a chunk's (Q, Q) decay tile in registers
 MAX_HEADDIM = 256
 MAX_DSTATE = 256
 KERNELS_READY = True
-
-
-@cache
-def _warn_once(op: str, why: str) -> None:
-    warnings.warn(
-        f"fastpath ssd {op}: {why}; using the (slower) torch reference",
-        RuntimeWarning,
-        stacklevel=4,
-    )
 
 
 def _empty(like: Tensor) -> Tensor:
@@ -66,7 +59,7 @@ def triton_unsupported(
 def _use_triton(op: str, x: Tensor, B: Tensor, chunk_size: int, *tensors: Tensor | None) -> bool:
     why = triton_unsupported(x, B, chunk_size, *tensors)
     if why is not None:
-        _warn_once(op, why)
+        warn_fallback(op, why, family="ssd")
         return False
     return True
 
@@ -104,11 +97,10 @@ def ssd_scan_fwd(
         )
     else:
         CALLS["ssd_fwd:reference"] += 1
+        limit = _limit(dt_min, dt_max)
+        opts = ScanOptions(D, z, dt_bias, initial_states, seq_idx, dt_softplus, limit)
         with torch.no_grad():
-            out, final = reference.ssd_chunked_ref(
-                x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                dt_softplus, _limit(dt_min, dt_max),
-            )
+            out, final = reference.chunked_scan(x, dt, A, B, C, chunk_size, opts)
         final = final.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
     return out, (final if return_final_states else _empty(x))
 
@@ -130,22 +122,17 @@ def _fwd_setup_context(ctx, inputs, output) -> None:
 
 
 def _fwd_backward(ctx, dout, dfinal):
-    x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx = ctx.saved_tensors
+    *inputs, seq_idx = ctx.saved_tensors
     if dout is None:
-        dout = torch.zeros_like(x)
+        dout = torch.zeros_like(inputs[0])
     if not ctx.return_final or dfinal is None or dfinal.numel() == 0:
         dfinal = None
     grads = ssd_scan_bwd(
-        dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, ctx.chunk_size,
-        ctx.dt_softplus, ctx.dt_min, ctx.dt_max,
+        dout, dfinal, inputs, seq_idx, ctx.chunk_size, ctx.dt_softplus, ctx.dt_min, ctx.dt_max
     )
-    dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinit = grads
+    # a gradient for each present input; None for the absent ones and the non-tensor arguments
     return (
-        dx, ddt, dA, dB, dC,
-        dD if D is not None else None,
-        dz if z is not None else None,
-        ddt_bias if dt_bias is not None else None,
-        dinit if initial_states is not None else None,
+        *(g if t is not None else None for g, t in zip(grads, inputs, strict=True)),
         None, None, None, None, None, None,
     )
 
@@ -158,22 +145,17 @@ ssd_scan_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 def ssd_scan_bwd(
     dout: Tensor,
     dfinal_states: Tensor | None,
-    x: Tensor,
-    dt: Tensor,
-    A: Tensor,
-    B: Tensor,
-    C: Tensor,
-    D: Tensor | None,
-    z: Tensor | None,
-    dt_bias: Tensor | None,
-    initial_states: Tensor | None,
+    inputs: list[Tensor | None],
     seq_idx: Tensor | None,
     chunk_size: int,
     dt_softplus: bool,
     dt_min: float,
     dt_max: float,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+) -> list[Tensor]:
+    """Gradients of the forward's differentiable inputs (x, dt, A, B, C, D, z, dt_bias,
+    initial_states, given as one list), one each, in that order."""
     limit = _limit(dt_min, dt_max)
+    x, dt, A, B, C, D, z, dt_bias, initial_states = inputs
     if _use_triton(
         "scan bwd", x, B, chunk_size, dt, A, C, D, z, dt_bias, initial_states, dout,
         dfinal_states,
@@ -187,32 +169,24 @@ def ssd_scan_bwd(
         )
     else:
         CALLS["ssd_bwd:reference"] += 1
-        grads = _reference_bwd(
-            dout, dfinal_states, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx,
-            chunk_size, dt_softplus, limit,
-        )
-    tensors = (x, dt, A, B, C, D, z, dt_bias, initial_states)
-    return tuple(
+        grads = _reference_bwd(dout, dfinal_states, inputs, seq_idx, chunk_size, dt_softplus, limit)
+    return [
         _empty(x) if g is None else g.to(t.dtype) if t is not None else _empty(x)
-        for g, t in zip(grads, tensors, strict=True)
-    )
+        for g, t in zip(grads, inputs, strict=True)
+    ]
 
 
-def _reference_bwd(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx,
-                   chunk_size, dt_softplus, limit):
+def _reference_bwd(dout, dfinal, inputs, seq_idx, chunk_size, dt_softplus, limit):
     """Gradients of the chunked torch reference by torch.func.vjp (plain autograd does not
     record below the custom op's autograd key; functorch's transform does)."""
-    inputs = (x, dt, A, B, C, D, z, dt_bias, initial_states)
     present = [i for i, t in enumerate(inputs) if t is not None]
 
     def run(*given):
         args = list(inputs)
         for i, t in zip(present, given, strict=True):
             args[i] = t
-        out, final = reference.ssd_chunked_ref(
-            *args[:5], chunk_size, *args[5:], seq_idx, dt_softplus, limit
-        )
-        return out, final
+        opts = ScanOptions(*args[5:], seq_idx, dt_softplus, limit)
+        return reference.chunked_scan(*args[:5], chunk_size, opts)
 
     (out, final), vjp = torch.func.vjp(run, *(inputs[i] for i in present))
     dfinal = torch.zeros_like(final) if dfinal is None else dfinal.to(final.dtype)
@@ -224,17 +198,16 @@ def _reference_bwd(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_states, 
 
 
 @ssd_scan_bwd.register_fake
-def _bwd_fake(dout, dfinal_states, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx,
-              chunk_size, dt_softplus, dt_min, dt_max):
-    return tuple(
-        torch.empty_like(t) if t is not None else x.new_empty(0)
-        for t in (x, dt, A, B, C, D, z, dt_bias, initial_states)
-    )
+def _bwd_fake(dout, dfinal_states, inputs, seq_idx, chunk_size, dt_softplus, dt_min, dt_max):
+    return [torch.empty_like(t) if t is not None else _empty(inputs[0]) for t in inputs]
 
 
 # ---------------------------------------------------------------- public face
-def _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx) -> None:
-    """Shape errors as one clear ValueError each (mamba_ssm asserts)."""
+def check_scan(
+    x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: int, opts: ScanOptions
+) -> ScanOptions:
+    """The one validation of a scan call: shape and option errors as one clear ValueError each
+    (mamba_ssm asserts). Returns opts with dt_limit as a pair of floats."""
     if x.dim() != 4:
         raise ValueError(f"x must be (batch, seqlen, nheads, headdim), got {tuple(x.shape)}")
     batch, seqlen, nheads, headdim = x.shape
@@ -253,6 +226,9 @@ def _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx) -
         raise ValueError(f"A must be ({nheads},), got {tuple(A.shape)}")
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    D, z, dt_bias, initial_states, seq_idx = (
+        opts.D, opts.z, opts.dt_bias, opts.initial_states, opts.seq_idx
+    )
     if D is not None and D.shape not in ((nheads,), (nheads, headdim)):
         raise ValueError(f"D must be ({nheads},) or ({nheads}, {headdim}), got {tuple(D.shape)}")
     if z is not None and z.shape != x.shape:
@@ -266,6 +242,26 @@ def _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx) -
         )
     if seq_idx is not None and seq_idx.shape != (batch, seqlen):
         raise ValueError(f"seq_idx must be {(batch, seqlen)}, got {tuple(seq_idx.shape)}")
+    dt_min, dt_max = _limit(*opts.dt_limit)
+    if math.isnan(dt_min) or math.isnan(dt_max) or dt_min > dt_max:
+        raise ValueError(f"dt_limit must be (min, max) with min <= max, got {opts.dt_limit!r}")
+    return replace(opts, dt_limit=(dt_min, dt_max))
+
+
+def _scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: int,
+          opts: ScanOptions, return_final_states: bool) -> tuple[Tensor, Tensor]:
+    return ssd_scan_fwd(
+        x, dt, A, B, C, opts.D, opts.z, opts.dt_bias, opts.initial_states, opts.seq_idx,
+        chunk_size, opts.dt_softplus, *opts.dt_limit, return_final_states,
+    )
+
+
+def chunk_scan(
+    x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: int, opts: ScanOptions
+) -> tuple[Tensor, Tensor]:
+    """(out, final_states) of a checked call, options as one object (a naive.ScanFn, what
+    split_conv_scan.py composes)."""
+    return _scan(x, dt, A, B, C, chunk_size, check_scan(x, dt, A, B, C, chunk_size, opts), True)
 
 
 def mamba_chunk_scan_combined(
@@ -294,25 +290,17 @@ def mamba_chunk_scan_combined(
     (out, varlen_states) or (out, final_states, varlen_states) with return_varlen_states.
     varlen_states carry no gradient (as in mamba_ssm).
     """
-    _check(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx)
+    opts = ScanOptions(D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_limit)
+    opts = check_scan(x, dt, A, B, C, chunk_size, opts)
     if return_varlen_states:
         if cu_seqlens is None:
             raise ValueError("return_varlen_states=True needs cu_seqlens")
         if x.shape[0] != 1:
             raise ValueError("cu_seqlens needs batch size 1 (sequences packed along the length)")
-    dt_min, dt_max = float(dt_limit[0]), float(dt_limit[1])
-    if math.isnan(dt_min) or math.isnan(dt_max) or dt_min > dt_max:
-        raise ValueError(f"dt_limit must be (min, max) with min <= max, got {dt_limit!r}")
-    out, final = ssd_scan_fwd(
-        x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, chunk_size, dt_softplus,
-        dt_min, dt_max, return_final_states,
-    )
+    out, final = _scan(x, dt, A, B, C, chunk_size, opts, return_final_states)
     if not return_varlen_states:
         return (out, final) if return_final_states else out
-    varlen = varlen_states(
-        x, dt, A, B, cu_seqlens, initial_states, dt_bias, dt_softplus, (dt_min, dt_max), C.dtype,
-        chunk_size,
-    )
+    varlen = varlen_states(x, dt, A, B, cu_seqlens, chunk_size, opts, C.dtype)
     return (out, final, varlen) if return_final_states else (out, varlen)
 
 
@@ -322,24 +310,23 @@ def varlen_states(
     A: Tensor,
     B: Tensor,
     cu_seqlens: Tensor,
-    initial_states: Tensor | None,
-    dt_bias: Tensor | None,
-    dt_softplus: bool,
-    dt_limit: tuple[float, float],
+    chunk_size: int,
+    opts: ScanOptions,
     out_dtype: torch.dtype,
-    chunk_size: int = 128,
 ) -> Tensor:
     """Final state per packed sequence, (S, H, P, N) in out_dtype; no gradient."""
+    dt_bias, initial_states = opts.dt_bias, opts.initial_states
     with torch.no_grad():
         if _use_triton("varlen states", x, B, chunk_size, dt, A, dt_bias, initial_states):
             from fastpath.kernels.ssd.varlen import varlen_states_triton
 
             CALLS["ssd_varlen_states:triton"] += 1
             return varlen_states_triton(
-                x, dt, A, B, cu_seqlens, initial_states, dt_bias, dt_softplus, dt_limit,
-                chunk_size, out_dtype,
+                x, dt, A, B, cu_seqlens, initial_states, dt_bias, opts.dt_softplus,
+                opts.dt_limit, chunk_size, out_dtype,
             )
         CALLS["ssd_varlen_states:reference"] += 1
         return reference.varlen_states_ref(
-            x, dt, A, B, cu_seqlens, initial_states, dt_bias, dt_softplus, dt_limit, out_dtype
+            x, dt, A, B, cu_seqlens, out_dtype, initial_states=initial_states, dt_bias=dt_bias,
+            dt_softplus=opts.dt_softplus, dt_limit=opts.dt_limit,
         )
