@@ -62,12 +62,12 @@ def load_mamba(src: str | None, module: str = "ssd_combined", name: str = "mamba
     root = Path(src).resolve()
     if not (root / "mamba_ssm" / "ops" / "triton" / f"{module}.py").is_file():
         return None, f"{root}/mamba_ssm/ops/triton/{module}.py not found"
-    for name in ("mamba_ssm", "mamba_ssm.ops", "mamba_ssm.ops.triton", "mamba_ssm.utils"):
-        if name in sys.modules:
+    for package in ("mamba_ssm", "mamba_ssm.ops", "mamba_ssm.ops.triton", "mamba_ssm.utils"):
+        if package in sys.modules:
             continue
-        module = types.ModuleType(name)
-        module.__path__ = [str(root.joinpath(*name.split(".")))]
-        sys.modules[name] = module
+        empty = types.ModuleType(package)
+        empty.__path__ = [str(root.joinpath(*package.split(".")))]
+        sys.modules[package] = empty
     try:
         mod = importlib.import_module(f"mamba_ssm.ops.triton.{module}")
         return getattr(mod, name), "loaded"

@@ -6,13 +6,14 @@
 # .carry holds fla_core-0.6.0-py3-none-any.whl, causal_conv1d-1.7.0.tar.gz, mamba_ssm-2.3.2.post1
 # .tar.gz, whl/ (datasets, dill, multiprocess for capture) and, after the first call, dao/ (the
 # Dao causal-conv1d wheel in parts, built by the `dao` part: ~5 min on the device's CPUs).
-# PARTS (comma list, run in this order; a part is skipped, with a log line, when less than its
-# timeout is left of BUDGET seconds, default 560):
+# PARTS (comma list, run in the order given; a step is skipped, with a log line, when less than
+# its timeout is left of BUDGET seconds, default 560):
 #   dao        build Dao's causal-conv1d in the background (wheel parts come back in OUT/dao)
 #   ssd        benchmarks/ssd.py --profile --update $SSD_FLAGS (scan vs mamba_ssm, per-kernel
 #              split, decode step)
-#   tests      GPU tests: conv/launch/decode graphs | FLA route + verify/bench | SSD (vs mamba_ssm),
-#              three groups in parallel (correctness only: nothing is timed while they run)
+#   tests      GPU tests in the background: conv/launch/decode graphs | FLA route + verify/bench |
+#              SSD (vs mamba_ssm); TESTS=conv,fla,ssd picks groups. Correctness only: put timing
+#              parts before `tests` or after `wait` (which collects them; the end does too)
 #   verify     fastpath verify on the GPU: qwen3.5-27b 8 layers (the #14 gate), nemotron-h-8b,
 #              granite-4.0-h-small, falcon-h1-7b, zamba2-7b, bamba-9b, mamba2 (bf16, --backward)
 #   fla        FLA dqkwg self-check route accuracy/speed, then the #640 sweep
@@ -47,7 +48,6 @@ msrc="$root/.dev/mamba/mamba_ssm-2.3.2.post1"
 export PYTHONPATH="$root/src:$root/.dev/site"
 python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)'
 
-has() { [[ ",$parts," == *",$1,"* ]]; }
 left() { echo $(( budget - ($(date +%s) - t0) )); }
 at() { echo "$(( $(date +%s) - t0 )) s"; }
 run() {  # run PART TIMEOUT CMD...
@@ -60,81 +60,103 @@ run() {  # run PART TIMEOUT CMD...
 dao_ok() { python3 -c "import sys, torch; sys.path.insert(0, '$root/.dev/dao'); import causal_conv1d_cuda" 2>/dev/null; }
 
 dao_pid=""
-if has dao; then
-  if [ -d .carry/dao ]; then
-    bash benchmarks/device/install_dao.sh .carry/dao .dev/dao > "$w/dao_install.txt" 2>&1
-  else
-    MAX_JOBS=12 bash benchmarks/device/build_dao.sh .carry/causal_conv1d-1.7.0.tar.gz .dev/dao \
-      "$out/dao" > "$w/dao_build.txt" 2>&1 &
-    dao_pid=$!
+dao_path=""
+dao_ready() {  # wait for a background Dao build, then put Dao on the peers' path if it imports
+  if [ -n "$dao_pid" ]; then
+    echo "== waiting for the Dao build at $(at)"; wait "$dao_pid"; echo "dao build exit $? at $(at)"
+    tail -4 "$w/dao_build.txt"; dao_pid=""
   fi
-elif [ -d .carry/dao ] && [ ! -d .dev/dao/causal_conv1d ]; then
+  if dao_ok; then dao_path=":$root/.dev/dao"; echo "Dao causal-conv1d: present"; else echo "Dao causal-conv1d: absent"; fi
+}
+if [ -d .carry/dao ] && [ ! -d .dev/dao/causal_conv1d ]; then
   bash benchmarks/device/install_dao.sh .carry/dao .dev/dao > "$w/dao_install.txt" 2>&1
 fi
 
-has ssd && run ssd 200 python3 benchmarks/ssd.py --out "$w/ssd" --mamba-src "$msrc" --profile --update \
-  ${SSD_FLAGS:-}
-
-if has tests; then
-  echo "== tests (3 groups in parallel) at $(at)"
-  pyt() { python3 -m pytest -q -p no:cacheprovider --tb=short --durations=8 "$@"; }
-  (timeout 330 bash -c "$(declare -f pyt); pyt tests/test_causal_conv1d.py tests/test_launch.py \
-     tests/test_decode_graphs.py" > "$w/tests_conv.txt" 2>&1; echo "exit $?" >> "$w/tests_conv.txt") &
-  a=$!
-  (timeout 330 bash -c "$(declare -f pyt); pyt -m gpu tests/test_fla_dqkwg.py tests/test_verify_gpu.py \
-     tests/test_bench_gpu.py" > "$w/tests_fla.txt" 2>&1; echo "exit $?" >> "$w/tests_fla.txt") &
-  b=$!
-  (MAMBA_SRC="$msrc" timeout 330 bash -c "$(declare -f pyt); pyt -m gpu tests/test_ssd_gpu.py \
-     tests/test_ssd_update.py tests/test_mamba_split_conv_scan.py" > "$w/tests_ssd.txt" 2>&1; \
-     echo "exit $?" >> "$w/tests_ssd.txt") &
-  c=$!
-  wait $a $b $c
-  for f in conv fla ssd; do echo "-- tests_$f"; tail -14 "$w/tests_$f.txt"; done
-  echo "== tests done at $(at)"
-fi
-
-if has verify; then
+part_dao() {
+  [ -d .dev/dao/causal_conv1d ] && return 0
+  MAX_JOBS=12 bash benchmarks/device/build_dao.sh .carry/causal_conv1d-1.7.0.tar.gz .dev/dao \
+    "$out/dao" > "$w/dao_build.txt" 2>&1 &
+  dao_pid=$!
+}
+part_ssd() {
+  run ssd 200 python3 benchmarks/ssd.py --out "$w/ssd" --mamba-src "$msrc" --profile --update ${SSD_FLAGS:-}
+}
+# GPU tests in the background (correctness only): TESTS=conv,fla,ssd picks the groups; the
+# `wait` part (or the end) collects them.
+test_pids=""
+pyt() { python3 -m pytest -q -p no:cacheprovider --tb=short --durations=8 "$@"; }
+group() {  # group NAME PYTEST-ARGS...
+  local name=$1; shift
+  [[ ",${TESTS:-conv,fla,ssd}," == *",$name,"* ]] || return 0
+  (timeout "${TEST_TIMEOUT:-330}" bash -c "$(declare -f pyt); pyt $*" > "$w/tests_$name.txt" 2>&1
+   echo "exit $?" >> "$w/tests_$name.txt") &
+  test_pids="$test_pids $!"
+}
+part_tests() {
+  echo "== tests (${TESTS:-conv,fla,ssd}) in the background at $(at)"
+  group conv tests/test_causal_conv1d.py tests/test_launch.py tests/test_decode_graphs.py
+  group fla -x -v -m gpu tests/test_fla_dqkwg.py tests/test_verify_gpu.py tests/test_bench_gpu.py
+  MAMBA_SRC="$msrc" group ssd -m gpu tests/test_ssd_gpu.py tests/test_ssd_update.py \
+    tests/test_mamba_split_conv_scan.py
+}
+part_wait() {
+  [ -n "$test_pids" ] || return 0
+  echo "== waiting for the tests at $(at)"; wait $test_pids; test_pids=""
+  for f in "$w"/tests_*.txt; do echo "-- $f"; tail -14 "$f"; done
+}
+part_verify() {
   mkdir -p "$w/verify"
-  vrun() {  # vrun NAME LAYERS TIMEOUT
-    run "verify-$1" "$3" python3 -m fastpath verify "$1" --layers "$2" --dtype bf16 --seq-len 1024 \
-      --batch 2 --backward --save "$w/verify/$1.json"
-  }
-  vrun qwen3.5-27b 8 150
-  for m in nemotron-h-8b granite-4.0-h-small; do vrun "$m" 4 100; done
-  for m in falcon-h1-7b zamba2-7b bamba-9b mamba2-codestral-7b; do vrun "$m" 3 80; done
-fi
-
-
-if has fla; then
+  # VERIFY="model:layers ..." (default: the #14 gate and the Mamba2 family at real shapes)
+  for spec in ${VERIFY:-qwen3.5-27b:8 nemotron-h-8b:4 granite-4.0-h-small:4 falcon-h1-7b:3 zamba2-7b:3 bamba-9b:3 mamba2-codestral-7b:3}; do
+    m=${spec%%:*}; n=${spec##*:}
+    run "verify-$m" 150 python3 -m fastpath verify "$m" --layers "$n" --dtype bf16 --seq-len 1024 \
+      --batch 2 --backward --save "$w/verify/$m.json"
+  done
+}
+part_fla() {
   run fla-selfcheck 150 python3 benchmarks/fla_dqkwg_gpu.py --out "$w/fla_dqkwg.json"
   run fla-sweep 100 python3 benchmarks/fla_640_sweep.py --budget-s 70 --out "$w/fla_640"
-fi
-
-if [ -n "$dao_pid" ]; then
-  echo "== waiting for the Dao build at $(at)"; wait "$dao_pid"; echo "dao build exit $? at $(at)"
-  tail -4 "$w/dao_build.txt"
-fi
-dao_path=""
-if dao_ok; then dao_path=":$root/.dev/dao"; echo "Dao causal-conv1d: present"; else echo "Dao causal-conv1d: absent"; fi
-
-has doctor && run doctor 150 python3 benchmarks/doctor_speed.py --out "$w/doctor" -n 5 --no-profile
-has conv && run conv 120 env PYTHONPATH="$PYTHONPATH$dao_path" python3 benchmarks/causal_conv1d.py \
-  --compile --host-costs --out "$w/kernels.json"
-if has model; then
-  configs=reference,fla,fastpath
+}
+part_doctor() {
+  dao_ready
+  run doctor 150 python3 benchmarks/doctor_speed.py --out "$w/doctor" -n 5 --no-profile
+}
+part_conv() {
+  dao_ready
+  run conv 120 env PYTHONPATH="$PYTHONPATH$dao_path" python3 benchmarks/causal_conv1d.py \
+    --compile --host-costs --out "$w/kernels.json"
+}
+part_model() {
+  dao_ready
+  local configs=reference,fla,fastpath
   [ -n "$dao_path" ] && configs=$configs,fla+dao
-  run model 200 env PYTHONPATH="$PYTHONPATH$dao_path" python3 -m fastpath bench qwen3.5-27b --layers 8 \
+  run model 240 env PYTHONPATH="$PYTHONPATH$dao_path" python3 -m fastpath bench qwen3.5-27b --layers 8 \
     --dtype bf16 --seq-len 4096 --batch 1 --decode-tokens 32 --repeats 3 --warmup 1 \
-    --configs "$configs" --out "$w/bench"
-fi
-has decode && run decode 130 python3 benchmarks/decode_graphs_gpu.py --layers 8 --prompt 256 --tokens 32 \
-  --configs reference,fla,fastpath --out "$w/decode"
-has mamba && run mamba 200 env MAMBA_SRC="$msrc" PYTHONPATH="$PYTHONPATH$dao_path" python3 benchmarks/mamba_model.py \
-  --mamba-src "$msrc" --out "$w/mamba"
-has capture && run capture 200 python3 benchmarks/capture_speed.py --out "$w/capture" --rows 48
-if has gdnnorm && [ -f benchmarks/gdn_norm_gpu.py ]; then
+    --configs "$configs" ${MODEL_FLAGS:-} --out "$w/bench"
+}
+part_decode() {
+  run decode 150 python3 benchmarks/decode_graphs_gpu.py --layers 8 --prompt 256 --tokens 32 \
+    --configs reference,fla,fastpath --out "$w/decode"
+}
+part_mamba() {
+  dao_ready
+  run mamba 200 env MAMBA_SRC="$msrc" PYTHONPATH="$PYTHONPATH$dao_path" python3 benchmarks/mamba_model.py \
+    --mamba-src "$msrc" --out "$w/mamba"
+}
+part_capture() {
+  run capture 200 python3 benchmarks/capture_speed.py --out "$w/capture" --rows "${CAPTURE_ROWS:-48}"
+}
+part_gdnnorm() {
+  [ -f benchmarks/gdn_norm_gpu.py ] || { echo "== gdnnorm: no benchmarks/gdn_norm_gpu.py"; return 0; }
   run gdnnorm 90 python3 benchmarks/gdn_norm_gpu.py --out "$w/gdn_norm.json"
-fi
+}
+
+IFS=, read -ra order <<< "$parts"
+for part in "${order[@]}"; do
+  if declare -F "part_$part" > /dev/null; then "part_$part"; else echo "== unknown part '$part'"; fi
+done
+part_wait
+[ -n "$dao_pid" ] && dao_ready
 echo "== end at $(at)"; date -u
 du -sh .dev/triton-cache 2>/dev/null
 cp "$w/log.txt" "$out/log.txt"
