@@ -203,6 +203,38 @@ def test_output_rows_in_several_blocks(monkeypatch, blocks):
     run_case(t, seq, 48, torch.float32, ALL)
 
 
+class _LaunchTwice:
+    """A kernel whose every launch runs twice on the same arguments, as Triton's autotuner does
+    when it times configs on a GPU (the interpreter skips autotuning, so it is simulated)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            launch(*args, **kwargs)
+            return launch(*args, **kwargs)
+
+        return run
+
+
+def test_kernels_only_overwrite_their_outputs(monkeypatch):
+    """A kernel that reads a buffer it writes gives a wrong result once the autotuner re-runs it."""
+    from fastpath.kernels.ssd import scan_bwd, scan_fwd
+
+    patched = []
+    for module in (scan_fwd, scan_bwd):
+        for name, obj in list(vars(module).items()):
+            if name.startswith("_") and name.endswith("_kernel") and hasattr(obj, "__getitem__"):
+                monkeypatch.setattr(module, name, _LaunchTwice(obj))
+                patched.append(name)
+    assert {"_cb_kernel", "_out_kernel", "_dx_kernel", "_dcb_kernel", "_dbc_kernel"} <= set(patched)
+    t, seq = make_case(1, 40, 2, 8, 1, 16, npacked=2, seed=21)
+    run_case(t, seq, 16, torch.float32, ALL)
+
+
 def test_per_head_d_and_chunk_not_power_of_two():
     t, seq = make_case(1, 29, 2, 4, 1, 8, per_channel_d=False, npacked=2, seed=5)
     run_case(t, seq, 12, torch.float32, ALL)

@@ -214,15 +214,14 @@ def dt_chain(ds: Tensor, extra: Tensor, ddtd: Tensor, dtp: Tensor, dt: Tensor, A
 @light_autotune(["Q", "P", "BM"], loop=True)
 @triton.jit
 def _dcb_kernel(
-    x_ptr, dy_ptr, dtp_ptr, cum_ptr, seq_ptr, cb_ptr, dsw_ptr,
+    x_ptr, dy_ptr, dtp_ptr, cum_ptr, seq_ptr, cb_ptr, dcb_ptr, dsw_ptr,
     L, H, G, P, NC, Q, SX, SDY, SW,
     HAS_SEQ: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
     BM: tl.constexpr, BP: tl.constexpr,
 ):
     """One BM x BM block (rows t, columns u) of chunk c and group g, with
     W_h[t, u] = (dy_t . dt'_u x_u) exp(cum_t - cum_u) for u <= t of one sequence:
-    dCB[t, u] = sum over the group's heads of W_h (float32; 0 above the diagonal), written over
-    the block of CB it reads first (in place); per head, the row sums (into dsw[0, block u]) and
+    dCB[t, u] = sum over the group's heads of W_h (float32; 0 above the diagonal); per head, the row sums (into dsw[0, block u]) and
     column sums (into dsw[1, block t]) of T_h = CB * W_h, the intra-chunk shares of ds."""
     n_m = tl.cdiv(Q, BM)
     mt = tl.program_id(0) // n_m
@@ -264,7 +263,7 @@ def _dcb_kernel(
         t_hu = cb * w
         tl.store(dsw_ptr + mu * SW + cbase + offs_t, tl.sum(t_hu, axis=1), mask=valid_t)
         tl.store(dsw_ptr + (n_m + mt) * SW + cbase + offs_u, tl.sum(t_hu, axis=0), mask=valid_u)
-    tl.store(cb_ptr + blk, acc, mask=blk_ok)
+    tl.store(dcb_ptr + blk, acc, mask=blk_ok)
 
 
 @light_autotune(["Q", "P", "N", "BM", "BN"], loop=True)
@@ -415,12 +414,14 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
         PREC=prec, UPCAST=up, BM=bm, BP=bp_full, BN=bn_full,
     )
 
-    # dCB over CB's buffer (in place, block by block) and the intra-chunk shares of ds
+    # dCB and the intra-chunk shares of ds. Its own buffer, never CB's: the autotuner runs a
+    # kernel several times on the same arguments, so a kernel must not read what it writes.
+    dcb = torch.empty_like(cb)
     bm_pair = min(fwd.PAIR_BLOCK_M, bq)
     n_pair = triton.cdiv(chunk_size, bm_pair)
     dsw = torch.zeros((2 * n_pair, *dtp.shape), device=x.device, dtype=torch.float32)
     _dcb_kernel[(n_pair * n_pair, batch * nchunks * ngroups)](
-        x, dy, dtp, cum, seq_arg, cb, dsw, seqlen, nheads, ngroups, headdim, nchunks, chunk_size,
+        x, dy, dtp, cum, seq_arg, cb, dcb, dsw, seqlen, nheads, ngroups, headdim, nchunks, chunk_size,
         x.stride(1), dy.stride(1), dtp.numel(),
         HAS_SEQ=seq_idx is not None, PREC=prec, UPCAST=up, BM=bm_pair, BP=bp_full,
     )
@@ -433,7 +434,7 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
     rh = torch.empty((batch, nchunks, nheads, n_nt), device=x.device, dtype=torch.float32)
     grid = (n_nt, batch * nchunks * triton.cdiv(chunk_size, bm_bc), ngroups)
     _dbc_kernel[grid](
-        x, dy, B, C, dtp, cum, seq_arg, states, dstates, cb, dB, dC, dsi, rh,
+        x, dy, B, C, dtp, cum, seq_arg, states, dstates, dcb, dB, dC, dsi, rh,
         seqlen, nheads, ngroups, headdim, dstate, nchunks, chunk_size,
         x.stride(1), dy.stride(1), B.stride(1), C.stride(1), dtp.numel(),
         HAS_SEQ=seq_idx is not None, PREC=prec, UPCAST=up, BM=bm_bc, BP=bp_full, BN=bn_bc,
