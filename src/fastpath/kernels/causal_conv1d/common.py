@@ -9,27 +9,8 @@ time (KPAD = 4 - W): tap k in 0..3 reads position t - 3 + k with weight w[k - KP
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
-
-
-def fwd_operands(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    seq_idx: torch.Tensor | None,
-    initial_states: torch.Tensor | None,
-    out: torch.Tensor,
-) -> tuple[tuple, tuple]:
-    """The forward kernels' shared arguments, in their order: 6 pointers (an absent optional one
-    is x, never read: its HAS_* flag is off) and the 15 strides that follow the sizes."""
-    init = initial_states if initial_states is not None else x
-    ptrs = (x, weight, bias if bias is not None else weight,
-            seq_idx if seq_idx is not None else x, init, out)
-    strides = (*x.stride(), *out.stride(), *weight.stride(), *init.stride(),
-               seq_idx.stride(0) if seq_idx is not None else 0)
-    return ptrs, strides
 
 
 @triton.jit

@@ -22,15 +22,13 @@ import triton
 import triton.language as tl
 
 from fastpath.kernels.causal_conv1d.common import (
-    fwd_operands,
     load_seq_tap,
     load_x_tap,
     next_pow2,
     silu_fp32,
     silu_grad_fp32,
 )
-from fastpath.kernels.causal_conv1d.grads import begin_backward, bwd_operands, reduce_chunk_partials
-from fastpath.kernels.compiled_launch import CachedLauncher
+from fastpath.kernels.causal_conv1d.launchers import Plan, backward_launcher, forward_launcher
 
 
 @triton.jit
@@ -349,18 +347,6 @@ def _causal_conv1d_bwd_rows_kernel(
 
 
 # ------------------------------------------------------------------ launchers
-# The Triton launch (`kernel[grid](...)`) costs more host time than a B=1 L=4096 conv takes on an
-# H200: the second and later calls of a specialisation go through the cached compiled launcher.
-_FWD_LAUNCH = CachedLauncher(
-    _causal_conv1d_fwd_rows_kernel,
-    ("WIDTH", "SILU", "HAS_BIAS", "HAS_SEQ", "HAS_INIT", "BLOCK_D"),
-)
-_BWD_LAUNCH = CachedLauncher(
-    _causal_conv1d_bwd_rows_kernel,
-    ("WIDTH", "SILU", "HAS_BIAS", "HAS_SEQ", "HAS_INIT", "HAS_DFIN", "HAS_DINIT", "BLOCK_D"),
-)
-
-
 def rows_config(x: torch.Tensor, backward: bool) -> dict:
     """BLOCK_D channels per program at 4 per thread (8-byte bf16 vectors: the H200 sweep of
     2026-12-02 put 4/thread ahead of 8/thread, benchmarks/NOTES_causal_conv1d.md), and rows per
@@ -380,66 +366,27 @@ def _rows_config(batch: int, dim: int, seqlen: int, backward: bool) -> dict:
     return {"BLOCK_D": block_d, "ROWS": rows, "num_warps": num_warps}
 
 
-def _plan(x: torch.Tensor, backward: bool, config: dict | None) -> tuple[int, int, int, int]:
-    """(BLOCK_D, rows per program (a multiple of 4), chunks along L, num_warps)."""
+def _plan(x: torch.Tensor, config: dict | None, backward: bool = False) -> Plan:
+    """Grid (channel blocks, chunks of rows, batch), rows per program (a multiple of 4),
+    (BLOCK_D,) and num_warps; the backward appends HAS_DINIT in front of BLOCK_D."""
     batch, dim, seqlen = x.shape
     cfg = config or _rows_config(batch, dim, seqlen, backward)
+    block_d = cfg["BLOCK_D"]
     rows = max(4, (cfg["ROWS"] + 3) // 4 * 4)
-    return cfg["BLOCK_D"], rows, max(1, triton.cdiv(seqlen, rows)), cfg["num_warps"]
+    grid = (triton.cdiv(dim, block_d), max(1, triton.cdiv(seqlen, rows)), batch)
+    return grid, (rows,), (block_d,), cfg["num_warps"]
 
 
-def causal_conv1d_fwd_rows(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    seq_idx: torch.Tensor | None,
-    initial_states: torch.Tensor | None,
-    silu: bool,
-    config: dict | None = None,
-) -> torch.Tensor:
-    out = torch.empty_like(x)
-    batch, dim, seqlen = x.shape
-    if out.numel() == 0:
-        return out
-    block_d, rows, n_chunks, num_warps = _plan(x, False, config)
-    ptrs, strides = fwd_operands(x, weight, bias, seq_idx, initial_states, out)
-    _FWD_LAUNCH(
-        (triton.cdiv(dim, block_d), n_chunks, batch), (*ptrs, seqlen, dim, rows, *strides),
-        (weight.shape[-1], silu, bias is not None, seq_idx is not None,
-         initial_states is not None, block_d),
-        num_warps,
-    )
-    return out
+def _bwd_plan(x: torch.Tensor, width: int, has_dinit: bool, config: dict | None) -> Plan:
+    grid, sizes, (block_d,), num_warps = _plan(x, config, True)
+    return grid, sizes, (has_dinit, block_d), num_warps
 
 
-def causal_conv1d_bwd_rows(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    dout: torch.Tensor,
-    seq_idx: torch.Tensor | None,
-    initial_states: torch.Tensor | None,
-    dfinal_states: torch.Tensor | None,
-    dx: torch.Tensor,
-    silu: bool,
-    return_dinitial_states: bool,
-    config: dict | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Writes dx; returns (dweight, dbias or None, dinitial_states or None)."""
-    batch, dim, seqlen = x.shape
-    dweight, dbias, dinit, empty = begin_backward(x, weight, bias, initial_states, dfinal_states,
-                                                  return_dinitial_states)
-    if empty:
-        return dweight, dbias, dinit
-    block_d, rows, n_chunks, num_warps = _plan(x, True, config)
-    ptrs, strides, partials = bwd_operands(x, weight, bias, dout, seq_idx, initial_states,
-                                           dfinal_states, dx, dinit, n_chunks)
-    _BWD_LAUNCH(
-        (triton.cdiv(dim, block_d), n_chunks, batch),
-        (*ptrs, seqlen, dim, rows, n_chunks, *strides),
-        (weight.shape[-1], silu, bias is not None, seq_idx is not None,
-         initial_states is not None, dfinal_states is not None, dinit is not None, block_d),
-        num_warps,
-    )
-    reduce_chunk_partials(partials, dweight, dbias)
-    return dweight, dbias, dinit
+# The Triton launch (`kernel[grid](...)`) costs more host time than a B=1 L=4096 conv takes on an
+# H200: the second and later calls of a specialisation go through the cached compiled launcher.
+causal_conv1d_fwd_rows = forward_launcher(
+    _causal_conv1d_fwd_rows_kernel, ("BLOCK_D",), _plan
+)
+causal_conv1d_bwd_rows = backward_launcher(
+    _causal_conv1d_bwd_rows_kernel, ("HAS_DINIT", "BLOCK_D"), _bwd_plan
+)

@@ -25,8 +25,7 @@ from fastpath.kernels.causal_conv1d.common import (
     next_pow2,
     silu_grad_fp32,
 )
-from fastpath.kernels.causal_conv1d.grads import begin_backward, bwd_operands, reduce_chunk_partials
-from fastpath.kernels.compiled_launch import CachedLauncher
+from fastpath.kernels.causal_conv1d.launchers import Plan, backward_launcher
 
 
 @triton.jit
@@ -237,50 +236,23 @@ def bwd_config(x: torch.Tensor) -> dict:
     return {"BLOCK_L": block_l, "BLOCK_D": block_d, "num_warps": 4, "TARGET_PROGRAMS": 2048}
 
 
-def causal_conv1d_bwd_triton(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    dout: torch.Tensor,
-    seq_idx: torch.Tensor | None,
-    initial_states: torch.Tensor | None,
-    dfinal_states: torch.Tensor | None,
-    dx: torch.Tensor,
-    silu: bool,
-    return_dinitial_states: bool,
-    config: dict | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Writes dx; returns (dweight, dbias or None, dinitial_states or None)."""
+def _plan(x: torch.Tensor, width: int, has_dinit: bool, config: dict | None) -> Plan:
+    """Chunks of positions so that about TARGET_PROGRAMS programs run; with initial states the
+    walk starts FRONT = W-1 rows early."""
     batch, dim, seqlen = x.shape
-    width = weight.shape[-1]
-    dweight, dbias, dinit, empty = begin_backward(x, weight, bias, initial_states, dfinal_states,
-                                                  return_dinitial_states)
-    if empty:
-        return dweight, dbias, dinit
-    cfg = dict(config or bwd_config(x))
-    block_l, block_d = cfg.pop("BLOCK_L"), cfg.pop("BLOCK_D")
-    target = cfg.pop("TARGET_PROGRAMS", 2048)
-    front = width - 1 if dinit is not None else 0
+    cfg = config or bwd_config(x)
+    block_l, block_d = cfg["BLOCK_L"], cfg["BLOCK_D"]
+    target = cfg.get("TARGET_PROGRAMS", 2048)
+    front = width - 1 if has_dinit else 0
     rows = seqlen + front
     n_d = triton.cdiv(dim, block_d)
     max_chunks = max(1, triton.cdiv(rows, block_l))
     n_chunks = min(max_chunks, max(1, triton.cdiv(target, n_d * batch)))
     n_iters = max(1, triton.cdiv(triton.cdiv(rows, n_chunks), block_l))
     n_chunks = max(1, triton.cdiv(rows, n_iters * block_l))
-    ptrs, strides, partials = bwd_operands(x, weight, bias, dout, seq_idx, initial_states,
-                                           dfinal_states, dx, dinit, n_chunks)
-    _BWD_LAUNCH(
-        (n_d, n_chunks, batch), (*ptrs, seqlen, dim, n_iters, n_chunks, *strides),
-        (width, silu, bias is not None, seq_idx is not None, initial_states is not None,
-         dfinal_states is not None, front, block_l, block_d),
-        cfg.get("num_warps", 4),
-    )
-    reduce_chunk_partials(partials, dweight, dbias)
-    return dweight, dbias, dinit
+    return (n_d, n_chunks, batch), (n_iters,), (front, block_l, block_d), cfg.get("num_warps", 4)
 
 
-_BWD_LAUNCH = CachedLauncher(
-    _causal_conv1d_bwd_kernel,
-    ("WIDTH", "SILU", "HAS_BIAS", "HAS_SEQ", "HAS_INIT", "HAS_DFIN", "FRONT", "BLOCK_L",
-     "BLOCK_D"),
+causal_conv1d_bwd_triton = backward_launcher(
+    _causal_conv1d_bwd_kernel, ("FRONT", "BLOCK_L", "BLOCK_D"), _plan
 )
