@@ -23,10 +23,12 @@ import triton.language as tl
 
 from fastpath.kernels.causal_conv1d.common import (
     load_seq_tap,
+    load_taps,
     load_x_tap,
     next_pow2,
     silu_fp32,
     silu_grad_fp32,
+    store_dw_partials,
 )
 from fastpath.kernels.causal_conv1d.launchers import Plan, backward_launcher, forward_launcher
 
@@ -45,23 +47,10 @@ def _row(x_base, r, L, mask_d, stride_l):
 
 
 @triton.jit
-def _load_taps(w_base, BIAS, offs_d, mask_d, stride_wk, KPAD: tl.constexpr, HAS_BIAS: tl.constexpr,
-               BLOCK_D: tl.constexpr):
-    """Weights of the 4 padded taps and the bias as fp32 (BLOCK_D,) each; taps below KPAD
-    (widths < 4) and a missing bias are zero, decided at compile time."""
-    zero = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    w3 = tl.load(w_base + (3 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
-    w2 = tl.load(w_base + (2 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
-    w1 = zero
-    w0 = zero
-    if KPAD <= 1:
-        w1 = tl.load(w_base + (1 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
-    if KPAD <= 0:
-        w0 = tl.load(w_base + (0 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
-    bias_v = zero
-    if HAS_BIAS:
-        bias_v = tl.load(BIAS + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-    return w0, w1, w2, w3, bias_v
+def _rows4(base, r, L, mask_d, stride_l):
+    """Rows r..r+3 as fp32: the 4 loads are issued together, before any store."""
+    return (_row(base, r, L, mask_d, stride_l), _row(base, r + 1, L, mask_d, stride_l),
+            _row(base, r + 2, L, mask_d, stride_l), _row(base, r + 3, L, mask_d, stride_l))
 
 
 @triton.jit
@@ -94,21 +83,21 @@ def _chunk_start(X, WEIGHT, BIAS, SEQ, INIT, L, D, rows_per_prog, stride_xb, str
                  WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr,
                  HAS_INIT: tl.constexpr, BLOCK_D: tl.constexpr):
     """What a program (channel block, chunk of rows, batch row) of either row kernel starts from:
-    its batch row and channels, the x / seq_idx bases, the taps and bias, its rows [c0, c1) and
-    the 3 rows above them (`_chunk_halo`)."""
+    its batch row and channels, the x / seq_idx bases, the taps and bias (`load_taps`), its rows
+    [c0, c1) and the 3 rows above them (`_chunk_halo`)."""
     pid_b = tl.program_id(2).to(tl.int64)
     offs_d = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
     x_base = X + pid_b * stride_xb + offs_d * stride_xd
     init_base = INIT + pid_b * stride_ib + offs_d * stride_id
     seq_base = SEQ + pid_b * stride_sb
-    w0, w1, w2, w3, bias_v = _load_taps(WEIGHT + offs_d * stride_wd, BIAS, offs_d, mask_d,
-                                        stride_wk, 4 - WIDTH, HAS_BIAS, BLOCK_D)
+    taps = load_taps(WEIGHT + offs_d * stride_wd, BIAS, offs_d, mask_d, stride_wk, 4 - WIDTH,
+                     HAS_BIAS, BLOCK_D)
     c0 = tl.program_id(1) * rows_per_prog
     c1 = tl.minimum(c0 + rows_per_prog, L)
     xm3, xm2, xm1, seq0, sm3, sm2, sm1 = _chunk_halo(
         x_base, init_base, seq_base, c0, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT, HAS_SEQ)
-    return (pid_b, offs_d, mask_d, x_base, seq_base, w0, w1, w2, w3, bias_v, c0, c1,
+    return (pid_b, offs_d, mask_d, x_base, seq_base, taps, c0, c1,
             xm3, xm2, xm1, seq0, sm3, sm2, sm1)
 
 
@@ -135,16 +124,18 @@ def _tap(xv, s, s_out, w, HAS_SEQ: tl.constexpr):
 
 
 @triton.jit
-def _pre(xm3, xm2, xm1, x0, sm3, sm2, sm1, s0, w0, w1, w2, w3, bias_v,
-         KPAD: tl.constexpr, HAS_SEQ: tl.constexpr):
-    """Pre-activation of the output at the row of x0 (xm1..xm3: the rows above)."""
-    acc = x0 * w3 + bias_v
+def _pre(xs, ss, j: tl.constexpr, taps, KPAD: tl.constexpr, HAS_SEQ: tl.constexpr):
+    """Pre-activation of the output at row j+3 of a window of rows (xs: x, ss: seq_idx; rows
+    j..j+2 are the ones above it)."""
+    w0, w1, w2, w3, bias_v = taps
+    s0 = ss[j + 3]
+    acc = xs[j + 3] * w3 + bias_v
     if KPAD <= 2:
-        acc += _tap(xm1, sm1, s0, w2, HAS_SEQ)
+        acc += _tap(xs[j + 2], ss[j + 2], s0, w2, HAS_SEQ)
     if KPAD <= 1:
-        acc += _tap(xm2, sm2, s0, w1, HAS_SEQ)
+        acc += _tap(xs[j + 1], ss[j + 1], s0, w1, HAS_SEQ)
     if KPAD <= 0:
-        acc += _tap(xm3, sm3, s0, w0, HAS_SEQ)
+        acc += _tap(xs[j], ss[j], s0, w0, HAS_SEQ)
     return acc
 
 
@@ -173,32 +164,23 @@ def _causal_conv1d_fwd_rows_kernel(
     HAS_INIT: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     KPAD: tl.constexpr = 4 - WIDTH
-    (pid_b, offs_d, mask_d, x_base, seq_base, w0, w1, w2, w3, bias_v, c0, c1,
+    (pid_b, offs_d, mask_d, x_base, seq_base, taps, c0, c1,
      xm3, xm2, xm1, seq0, sm3, sm2, sm1) = _chunk_start(
         X, WEIGHT, BIAS, SEQ, INIT, L, D, rows_per_prog, stride_xb, stride_xd, stride_xl,
         stride_wd, stride_wk, stride_ib, stride_id, stride_il, stride_sb,
         WIDTH, HAS_BIAS, HAS_SEQ, HAS_INIT, BLOCK_D)
     out_base = OUT + pid_b * stride_ob + offs_d * stride_od
     for r in range(c0, c1, 4):
-        x0 = _row(x_base, r, L, mask_d, stride_xl)
-        x1 = _row(x_base, r + 1, L, mask_d, stride_xl)
-        x2 = _row(x_base, r + 2, L, mask_d, stride_xl)
-        x3 = _row(x_base, r + 3, L, mask_d, stride_xl)
+        x0, x1, x2, x3 = _rows4(x_base, r, L, mask_d, stride_xl)
         s0, s1, s2, s3 = _seq4(seq_base, r, L, seq0, HAS_SEQ)
-        p0 = _pre(xm3, xm2, xm1, x0, sm3, sm2, sm1, s0, w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
-        p1 = _pre(xm2, xm1, x0, x1, sm2, sm1, s0, s1, w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
-        p2 = _pre(xm1, x0, x1, x2, sm1, s0, s1, s2, w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
-        p3 = _pre(x0, x1, x2, x3, s0, s1, s2, s3, w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
-        _fwd_out(out_base, r, L, mask_d, stride_ol, p0, s0, SILU, HAS_SEQ, c1)
-        _fwd_out(out_base, r + 1, L, mask_d, stride_ol, p1, s1, SILU, HAS_SEQ, c1)
-        _fwd_out(out_base, r + 2, L, mask_d, stride_ol, p2, s2, SILU, HAS_SEQ, c1)
-        _fwd_out(out_base, r + 3, L, mask_d, stride_ol, p3, s3, SILU, HAS_SEQ, c1)
-        xm3 = x1
-        xm2 = x2
-        xm1 = x3
-        sm3 = s1
-        sm2 = s2
-        sm1 = s3
+        xs = (xm3, xm2, xm1, x0, x1, x2, x3)  # the window of rows r-3..r+3
+        ss = (sm3, sm2, sm1, s0, s1, s2, s3)
+        pre = (_pre(xs, ss, 0, taps, KPAD, HAS_SEQ), _pre(xs, ss, 1, taps, KPAD, HAS_SEQ),
+               _pre(xs, ss, 2, taps, KPAD, HAS_SEQ), _pre(xs, ss, 3, taps, KPAD, HAS_SEQ))
+        for j in tl.static_range(4):
+            _fwd_out(out_base, r + j, L, mask_d, stride_ol, pre[j], ss[j + 3], SILU, HAS_SEQ, c1)
+        xm3, xm2, xm1 = x1, x2, x3
+        sm3, sm2, sm1 = s1, s2, s3
 
 
 @triton.jit
@@ -213,36 +195,38 @@ def _grad(dy, pre, s0, SILU: tl.constexpr, HAS_SEQ: tl.constexpr):
 
 @triton.jit
 def _bwd_step(
-    x0, dy0, s0, r,
-    xm3, xm2, xm1, sm3, sm2, sm1, gm3, gm2, gm1,
-    acc_w0, acc_w1, acc_w2, acc_w3, acc_b,
-    w0, w1, w2, w3, bias_v,
+    xs, ss, gm3, gm2, gm1, j: tl.constexpr, r, dy,
+    acc_w0, acc_w1, acc_w2, acc_w3, acc_b, taps,
     dx_base, dinit_base, dfin_base, mask_d, L, c0, c1,
     stride_dxl, stride_gl, stride_fl,
-    WIDTH: tl.constexpr, KPAD: tl.constexpr, SILU: tl.constexpr, HAS_SEQ: tl.constexpr,
+    WIDTH: tl.constexpr, SILU: tl.constexpr, HAS_SEQ: tl.constexpr,
     HAS_DFIN: tl.constexpr, HAS_DINIT: tl.constexpr,
 ):
-    """Row r: gradient g(r) of its pre-activation, dW/db partials, and dx of row p = r - 3."""
+    """Row r (window row j+3): gradient g(r) of its pre-activation, dW/db partials, and dx of
+    row p = r - 3 (window row j; gm3..gm1: g of rows p..p+2)."""
+    KPAD: tl.constexpr = 4 - WIDTH
+    w0, w1, w2, w3, bias_v = taps
+    s0 = ss[j + 3]
     pre = bias_v
     if SILU:
-        pre = _pre(xm3, xm2, xm1, x0, sm3, sm2, sm1, s0, w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
-    g0 = _grad(dy0, pre, s0, SILU, HAS_SEQ)
+        pre = _pre(xs, ss, j, taps, KPAD, HAS_SEQ)
+    g0 = _grad(dy, pre, s0, SILU, HAS_SEQ)
     own = _splat(mask_d, r) < c1  # rows past the chunk belong to the next program's dW
     g_own = tl.where(own, g0, 0.0)
     acc_b += g_own
-    acc_w3 += g_own * x0
-    acc_w2 += _tap(xm1, sm1, s0, g_own, HAS_SEQ)
+    acc_w3 += g_own * xs[j + 3]
+    acc_w2 += _tap(xs[j + 2], ss[j + 2], s0, g_own, HAS_SEQ)
     if KPAD <= 1:
-        acc_w1 += _tap(xm2, sm2, s0, g_own, HAS_SEQ)
+        acc_w1 += _tap(xs[j + 1], ss[j + 1], s0, g_own, HAS_SEQ)
     if KPAD <= 0:
-        acc_w0 += _tap(xm3, sm3, s0, g_own, HAS_SEQ)
-    # dx(p) = sum_j w[3-j] g(p+j) [seq(p) == seq(p+j)], p = r - 3 (gm3 = g(p))
+        acc_w0 += _tap(xs[j], ss[j], s0, g_own, HAS_SEQ)
+    # dx(p) = sum_k w[3-k] g(p+k) [seq(p) == seq(p+k)], p = r - 3
     p = r - 3
-    dx = gm3 * w3 + _tap(gm2, sm2, sm3, w2, HAS_SEQ)
+    dx = gm3 * w3 + _tap(gm2, ss[j + 1], ss[j], w2, HAS_SEQ)
     if KPAD <= 1:
-        dx += _tap(gm1, sm1, sm3, w1, HAS_SEQ)
+        dx += _tap(gm1, ss[j + 2], ss[j], w1, HAS_SEQ)
     if KPAD <= 0:
-        dx += _tap(g0, s0, sm3, w0, HAS_SEQ)
+        dx += _tap(g0, s0, ss[j], w0, HAS_SEQ)
     if HAS_DFIN:
         f = p - L + (WIDTH - 1)
         fv = _splat(mask_d, f)
@@ -273,8 +257,7 @@ def _causal_conv1d_bwd_rows_kernel(
     HAS_INIT: tl.constexpr, HAS_DFIN: tl.constexpr, HAS_DINIT: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    KPAD: tl.constexpr = 4 - WIDTH
-    (pid_b, offs_d, mask_d, x_base, seq_base, w0, w1, w2, w3, bias_v, c0, c1,
+    (pid_b, offs_d, mask_d, x_base, seq_base, taps, c0, c1,
      xm3, xm2, xm1, seq0, sm3, sm2, sm1) = _chunk_start(
         X, WEIGHT, BIAS, SEQ, INIT, L, D, rows_per_prog, stride_xb, stride_xd, stride_xl,
         stride_wd, stride_wk, stride_ib, stride_id, stride_il, stride_sb,
@@ -295,55 +278,21 @@ def _causal_conv1d_bwd_rows_kernel(
     acc_b = zero
     end = tl.minimum(c1 + 3, L + 3)  # 3 rows past the chunk: dx of its last rows needs g there
     for r in range(c0, end, 4):
-        x0 = _row(x_base, r, L, mask_d, stride_xl)
-        x1 = _row(x_base, r + 1, L, mask_d, stride_xl)
-        x2 = _row(x_base, r + 2, L, mask_d, stride_xl)
-        x3 = _row(x_base, r + 3, L, mask_d, stride_xl)
-        dy0 = _row(dout_base, r, L, mask_d, stride_ol)
-        dy1 = _row(dout_base, r + 1, L, mask_d, stride_ol)
-        dy2 = _row(dout_base, r + 2, L, mask_d, stride_ol)
-        dy3 = _row(dout_base, r + 3, L, mask_d, stride_ol)
+        x0, x1, x2, x3 = _rows4(x_base, r, L, mask_d, stride_xl)
+        dys = _rows4(dout_base, r, L, mask_d, stride_ol)
         s0, s1, s2, s3 = _seq4(seq_base, r, L, seq0, HAS_SEQ)
-        g0, acc_w0, acc_w1, acc_w2, acc_w3, acc_b = _bwd_step(
-            x0, dy0, s0, r, xm3, xm2, xm1, sm3, sm2, sm1, gm3, gm2, gm1,
-            acc_w0, acc_w1, acc_w2, acc_w3, acc_b, w0, w1, w2, w3, bias_v,
-            dx_base, dinit_base, dfin_base, mask_d, L, c0, c1, stride_dxl, stride_gl, stride_fl,
-            WIDTH, KPAD, SILU, HAS_SEQ, HAS_DFIN, HAS_DINIT)
-        g1, acc_w0, acc_w1, acc_w2, acc_w3, acc_b = _bwd_step(
-            x1, dy1, s1, r + 1, xm2, xm1, x0, sm2, sm1, s0, gm2, gm1, g0,
-            acc_w0, acc_w1, acc_w2, acc_w3, acc_b, w0, w1, w2, w3, bias_v,
-            dx_base, dinit_base, dfin_base, mask_d, L, c0, c1, stride_dxl, stride_gl, stride_fl,
-            WIDTH, KPAD, SILU, HAS_SEQ, HAS_DFIN, HAS_DINIT)
-        g2, acc_w0, acc_w1, acc_w2, acc_w3, acc_b = _bwd_step(
-            x2, dy2, s2, r + 2, xm1, x0, x1, sm1, s0, s1, gm1, g0, g1,
-            acc_w0, acc_w1, acc_w2, acc_w3, acc_b, w0, w1, w2, w3, bias_v,
-            dx_base, dinit_base, dfin_base, mask_d, L, c0, c1, stride_dxl, stride_gl, stride_fl,
-            WIDTH, KPAD, SILU, HAS_SEQ, HAS_DFIN, HAS_DINIT)
-        g3, acc_w0, acc_w1, acc_w2, acc_w3, acc_b = _bwd_step(
-            x3, dy3, s3, r + 3, x0, x1, x2, s0, s1, s2, g0, g1, g2,
-            acc_w0, acc_w1, acc_w2, acc_w3, acc_b, w0, w1, w2, w3, bias_v,
-            dx_base, dinit_base, dfin_base, mask_d, L, c0, c1, stride_dxl, stride_gl, stride_fl,
-            WIDTH, KPAD, SILU, HAS_SEQ, HAS_DFIN, HAS_DINIT)
-        xm3 = x1
-        xm2 = x2
-        xm1 = x3
-        sm3 = s1
-        sm2 = s2
-        sm1 = s3
-        gm3 = g1
-        gm2 = g2
-        gm1 = g3
-
-    part = pid_b * n_chunks + pid_c
-    dw_base = DW_PART + part * (WIDTH * D) + offs_d
-    tl.store(dw_base + (3 - KPAD) * D, acc_w3, mask=mask_d)
-    tl.store(dw_base + (2 - KPAD) * D, acc_w2, mask=mask_d)
-    if KPAD <= 1:
-        tl.store(dw_base + (1 - KPAD) * D, acc_w1, mask=mask_d)
-    if KPAD <= 0:
-        tl.store(dw_base + (0 - KPAD) * D, acc_w0, mask=mask_d)
-    if HAS_BIAS:
-        tl.store(DB_PART + part * D + offs_d, acc_b, mask=mask_d)
+        xs = (xm3, xm2, xm1, x0, x1, x2, x3)  # the window of rows r-3..r+3
+        ss = (sm3, sm2, sm1, s0, s1, s2, s3)
+        for j in tl.static_range(4):  # gm3..gm1: g of window rows j..j+2
+            g, acc_w0, acc_w1, acc_w2, acc_w3, acc_b = _bwd_step(
+                xs, ss, gm3, gm2, gm1, j, r + j, dys[j], acc_w0, acc_w1, acc_w2, acc_w3, acc_b,
+                taps, dx_base, dinit_base, dfin_base, mask_d, L, c0, c1,
+                stride_dxl, stride_gl, stride_fl, WIDTH, SILU, HAS_SEQ, HAS_DFIN, HAS_DINIT)
+            gm3, gm2, gm1 = gm2, gm1, g
+        xm3, xm2, xm1 = x1, x2, x3
+        sm3, sm2, sm1 = s1, s2, s3
+    store_dw_partials(DW_PART, DB_PART, pid_b * n_chunks + pid_c, offs_d, mask_d, D,
+                      acc_w0, acc_w1, acc_w2, acc_w3, acc_b, WIDTH, HAS_BIAS, False)
 
 
 # ------------------------------------------------------------------ launchers
