@@ -68,6 +68,24 @@ def load_taps(w_base, BIAS, offs_d, mask_d, stride_wk, KPAD: tl.constexpr, HAS_B
 
 
 @triton.jit
+def pre_activation(xs, ss, j: tl.constexpr, taps, tap: tl.constexpr, KPAD: tl.constexpr,
+                   HAS_SEQ: tl.constexpr):
+    """bias + sum_k w[k] x(t - 3 + k) for the output at position j+3 of a window of positions
+    (xs / ss: x and seq_idx at those positions; its taps are xs[j..j+3]). `tap(xv, s, s_out, w,
+    HAS_SEQ)` weights one seq_idx-masked tap in the caller's layout (rows or tiles)."""
+    w0, w1, w2, w3, bias_v = taps
+    s0 = ss[j + 3]
+    acc = xs[j + 3] * w3 + bias_v
+    if KPAD <= 2:
+        acc += tap(xs[j + 2], ss[j + 2], s0, w2, HAS_SEQ)
+    if KPAD <= 1:
+        acc += tap(xs[j + 1], ss[j + 1], s0, w1, HAS_SEQ)
+    if KPAD <= 0:
+        acc += tap(xs[j], ss[j], s0, w0, HAS_SEQ)
+    return acc
+
+
+@triton.jit
 def store_dw_partials(DW_PART, DB_PART, part, offs_d, mask_d, D, acc_w0, acc_w1, acc_w2, acc_w3,
                       acc_b, WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, REDUCE: tl.constexpr):
     """A backward program's fp32 dW / dB partials, [part, W, D] and [part, D] (the layout the
@@ -87,7 +105,7 @@ def store_dw_partials(DW_PART, DB_PART, part, offs_d, mask_d, D, acc_w0, acc_w1,
 @triton.jit
 def _rows_sum(acc, REDUCE: tl.constexpr):
     if REDUCE:
-        return tl.sum(acc, axis=0)
+        acc = tl.sum(acc, axis=0)
     return acc
 
 

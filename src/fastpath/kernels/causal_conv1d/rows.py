@@ -26,6 +26,7 @@ from fastpath.kernels.causal_conv1d.common import (
     load_taps,
     load_x_tap,
     next_pow2,
+    pre_activation,
     silu_fp32,
     silu_grad_fp32,
     store_dw_partials,
@@ -124,22 +125,6 @@ def _tap(xv, s, s_out, w, HAS_SEQ: tl.constexpr):
 
 
 @triton.jit
-def _pre(xs, ss, j: tl.constexpr, taps, KPAD: tl.constexpr, HAS_SEQ: tl.constexpr):
-    """Pre-activation of the output at row j+3 of a window of rows (xs: x, ss: seq_idx; rows
-    j..j+2 are the ones above it)."""
-    w0, w1, w2, w3, bias_v = taps
-    s0 = ss[j + 3]
-    acc = xs[j + 3] * w3 + bias_v
-    if KPAD <= 2:
-        acc += _tap(xs[j + 2], ss[j + 2], s0, w2, HAS_SEQ)
-    if KPAD <= 1:
-        acc += _tap(xs[j + 1], ss[j + 1], s0, w1, HAS_SEQ)
-    if KPAD <= 0:
-        acc += _tap(xs[j], ss[j], s0, w0, HAS_SEQ)
-    return acc
-
-
-@triton.jit
 def _fwd_out(out_base, r, L, mask_d, stride_ol, pre, s0,
              SILU: tl.constexpr, HAS_SEQ: tl.constexpr, c1):
     y = pre
@@ -175,8 +160,10 @@ def _causal_conv1d_fwd_rows_kernel(
         s0, s1, s2, s3 = _seq4(seq_base, r, L, seq0, HAS_SEQ)
         xs = (xm3, xm2, xm1, x0, x1, x2, x3)  # the window of rows r-3..r+3
         ss = (sm3, sm2, sm1, s0, s1, s2, s3)
-        pre = (_pre(xs, ss, 0, taps, KPAD, HAS_SEQ), _pre(xs, ss, 1, taps, KPAD, HAS_SEQ),
-               _pre(xs, ss, 2, taps, KPAD, HAS_SEQ), _pre(xs, ss, 3, taps, KPAD, HAS_SEQ))
+        pre = (pre_activation(xs, ss, 0, taps, _tap, KPAD, HAS_SEQ),
+               pre_activation(xs, ss, 1, taps, _tap, KPAD, HAS_SEQ),
+               pre_activation(xs, ss, 2, taps, _tap, KPAD, HAS_SEQ),
+               pre_activation(xs, ss, 3, taps, _tap, KPAD, HAS_SEQ))
         for j in tl.static_range(4):
             _fwd_out(out_base, r + j, L, mask_d, stride_ol, pre[j], ss[j + 3], SILU, HAS_SEQ, c1)
         xm3, xm2, xm1 = x1, x2, x3
@@ -209,7 +196,7 @@ def _bwd_step(
     s0 = ss[j + 3]
     pre = bias_v
     if SILU:
-        pre = _pre(xs, ss, j, taps, KPAD, HAS_SEQ)
+        pre = pre_activation(xs, ss, j, taps, _tap, KPAD, HAS_SEQ)
     g0 = _grad(dy, pre, s0, SILU, HAS_SEQ)
     own = _splat(mask_d, r) < c1  # rows past the chunk belong to the next program's dW
     g_own = tl.where(own, g0, 0.0)
