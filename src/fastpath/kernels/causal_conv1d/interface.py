@@ -87,15 +87,11 @@ def final_states_of(x: Tensor, initial_states: Tensor | None, width: int) -> Ten
 
 # ---------------------------------------------------------------- implementations
 def fwd_impl(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    seq_idx: Tensor | None,
-    initial_states: Tensor | None,
-    return_final_states: bool,
-    silu: bool,
+    x: Tensor, weight: Tensor, bias: Tensor | None, seq_idx: Tensor | None,
+    initial_states: Tensor | None, return_final_states: bool, silu: bool,
 ) -> tuple[Tensor, Tensor]:
-    """The forward itself (out, final_states or empty), whoever calls it."""
+    """The forward itself (out, final_states or empty), whoever calls it; its signature is the
+    fastpath::causal_conv1d_fwd schema."""
     width = weight.shape[-1]
     if _triton_ok("fwd", width, x, weight, bias, initial_states):
         CALLS["fwd:triton"] += 1
@@ -117,18 +113,12 @@ def fwd_impl(
 
 
 def bwd_impl(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    dout: Tensor,
-    seq_idx: Tensor | None,
-    initial_states: Tensor | None,
-    dfinal_states: Tensor | None,
-    dx: Tensor,
-    silu: bool,
+    x: Tensor, weight: Tensor, bias: Tensor | None, dout: Tensor, seq_idx: Tensor | None,
+    initial_states: Tensor | None, dfinal_states: Tensor | None, dx: Tensor, silu: bool,
     return_dinitial_states: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The backward itself: writes dx, returns (dweight, dbias or empty, dinit or empty)."""
+    """The backward itself: writes dx, returns (dweight, dbias or empty, dinit or empty); its
+    signature is the fastpath::causal_conv1d_bwd schema."""
     width = weight.shape[-1]
     if _triton_ok("bwd", width, x, weight, bias, initial_states, dout, dfinal_states, dx):
         CALLS["bwd:triton"] += 1
