@@ -1,15 +1,16 @@
 """Sliding-row Triton kernels for causal conv1d: each x / dy element is loaded once.
 
-Why: the 2D-tile kernels (conv1d_fwd / conv1d_bwd) load W (fwd) or 2W-1 (bwd) shifted copies
+Why: the 2D-tile kernels (tile_fwd / tile_bwd) load W (fwd) or 2W-1 (bwd) shifted copies
 of every tile; those loads are issued back to back, so each one goes to L2 again and the
 kernels top out at ~0.7x copy bandwidth (fwd) / ~1000 GB/s (bwd) on an H200. Here a program owns
 BLOCK_D channels (16-byte vectors along D in the channel-last layout) and a chunk of rows, walks
 the rows in order and keeps the last W-1 input rows (and, in the backward, the last W-1
 pre-activation gradients) in registers. Rows are taken 4 at a time: the 4 loads are issued
-before any store, so they are in flight together.
+before any store, so they are in flight together; the 4 steps then walk a window of the 7 rows
+r-3..r+3 (a static_range, unrolled at compile time).
 
 Widths 2..4 use the width-4 formulation with the first 4-W taps at weight 0 (KPAD, as in
-conv1d_common). Position conventions: row r of batch b; negative rows are the initial state
+common.py). Position conventions: row r of batch b; negative rows are the initial state
 (or zeros); seq_idx is a per-row scalar.
 """
 

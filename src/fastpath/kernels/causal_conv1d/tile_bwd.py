@@ -9,7 +9,7 @@ afterwards in a fixed order: the same bits on every run (no atomics), under
 torch.use_deterministic_algorithms too. With initial states the walk starts W-1 rows early so
 the same code yields dinitial_states.
 Tap naming: Xm3..Xp3 = x at t-3..t+3 (only offsets within +-(W-1) are loaded); see
-conv1d_common for the width-4 padding (KPAD) convention.
+common.py for the width-4 padding (KPAD) convention.
 """
 
 from __future__ import annotations
