@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 from fastpath.kernels.causal_conv1d.interface import (
-    conv_bwd,
+    bwd_impl,
+    causal_conv1d_bwd,
     conv_fwd,
     update_impl,
 )
@@ -57,7 +58,8 @@ def causal_conv1d_bwd_function(
     if dx is None:
         dx = torch.empty_like(x)
     want_dinit = bool(return_dinitial_states) and initial_states is not None
-    dweight, dbias, dinit = conv_bwd(
+    bwd = causal_conv1d_bwd if torch.compiler.is_compiling() else bwd_impl  # op only when traced
+    dweight, dbias, dinit = bwd(
         x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx,
         bool(silu_activation), want_dinit,
     )

@@ -14,7 +14,9 @@ Custom-op schemas cannot return None, hence the empty-tensor convention (the fac
 Eager callers skip the custom-op dispatcher (it costs more host time than a small conv takes on
 the GPU): `conv_fwd` runs `fwd_impl` directly when no input needs a gradient and otherwise goes
 through a plain autograd.Function whose backward is `bwd_impl`; under torch.compile it calls the
-custom op, so traced graphs see one op with a fake implementation and registered autograd.
+custom op, so traced graphs see one op with a fake implementation and registered autograd. Direct
+callers of the backward and the update pick `bwd_impl` / `update_impl` or the op the same way.
+Each op is built from its implementation (schema inferred from its signature), not a wrapper.
 """
 
 from __future__ import annotations
@@ -85,15 +87,11 @@ def final_states_of(x: Tensor, initial_states: Tensor | None, width: int) -> Ten
 
 # ---------------------------------------------------------------- implementations
 def fwd_impl(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    seq_idx: Tensor | None,
-    initial_states: Tensor | None,
-    return_final_states: bool,
-    silu: bool,
+    x: Tensor, weight: Tensor, bias: Tensor | None, seq_idx: Tensor | None,
+    initial_states: Tensor | None, return_final_states: bool, silu: bool,
 ) -> tuple[Tensor, Tensor]:
-    """The forward itself (out, final_states or empty), whoever calls it."""
+    """The forward itself (out, final_states or empty), whoever calls it; its signature is the
+    fastpath::causal_conv1d_fwd schema."""
     width = weight.shape[-1]
     if _triton_ok("fwd", width, x, weight, bias, initial_states):
         CALLS["fwd:triton"] += 1
@@ -115,18 +113,12 @@ def fwd_impl(
 
 
 def bwd_impl(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    dout: Tensor,
-    seq_idx: Tensor | None,
-    initial_states: Tensor | None,
-    dfinal_states: Tensor | None,
-    dx: Tensor,
-    silu: bool,
+    x: Tensor, weight: Tensor, bias: Tensor | None, dout: Tensor, seq_idx: Tensor | None,
+    initial_states: Tensor | None, dfinal_states: Tensor | None, dx: Tensor, silu: bool,
     return_dinitial_states: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The backward itself: writes dx, returns (dweight, dbias or empty, dinit or empty)."""
+    """The backward itself: writes dx, returns (dweight, dbias or empty, dinit or empty); its
+    signature is the fastpath::causal_conv1d_bwd schema."""
     width = weight.shape[-1]
     if _triton_ok("bwd", width, x, weight, bias, initial_states, dout, dfinal_states, dx):
         CALLS["bwd:triton"] += 1
@@ -239,36 +231,8 @@ def conv_fwd(
     return fwd_impl(x, weight, bias, seq_idx, initial_states, return_final_states, silu)
 
 
-def conv_bwd(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    dout: Tensor,
-    seq_idx: Tensor | None,
-    initial_states: Tensor | None,
-    dfinal_states: Tensor | None,
-    dx: Tensor,
-    silu: bool,
-    return_dinitial_states: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The backward as callers should reach it (the custom op only while torch.compile traces)."""
-    bwd = causal_conv1d_bwd if torch.compiler.is_compiling() else bwd_impl
-    return bwd(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, silu,
-               return_dinitial_states)
-
-
 # ---------------------------------------------------------------- forward op
-@torch.library.custom_op("fastpath::causal_conv1d_fwd", mutates_args=())
-def causal_conv1d_fwd(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    seq_idx: Tensor | None,
-    initial_states: Tensor | None,
-    return_final_states: bool,
-    silu: bool,
-) -> tuple[Tensor, Tensor]:
-    return fwd_impl(x, weight, bias, seq_idx, initial_states, return_final_states, silu)
+causal_conv1d_fwd = torch.library.custom_op("fastpath::causal_conv1d_fwd", fwd_impl, mutates_args=())
 
 
 @causal_conv1d_fwd.register_fake
@@ -297,21 +261,8 @@ causal_conv1d_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_cont
 
 
 # ---------------------------------------------------------------- backward op
-@torch.library.custom_op("fastpath::causal_conv1d_bwd", mutates_args={"dx"})
-def causal_conv1d_bwd(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    dout: Tensor,
-    seq_idx: Tensor | None,
-    initial_states: Tensor | None,
-    dfinal_states: Tensor | None,
-    dx: Tensor,
-    silu: bool,
-    return_dinitial_states: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    return bwd_impl(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, silu,
-                    return_dinitial_states)
+causal_conv1d_bwd = torch.library.custom_op("fastpath::causal_conv1d_bwd", bwd_impl,
+                                            mutates_args={"dx"})
 
 
 @causal_conv1d_bwd.register_fake
@@ -328,24 +279,6 @@ def _bwd_fake(
 
 
 # ---------------------------------------------------------------- decode update
-@torch.library.custom_op("fastpath::causal_conv1d_update", mutates_args={"conv_state"})
-def causal_conv1d_update_op(
-    x: Tensor,
-    conv_state: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    silu: bool,
-    cache_seqlens: Tensor | None,
-    conv_state_indices: Tensor | None,
-) -> Tensor:
-    return update_impl(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices)
-
-
-@causal_conv1d_update_op.register_fake
-def _update_fake(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices):
-    return torch.empty_like(x)
-
-
 _UPDATE_KERNEL = None
 
 
@@ -382,6 +315,15 @@ def update_impl(
     return reference.causal_conv1d_update_ref(
         x, conv_state, weight, bias, "silu" if silu else None, cache_seqlens, conv_state_indices
     )
+
+
+causal_conv1d_update_op = torch.library.custom_op("fastpath::causal_conv1d_update", update_impl,
+                                                  mutates_args={"conv_state"})
+
+
+@causal_conv1d_update_op.register_fake
+def _update_fake(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices):
+    return torch.empty_like(x)
 
 
 # ---------------------------------------------------------------- varlen states

@@ -1,15 +1,16 @@
 """Sliding-row Triton kernels for causal conv1d: each x / dy element is loaded once.
 
-Why: the 2D-tile kernels (conv1d_fwd / conv1d_bwd) load W (fwd) or 2W-1 (bwd) shifted copies
+Why: the 2D-tile kernels (tile_fwd / tile_bwd) load W (fwd) or 2W-1 (bwd) shifted copies
 of every tile; those loads are issued back to back, so each one goes to L2 again and the
 kernels top out at ~0.7x copy bandwidth (fwd) / ~1000 GB/s (bwd) on an H200. Here a program owns
 BLOCK_D channels (16-byte vectors along D in the channel-last layout) and a chunk of rows, walks
 the rows in order and keeps the last W-1 input rows (and, in the backward, the last W-1
 pre-activation gradients) in registers. Rows are taken 4 at a time: the 4 loads are issued
-before any store, so they are in flight together.
+before any store, so they are in flight together; the 4 steps then walk a window of the 7 rows
+r-3..r+3 (a static_range, unrolled at compile time).
 
 Widths 2..4 use the width-4 formulation with the first 4-W taps at weight 0 (KPAD, as in
-conv1d_common). Position conventions: row r of batch b; negative rows are the initial state
+common.py). Position conventions: row r of batch b; negative rows are the initial state
 (or zeros); seq_idx is a per-row scalar.
 """
 
@@ -22,15 +23,16 @@ import triton
 import triton.language as tl
 
 from fastpath.kernels.causal_conv1d.common import (
-    fwd_operands,
     load_seq_tap,
+    load_taps,
     load_x_tap,
     next_pow2,
+    pre_activation,
     silu_fp32,
     silu_grad_fp32,
+    store_dw_partials,
 )
-from fastpath.kernels.causal_conv1d.grads import begin_backward, bwd_operands, reduce_chunk_partials
-from fastpath.kernels.compiled_launch import CachedLauncher
+from fastpath.kernels.causal_conv1d.launchers import Plan, backward_launcher, forward_launcher
 
 
 @triton.jit
@@ -47,23 +49,10 @@ def _row(x_base, r, L, mask_d, stride_l):
 
 
 @triton.jit
-def _load_taps(w_base, BIAS, offs_d, mask_d, stride_wk, KPAD: tl.constexpr, HAS_BIAS: tl.constexpr,
-               BLOCK_D: tl.constexpr):
-    """Weights of the 4 padded taps and the bias as fp32 (BLOCK_D,) each; taps below KPAD
-    (widths < 4) and a missing bias are zero, decided at compile time."""
-    zero = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    w3 = tl.load(w_base + (3 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
-    w2 = tl.load(w_base + (2 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
-    w1 = zero
-    w0 = zero
-    if KPAD <= 1:
-        w1 = tl.load(w_base + (1 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
-    if KPAD <= 0:
-        w0 = tl.load(w_base + (0 - KPAD) * stride_wk, mask=mask_d, other=0.0).to(tl.float32)
-    bias_v = zero
-    if HAS_BIAS:
-        bias_v = tl.load(BIAS + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-    return w0, w1, w2, w3, bias_v
+def _rows4(base, r, L, mask_d, stride_l):
+    """Rows r..r+3 as fp32: the 4 loads are issued together, before any store."""
+    return (_row(base, r, L, mask_d, stride_l), _row(base, r + 1, L, mask_d, stride_l),
+            _row(base, r + 2, L, mask_d, stride_l), _row(base, r + 3, L, mask_d, stride_l))
 
 
 @triton.jit
@@ -96,21 +85,21 @@ def _chunk_start(X, WEIGHT, BIAS, SEQ, INIT, L, D, rows_per_prog, stride_xb, str
                  WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr,
                  HAS_INIT: tl.constexpr, BLOCK_D: tl.constexpr):
     """What a program (channel block, chunk of rows, batch row) of either row kernel starts from:
-    its batch row and channels, the x / seq_idx bases, the taps and bias, its rows [c0, c1) and
-    the 3 rows above them (`_chunk_halo`)."""
+    its batch row and channels, the x / seq_idx bases, the taps and bias (`load_taps`), its rows
+    [c0, c1) and the 3 rows above them (`_chunk_halo`)."""
     pid_b = tl.program_id(2).to(tl.int64)
     offs_d = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
     x_base = X + pid_b * stride_xb + offs_d * stride_xd
     init_base = INIT + pid_b * stride_ib + offs_d * stride_id
     seq_base = SEQ + pid_b * stride_sb
-    w0, w1, w2, w3, bias_v = _load_taps(WEIGHT + offs_d * stride_wd, BIAS, offs_d, mask_d,
-                                        stride_wk, 4 - WIDTH, HAS_BIAS, BLOCK_D)
+    taps = load_taps(WEIGHT + offs_d * stride_wd, BIAS, offs_d, mask_d, stride_wk, 4 - WIDTH,
+                     HAS_BIAS, BLOCK_D)
     c0 = tl.program_id(1) * rows_per_prog
     c1 = tl.minimum(c0 + rows_per_prog, L)
     xm3, xm2, xm1, seq0, sm3, sm2, sm1 = _chunk_halo(
         x_base, init_base, seq_base, c0, L, mask_d, stride_xl, stride_il, WIDTH, HAS_INIT, HAS_SEQ)
-    return (pid_b, offs_d, mask_d, x_base, seq_base, w0, w1, w2, w3, bias_v, c0, c1,
+    return (pid_b, offs_d, mask_d, x_base, seq_base, taps, c0, c1,
             xm3, xm2, xm1, seq0, sm3, sm2, sm1)
 
 
@@ -134,20 +123,6 @@ def _tap(xv, s, s_out, w, HAS_SEQ: tl.constexpr):
     if HAS_SEQ:
         return tl.where(s == s_out, xv, 0.0) * w
     return xv * w
-
-
-@triton.jit
-def _pre(xm3, xm2, xm1, x0, sm3, sm2, sm1, s0, w0, w1, w2, w3, bias_v,
-         KPAD: tl.constexpr, HAS_SEQ: tl.constexpr):
-    """Pre-activation of the output at the row of x0 (xm1..xm3: the rows above)."""
-    acc = x0 * w3 + bias_v
-    if KPAD <= 2:
-        acc += _tap(xm1, sm1, s0, w2, HAS_SEQ)
-    if KPAD <= 1:
-        acc += _tap(xm2, sm2, s0, w1, HAS_SEQ)
-    if KPAD <= 0:
-        acc += _tap(xm3, sm3, s0, w0, HAS_SEQ)
-    return acc
 
 
 @triton.jit
@@ -175,32 +150,25 @@ def _causal_conv1d_fwd_rows_kernel(
     HAS_INIT: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     KPAD: tl.constexpr = 4 - WIDTH
-    (pid_b, offs_d, mask_d, x_base, seq_base, w0, w1, w2, w3, bias_v, c0, c1,
+    (pid_b, offs_d, mask_d, x_base, seq_base, taps, c0, c1,
      xm3, xm2, xm1, seq0, sm3, sm2, sm1) = _chunk_start(
         X, WEIGHT, BIAS, SEQ, INIT, L, D, rows_per_prog, stride_xb, stride_xd, stride_xl,
         stride_wd, stride_wk, stride_ib, stride_id, stride_il, stride_sb,
         WIDTH, HAS_BIAS, HAS_SEQ, HAS_INIT, BLOCK_D)
     out_base = OUT + pid_b * stride_ob + offs_d * stride_od
     for r in range(c0, c1, 4):
-        x0 = _row(x_base, r, L, mask_d, stride_xl)
-        x1 = _row(x_base, r + 1, L, mask_d, stride_xl)
-        x2 = _row(x_base, r + 2, L, mask_d, stride_xl)
-        x3 = _row(x_base, r + 3, L, mask_d, stride_xl)
+        x0, x1, x2, x3 = _rows4(x_base, r, L, mask_d, stride_xl)
         s0, s1, s2, s3 = _seq4(seq_base, r, L, seq0, HAS_SEQ)
-        p0 = _pre(xm3, xm2, xm1, x0, sm3, sm2, sm1, s0, w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
-        p1 = _pre(xm2, xm1, x0, x1, sm2, sm1, s0, s1, w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
-        p2 = _pre(xm1, x0, x1, x2, sm1, s0, s1, s2, w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
-        p3 = _pre(x0, x1, x2, x3, s0, s1, s2, s3, w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
-        _fwd_out(out_base, r, L, mask_d, stride_ol, p0, s0, SILU, HAS_SEQ, c1)
-        _fwd_out(out_base, r + 1, L, mask_d, stride_ol, p1, s1, SILU, HAS_SEQ, c1)
-        _fwd_out(out_base, r + 2, L, mask_d, stride_ol, p2, s2, SILU, HAS_SEQ, c1)
-        _fwd_out(out_base, r + 3, L, mask_d, stride_ol, p3, s3, SILU, HAS_SEQ, c1)
-        xm3 = x1
-        xm2 = x2
-        xm1 = x3
-        sm3 = s1
-        sm2 = s2
-        sm1 = s3
+        xs = (xm3, xm2, xm1, x0, x1, x2, x3)  # the window of rows r-3..r+3
+        ss = (sm3, sm2, sm1, s0, s1, s2, s3)
+        pre = (pre_activation(xs, ss, 0, taps, _tap, KPAD, HAS_SEQ),
+               pre_activation(xs, ss, 1, taps, _tap, KPAD, HAS_SEQ),
+               pre_activation(xs, ss, 2, taps, _tap, KPAD, HAS_SEQ),
+               pre_activation(xs, ss, 3, taps, _tap, KPAD, HAS_SEQ))
+        for j in tl.static_range(4):
+            _fwd_out(out_base, r + j, L, mask_d, stride_ol, pre[j], ss[j + 3], SILU, HAS_SEQ, c1)
+        xm3, xm2, xm1 = x1, x2, x3
+        sm3, sm2, sm1 = s1, s2, s3
 
 
 @triton.jit
@@ -215,36 +183,38 @@ def _grad(dy, pre, s0, SILU: tl.constexpr, HAS_SEQ: tl.constexpr):
 
 @triton.jit
 def _bwd_step(
-    x0, dy0, s0, r,
-    xm3, xm2, xm1, sm3, sm2, sm1, gm3, gm2, gm1,
-    acc_w0, acc_w1, acc_w2, acc_w3, acc_b,
-    w0, w1, w2, w3, bias_v,
+    xs, ss, gm3, gm2, gm1, j: tl.constexpr, r, dy,
+    acc_w0, acc_w1, acc_w2, acc_w3, acc_b, taps,
     dx_base, dinit_base, dfin_base, mask_d, L, c0, c1,
     stride_dxl, stride_gl, stride_fl,
-    WIDTH: tl.constexpr, KPAD: tl.constexpr, SILU: tl.constexpr, HAS_SEQ: tl.constexpr,
+    WIDTH: tl.constexpr, SILU: tl.constexpr, HAS_SEQ: tl.constexpr,
     HAS_DFIN: tl.constexpr, HAS_DINIT: tl.constexpr,
 ):
-    """Row r: gradient g(r) of its pre-activation, dW/db partials, and dx of row p = r - 3."""
+    """Row r (window row j+3): gradient g(r) of its pre-activation, dW/db partials, and dx of
+    row p = r - 3 (window row j; gm3..gm1: g of rows p..p+2)."""
+    KPAD: tl.constexpr = 4 - WIDTH
+    w0, w1, w2, w3, bias_v = taps
+    s0 = ss[j + 3]
     pre = bias_v
     if SILU:
-        pre = _pre(xm3, xm2, xm1, x0, sm3, sm2, sm1, s0, w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
-    g0 = _grad(dy0, pre, s0, SILU, HAS_SEQ)
+        pre = pre_activation(xs, ss, j, taps, _tap, KPAD, HAS_SEQ)
+    g0 = _grad(dy, pre, s0, SILU, HAS_SEQ)
     own = _splat(mask_d, r) < c1  # rows past the chunk belong to the next program's dW
     g_own = tl.where(own, g0, 0.0)
     acc_b += g_own
-    acc_w3 += g_own * x0
-    acc_w2 += _tap(xm1, sm1, s0, g_own, HAS_SEQ)
+    acc_w3 += g_own * xs[j + 3]
+    acc_w2 += _tap(xs[j + 2], ss[j + 2], s0, g_own, HAS_SEQ)
     if KPAD <= 1:
-        acc_w1 += _tap(xm2, sm2, s0, g_own, HAS_SEQ)
+        acc_w1 += _tap(xs[j + 1], ss[j + 1], s0, g_own, HAS_SEQ)
     if KPAD <= 0:
-        acc_w0 += _tap(xm3, sm3, s0, g_own, HAS_SEQ)
-    # dx(p) = sum_j w[3-j] g(p+j) [seq(p) == seq(p+j)], p = r - 3 (gm3 = g(p))
+        acc_w0 += _tap(xs[j], ss[j], s0, g_own, HAS_SEQ)
+    # dx(p) = sum_k w[3-k] g(p+k) [seq(p) == seq(p+k)], p = r - 3
     p = r - 3
-    dx = gm3 * w3 + _tap(gm2, sm2, sm3, w2, HAS_SEQ)
+    dx = gm3 * w3 + _tap(gm2, ss[j + 1], ss[j], w2, HAS_SEQ)
     if KPAD <= 1:
-        dx += _tap(gm1, sm1, sm3, w1, HAS_SEQ)
+        dx += _tap(gm1, ss[j + 2], ss[j], w1, HAS_SEQ)
     if KPAD <= 0:
-        dx += _tap(g0, s0, sm3, w0, HAS_SEQ)
+        dx += _tap(g0, s0, ss[j], w0, HAS_SEQ)
     if HAS_DFIN:
         f = p - L + (WIDTH - 1)
         fv = _splat(mask_d, f)
@@ -275,8 +245,7 @@ def _causal_conv1d_bwd_rows_kernel(
     HAS_INIT: tl.constexpr, HAS_DFIN: tl.constexpr, HAS_DINIT: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    KPAD: tl.constexpr = 4 - WIDTH
-    (pid_b, offs_d, mask_d, x_base, seq_base, w0, w1, w2, w3, bias_v, c0, c1,
+    (pid_b, offs_d, mask_d, x_base, seq_base, taps, c0, c1,
      xm3, xm2, xm1, seq0, sm3, sm2, sm1) = _chunk_start(
         X, WEIGHT, BIAS, SEQ, INIT, L, D, rows_per_prog, stride_xb, stride_xd, stride_xl,
         stride_wd, stride_wk, stride_ib, stride_id, stride_il, stride_sb,
@@ -297,70 +266,24 @@ def _causal_conv1d_bwd_rows_kernel(
     acc_b = zero
     end = tl.minimum(c1 + 3, L + 3)  # 3 rows past the chunk: dx of its last rows needs g there
     for r in range(c0, end, 4):
-        x0 = _row(x_base, r, L, mask_d, stride_xl)
-        x1 = _row(x_base, r + 1, L, mask_d, stride_xl)
-        x2 = _row(x_base, r + 2, L, mask_d, stride_xl)
-        x3 = _row(x_base, r + 3, L, mask_d, stride_xl)
-        dy0 = _row(dout_base, r, L, mask_d, stride_ol)
-        dy1 = _row(dout_base, r + 1, L, mask_d, stride_ol)
-        dy2 = _row(dout_base, r + 2, L, mask_d, stride_ol)
-        dy3 = _row(dout_base, r + 3, L, mask_d, stride_ol)
+        x0, x1, x2, x3 = _rows4(x_base, r, L, mask_d, stride_xl)
+        dys = _rows4(dout_base, r, L, mask_d, stride_ol)
         s0, s1, s2, s3 = _seq4(seq_base, r, L, seq0, HAS_SEQ)
-        g0, acc_w0, acc_w1, acc_w2, acc_w3, acc_b = _bwd_step(
-            x0, dy0, s0, r, xm3, xm2, xm1, sm3, sm2, sm1, gm3, gm2, gm1,
-            acc_w0, acc_w1, acc_w2, acc_w3, acc_b, w0, w1, w2, w3, bias_v,
-            dx_base, dinit_base, dfin_base, mask_d, L, c0, c1, stride_dxl, stride_gl, stride_fl,
-            WIDTH, KPAD, SILU, HAS_SEQ, HAS_DFIN, HAS_DINIT)
-        g1, acc_w0, acc_w1, acc_w2, acc_w3, acc_b = _bwd_step(
-            x1, dy1, s1, r + 1, xm2, xm1, x0, sm2, sm1, s0, gm2, gm1, g0,
-            acc_w0, acc_w1, acc_w2, acc_w3, acc_b, w0, w1, w2, w3, bias_v,
-            dx_base, dinit_base, dfin_base, mask_d, L, c0, c1, stride_dxl, stride_gl, stride_fl,
-            WIDTH, KPAD, SILU, HAS_SEQ, HAS_DFIN, HAS_DINIT)
-        g2, acc_w0, acc_w1, acc_w2, acc_w3, acc_b = _bwd_step(
-            x2, dy2, s2, r + 2, xm1, x0, x1, sm1, s0, s1, gm1, g0, g1,
-            acc_w0, acc_w1, acc_w2, acc_w3, acc_b, w0, w1, w2, w3, bias_v,
-            dx_base, dinit_base, dfin_base, mask_d, L, c0, c1, stride_dxl, stride_gl, stride_fl,
-            WIDTH, KPAD, SILU, HAS_SEQ, HAS_DFIN, HAS_DINIT)
-        g3, acc_w0, acc_w1, acc_w2, acc_w3, acc_b = _bwd_step(
-            x3, dy3, s3, r + 3, x0, x1, x2, s0, s1, s2, g0, g1, g2,
-            acc_w0, acc_w1, acc_w2, acc_w3, acc_b, w0, w1, w2, w3, bias_v,
-            dx_base, dinit_base, dfin_base, mask_d, L, c0, c1, stride_dxl, stride_gl, stride_fl,
-            WIDTH, KPAD, SILU, HAS_SEQ, HAS_DFIN, HAS_DINIT)
-        xm3 = x1
-        xm2 = x2
-        xm1 = x3
-        sm3 = s1
-        sm2 = s2
-        sm1 = s3
-        gm3 = g1
-        gm2 = g2
-        gm1 = g3
-
-    part = pid_b * n_chunks + pid_c
-    dw_base = DW_PART + part * (WIDTH * D) + offs_d
-    tl.store(dw_base + (3 - KPAD) * D, acc_w3, mask=mask_d)
-    tl.store(dw_base + (2 - KPAD) * D, acc_w2, mask=mask_d)
-    if KPAD <= 1:
-        tl.store(dw_base + (1 - KPAD) * D, acc_w1, mask=mask_d)
-    if KPAD <= 0:
-        tl.store(dw_base + (0 - KPAD) * D, acc_w0, mask=mask_d)
-    if HAS_BIAS:
-        tl.store(DB_PART + part * D + offs_d, acc_b, mask=mask_d)
+        xs = (xm3, xm2, xm1, x0, x1, x2, x3)  # the window of rows r-3..r+3
+        ss = (sm3, sm2, sm1, s0, s1, s2, s3)
+        for j in tl.static_range(4):  # gm3..gm1: g of window rows j..j+2
+            g, acc_w0, acc_w1, acc_w2, acc_w3, acc_b = _bwd_step(
+                xs, ss, gm3, gm2, gm1, j, r + j, dys[j], acc_w0, acc_w1, acc_w2, acc_w3, acc_b,
+                taps, dx_base, dinit_base, dfin_base, mask_d, L, c0, c1,
+                stride_dxl, stride_gl, stride_fl, WIDTH, SILU, HAS_SEQ, HAS_DFIN, HAS_DINIT)
+            gm3, gm2, gm1 = gm2, gm1, g
+        xm3, xm2, xm1 = x1, x2, x3
+        sm3, sm2, sm1 = s1, s2, s3
+    store_dw_partials(DW_PART, DB_PART, pid_b * n_chunks + pid_c, offs_d, mask_d, D,
+                      acc_w0, acc_w1, acc_w2, acc_w3, acc_b, WIDTH, HAS_BIAS, False)
 
 
 # ------------------------------------------------------------------ launchers
-# The Triton launch (`kernel[grid](...)`) costs more host time than a B=1 L=4096 conv takes on an
-# H200: the second and later calls of a specialisation go through the cached compiled launcher.
-_FWD_LAUNCH = CachedLauncher(
-    _causal_conv1d_fwd_rows_kernel,
-    ("WIDTH", "SILU", "HAS_BIAS", "HAS_SEQ", "HAS_INIT", "BLOCK_D"),
-)
-_BWD_LAUNCH = CachedLauncher(
-    _causal_conv1d_bwd_rows_kernel,
-    ("WIDTH", "SILU", "HAS_BIAS", "HAS_SEQ", "HAS_INIT", "HAS_DFIN", "HAS_DINIT", "BLOCK_D"),
-)
-
-
 def rows_config(x: torch.Tensor, backward: bool) -> dict:
     """BLOCK_D channels per program at 4 per thread (8-byte bf16 vectors: the H200 sweep of
     2026-12-02 put 4/thread ahead of 8/thread, benchmarks/NOTES_causal_conv1d.md), and rows per
@@ -380,66 +303,27 @@ def _rows_config(batch: int, dim: int, seqlen: int, backward: bool) -> dict:
     return {"BLOCK_D": block_d, "ROWS": rows, "num_warps": num_warps}
 
 
-def _plan(x: torch.Tensor, backward: bool, config: dict | None) -> tuple[int, int, int, int]:
-    """(BLOCK_D, rows per program (a multiple of 4), chunks along L, num_warps)."""
+def _plan(x: torch.Tensor, config: dict | None, backward: bool = False) -> Plan:
+    """Grid (channel blocks, chunks of rows, batch), rows per program (a multiple of 4),
+    (BLOCK_D,) and num_warps; the backward appends HAS_DINIT in front of BLOCK_D."""
     batch, dim, seqlen = x.shape
     cfg = config or _rows_config(batch, dim, seqlen, backward)
+    block_d = cfg["BLOCK_D"]
     rows = max(4, (cfg["ROWS"] + 3) // 4 * 4)
-    return cfg["BLOCK_D"], rows, max(1, triton.cdiv(seqlen, rows)), cfg["num_warps"]
+    grid = (triton.cdiv(dim, block_d), max(1, triton.cdiv(seqlen, rows)), batch)
+    return grid, (rows,), (block_d,), cfg["num_warps"]
 
 
-def causal_conv1d_fwd_rows(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    seq_idx: torch.Tensor | None,
-    initial_states: torch.Tensor | None,
-    silu: bool,
-    config: dict | None = None,
-) -> torch.Tensor:
-    out = torch.empty_like(x)
-    batch, dim, seqlen = x.shape
-    if out.numel() == 0:
-        return out
-    block_d, rows, n_chunks, num_warps = _plan(x, False, config)
-    ptrs, strides = fwd_operands(x, weight, bias, seq_idx, initial_states, out)
-    _FWD_LAUNCH(
-        (triton.cdiv(dim, block_d), n_chunks, batch), (*ptrs, seqlen, dim, rows, *strides),
-        (weight.shape[-1], silu, bias is not None, seq_idx is not None,
-         initial_states is not None, block_d),
-        num_warps,
-    )
-    return out
+def _bwd_plan(x: torch.Tensor, width: int, has_dinit: bool, config: dict | None) -> Plan:
+    grid, sizes, (block_d,), num_warps = _plan(x, config, True)
+    return grid, sizes, (has_dinit, block_d), num_warps
 
 
-def causal_conv1d_bwd_rows(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    dout: torch.Tensor,
-    seq_idx: torch.Tensor | None,
-    initial_states: torch.Tensor | None,
-    dfinal_states: torch.Tensor | None,
-    dx: torch.Tensor,
-    silu: bool,
-    return_dinitial_states: bool,
-    config: dict | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Writes dx; returns (dweight, dbias or None, dinitial_states or None)."""
-    batch, dim, seqlen = x.shape
-    dweight, dbias, dinit, empty = begin_backward(x, weight, bias, initial_states, dfinal_states,
-                                                  return_dinitial_states)
-    if empty:
-        return dweight, dbias, dinit
-    block_d, rows, n_chunks, num_warps = _plan(x, True, config)
-    ptrs, strides, partials = bwd_operands(x, weight, bias, dout, seq_idx, initial_states,
-                                           dfinal_states, dx, dinit, n_chunks)
-    _BWD_LAUNCH(
-        (triton.cdiv(dim, block_d), n_chunks, batch),
-        (*ptrs, seqlen, dim, rows, n_chunks, *strides),
-        (weight.shape[-1], silu, bias is not None, seq_idx is not None,
-         initial_states is not None, dfinal_states is not None, dinit is not None, block_d),
-        num_warps,
-    )
-    reduce_chunk_partials(partials, dweight, dbias)
-    return dweight, dbias, dinit
+# The Triton launch (`kernel[grid](...)`) costs more host time than a B=1 L=4096 conv takes on an
+# H200: the second and later calls of a specialisation go through the cached compiled launcher.
+causal_conv1d_fwd_rows = forward_launcher(
+    _causal_conv1d_fwd_rows_kernel, ("BLOCK_D",), _plan
+)
+causal_conv1d_bwd_rows = backward_launcher(
+    _causal_conv1d_bwd_rows_kernel, ("HAS_DINIT", "BLOCK_D"), _bwd_plan
+)

@@ -9,7 +9,7 @@ afterwards in a fixed order: the same bits on every run (no atomics), under
 torch.use_deterministic_algorithms too. With initial states the walk starts W-1 rows early so
 the same code yields dinitial_states.
 Tap naming: Xm3..Xp3 = x at t-3..t+3 (only offsets within +-(W-1) are loaded); see
-conv1d_common for the width-4 padding (KPAD) convention.
+common.py for the width-4 padding (KPAD) convention.
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ import triton.language as tl
 
 from fastpath.kernels.causal_conv1d.common import (
     load_seq_tap,
-    load_weight_tap,
+    load_taps,
     load_x_tap,
     next_pow2,
+    pre_activation,
     silu_grad_fp32,
+    store_dw_partials,
 )
-from fastpath.kernels.causal_conv1d.grads import begin_backward, bwd_operands, reduce_chunk_partials
-from fastpath.kernels.compiled_launch import CachedLauncher
+from fastpath.kernels.causal_conv1d.launchers import Plan, backward_launcher
 
 
 @triton.jit
@@ -43,39 +44,33 @@ def _tap_at(x_base, init_base, seq_base, pos, L, mask_d, seq0, stride_xl, stride
 
 
 @triton.jit
-def _masked_tap(xv, s, s_out, w, HAS_SEQ: tl.constexpr):
+def _same_seq(xv, s, s_out, HAS_SEQ: tl.constexpr):
+    """xv where its seq_idx is the output's (all of it without seq_idx)."""
     if HAS_SEQ:
         xv = tl.where((s == s_out)[:, None], xv, 0.0)
-    return xv * w[None, :]
+    return xv
 
 
 @triton.jit
-def _pre_activation(
-    xa, xb, xc, xd, sa, sb, sc, s_out, w0, w1, w2, w3, bias_v,
-    KPAD: tl.constexpr, HAS_SEQ: tl.constexpr,
-):
-    """bias + taps (xa..xd = x at t-3..t relative to the output position t)."""
-    acc = xd * w3[None, :] + bias_v[None, :]
-    if KPAD <= 2:
-        acc += _masked_tap(xc, sc, s_out, w2, HAS_SEQ)
-    if KPAD <= 1:
-        acc += _masked_tap(xb, sb, s_out, w1, HAS_SEQ)
-    if KPAD <= 0:
-        acc += _masked_tap(xa, sa, s_out, w0, HAS_SEQ)
-    return acc
+def _masked_tap(xv, s, s_out, w, HAS_SEQ: tl.constexpr):
+    return _same_seq(xv, s, s_out, HAS_SEQ) * w[None, :]
 
 
 @triton.jit
-def _grad_at(dout_base, pos, L, mask_d, stride_ol, pre, s_out,
-             SILU: tl.constexpr, HAS_SEQ: tl.constexpr):
-    """g = dy * silu'(pre) at positions `pos` (0 outside [0, L) and on padding)."""
+def _grad_at(dout_base, t, j: tl.constexpr, xs, ss, taps, L, mask_d, stride_ol,
+             KPAD: tl.constexpr, SILU: tl.constexpr, HAS_SEQ: tl.constexpr):
+    """g = dy * silu'(pre) of output t+j (0 outside [0, L) and on padding)."""
+    pre = 0.0
+    if SILU:
+        pre = pre_activation(xs, ss, j, taps, _masked_tap, KPAD, HAS_SEQ)
+    pos = t + j
     inside = (pos >= 0) & (pos < L)
     g = tl.load(dout_base + pos[:, None] * stride_ol, mask=inside[:, None] & mask_d[None, :],
                 other=0.0).to(tl.float32)
     if SILU:
         g = g * silu_grad_fp32(pre)
     if HAS_SEQ:
-        g = tl.where((s_out >= 0)[:, None], g, 0.0)
+        g = tl.where((ss[j + 3] >= 0)[:, None], g, 0.0)
     return g
 
 
@@ -91,15 +86,9 @@ def _causal_conv1d_bwd_kernel(
     stride_fb, stride_fd, stride_fl,
     stride_gb, stride_gd, stride_gl,
     stride_sb,
-    WIDTH: tl.constexpr,
-    SILU: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    HAS_SEQ: tl.constexpr,
-    HAS_INIT: tl.constexpr,
-    HAS_DFIN: tl.constexpr,
-    FRONT: tl.constexpr,
-    BLOCK_L: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    WIDTH: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr,
+    HAS_INIT: tl.constexpr, HAS_DFIN: tl.constexpr, FRONT: tl.constexpr,
+    BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     KPAD: tl.constexpr = 4 - WIDTH
     pid_d = tl.program_id(0)
@@ -114,20 +103,8 @@ def _causal_conv1d_bwd_kernel(
     dfin_base = DFIN + pid_b * stride_fb + offs_d[None, :] * stride_fd
     dinit_base = DINIT + pid_b * stride_gb + offs_d[None, :] * stride_gd
     seq_base = SEQ + pid_b * stride_sb
-    w_base = WEIGHT + offs_d * stride_wd
-
-    zero_d = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    w0 = zero_d
-    w1 = zero_d
-    w2 = load_weight_tap(w_base, offs_d, mask_d, 2, stride_wk, KPAD)  # KPAD <= 2 always
-    w3 = load_weight_tap(w_base, offs_d, mask_d, 3, stride_wk, KPAD)
-    if KPAD <= 1:
-        w1 = load_weight_tap(w_base, offs_d, mask_d, 1, stride_wk, KPAD)
-    if KPAD <= 0:
-        w0 = load_weight_tap(w_base, offs_d, mask_d, 0, stride_wk, KPAD)
-    bias_v = zero_d
-    if HAS_BIAS:
-        bias_v = tl.load(BIAS + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    taps = load_taps(WEIGHT + offs_d * stride_wd, BIAS, offs_d, mask_d, stride_wk, KPAD, HAS_BIAS,
+                     BLOCK_D)
     seq0 = 0
     if HAS_SEQ and HAS_INIT:
         seq0 = tl.load(seq_base)
@@ -159,30 +136,16 @@ def _causal_conv1d_bwd_kernel(
                                stride_il, WIDTH, HAS_INIT, HAS_SEQ)
             Xp3, Sp3 = _tap_at(x_base, init_base, seq_base, t + 3, L, mask_d, seq0, stride_xl,
                                stride_il, WIDTH, HAS_INIT, HAS_SEQ)
+        xs = (Xm3, Xm2, Xm1, X0, Xp1, Xp2, Xp3)
+        ss = (Sm3, Sm2, Sm1, S0, Sp1, Sp2, Sp3)
 
         # g_j: gradient w.r.t. the pre-activation of output t+j, j = 0..W-1
-        pre = zero_d[None, :]
-        if SILU:
-            pre = _pre_activation(Xm3, Xm2, Xm1, X0, Sm3, Sm2, Sm1, S0,
-                                  w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
-        g0 = _grad_at(dout_base, t, L, mask_d, stride_ol, pre, S0, SILU, HAS_SEQ)
-        if SILU:
-            pre = _pre_activation(Xm2, Xm1, X0, Xp1, Sm2, Sm1, S0, Sp1,
-                                  w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
-        g1 = _grad_at(dout_base, t + 1, L, mask_d, stride_ol, pre, Sp1, SILU, HAS_SEQ)
-        dx = g0 * w3[None, :] + _masked_tap(g1, Sp1, S0, w2, HAS_SEQ)
-        if WIDTH >= 3:
-            if SILU:
-                pre = _pre_activation(Xm1, X0, Xp1, Xp2, Sm1, S0, Sp1, Sp2,
-                                      w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
-            g2 = _grad_at(dout_base, t + 2, L, mask_d, stride_ol, pre, Sp2, SILU, HAS_SEQ)
-            dx += _masked_tap(g2, Sp2, S0, w1, HAS_SEQ)
-        if WIDTH >= 4:
-            if SILU:
-                pre = _pre_activation(X0, Xp1, Xp2, Xp3, S0, Sp1, Sp2, Sp3,
-                                      w0, w1, w2, w3, bias_v, KPAD, HAS_SEQ)
-            g3 = _grad_at(dout_base, t + 3, L, mask_d, stride_ol, pre, Sp3, SILU, HAS_SEQ)
-            dx += _masked_tap(g3, Sp3, S0, w0, HAS_SEQ)
+        g0 = _grad_at(dout_base, t, 0, xs, ss, taps, L, mask_d, stride_ol, KPAD, SILU, HAS_SEQ)
+        g1 = _grad_at(dout_base, t, 1, xs, ss, taps, L, mask_d, stride_ol, KPAD, SILU, HAS_SEQ)
+        dx = g0 * taps[3][None, :] + _masked_tap(g1, Sp1, S0, taps[2], HAS_SEQ)
+        for j in tl.static_range(2, WIDTH):  # dx(t) = sum_j w[3-j] g_j (taps[k] = w[k - KPAD])
+            g = _grad_at(dout_base, t, j, xs, ss, taps, L, mask_d, stride_ol, KPAD, SILU, HAS_SEQ)
+            dx += _masked_tap(g, ss[j + 3], S0, taps[3 - j], HAS_SEQ)
         if HAS_DFIN:
             f = t - L + (WIDTH - 1)
             in_final = (f >= 0) & (f < WIDTH - 1)
@@ -198,31 +161,14 @@ def _causal_conv1d_bwd_kernel(
         # weight / bias partials (g0 is already 0 outside [0, L) and on padding)
         acc_b += g0
         acc_w3 += g0 * X0
-        if HAS_SEQ:
-            acc_w2 += tl.where((Sm1 == S0)[:, None], Xm1, 0.0) * g0
-        else:
-            acc_w2 += Xm1 * g0
+        acc_w2 += _same_seq(Xm1, Sm1, S0, HAS_SEQ) * g0
         if WIDTH >= 3:
-            if HAS_SEQ:
-                acc_w1 += tl.where((Sm2 == S0)[:, None], Xm2, 0.0) * g0
-            else:
-                acc_w1 += Xm2 * g0
+            acc_w1 += _same_seq(Xm2, Sm2, S0, HAS_SEQ) * g0
         if WIDTH >= 4:
-            if HAS_SEQ:
-                acc_w0 += tl.where((Sm3 == S0)[:, None], Xm3, 0.0) * g0
-            else:
-                acc_w0 += Xm3 * g0
+            acc_w0 += _same_seq(Xm3, Sm3, S0, HAS_SEQ) * g0
 
-    part = pid_b * n_chunks + pid_c
-    dw_base = DW_PART + part * (WIDTH * D) + offs_d
-    tl.store(dw_base + (WIDTH - 1) * D, tl.sum(acc_w3, axis=0), mask=mask_d)
-    tl.store(dw_base + (WIDTH - 2) * D, tl.sum(acc_w2, axis=0), mask=mask_d)
-    if WIDTH >= 3:
-        tl.store(dw_base + (WIDTH - 3) * D, tl.sum(acc_w1, axis=0), mask=mask_d)
-    if WIDTH >= 4:
-        tl.store(dw_base + (WIDTH - 4) * D, tl.sum(acc_w0, axis=0), mask=mask_d)
-    if HAS_BIAS:
-        tl.store(DB_PART + part * D + offs_d, tl.sum(acc_b, axis=0), mask=mask_d)
+    store_dw_partials(DW_PART, DB_PART, pid_b * n_chunks + pid_c, offs_d, mask_d, D,
+                      acc_w0, acc_w1, acc_w2, acc_w3, acc_b, WIDTH, HAS_BIAS, True)
 
 
 def bwd_config(x: torch.Tensor) -> dict:
@@ -237,50 +183,23 @@ def bwd_config(x: torch.Tensor) -> dict:
     return {"BLOCK_L": block_l, "BLOCK_D": block_d, "num_warps": 4, "TARGET_PROGRAMS": 2048}
 
 
-def causal_conv1d_bwd_triton(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    dout: torch.Tensor,
-    seq_idx: torch.Tensor | None,
-    initial_states: torch.Tensor | None,
-    dfinal_states: torch.Tensor | None,
-    dx: torch.Tensor,
-    silu: bool,
-    return_dinitial_states: bool,
-    config: dict | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Writes dx; returns (dweight, dbias or None, dinitial_states or None)."""
+def _plan(x: torch.Tensor, width: int, has_dinit: bool, config: dict | None) -> Plan:
+    """Chunks of positions so that about TARGET_PROGRAMS programs run; with initial states the
+    walk starts FRONT = W-1 rows early."""
     batch, dim, seqlen = x.shape
-    width = weight.shape[-1]
-    dweight, dbias, dinit, empty = begin_backward(x, weight, bias, initial_states, dfinal_states,
-                                                  return_dinitial_states)
-    if empty:
-        return dweight, dbias, dinit
-    cfg = dict(config or bwd_config(x))
-    block_l, block_d = cfg.pop("BLOCK_L"), cfg.pop("BLOCK_D")
-    target = cfg.pop("TARGET_PROGRAMS", 2048)
-    front = width - 1 if dinit is not None else 0
+    cfg = config or bwd_config(x)
+    block_l, block_d = cfg["BLOCK_L"], cfg["BLOCK_D"]
+    target = cfg.get("TARGET_PROGRAMS", 2048)
+    front = width - 1 if has_dinit else 0
     rows = seqlen + front
     n_d = triton.cdiv(dim, block_d)
     max_chunks = max(1, triton.cdiv(rows, block_l))
     n_chunks = min(max_chunks, max(1, triton.cdiv(target, n_d * batch)))
     n_iters = max(1, triton.cdiv(triton.cdiv(rows, n_chunks), block_l))
     n_chunks = max(1, triton.cdiv(rows, n_iters * block_l))
-    ptrs, strides, partials = bwd_operands(x, weight, bias, dout, seq_idx, initial_states,
-                                           dfinal_states, dx, dinit, n_chunks)
-    _BWD_LAUNCH(
-        (n_d, n_chunks, batch), (*ptrs, seqlen, dim, n_iters, n_chunks, *strides),
-        (width, silu, bias is not None, seq_idx is not None, initial_states is not None,
-         dfinal_states is not None, front, block_l, block_d),
-        cfg.get("num_warps", 4),
-    )
-    reduce_chunk_partials(partials, dweight, dbias)
-    return dweight, dbias, dinit
+    return (n_d, n_chunks, batch), (n_iters,), (front, block_l, block_d), cfg.get("num_warps", 4)
 
 
-_BWD_LAUNCH = CachedLauncher(
-    _causal_conv1d_bwd_kernel,
-    ("WIDTH", "SILU", "HAS_BIAS", "HAS_SEQ", "HAS_INIT", "HAS_DFIN", "FRONT", "BLOCK_L",
-     "BLOCK_D"),
+causal_conv1d_bwd_triton = backward_launcher(
+    _causal_conv1d_bwd_kernel, ("FRONT", "BLOCK_L", "BLOCK_D"), _plan
 )

@@ -11,14 +11,13 @@ import triton
 import triton.language as tl
 
 from fastpath.kernels.causal_conv1d.common import (
-    fwd_operands,
     load_seq_tap,
     load_weight_tap,
     load_x_tap,
     next_pow2,
     silu_fp32,
 )
-from fastpath.kernels.compiled_launch import CachedLauncher
+from fastpath.kernels.causal_conv1d.launchers import Plan, forward_launcher
 
 
 @triton.jit
@@ -91,34 +90,12 @@ def fwd_config(x: torch.Tensor) -> dict:
     return {"BLOCK_L": block_l, "BLOCK_D": block_d, "num_warps": 4}
 
 
-def causal_conv1d_fwd_triton(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    seq_idx: torch.Tensor | None,
-    initial_states: torch.Tensor | None,
-    silu: bool,
-    config: dict | None = None,
-) -> torch.Tensor:
-    """y (strides of x) = act(conv(x)); seq_idx must be int32 contiguous (the face ensures it)."""
-    out = torch.empty_like(x)
+def _plan(x: torch.Tensor, config: dict | None) -> Plan:
     batch, dim, seqlen = x.shape
-    if out.numel() == 0:
-        return out
-    cfg = dict(config or fwd_config(x))
-    block_l, block_d = cfg.pop("BLOCK_L"), cfg.pop("BLOCK_D")
-    ptrs, strides = fwd_operands(x, weight, bias, seq_idx, initial_states, out)
-    _FWD_LAUNCH(
-        (triton.cdiv(seqlen, block_l), triton.cdiv(dim, block_d), batch),
-        (*ptrs, seqlen, dim, *strides),
-        (weight.shape[-1], silu, bias is not None, seq_idx is not None,
-         initial_states is not None, block_l, block_d),
-        cfg.get("num_warps", 4),
-    )
-    return out
+    cfg = config or fwd_config(x)
+    block_l, block_d = cfg["BLOCK_L"], cfg["BLOCK_D"]
+    grid = (triton.cdiv(seqlen, block_l), triton.cdiv(dim, block_d), batch)
+    return grid, (), (block_l, block_d), cfg.get("num_warps", 4)
 
 
-_FWD_LAUNCH = CachedLauncher(
-    _causal_conv1d_fwd_kernel,
-    ("WIDTH", "SILU", "HAS_BIAS", "HAS_SEQ", "HAS_INIT", "BLOCK_L", "BLOCK_D"),
-)
+causal_conv1d_fwd_triton = forward_launcher(_causal_conv1d_fwd_kernel, ("BLOCK_L", "BLOCK_D"), _plan)
