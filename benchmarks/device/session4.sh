@@ -16,6 +16,7 @@
 #              parts before `tests` or after `wait` (which collects them; the end does too)
 #   verify     fastpath verify on the GPU: qwen3.5-27b 8 layers (the #14 gate), nemotron-h-8b,
 #              granite-4.0-h-small, falcon-h1-7b, zamba2-7b, bamba-9b, mamba2 (bf16, --backward)
+#   dqkwg      tests/test_verify_gpu.py -k bf16 under FASTPATH_FLA_DQKWG=auto, torch, fla
 #   fla        FLA dqkwg self-check route accuracy/speed, then the #640 sweep
 #   doctor     doctor vs collect_env, 5 runs each (after the Dao build: nothing else loads the CPU)
 #   conv       benchmarks/causal_conv1d.py with every peer (Dao if built)
@@ -111,6 +112,14 @@ part_verify() {
     m=${spec%%:*}; n=${spec##*:}
     run "verify-$m" 150 python3 -m fastpath verify "$m" --layers "$n" --dtype bf16 --seq-len 1024 \
       --batch 2 --backward --save "$w/verify/$m.json"
+  done
+}
+part_dqkwg() {  # the tiny-Qwen3.5 GPU verify (bf16, backward) per FLA dqkwg route mode
+  for mode in ${DQKWG_MODES:-auto torch fla}; do
+    mkdir -p "$w/fpcache-$mode"
+    run "dqkwg-$mode" 150 env FASTPATH_CACHE_DIR="$w/fpcache-$mode" FASTPATH_FLA_DQKWG="$mode" \
+      python3 -m pytest -q -p no:cacheprovider --tb=line -m gpu tests/test_verify_gpu.py -k bf16
+    find "$w/fpcache-$mode" -type f | head -3 | xargs -r cat | head -60
   done
 }
 part_fla() {
