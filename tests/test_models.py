@@ -197,3 +197,18 @@ def test_cut_layers_reads_the_count_from_the_pattern_when_no_count_key():
     cut = cut_layers({"model_type": "nemotron_h",
                       "layers_block_type": ["mamba", "mlp", "mamba", "attention", "mlp"]}, 3)
     assert cut["layers_block_type"] == ["mamba", "mlp", "attention"]
+
+
+def test_cut_keeps_an_attention_layer_of_a_model_that_indexes_them():
+    """Bamba lists its attention layers (attn_layer_indices) instead of a per-layer pattern: a cut
+    to 2 layers of the real preset must keep one Mamba-2 layer and one attention layer, renumbered,
+    and the transformers config built from it must agree."""
+    from fastpath.proof.models import cut_layers, layer_types, transformers_config
+
+    config = load_config("bamba-9b")
+    assert layer_types(config).count("attention") == 3 and len(layer_types(config)) == 32
+    cut = cut_layers(config, 2)
+    assert cut["num_hidden_layers"] == 2 and cut["attn_layer_indices"] == [1]
+    assert layer_types(cut) == ["mamba", "attention"]
+    built = transformers_config(config, 2)
+    assert built.attn_layer_indices == [1] and built.num_hidden_layers == 2

@@ -33,6 +33,8 @@ DTYPE_NAMES: dict[str, str] = {
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 # Keys that describe the per-layer pattern (one entry / character per layer).
 _PATTERN_KEYS = ("layer_types", "layers_block_type", "hybrid_override_pattern", "layers_type")
+# Key that lists the attention layers of a model whose other layers are Mamba-2 (Bamba).
+_ATTENTION_INDEX_KEY = "attn_layer_indices"
 # Stddev given to tensors that the family's init leaves at exactly zero (see _exercise_zero_params).
 _ZERO_PARAM_NOISE_STD = 0.1
 
@@ -132,6 +134,11 @@ def layer_types(config: Any) -> list[str]:
         if isinstance(value, (list, str)) and len(value) > 0:
             return [str(v) for v in value]
     count = next((get(k) for k in _LAYER_COUNT_KEYS if isinstance(get(k), int)), 0)
+    attention = get(_ATTENTION_INDEX_KEY)
+    if isinstance(attention, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in attention):
+        # Bamba names its attention layers by index (every other layer is Mamba-2); without this
+        # a cut keeps only Mamba layers and the decode cache has no attention layer to size.
+        return ["attention" if i in attention else "mamba" for i in range(int(count))]
     return ["decoder"] * int(count)
 
 
