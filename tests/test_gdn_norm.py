@@ -184,7 +184,7 @@ def test_without_fla_the_norm_stays_eager_and_says_why(monkeypatch) -> None:
 
 
 # --------------------------------------------------------------------------- FLA in a subprocess
-def _run_worker(mode: str, timeout: int = 900, interpret: bool = True) -> dict:
+def _run_worker(mode: str, timeout: int = 900, interpret: bool = True, python: str = sys.executable) -> dict:
     path = _fla_path()
     if path is None:
         pytest.skip("fla not installed (run scripts/setup_fla.sh; it installs to .venvs/fla)")
@@ -194,7 +194,7 @@ def _run_worker(mode: str, timeout: int = 900, interpret: bool = True) -> dict:
     if interpret:  # CPU tensors, FLA's kernels in the interpreter (no GPU even where there is one)
         env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (path, str(REPO / "src"), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run([sys.executable, __file__, mode], env=env, capture_output=True, text=True,
+    proc = subprocess.run([python, __file__, mode], env=env, capture_output=True, text=True,
                           cwd=str(REPO), timeout=timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert proc.returncode == 0 and lines, f"worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -247,6 +247,27 @@ def test_model_route_on_off_within_verify_tolerances(model_results: dict, case: 
     assert all(r["impl"] == "fla fused_norm_gate (interpreter)" and r["fast"] for r in res["rows_on"])
     assert all(r["impl"] == "torch (eager; FASTPATH_FLA_NORM=torch)" for r in res["rows_off"])
     assert res["restored"] and res["rows_after_disable"] == ["torch (eager)"] * res["gdn_layers"]
+
+
+MATRIX = ["4.57.6", "5.12.1", "5.23.0", "5.25.0"]  # 5.17.0 is this interpreter's (tests above)
+
+
+@pytest.mark.parametrize("version", MATRIX)
+def test_route_across_transformers_versions(version: str) -> None:
+    """<=5.14 builds FLA's own FusedRMSNormGated only on a CUDA machine; elsewhere, and from 5.15
+    always, the eager class is what runs, and the route takes it (fp32, forward + backward)."""
+    venvs = Path(os.environ.get("FASTPATH_VENVS", REPO / ".venvs"))
+    python = venvs / f"tf-{version}" / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"transformers {version} venv missing (run scripts/setup_transformers_matrix.sh)")
+    results = _run_worker("matrix", python=str(python))
+    assert set(results) >= {"qwen3_next-fp32"}, results
+    for case, res in results.items():
+        assert "error" not in res, (case, res)
+        assert res["norm_calls_off"] == 0 and res["norm_calls_on"] == res["gdn_layers"], (case, res)
+        assert all(d["ok"] for d in res["diffs"]) and all(g["ok"] for g in res["grads"]), (case, res)
+        assert all(r["impl"] == "fla fused_norm_gate (interpreter)" for r in res["rows_on"]), (case, res)
+        assert res["restored"], case
 
 
 def _assert_verify_passed(res: dict) -> None:
@@ -387,7 +408,7 @@ def _run(model: torch.nn.Module, ids: torch.Tensor) -> tuple[list[torch.Tensor],
     return states, {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def _worker_model() -> dict:
+def _worker_model(dtypes: tuple[str, ...] = ("fp32", "bf16")) -> dict:
     import copy
 
     from fastpath.kernels.counters import CALLS
@@ -395,8 +416,13 @@ def _worker_model() -> dict:
 
     ids = torch.randint(3, 64, (2, 37), generator=torch.Generator().manual_seed(2))
     out: dict = {}
+    from transformers import CONFIG_MAPPING
+
     for model_type in ("qwen3_5_text", "qwen3_next"):
-        for label, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        if model_type not in CONFIG_MAPPING:  # 4.57 has no Qwen3.5
+            continue
+        for label in dtypes:
+            dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[label]
             res: dict = {}
             try:
                 model = _build(model_type, label)
@@ -469,7 +495,7 @@ def _worker(mode: str) -> None:
     except Exception as exc:
         print(json.dumps({"import_error": f"{type(exc).__name__}: {exc}"}))
         return
-    modes = {"op": _worker_op, "model": _worker_model,
+    modes = {"op": _worker_op, "model": _worker_model, "matrix": lambda: _worker_model(("fp32",)),
              "verify-fp32": lambda: _worker_verify("fp32", "cpu"),
              "verify-bf16-cuda": lambda: _worker_verify("bf16", "cuda"),
              "rounding_gpu": lambda: _rounding("cuda", norm_route.detect_norm().fn)}
