@@ -209,6 +209,7 @@ def test_fla_op_matches_float64_forward_and_gradients() -> None:
     assert res["failure"] is None, res["failure"]
     assert res["examples"] >= 20
     _assert_fla_rounds_no_worse(res)
+    assert res["compiled_calls"] == 0 and res["eager_calls"] == 1 and res["compiled_diff"] < 1e-5, res
 
 
 def _assert_fla_rounds_no_worse(res: dict) -> None:
@@ -337,7 +338,28 @@ def _worker_op() -> dict:
         check()
     except Exception as exc:
         failure = f"{type(exc).__name__}: {exc}"
-    return {"failure": failure, "examples": len(seen), **_rounding("cpu", fla_fn)}
+    return {"failure": failure, "examples": len(seen), **_rounding("cpu", fla_fn), **_compiled()}
+
+
+def _compiled() -> dict:
+    """torch.compile(fullgraph=True) of a routed norm: traced through transformers' forward (inductor
+    fuses it), no graph break, FLA not called while compiled; eager calls still take FLA."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNormGated
+
+    from fastpath.kernels.counters import CALLS
+
+    fastpath.enable(warn=False)
+    try:
+        norm = Qwen3_5RMSNormGated(16)
+        x, gate = torch.randn(5, 16), torch.randn(5, 16)
+        CALLS.clear()
+        compiled = torch.compile(norm, fullgraph=True, backend="eager")(x, gate)
+        calls_compiled = CALLS[f"{norm_route.OP}:fla"]
+        eager = norm(x, gate)
+        return {"compiled_calls": calls_compiled, "eager_calls": CALLS[f"{norm_route.OP}:fla"],
+                "compiled_diff": float((compiled - eager).abs().max())}
+    finally:
+        fastpath.disable()
 
 
 def _rounding(device: str, fla_fn) -> dict:

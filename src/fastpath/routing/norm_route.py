@@ -166,12 +166,12 @@ def fits(norm: Any, x: Any, gate: Any, activation: str) -> bool:
     keeps transformers' forward."""
     import torch
 
+    if torch.compiler.is_compiling():  # inductor fuses the eager norm itself, without a graph break
+        return False
     weight = getattr(norm, "weight", None)
     if not (isinstance(x, torch.Tensor) and isinstance(gate, torch.Tensor) and isinstance(weight, torch.Tensor)):
         return False
     if not (x.is_cuda or (x.device.type == "cpu" and triton_interpreter_on())):
-        return False
-    if torch.compiler.is_compiling():  # inductor fuses the eager norm itself, without a graph break
         return False
     return (getattr(norm, "activation", activation) == activation
             and x.shape == gate.shape and x.dim() >= 1 and x.numel() > 0
