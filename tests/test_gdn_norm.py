@@ -430,15 +430,30 @@ def _run(model: torch.nn.Module, ids: torch.Tensor) -> tuple[list[torch.Tensor],
     return states, {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def _under_enable(mode: str, model: torch.nn.Module, ids: torch.Tensor) -> tuple:
+    """_run with enable() and FASTPATH_FLA_NORM=mode: states, grads, FLA norm calls, explain rows."""
+    from fastpath.kernels.counters import CALLS
+
+    os.environ[norm_route.ENV_MODE] = mode
+    fastpath.enable(warn=False)
+    try:
+        CALLS.clear()
+        states, grads = _run(model, ids)
+        rows = [r for r in fastpath.explain(model).rows if r["op"] == norm_route.OP]
+        return states, grads, CALLS[f"{norm_route.OP}:fla"], rows
+    finally:
+        fastpath.disable()
+
+
 def _worker_model(dtypes: tuple[str, ...] = ("fp32", "bf16")) -> dict:
     import copy
 
-    from fastpath.kernels.counters import CALLS
+    from transformers import CONFIG_MAPPING
+
     from fastpath.proof.compare import TOLERANCES, compare, compare_grads
 
     ids = torch.randint(3, 64, (2, 37), generator=torch.Generator().manual_seed(2))
     out: dict = {}
-    from transformers import CONFIG_MAPPING
 
     for model_type in ("qwen3_5_text", "qwen3_next"):
         if model_type not in CONFIG_MAPPING:  # 4.57 has no Qwen3.5
@@ -455,24 +470,9 @@ def _worker_model(dtypes: tuple[str, ...] = ("fp32", "bf16")) -> dict:
                 original = norm_cls.__dict__["forward"]
                 oracle = None
                 if dtype != torch.float32:  # verify's fp32 gradient oracle: the reference path in fp32
-                    os.environ[norm_route.ENV_MODE] = "torch"
-                    fastpath.enable(warn=False)
-                    oracle = _run(copy.deepcopy(model).float(), ids)[1]
-                    fastpath.disable()
-                os.environ[norm_route.ENV_MODE] = "torch"
-                fastpath.enable(warn=False)
-                CALLS.clear()
-                ref_states, ref_grads = _run(model, ids)
-                res["norm_calls_off"] = CALLS[f"{norm_route.OP}:fla"]
-                res["rows_off"] = [r for r in fastpath.explain(model).rows if r["op"] == norm_route.OP]
-                fastpath.disable()
-                os.environ[norm_route.ENV_MODE] = "auto"
-                fastpath.enable(warn=False)
-                CALLS.clear()
-                states, grads = _run(model, ids)
-                res["norm_calls_on"] = CALLS[f"{norm_route.OP}:fla"]
-                res["rows_on"] = [r for r in fastpath.explain(model).rows if r["op"] == norm_route.OP]
-                fastpath.disable()
+                    oracle = _under_enable("torch", copy.deepcopy(model).float(), ids)[1]
+                ref_states, ref_grads, res["norm_calls_off"], res["rows_off"] = _under_enable("torch", model, ids)
+                states, grads, res["norm_calls_on"], res["rows_on"] = _under_enable("auto", model, ids)
                 res["restored"] = norm_cls.__dict__["forward"] is original
                 res["rows_after_disable"] = [r["impl"] for r in fastpath.explain(model).rows
                                              if r["op"] == norm_route.OP]
