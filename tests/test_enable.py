@@ -71,7 +71,8 @@ def test_explain_without_enable_names_the_torch_fallback() -> None:
     conv = [r for r in table.rows if r["op"].startswith("causal_conv1d")]
     assert {r["layer_type"] for r in table.rows} == {"Qwen3_5GatedDeltaNet"}
     assert {r["op"] for r in table.rows} == {"causal_conv1d_fn", "causal_conv1d_update",
-                                             "chunk_gated_delta_rule", "recurrent_gated_delta_rule"}
+                                             "chunk_gated_delta_rule", "recurrent_gated_delta_rule",
+                                             "gated_rmsnorm"}
     assert conv and all(not r["fast"] and r["impl"].startswith("torch fallback") for r in conv)
     assert table.slow_count == len(table.rows)
     with pytest.raises(FastpathError) as err:

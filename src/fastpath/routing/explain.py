@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import Any
 
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.routing import mamba_route
+from fastpath.routing import mamba_route, norm_route
 from fastpath.routing.conv_route import FASTPATH_ROUTE_ATTR
 from fastpath.routing.fla_route import DQKWG_IMPL
 from fastpath.routing.fla_route import ROUTE_ATTR as GDN_ROUTE_ATTR
@@ -126,11 +126,26 @@ def explain_model(model: Any) -> Explanation:
                 impl, fast = f"fastpath (torch reference: {limit})", False
             out.rows.append({"layer": name or "<root>", "layer_type": cls.__name__, "op": op,
                              "impl": impl, "fast": fast})
+        norm = _gated_norm_child(layer)
+        if norm is not None:
+            impl, fast = norm_route.describe_layer_norm(norm, device)
+            out.rows.append({"layer": name or "<root>", "layer_type": cls.__name__, "op": norm_route.OP,
+                             "impl": impl, "fast": fast})
     if any(r["impl"] == DQKWG_IMPL for r in out.rows):  # which FLA dqkwg configs were validated
         from fastpath.routing import fla_selfcheck
 
         out.notes.extend(fla_selfcheck.describe())
     return out
+
+
+def _gated_norm_child(layer: Any) -> Any:
+    """A GatedDeltaNet layer's gated RMSNorm (transformers' class or FLA's FusedRMSNormGated)."""
+    if "GatedDeltaNet" not in type(layer).__name__:
+        return None
+    for child in layer.children():
+        if type(child).__name__.endswith("RMSNormGated"):
+            return child
+    return None
 
 
 @cache

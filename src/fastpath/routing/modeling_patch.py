@@ -9,7 +9,9 @@ covered. Per module, the hooks every transformers era reads are patched:
   * 4.57 mamba/falcon_mamba `_causal_conv1d_cache`; lfm2's `kernel_modules`/`is_fast_path_available`;
   * <=5.14 GatedDeltaNet instance attributes copied at __init__ (built layers found through gc);
   * gated delta rule globals (5.15+ `torch_*_gated_delta_rule`, <=5.14 `*_gated_delta_rule`)
-    when FLA is routed.
+    when FLA is routed;
+  * the `forward` of GatedDeltaNet's gated RMSNorm class, when FLA's fused op computes the same
+    function (routing/norm_route.py).
 Modules imported later are patched by an import hook right after they execute.
 """
 
@@ -23,11 +25,12 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 from fastpath.kernels.dispatch import triton_interpreter_on
+from fastpath.routing import norm_route
 from fastpath.routing.patch_registry import PatchRegistry
 
 # names a <=5.14 module-level `is_fast_path_available = all((...))` can be built from
@@ -77,6 +80,8 @@ class Routes:
     conv_module: ModuleType            # what lazy_load_kernel("causal-conv1d") returns
     make_gdn: Callable[[str, Callable[..., Any]], Callable[..., Any]] | None  # (kind, torch_fn) -> route
     lift_device_gate: bool = False
+    gated_norm: norm_route.NormStatus | None = None  # FLA's fused gated RMSNorm, when routed
+    notes: list[str] = field(default_factory=list)    # what patching left alone, and why
 
 
 def patch_module(module: ModuleType, routes: Routes, reg: PatchRegistry) -> None:
@@ -91,6 +96,8 @@ def patch_module(module: ModuleType, routes: Routes, reg: PatchRegistry) -> None
         reg.set_attr(module, "causal_conv1d", routes.conv_module)  # 5.x mamba keeps the module too
     if routes.make_gdn is not None:
         _patch_gdn_globals(module, routes, reg)
+    if routes.gated_norm is not None and routes.gated_norm.route:
+        routes.notes.extend(norm_route.patch_module(module, routes.gated_norm, reg))
     if "kernel_modules" in g:  # lfm2 / lfm2_moe <=5.14
         reg.set_attr(module, "kernel_modules", (g.get("causal_conv1d_fn"), g.get("causal_conv1d_update")))
     if isinstance(g.get("is_fast_path_available"), bool):

@@ -3,7 +3,7 @@
 enable() works before or after transformers (or a model) exists: it patches the modeling
 modules already imported, the layers already built, and installs an import hook for modules
 imported later (see modeling_patch for the per-version hooks, hub_kernels for the offline
-handling, fla_route for the gated delta rule). Everything goes through one undo log, so
+handling, fla_route for the gated delta rule, norm_route for GatedDeltaNet's gated RMSNorm). Everything goes through one undo log, so
 disable() restores exactly what was there and enable/disable/enable works in one process.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from fastpath.errors import FastpathError, UsageError
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.routing import conv_route, fla_route, hub_kernels, mamba_route
+from fastpath.routing import conv_route, fla_route, hub_kernels, mamba_route, norm_route
 from fastpath.routing.explain import Explanation, explain_model
 from fastpath.routing.modeling_patch import (
     ModelingImportHook,
@@ -47,6 +47,8 @@ class EnableReport:
     gated_delta_rule_reason: str
     transformers_version: str | None
     mamba_ssd: str = "fastpath"         # Mamba-2 ops: "fastpath" | "mamba_ssm" | "off"
+    gated_norm: str = "torch"           # GatedDeltaNet gated RMSNorm: norm_route.IMPL | "torch"
+    gated_norm_reason: str = ""
     modules_patched: list[str] = field(default_factory=list)
     modules_pending: list[str] = field(default_factory=list)   # patched when imported
     layers_patched: int = 0
@@ -61,7 +63,8 @@ class EnableReport:
             checked = "".join(f"; dqkwg {r.config.label()}: {'PASS' if r.passed else 'FAIL'}"
                               for r in fla_selfcheck.RESULTS.values())
         return (f"fastpath enabled: causal_conv1d -> {self.conv_impl}; gated delta rule -> "
-                f"{self.gated_delta_rule} ({self.gated_delta_rule_reason}{checked}); Mamba-2 SSD "
+                f"{self.gated_delta_rule} ({self.gated_delta_rule_reason}{checked}); gated RMSNorm -> "
+                f"{self.gated_norm} ({self.gated_norm_reason}); Mamba-2 SSD "
                 f"ops -> {self.mamba_ssd}; transformers {tf}: "
                 f"{len(self.modules_patched)} modeling modules patched, {len(self.modules_pending)} on import, "
                 f"{self.layers_patched} built layers")
@@ -125,8 +128,11 @@ def enable(
 
         fla = fla_route.detect_fla(gated_delta_rule)
         mamba = mamba_route.detect_mamba(mamba_ssm)
+        norm = norm_route.detect_norm()
         if gated_delta_rule == "fla" and not fla.route:
             raise FastpathError(f"gated_delta_rule='fla' but FLA cannot be used: {fla.reason}")
+        if norm_route.route_mode() == "fla" and not norm.route:
+            raise FastpathError(f"{norm_route.ENV_MODE}=fla but FLA's gated RMSNorm cannot be used: {norm.reason}")
         if fla.route:
             fla_route.use_dqkwg_route(fla)  # FLA #640 only; undone by disable()
 
@@ -144,6 +150,7 @@ def enable(
             conv_module=hub_kernels.conv_route_module(conv_fn, conv_update),
             make_gdn=make_gdn,
             lift_device_gate=lift_device_gate,
+            gated_norm=norm,
         )
         reg = PatchRegistry()
         env: dict[str, str | None] = {}
@@ -154,7 +161,10 @@ def enable(
             gated_delta_rule_reason=fla.reason,
             transformers_version=_transformers_version(),
             mamba_ssd=mamba.impl,
+            gated_norm=norm.impl,
+            gated_norm_reason=norm.reason,
         )
+        routes.notes = report.notes  # norm classes left alone, also those of modules imported later
         if mamba_ssm != "auto" or not mamba.route:
             report.notes.append(f"Mamba-2 SSD ops: {mamba.reason}")
         targets = set(discover_modeling_modules()) | {hub_kernels.HUB_MODULE}
@@ -177,6 +187,9 @@ def enable(
         hook = ModelingImportHook(targets, on_loaded)
         try:
             report.notes.append(hub_kernels.disable_hub_downloads(env))
+            reg.set_attr(norm_route, "ACTIVE", norm)  # what explain() says of an unrouted norm
+            if norm.route and triton_interpreter_on():
+                norm_route.interpreter_single_config(reg)
             _provide_causal_conv1d_module(face, reg, report)
             loaded = []
             for name in sorted(targets):
