@@ -160,6 +160,13 @@ def test_fits_only_what_the_kernel_takes(monkeypatch) -> None:
     assert not norm_route.fits(Qwen3_5RMSNormGated(16), x, torch.randn(5, 16), "silu")
 
 
+def test_route_is_opt_in_until_verified_on_a_gpu(monkeypatch) -> None:
+    status = norm_route.detect_norm()
+    assert not status.route and "opt-in" in status.reason and "FASTPATH_FLA_NORM=auto" in status.reason
+    monkeypatch.setenv(norm_route.ENV_MODE, "torch")
+    assert norm_route.detect_norm().reason == "FASTPATH_FLA_NORM=torch"
+
+
 def test_bad_env_value_is_a_usage_error(monkeypatch) -> None:
     monkeypatch.setenv(norm_route.ENV_MODE, "fused")
     with pytest.raises(UsageError, match="FASTPATH_FLA_NORM"):
@@ -171,6 +178,7 @@ def test_bad_env_value_is_a_usage_error(monkeypatch) -> None:
 def test_without_fla_the_norm_stays_eager_and_says_why(monkeypatch) -> None:
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
+    monkeypatch.setenv(norm_route.ENV_MODE, "auto")
     model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**GDN))
     report = fastpath.enable(warn=False)
     assert report.gated_norm == "torch" and "fla is not installed" in report.gated_norm_reason
@@ -189,7 +197,7 @@ def _run_worker(mode: str, timeout: int = 900, interpret: bool = True, python: s
     if path is None:
         pytest.skip("fla not installed (run scripts/setup_fla.sh; it installs to .venvs/fla)")
     env = dict(os.environ)
-    env.pop(norm_route.ENV_MODE, None)
+    env[norm_route.ENV_MODE] = "auto"  # the route under test (opt-in by default)
     env.pop("TRITON_INTERPRET", None)
     if interpret:  # CPU tensors, FLA's kernels in the interpreter (no GPU even where there is one)
         env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
