@@ -221,7 +221,10 @@ def main() -> int:
     if bad:
         print(f"unknown config(s) {bad}; choose from {CONFIGS}", file=sys.stderr)
         return 2
-    mamba_ops = load_mamba_ssm(args.mamba_src) if args.mamba_src else None
+    # mamba_ssm is loaded only after the fallback row: once its package is in sys.modules,
+    # transformers' hub wrappers resolve "mamba_ssm" to it, and the fallback row would call
+    # mamba_ssm's fused split-conv op (which needs causal_conv1d's CUDA module).
+    mamba_ops: dict[str, Any] | None = None
     import transformers
 
     import fastpath
@@ -239,6 +242,8 @@ def main() -> int:
                         generator=torch.Generator(device="cuda").manual_seed(2))
     base: dict[str, Any] | None = None
     for name in wanted:
+        if name.startswith("mamba_ssm") and mamba_ops is None and args.mamba_src:
+            mamba_ops = load_mamba_ssm(args.mamba_src)
         if name.startswith("mamba_ssm") and mamba_ops is None:
             result["errors"][name] = "skipped: no --mamba-src"
             continue
@@ -271,6 +276,8 @@ def main() -> int:
         result["configs"][name] = {k: v for k, v in row.items() if not k.startswith("_")}
         print(f"{name:18s} prefill {row['prefill_tok_s'] / 1e3:8.1f}k tok/s   fwd+bwd "
               f"{row['fwd_bwd_tok_s'] / 1e3:7.1f}k tok/s", flush=True)
+    if mamba_ops is None and args.mamba_src:
+        mamba_ops = load_mamba_ssm(args.mamba_src)
     try:
         result["decode_update"] = decode_rows(mamba_ops)
         for r in result["decode_update"]:
