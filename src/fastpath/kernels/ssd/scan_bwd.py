@@ -32,6 +32,11 @@ from fastpath.kernels.ssd import scan_fwd as fwd
 from fastpath.kernels.ssd.scan_fwd import (
     _carry,
     _chunk_bounds,
+    _chunk_rows,
+    _head_block,
+    _pair_block,
+    _start_tile,
+    _state_tile,
     chunk_cb,
     chunk_outputs,
     chunk_states,
@@ -60,21 +65,8 @@ def _dstates_kernel(
     HAS_SEQ: tl.constexpr, HAS_DFINAL: tl.constexpr, PREC: tl.constexpr,
     UPCAST: tl.constexpr, BQ: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
 ):
-    n_nb = tl.cdiv(N, BN)
-    pid_pn = tl.program_id(0)
-    offs_p = (pid_pn // n_nb) * BP + tl.arange(0, BP)
-    offs_n = (pid_pn % n_nb) * BN + tl.arange(0, BN)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    g = h // (H // G)
-    pn_mask = (offs_p[:, None] < P) & (offs_n[None, :] < N)
-    pn_off = offs_p[:, None] * N + offs_n[None, :]
-    bh = b.to(tl.int64) * H + h
-    if HAS_DFINAL:
-        dh = tl.load(dfinal_ptr + bh * P * N + pn_off, mask=pn_mask, other=0.0).to(tl.float32)
-    else:
-        dh = tl.zeros((BP, BN), dtype=tl.float32)
+    offs_p, offs_n, b, h, g, pn_mask, pn_off, bh = _state_tile(H, G, P, N, BP, BN)
+    dh = _start_tile(dfinal_ptr, bh, P, N, pn_off, pn_mask, HAS_DFINAL, BP, BN)
     offs_t = tl.arange(0, BQ)
     for i in range(NC):
         c = NC - 1 - i
@@ -90,10 +82,7 @@ def _dstates_kernel(
         keep = valid & (seq_t == seq_prev)
         scale = tl.where(keep, tl.exp(tl.where(keep, cum, 0.0)), 0.0)
         rows = b.to(tl.int64) * L + c * Q + offs_t
-        dy = tl.load(dy_ptr + rows[:, None] * SDY + h * P + offs_p[None, :],
-                     mask=valid[:, None] & (offs_p[None, :] < P), other=0.0)
-        Ct = tl.load(C_ptr + rows[:, None] * SC + g * N + offs_n[None, :],
-                     mask=valid[:, None] & (offs_n[None, :] < N), other=0.0)
+        dy, Ct = _chunk_rows(dy_ptr, C_ptr, rows, valid, SDY, SC, h, g, P, N, offs_p, offs_n)
         dys = (dy.to(tl.float32) * scale[:, None]).to(dy.dtype)
         gate = _carry(seq_last, seq_prev, cum_last, HAS_SEQ)
         dh = dh * gate + mm(tl.trans(dys), Ct, PREC, UPCAST)
@@ -117,14 +106,7 @@ def _dx_kernel(
     The other shares of ds come from the dCB and dB/dC kernels. The head is the fastest launch
     axis: the group's heads run side by side and share CB and B tiles in L2."""
     n_m = tl.cdiv(Q, BM)
-    h = tl.program_id(0)
-    pid = tl.program_id(1)
-    m = pid % n_m
-    b = (pid // n_m) // NC
-    c = (pid // n_m) % NC
-    g = h // (H // G)
-    cbb = ((b.to(tl.int64) * NC + c) * G + g) * Q * Q
-    offs_m = m * BM + tl.arange(0, BM)
+    b, c, h, g, m, offs_m, cbb = _head_block(H, G, NC, Q, BM)
     offs_p = tl.arange(0, BP)
     offs_n = tl.arange(0, BN)
     valid_m, n_valid, seq_m, seq_last, _ = _chunk_bounds(seq_ptr, b, c, L, Q, offs_m, HAS_SEQ)
@@ -221,17 +203,11 @@ def _dcb_kernel(
 ):
     """One BM x BM block (rows t, columns u) of chunk c and group g, with
     W_h[t, u] = (dy_t . dt'_u x_u) exp(cum_t - cum_u) for u <= t of one sequence:
-    dCB[t, u] = sum over the group's heads of W_h (float32; 0 above the diagonal); per head, the row sums (into dsw[0, block u]) and
-    column sums (into dsw[1, block t]) of T_h = CB * W_h, the intra-chunk shares of ds."""
+    dCB[t, u] = sum over the group's heads of W_h (float32; 0 above the diagonal); per head, the
+    row sums (into dsw[0, block u]) and column sums (into dsw[1, block t]) of T_h = CB * W_h, the
+    intra-chunk shares of ds."""
+    b, c, g, mt, mu, offs_t, offs_u = _pair_block(G, NC, Q, BM)
     n_m = tl.cdiv(Q, BM)
-    mt = tl.program_id(0) // n_m
-    mu = tl.program_id(0) % n_m
-    pid = tl.program_id(1)
-    g = pid % G
-    b = (pid // G) // NC
-    c = (pid // G) % NC
-    offs_t = mt * BM + tl.arange(0, BM)
-    offs_u = mu * BM + tl.arange(0, BM)
     offs_p = tl.arange(0, BP)
     p_ok = offs_p[None, :] < P
     valid_t, _, seq_t, _, _ = _chunk_bounds(seq_ptr, b, c, L, Q, offs_t, HAS_SEQ)

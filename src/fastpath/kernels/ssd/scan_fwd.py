@@ -136,15 +136,10 @@ def _carry(seq_last, seq_prev, cum_last, HAS_SEQ: tl.constexpr):
     return tl.exp(cum_last)
 
 
-@light_autotune(["Q", "P", "N", "BP", "BN"], loop=True)
 @triton.jit
-def _states_kernel(
-    x_ptr, B_ptr, dtp_ptr, cum_ptr, seq_ptr, init_ptr, states_ptr, final_ptr,
-    L, H, G, P, N, NC, Q, SX, SB,
-    HAS_SEQ: tl.constexpr, HAS_INIT: tl.constexpr, STORE_STATES: tl.constexpr,
-    PREC: tl.constexpr, UPCAST: tl.constexpr,
-    BQ: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
-):
+def _state_tile(H, G, P, N, BP: tl.constexpr, BN: tl.constexpr):
+    """The (P, N) tile and (batch, head) of a sequential state-pass program (forward states and
+    backward dstates): (offs_p, offs_n, b, h, g, pn_mask, pn_off, bh)."""
     n_nb = tl.cdiv(N, BN)
     pid_pn = tl.program_id(0)
     offs_p = (pid_pn // n_nb) * BP + tl.arange(0, BP)
@@ -155,11 +150,40 @@ def _states_kernel(
     g = h // (H // G)
     pn_mask = (offs_p[:, None] < P) & (offs_n[None, :] < N)
     pn_off = offs_p[:, None] * N + offs_n[None, :]
-    bh = b.to(tl.int64) * H + h
-    if HAS_INIT:
-        state = tl.load(init_ptr + bh * P * N + pn_off, mask=pn_mask, other=0.0).to(tl.float32)
-    else:
-        state = tl.zeros((BP, BN), dtype=tl.float32)
+    return offs_p, offs_n, b, h, g, pn_mask, pn_off, b.to(tl.int64) * H + h
+
+
+@triton.jit
+def _start_tile(ptr, bh, P, N, pn_off, pn_mask, HAS: tl.constexpr, BP: tl.constexpr,
+                BN: tl.constexpr):
+    """The float32 state a pass starts from: the given one, or zeros."""
+    if HAS:
+        return tl.load(ptr + bh * P * N + pn_off, mask=pn_mask, other=0.0).to(tl.float32)
+    return tl.zeros((BP, BN), dtype=tl.float32)
+
+
+@triton.jit
+def _chunk_rows(head_ptr, group_ptr, rows, valid, SH, SG, h, g, P, N, offs_p, offs_n):
+    """One chunk's rows of a per-head tensor (x or dy: BQ x BP) and of a per-group one (B or C:
+    BQ x BN), zero where the token is not valid."""
+    head = tl.load(head_ptr + rows[:, None] * SH + h * P + offs_p[None, :],
+                   mask=valid[:, None] & (offs_p[None, :] < P), other=0.0)
+    group = tl.load(group_ptr + rows[:, None] * SG + g * N + offs_n[None, :],
+                    mask=valid[:, None] & (offs_n[None, :] < N), other=0.0)
+    return head, group
+
+
+@light_autotune(["Q", "P", "N", "BP", "BN"], loop=True)
+@triton.jit
+def _states_kernel(
+    x_ptr, B_ptr, dtp_ptr, cum_ptr, seq_ptr, init_ptr, states_ptr, final_ptr,
+    L, H, G, P, N, NC, Q, SX, SB,
+    HAS_SEQ: tl.constexpr, HAS_INIT: tl.constexpr, STORE_STATES: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr,
+    BQ: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
+):
+    offs_p, offs_n, b, h, g, pn_mask, pn_off, bh = _state_tile(H, G, P, N, BP, BN)
+    state = _start_tile(init_ptr, bh, P, N, pn_off, pn_mask, HAS_INIT, BP, BN)
     offs_t = tl.arange(0, BQ)
     for c in range(NC):
         valid, n_valid, seq_t, seq_last, seq_prev = _chunk_bounds(
@@ -176,14 +200,25 @@ def _states_kernel(
         keep = valid & (seq_t == seq_last)
         w = tl.where(keep, tl.exp(tl.where(keep, cum_last - cum, 0.0)) * dtp, 0.0)
         rows = b.to(tl.int64) * L + c * Q + offs_t
-        x = tl.load(x_ptr + rows[:, None] * SX + h * P + offs_p[None, :],
-                    mask=valid[:, None] & (offs_p[None, :] < P), other=0.0)
-        Bt = tl.load(B_ptr + rows[:, None] * SB + g * N + offs_n[None, :],
-                     mask=valid[:, None] & (offs_n[None, :] < N), other=0.0)
+        x, Bt = _chunk_rows(x_ptr, B_ptr, rows, valid, SX, SB, h, g, P, N, offs_p, offs_n)
         xw = (x.to(tl.float32) * w[:, None]).to(x.dtype)
         gate = _carry(seq_last, seq_prev, cum_last, HAS_SEQ)
         state = state * gate + mm(tl.trans(xw), Bt, PREC, UPCAST)
     tl.store(final_ptr + bh * P * N + pn_off, state, mask=pn_mask)
+
+
+@triton.jit
+def _pair_block(G, NC, Q, BM: tl.constexpr):
+    """A (row block t, column block u) program of one chunk and group (CB, dCB):
+    (b, c, g, mt, mu, offs_t, offs_u)."""
+    n_m = tl.cdiv(Q, BM)
+    mt = tl.program_id(0) // n_m
+    mu = tl.program_id(0) % n_m
+    pid = tl.program_id(1)
+    g = pid % G
+    b = (pid // G) // NC
+    c = (pid // G) % NC
+    return b, c, g, mt, mu, mt * BM + tl.arange(0, BM), mu * BM + tl.arange(0, BM)
 
 
 @light_autotune(["Q", "N", "BM"])
@@ -194,15 +229,7 @@ def _cb_kernel(
 ):
     """CB[b, c, g, t, u] = C_t . B_u (float32) for one BM x BM block of chunk c; padding rows
     and columns come out 0. Blocks above the diagonal are computed too (never read)."""
-    n_m = tl.cdiv(Q, BM)
-    mt = tl.program_id(0) // n_m
-    mu = tl.program_id(0) % n_m
-    pid = tl.program_id(1)
-    g = pid % G
-    b = (pid // G) // NC
-    c = (pid // G) % NC
-    offs_t = mt * BM + tl.arange(0, BM)
-    offs_u = mu * BM + tl.arange(0, BM)
+    b, c, g, _, _, offs_t, offs_u = _pair_block(G, NC, Q, BM)
     offs_n = tl.arange(0, BN)
     n_ok = offs_n[None, :] < N
     valid_t = (offs_t < Q) & (c * Q + offs_t < L)
@@ -219,6 +246,21 @@ def _cb_kernel(
              mask=(offs_t[:, None] < Q) & (offs_u[None, :] < Q))
 
 
+@triton.jit
+def _head_block(H, G, NC, Q, BM: tl.constexpr):
+    """A per-head row-block program, the head the fastest launch axis (a group's heads run side
+    by side and share its CB, B and C tiles in L2): (b, c, h, g, m, offs_m, CB block offset)."""
+    h = tl.program_id(0)
+    pid = tl.program_id(1)
+    n_m = tl.cdiv(Q, BM)
+    m = pid % n_m
+    b = (pid // n_m) // NC
+    c = (pid // n_m) % NC
+    g = h // (H // G)
+    offs_m = m * BM + tl.arange(0, BM)
+    return b, c, h, g, m, offs_m, ((b.to(tl.int64) * NC + c) * G + g) * Q * Q
+
+
 @light_autotune(["Q", "P", "N", "BM"])
 @triton.jit
 def _out_kernel(
@@ -231,15 +273,7 @@ def _out_kernel(
     """One program: BM output rows of one chunk and head; the causal sum walks the chunk's
     column blocks up to the diagonal (small tiles keep everything in registers), reading the
     group's CB. The head is the fastest launch axis: a group's heads share CB and C in L2."""
-    n_m = tl.cdiv(Q, BM)
-    h = tl.program_id(0)
-    pid = tl.program_id(1)
-    m = pid % n_m
-    b = (pid // n_m) // NC
-    c = (pid // n_m) % NC
-    g = h // (H // G)
-    cbb = ((b.to(tl.int64) * NC + c) * G + g) * Q * Q
-    offs_m = m * BM + tl.arange(0, BM)
+    b, c, h, g, m, offs_m, cbb = _head_block(H, G, NC, Q, BM)
     offs_p = tl.arange(0, BP)
     offs_n = tl.arange(0, BN)
     valid_m, _, seq_m, _, seq_prev = _chunk_bounds(seq_ptr, b, c, L, Q, offs_m, HAS_SEQ)
