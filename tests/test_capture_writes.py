@@ -42,14 +42,15 @@ def _states(seq: int, hidden: int, seed: int) -> tuple[list[torch.Tensor], torch
     return aux, pre, post
 
 
-def _stage_all(writer, rows: dict[int, tuple], slots: int = 2, threads: int = 2) -> RowWrites:
+def _stage_all(writer, rows: dict[int, tuple], slots: int = 2, threads: int = 2, device: str = "cpu") -> RowWrites:
     hidden = next(iter(rows.values()))[1].shape[-1]
     longest = max(aux[0].shape[0] for aux, *_ in rows.values())
     meta_state = torch.empty(longest, hidden, dtype=torch.bfloat16, device="meta")
     shapes = [tuple(t.shape) for t in writer.layout([meta_state] * 3, meta_state, meta_state)]
-    writes = RowWrites(slots, slot_bytes(shapes, torch.bfloat16), pin=False, threads=threads)
+    writes = RowWrites(slots, slot_bytes(shapes, torch.bfloat16), pin=device == "cuda", threads=threads)
     try:
         for idx, (aux, pre, post, ids, mask) in rows.items():
+            aux, pre, post = [a.to(device) for a in aux], pre.to(device), post.to(device)
             stored = writer.layout(aux, pre if writer.needs_pre else None, post if writer.needs_post else None)
 
             def write(saved, idx=idx, ids=ids, mask=mask):
@@ -70,13 +71,20 @@ def _rows(lengths: list[int], hidden: int = 24) -> dict[int, tuple]:
     return rows
 
 
+_CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                         reason="needs a CUDA GPU")])
+
+
+@pytest.mark.parametrize("device", ["cpu", _CUDA])
 @pytest.mark.parametrize("fmt", ["speculators", "specforge"])
-def test_staged_rows_are_byte_identical_to_writing_the_stacked_tensors(fmt, tmp_path):
+def test_staged_rows_are_byte_identical_to_writing_the_stacked_tensors(fmt, device, tmp_path):
+    """On a GPU this covers the pinned slots, the side-stream copies and the event the writer
+    threads wait on: 2 slots for 12 rows, so slots are reused while copies are in flight."""
     import safetensors.torch as st
 
     writer = (SpeculatorsWriter if fmt == "speculators" else SpecForgeWriter)(tmp_path / "staged")
-    rows = _rows([7, 13, 5, 13])
-    _stage_all(writer, rows)
+    rows = _rows([7, 13, 5, 13, 64, 1, 9, 33, 13, 2, 40, 8], hidden=256 if device == "cuda" else 24)
+    _stage_all(writer, rows, device=device)
     for idx, (aux, pre, post, ids, mask) in rows.items():
         staged = writer.row_paths(idx)[0]
         direct = tmp_path / "direct" / staged.relative_to(tmp_path / "staged")
