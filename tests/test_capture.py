@@ -1,6 +1,8 @@
 """fastpath capture: chat rendering and loss masks, the speculators and SpecForge layouts read back
 by their own rules, values equal to a direct forward, resume after an interrupted run, a broken
-capture and a wrong kernel caught, clean errors.
+capture and a wrong kernel caught, clean errors; under torchrun (gloo, 2 processes) the same files
+as one process with the target replicated or sharded with FSDP2, and no deadlock when one sharded
+rank fails or has nothing to do.
 
 CPU only. Under TRITON_INTERPRET=1 (scripts/test.sh) LFM2's convs run fastpath's Triton kernels in
 the interpreter, so capture runs on the fast path; Qwen3.5's gated delta rule has no fast path
