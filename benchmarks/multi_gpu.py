@@ -8,7 +8,8 @@ CPU smoke test (what CI runs, tests/test_capture_multi.py):
     torchrun --nproc-per-node 2 benchmarks/multi_gpu.py --device cpu --dtype fp32 --model tiny.json ...
 
 capture: `fastpath capture` of --capture-rows synthetic rows, target replicated on every rank
-    (rows split by packing.batches_for_rank), verification on.
+    (--capture-shard fsdp: sharded with FSDP2 as `fastpath capture --shard fsdp` does; rows split
+    by packing.batches_for_rank), verification on; each rank's time split is reported.
 train: the target wrapped with FSDP2 (`fully_shard` per decoder layer, then the root), activation
     checkpointing, mixed precision (params in --dtype, gradients reduced in fp32), AdamW; each step
     draws one global batch of --global-batch random sequences from a seeded generator and each rank
@@ -115,7 +116,7 @@ def capture_phase(args: argparse.Namespace, path: str, device: Any, rank: int, s
                           batch_tokens=args.batch_tokens, dtype=args.dtype, device=str(device),
                           model_layers=args.layers, seed=args.seed, allow_slow=path == "fallback" or args.allow_slow_fast_path,
                           reference_path=path == "fallback", check_every=args.check_every, progress=False,
-                          layers=args.capture_layers, prebuilt=built)
+                          layers=args.capture_layers, prebuilt=built, shard=args.capture_shard)
     _reset_peak(device)
     result = run_capture(opts)
     dist.barrier()
@@ -123,7 +124,8 @@ def capture_phase(args: argparse.Namespace, path: str, device: Any, rank: int, s
         shutil.rmtree(out, ignore_errors=True)
     return {"routes": routes, "rows_written": result.written, "tokens": result.tokens,
             "seconds": round(result.seconds, 4), "tokens_per_s": round(result.tokens_per_s, 1),
-            "rows_rechecked": len(result.checked), "peak_gpu_memory_gib": _peak(device), "capture_path": result.path}
+            "rows_rechecked": len(result.checked), "peak_gpu_memory_gib": _peak(device), "capture_path": result.path,
+            "shard": result.shard, "timings_s": result.timings}
 
 
 def train_phase(args: argparse.Namespace, path: str, device: Any, rank: int, world: int) -> dict[str, Any]:
@@ -203,6 +205,8 @@ def main() -> int:
     parser.add_argument("--batch-tokens", type=int, default=16384)
     parser.add_argument("--check-every", type=int, default=64)
     parser.add_argument("--capture-layers", default=None, help="capture --layers (default EAGLE-3's)")
+    parser.add_argument("--capture-shard", default="replicate", choices=["auto", "replicate", "fsdp"],
+                        help="capture --shard (replicate)")
     parser.add_argument("--global-batch", type=int, default=8, help="sequences per training step, all ranks")
     parser.add_argument("--steps", type=int, default=4, help="timed training steps")
     parser.add_argument("--warmup", type=int, default=1)

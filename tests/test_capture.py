@@ -1,6 +1,8 @@
 """fastpath capture: chat rendering and loss masks, the speculators and SpecForge layouts read back
 by their own rules, values equal to a direct forward, resume after an interrupted run, a broken
-capture and a wrong kernel caught, clean errors.
+capture and a wrong kernel caught, clean errors; under torchrun (gloo, 2 processes) the same files
+as one process with the target replicated or sharded with FSDP2, and no deadlock when one sharded
+rank fails or has nothing to do.
 
 CPU only. Under TRITON_INTERPRET=1 (scripts/test.sh) LFM2's convs run fastpath's Triton kernels in
 the interpreter, so capture runs on the fast path; Qwen3.5's gated delta rule has no fast path
@@ -380,22 +382,100 @@ def _assert_same_capture(a: Path, b: Path) -> None:
     assert torch.load(a / "token_freq.pt") == torch.load(b / "token_freq.pt")
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="torchrun with gloo on Linux")
-def test_torchrun_two_processes_write_the_same_files_as_one(lfm2_capture, lfm2_config, tokenizer_dir, tmp_path):
-    clean, data = lfm2_capture
-    out = tmp_path / "out"
+def _torchrun(config: str, data: Path, out: Path, tokenizer_dir: Path, *extra: str) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "fastpath", "capture", lfm2_config, str(data), "--out", str(out), "--dtype", "fp32",
+           "-m", "fastpath", "capture", config, str(data), "--out", str(out), "--dtype", "fp32",
            "--device", "cpu", "--layers", "1,2,3", "--batch-tokens", "64", "--check-every", "2",
-           "--tokenizer", str(tokenizer_dir), "--quiet", *(["--allow-slow"] if ALLOW_SLOW else [])]
+           "--tokenizer", str(tokenizer_dir), "--quiet", *(["--allow-slow"] if ALLOW_SLOW else []), *extra]
     # torchrun gives each rank one thread unless told; CPU reductions differ with the thread count
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((out / "capture_summary.json").read_text())
+    return json.loads((out / "capture_summary.json").read_text())
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="torchrun with gloo on Linux")
+def test_torchrun_two_processes_write_the_same_files_as_one(lfm2_capture, lfm2_config, tokenizer_dir, tmp_path):
+    clean, data = lfm2_capture
+    out = tmp_path / "out"
+    summary = _torchrun(lfm2_config, data, out, tokenizer_dir)
     assert summary["world_size"] == 2 and [r["rank"] for r in summary["ranks"]] == [0, 1]
+    assert summary["shard"] == "replicate"  # auto on CPU
     assert all(r["rows_written"] > 0 for r in summary["ranks"])
     _assert_same_capture(clean.out, out)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="torchrun with gloo on Linux")
+def test_fsdp_sharded_target_writes_the_same_files_as_one_process(lfm2_capture, lfm2_config, tokenizer_dir,
+                                                                  tmp_path):
+    """FSDP2 over 2 gloo processes: the hooks see full activations (files identical to one
+    unsharded process), ranks with different row and re-check counts keep their collectives in
+    step, and a resume where one rank has nothing left to do does not deadlock."""
+    import datasets
+
+    clean, data = lfm2_capture
+    out = tmp_path / "out"
+    summary = _torchrun(lfm2_config, data, out, tokenizer_dir, "--shard", "fsdp")
+    assert summary["shard"] == "fsdp" and all(r["shard"] == "fsdp" for r in summary["ranks"])
+    rows_per_rank = [r["rows_written"] for r in summary["ranks"]]
+    assert all(n > 0 for n in rows_per_rank)
+    checked = summary["reference_checks"]["rows"]
+    assert summary["reference_checks"]["all_ok"] and len(checked) >= 2
+    _assert_same_capture(clean.out, out)
+
+    lengths = [int(n) for n in datasets.load_from_disk(str(out))["seq_len"]]
+    batches = make_batches(lengths, 64)
+    rank0_row = batches_for_rank(batches, 0, 2)[0][1][0]
+    (out / "hidden_states" / f"hs_{rank0_row}.safetensors").unlink()
+    (out / "hidden_states" / f".hs_{rank0_row}.safetensors.tmp12345").write_bytes(b"cut short")  # a killed write
+    resumed = _torchrun(lfm2_config, data, out, tokenizer_dir, "--shard", "fsdp", "--resume")
+    assert [r["rows_written"] for r in resumed["ranks"]] == [1, 0]
+    assert resumed["ranks"][1]["padding_forwards"] >= 2  # rank 0's batch and its re-check
+    assert not list(out.rglob(".*.tmp*"))
+    _assert_same_capture(clean.out, out)
+
+
+_FAILING_RANK_SCRIPT = """
+import json, os, sys
+import torch
+from fastpath.errors import FastpathError
+from fastpath.proof.capture.run import CaptureOptions, run_capture
+
+config, data, out, tokenizer, allow_slow = sys.argv[1:6]
+rank = int(os.environ["RANK"])
+
+def break_rank_1(model):
+    if rank == 1:  # a capture that returns zeros, on one rank only
+        model.model.layers[1].register_forward_hook(lambda _m, _a, output: torch.zeros_like(output))
+
+opts = CaptureOptions(model=config, data=data, out=out, dtype="fp32", device="cpu", layers="1,2,3",
+                      batch_tokens=64, check_every=1, tokenizer=tokenizer, progress=False,
+                      allow_slow=allow_slow == "1", shard="fsdp", on_model=break_rank_1)
+try:
+    run_capture(opts)
+    result = "finished"
+except FastpathError as exc:
+    result = str(exc)
+with open(os.path.join(os.path.dirname(out), f"rank{rank}.txt"), "w") as fh:
+    fh.write(result)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="torchrun with gloo on Linux")
+def test_fsdp_a_failed_check_on_one_rank_stops_both_without_a_deadlock(lfm2_capture, lfm2_config, tokenizer_dir,
+                                                                       tmp_path):
+    _, data = lfm2_capture
+    script = tmp_path / "fail.py"
+    script.write_text(_FAILING_RANK_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+           lfm2_config, str(data), str(tmp_path / "out"), str(tokenizer_dir), "1" if ALLOW_SLOW else "0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rank0, rank1 = ((tmp_path / f"rank{r}.txt").read_text() for r in (0, 1))
+    assert rank1.startswith("row ") and "failed its checks: layer 2: all-zero" in rank1, rank1
+    assert "stopped because another rank failed" in rank0, rank0
+    assert not list((tmp_path / "out").rglob(".*.tmp*"))
 
 
 # --- clean errors -----------------------------------------------------------------------------------

@@ -88,20 +88,37 @@ class DecodeCheck:
 # Comparing tensors
 
 
-def tensor_flags(tensor: Any) -> list[str]:
-    """What is wrong with a hidden state regardless of any reference: the drafter-killers."""
+def tensor_stats(tensor: Any) -> Any:
+    """The facts tensor_flags judges, as a float tensor on the tensor's device: [all finite,
+    any non-zero, max == min, same at every position] (1.0 = true). No host sync, so a caller
+    can stack the stats of many states and read them back in one transfer."""
     import torch
 
     t = tensor.detach()
-    if not bool(torch.isfinite(t).all()):
+    if t.numel() == 0:
+        return torch.tensor([1.0, 0.0, 0.0, 0.0], device=t.device)
+    no = torch.zeros((), dtype=torch.bool, device=t.device)
+    same = (t == t[..., :1, :]).all() if t.dim() >= 3 and t.shape[-2] > 1 else no
+    return torch.stack([torch.isfinite(t).all(), t.any(), t.max() == t.min(), same]).float()
+
+
+def flags_from_stats(stats: Any) -> list[str]:
+    """tensor_flags' verdict from tensor_stats' four numbers (first failure only)."""
+    finite, nonzero, constant, same = (bool(x) for x in list(stats)[:4])
+    if not finite:
         return ["non-finite"]
-    if not bool(t.any()):
+    if not nonzero:
         return ["all-zero"]
-    if bool(t.max() == t.min()):
+    if constant:
         return ["constant"]
-    if t.dim() >= 3 and t.shape[-2] > 1 and bool((t == t[..., :1, :]).all()):
+    if same:
         return ["same at every position"]
     return []
+
+
+def tensor_flags(tensor: Any) -> list[str]:
+    """What is wrong with a hidden state regardless of any reference: the drafter-killers."""
+    return flags_from_stats(tensor_stats(tensor).tolist())
 
 
 def compare(name: str, fast: Any, ref: Any, tol: Tolerance) -> TensorDiff:

@@ -424,3 +424,20 @@ def build_model(
         seed=used_seed,
         notes=notes,
     )
+
+
+def weight_bytes(source: str, *, layers: int | None = None, dtype: str = "fp32") -> int:
+    """Bytes of the causal LM's parameters (shared ones once) in `dtype`, counted on the meta
+    device: nothing is allocated and no checkpoint is read, so a caller can decide how to
+    place a model before loading it."""
+    src = resolve_source(source)
+    _quiet_hub_environment()
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = transformers_config(src.config, layers)
+    if _causal_lm_class(config) is None:
+        raise UsageError(f"transformers has no causal-LM class for model_type {config.model_type!r}")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return sum(p.numel() for p in model.parameters()) * torch_dtype(dtype).itemsize

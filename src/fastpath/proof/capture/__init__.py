@@ -10,6 +10,7 @@ layouts that speculators and SpecForge read.
 
 Modules: data (JSONL -> token rows, chat rendering, loss masks), packing (length-sorted batches),
 layers (which states, hooks, norm convention), writers (one per layout, atomic files),
-checks (tensor and file checks), recheck (reference re-run), distributed (torchrun split),
-run (the loop), cli.
+staging (device->host copies and background writes that overlap the next batch),
+checks (tensor and file checks, batched on the device), recheck (reference re-run),
+distributed (torchrun split; replicated or FSDP2-sharded target), run (the loop), cli.
 """

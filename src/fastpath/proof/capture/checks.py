@@ -6,38 +6,80 @@ its mean per-token norm lies within NORM_BAND of the embeddings' mean per-token 
 wide on purpose: residual streams grow through depth (real checkpoints carry "massive
 activations" of 10^3 x the embedding scale) while a dead or exploded capture is off by many more
 orders of magnitude.
+
+Why batched: the checks run where the states are (the GPU during a capture) and every number
+of a batch comes back in one transfer, instead of a host sync per fact per state per row.
+The embeddings' scale comes from a per-vocabulary-entry norm table computed once before the
+run (`token_norms`), so no embedding lookup is needed per row, and none of a sharded
+(FSDP) embedding, whose weight a rank only holds a slice of outside a forward.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # mean token norm of a captured state / mean token norm of the embeddings
 NORM_BAND = (1e-3, 1e5)
 
 
-def mean_token_norm(t: Any) -> float:
+def token_norms(embedding: Any, chunk: int = 8192) -> Any:
+    """Norm of every row of an embedding weight [V, H] as float32 [V], chunked so the float
+    copy of a large vocabulary never exists at once."""
     import torch
 
-    return float(torch.linalg.vector_norm(t.float(), dim=-1).mean())
+    weight = embedding.weight.detach()
+    with torch.no_grad():
+        return torch.cat([torch.linalg.vector_norm(weight[i:i + chunk].float(), dim=-1)
+                          for i in range(0, weight.shape[0], chunk)])
 
 
-def state_problems(name: str, state: Any, embed_norm: float) -> list[str]:
-    """What is wrong with one stored state [seq, H] of a row (empty when nothing is)."""
-    from fastpath.proof.compare import tensor_flags
+def _state_stats(state: Any, embed_norm: Any) -> Any:
+    """[tensor_stats..., mean token norm, the embeddings' mean token norm] of one state [T, H]."""
+    import torch
 
-    flags = tensor_flags(state.unsqueeze(0))
+    from fastpath.proof.compare import tensor_stats
+
+    mean_norm = torch.linalg.vector_norm(state.detach().float(), dim=-1).mean().reshape(1)
+    embed = torch.as_tensor(embed_norm, dtype=torch.float32, device=state.device).reshape(1)
+    return torch.cat([tensor_stats(state.unsqueeze(0)), mean_norm, embed])
+
+
+def _problem(name: str, stats: Sequence[float]) -> str | None:
+    from fastpath.proof.compare import flags_from_stats
+
+    flags = flags_from_stats(stats[:4])
     if flags:
-        return [f"{name}: {', '.join(flags)}"]
-    ratio = mean_token_norm(state) / max(embed_norm, 1e-30)
+        return f"{name}: {', '.join(flags)}"
+    ratio = stats[4] / max(stats[5], 1e-30)
     low, high = NORM_BAND
     if not low <= ratio <= high:
-        return [f"{name}: mean token norm {ratio:.3g} x the embeddings' (outside {low:g} .. {high:g})"]
-    return []
+        return f"{name}: mean token norm {ratio:.3g} x the embeddings' (outside {low:g} .. {high:g})"
+    return None
 
 
-def row_problems(states: dict[str, Any], embed_norm: float) -> list[str]:
-    problems: list[str] = []
-    for name, state in states.items():
-        problems.extend(state_problems(name, state, embed_norm))
-    return problems
+def batch_problems(rows: Sequence[Mapping[str, Any]], embed_norms: Sequence[Any]) -> list[list[str]]:
+    """What is wrong with each row's states (name -> [T, H]); embed_norms[r] is row r's mean
+    embedding token norm (a float or a 0-d tensor). One host transfer for the whole batch."""
+    import torch
+
+    names = [list(states) for states in rows]
+    stats = [_state_stats(state, embed_norms[r]) for r, states in enumerate(rows) for state in states.values()]
+    if not stats:
+        return [[] for _ in rows]
+    values = torch.stack(stats).tolist()
+    out: list[list[str]] = []
+    k = 0
+    for row_names in names:
+        problems = []
+        for name in row_names:
+            problem = _problem(name, values[k])
+            k += 1
+            if problem:
+                problems.append(problem)
+        out.append(problems)
+    return out
+
+
+def row_problems(states: Mapping[str, Any], embed_norm: Any) -> list[str]:
+    return batch_problems([states], [embed_norm])[0]

@@ -38,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check-every", type=int, default=256,
                         help="re-run every Nth row on the reference path and compare (256; each rank's first "
                              "row always; 0: only that one)")
+    parser.add_argument("--shard", default="auto", choices=["auto", "replicate", "fsdp"],
+                        help="under torchrun: 'replicate' the target on every rank, or 'fsdp': shard it with "
+                             "FSDP2 (fully_shard per decoder layer + the decoder stack; loaded on the host first). "
+                             "'auto' (default): fsdp on GPUs when the weights exceed 75%% of one GPU's memory")
+    parser.add_argument("--write-threads", type=int, default=4,
+                        help="background threads writing row files while the next batch runs (4)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -49,7 +55,8 @@ def main(args: argparse.Namespace) -> int:
         batch_tokens=args.batch_tokens, layers=args.layers, layer_convention=args.layer_convention,
         dtype=args.dtype, device=args.device, seed=args.seed, model_layers=args.model_layers,
         tokenizer=args.tokenizer, resume=args.resume, allow_slow=args.allow_slow,
-        reference_path=args.reference_path, check_every=args.check_every, progress=not args.quiet,
+        reference_path=args.reference_path, check_every=args.check_every, shard=args.shard,
+        write_threads=args.write_threads, progress=not args.quiet,
     )
     if opts.check_every < 0:
         raise UsageError("--check-every must be >= 0")
@@ -60,6 +67,7 @@ def main(args: argparse.Namespace) -> int:
         checks = result.summary.get("reference_checks", {}).get("rows", [])
         print(f"fastpath capture: {result.rows} rows in {result.out} ({args.format}); this run wrote "
               f"{result.written} on rank 0 ({result.tokens_per_s:,.0f} tok/s), {result.skipped_done} already there; "
-              f"{len(checks)} rows re-checked on the reference path, all within tolerance; path: {result.path}",
+              f"{len(checks)} rows re-checked on the reference path, all within tolerance; path: {result.path}"
+              + (f"; target sharded with FSDP2 over {world_from_env().size} processes" if result.shard == "fsdp" else ""),
               file=sys.stdout)
     return 0

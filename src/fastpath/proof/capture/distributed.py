@@ -1,14 +1,28 @@
-"""The same command under `torchrun --nproc-per-node N`: one process per GPU, the target
-replicated on each, batches dealt out round-robin (packing.batches_for_rank), rank 0 writing the
-index. Outside torchrun everything here is a no-op with rank 0 of 1.
+"""The same command under `torchrun --nproc-per-node N`: one process per GPU, batches dealt out
+round-robin (packing.batches_for_rank), each rank writing its own rows, rank 0 writing the index.
+Outside torchrun everything here is a no-op with rank 0 of 1.
+
+The target is either replicated on every rank or sharded with FSDP2 (`--shard`, see
+choose_shard): `fully_shard` on every decoder layer, then on the decoder stack, the module the
+capture calls (its embeddings and final norm form the root's group; the LM head is never run
+and stays where it was loaded). Activations are not sharded, so the capture hooks on the layers
+see the full hidden states; transformers' own `output_hidden_states` does not (it looks the
+model's class up by name in `_CAN_RECORD_REGISTRY`, transformers/utils/output_capturing.py, and
+FSDP2 swaps in a subclass), which is why the capture uses its own hooks.
 
 Why a status all-reduce after every step: a rank whose check fails must stop the others, or they
 would wait forever at the final barrier; every rank runs the same number of steps (some empty).
+Sharded, every forward is a collective (each layer all-gathers its weights), so within a step
+every rank also runs the same number of forwards: the ranks agree on the step's count first
+(ForwardBudget) and a rank with fewer rows, fewer re-checks or a failed check pads with
+one-token forwards.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,3 +91,106 @@ def shutdown(active: bool) -> None:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+SHARD_MODES = ("auto", "replicate", "fsdp")
+AUTO_FSDP_FRACTION = 0.75  # auto shards when the weights need more than this share of one GPU
+
+
+def choose_shard(mode: str, world_size: int, device_type: str, weight_bytes: Callable[[], int],
+                 device_bytes: Callable[[], int]) -> str:
+    """'replicate' or 'fsdp' for --shard MODE.
+
+    auto: fsdp under torchrun on GPUs when the weights (counted from the config, in the capture
+    dtype) take more than AUTO_FSDP_FRACTION of one GPU's memory, leaving the rest for the
+    activations of --batch-tokens; replicate otherwise (one process, or CPU). The sizes are
+    callables so they are only computed when the answer depends on them."""
+    from fastpath.errors import UsageError
+
+    if mode not in SHARD_MODES:
+        raise UsageError(f"--shard must be one of {', '.join(SHARD_MODES)}, got {mode!r}")
+    if mode == "fsdp" and world_size < 2:
+        raise UsageError("--shard fsdp needs torchrun with 2 or more processes (one process holds the whole model)")
+    if mode != "auto":
+        return mode
+    if world_size < 2 or device_type != "cuda":
+        return "replicate"
+    return "fsdp" if weight_bytes() > AUTO_FSDP_FRACTION * device_bytes() else "replicate"
+
+
+def shard_decoder(parts: Any, device: Any, world: World) -> None:
+    """fully_shard every decoder layer, then the decoder stack (module doc). Parameters move to
+    `device` (this rank's GPU, or the CPU under gloo) one group at a time, so a model loaded on
+    the host never needs to fit one GPU whole. A stack that is sharded already is left alone."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    if isinstance(parts.base, FSDPModule):
+        return
+    mesh = init_device_mesh(getattr(device, "type", "cpu"), (world.size,))
+    for layer in parts.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(parts.base, mesh=mesh)
+
+
+@contextmanager
+def unsharded_root(parts: Any) -> Iterator[None]:
+    """The decoder stack's own weights (embeddings, final norm) whole for a moment, when it is
+    sharded (a collective: every rank enters); nothing to do when it is not."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(parts.base, FSDPModule):
+        yield
+        return
+    parts.base.unshard()
+    try:
+        yield
+    finally:
+        parts.base.reshard()
+
+
+class ForwardBudget:
+    """Equal forward counts per step on every rank of a sharded model (module doc).
+
+    plan(has_work, rechecks) agrees on the step's budget (1 + the most re-checks of any rank, or
+    nothing when no rank has rows); pad() tops this rank up with one-token forwards of the
+    decoder stack. Forwards are counted by a pre-hook on the stack, so re-check forwards count
+    too and a failure part-way leaves an exact remainder."""
+
+    def __init__(self, parts: Any, device: Any, active: bool) -> None:
+        self.parts, self.device, self.active = parts, device, active
+        self.count = 0
+        self.budget = 0
+        self.padded = 0  # padding forwards run, over the whole loop
+        self.handle = parts.base.register_forward_pre_hook(self._counted)
+
+    def _counted(self, *_: Any, **__: Any) -> None:
+        self.count += 1
+
+    def plan(self, has_work: bool, rechecks: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        want = torch.tensor([1 if has_work else 0, rechecks], dtype=torch.int64,
+                            device=self.device if getattr(self.device, "type", "cpu") == "cuda" else "cpu")
+        if self.active:
+            dist.all_reduce(want, op=dist.ReduceOp.MAX)
+        work, most = (int(x) for x in want.tolist())
+        self.budget = 1 + most if work else 0
+        self.count = 0
+
+    def pad(self) -> None:
+        import torch
+
+        if self.count > self.budget:
+            raise RuntimeError(f"ran {self.count} forwards in a step planned for {self.budget}")
+        if self.count == self.budget:
+            return
+        ids = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            while self.count < self.budget:
+                self.parts.base(input_ids=ids, use_cache=False)
+                self.padded += 1
+
+    def close(self) -> None:
+        self.handle.remove()

@@ -1,9 +1,16 @@
 """The capture loop: load the target and the rows, gate on the fast path, then per batch:
-forward with hooks -> check every state -> re-run sampled rows on the reference path -> write.
+forward with hooks -> check every state (on the device) -> re-run sampled rows on the reference
+path -> stage the rows for the background writers (staging.RowWrites) -> next batch.
 
-Order matters for "nothing half-written": a batch is written only after all its rows passed, and
+Order matters for "nothing half-written": a batch is staged only after all its rows passed, and
 each file appears by an atomic rename. A failed check stops every rank with the row id; what was
 written before is complete and `--resume` continues from it.
+
+The run records where its time went (CaptureResult.timings, per rank in the summary): forward
+(the batch forwards; on a GPU the device is synchronised after each, which costs nothing as the
+checks read results right after), checks, recheck (reference forwards and comparisons), stage
+(layout + queued copies), write_wait (blocked on a free staging slot or on the final writes),
+sync (status all-reduces and, sharded, the padding forwards) and other (the rest of the loop).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from typing import Any
 
 from fastpath.errors import FastpathError, UsageError, first_line
 from fastpath.proof.capture import distributed
-from fastpath.proof.capture.checks import mean_token_norm, row_problems
+from fastpath.proof.capture.checks import batch_problems, row_problems, token_norms
 from fastpath.proof.capture.data import load_rows, load_tokenizer
 from fastpath.proof.capture.layers import (
     capture_hooks,
@@ -26,12 +33,21 @@ from fastpath.proof.capture.layers import (
     parse_layers,
 )
 from fastpath.proof.capture.packing import batches_for_rank, make_batches
-from fastpath.proof.capture.recheck import recheck_row
-from fastpath.proof.capture.writers import SUMMARY_NAME, BackgroundWrites, atomic_json, make_writer
+from fastpath.proof.capture.recheck import recheck_rows
+from fastpath.proof.capture.staging import RowWrites, slot_bytes
+from fastpath.proof.capture.writers import (
+    SUMMARY_NAME,
+    atomic_json,
+    make_writer,
+    remove_stale_temps,
+)
 
 STATE_DIR = ".capture"  # per-rank records and the settings a resume must match
 SETTINGS_KEYS = ("model", "data", "data_sha256", "format", "max_len", "batch_tokens", "layers", "dtype", "seed",
-                 "model_layers")
+                 "model_layers", "weights_init")
+# Keys newer than some captures on disk: compared only when the old settings have them.
+_LATER_KEYS = ("weights_init",)
+STAGING_BUDGET = 8 << 30  # host bytes of staged rows at most (at least one slot)
 
 
 def file_sha256(path: str | Path) -> str:
@@ -68,7 +84,10 @@ class CaptureOptions:
     allow_slow: bool = False
     reference_path: bool = False  # run the whole capture on the fallback (benchmarks)
     check_every: int = 256
+    shard: str = "auto"  # auto | replicate | fsdp (distributed.choose_shard)
     verify_last: int = 4
+    write_threads: int = 4
+    write_slots: int | None = None  # staged rows at most (default: two batches' worth, within STAGING_BUDGET)
     progress: bool = True
     enable_kwargs: dict[str, Any] = field(default_factory=dict)
     on_model: Any = None  # callable(model) after loading (tests inject faults through it)
@@ -86,6 +105,8 @@ class CaptureResult:
     checked: list[dict[str, Any]]
     path: str
     summary: dict[str, Any]
+    shard: str = "replicate"
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def tokens_per_s(self) -> float:
@@ -111,7 +132,7 @@ def _prepare_out(out: Path, resume: bool, settings: dict[str, Any]) -> None:
             old = json.loads(state.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise UsageError(f"cannot read {state}: {exc}") from None
-        diff = [k for k in SETTINGS_KEYS if old.get(k) != settings.get(k)]
+        diff = [k for k in SETTINGS_KEYS if (k in old or k not in _LATER_KEYS) and old.get(k) != settings.get(k)]
         if diff:
             raise UsageError(f"--resume with different settings than the run in {out}: {', '.join(diff)}")
 
@@ -181,6 +202,20 @@ def load_target(opts: CaptureOptions, device: Any) -> Any:
                            seed=opts.seed)
 
 
+def _shard_mode(opts: CaptureOptions, world: distributed.World, device: Any) -> str:
+    import torch
+
+    from fastpath.proof.models import weight_bytes
+
+    def weights() -> int:
+        if opts.prebuilt is not None:
+            return sum(p.numel() * p.element_size() for p in opts.prebuilt.model.parameters())
+        return weight_bytes(opts.model, layers=opts.model_layers, dtype=opts.dtype)
+
+    return distributed.choose_shard(opts.shard, world.size, device.type, weights,
+                                    lambda: torch.cuda.get_device_properties(device).total_memory)
+
+
 def run_capture(opts: CaptureOptions) -> CaptureResult:
     """Capture every row of opts.data into opts.out (see the package doc)."""
     import torch
@@ -194,16 +229,19 @@ def run_capture(opts: CaptureOptions) -> CaptureResult:
         raise UsageError("--batch-tokens must be positive")
     if opts.check_every < 0:
         raise UsageError("--check-every must be >= 0 (0: only each rank's first row)")
+    if opts.write_threads < 1 or (opts.write_slots is not None and opts.write_slots < 1):
+        raise UsageError("--write-threads (and write_slots) must be at least 1")
     world = distributed.world_from_env()
     device = resolve_device(opts.device)
     if device.type == "cuda" and world.size > 1:
         device = torch.device("cuda", world.local_rank)
         torch.cuda.set_device(device)
+    shard = _shard_mode(opts, world, device)
     out = Path(opts.out).expanduser()
     writer = make_writer(opts.format, out)
     active, owned = distributed.init(world, device)
     try:
-        return _run(opts, world, device, out, writer, active, TOLERANCES, dtype_label)
+        return _run(opts, world, device, shard, out, writer, active, TOLERANCES, dtype_label)
     finally:
         import fastpath
 
@@ -211,13 +249,58 @@ def run_capture(opts: CaptureOptions) -> CaptureResult:
         distributed.shutdown(owned)
 
 
-def _run(opts: CaptureOptions, world: distributed.World, device: Any, out: Path, writer: Any, active: bool,
-         tolerances: dict[str, Any], dtype_label: Any) -> CaptureResult:
+@dataclass
+class _Loop:
+    """What every step of the capture loop reads (one rank's view)."""
+
+    opts: CaptureOptions
+    rows: list[Any]
+    parts: Any
+    device: Any
+    aux_ids: list[int]
+    capture_ids: list[int]
+    num_layers: int
+    writer: Any
+    meta: dict[str, str]
+    tol: Any
+    on_fast: bool
+    norms: Any  # per-vocabulary-entry embedding norms (checks.token_norms), on the device
+    writes: RowWrites
+    active: bool
+    budget: distributed.ForwardBudget | None  # sharded: equal forward counts per step
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def add(self, key: str, since: float) -> float:
+        now = time.perf_counter()
+        self.timings[key] = self.timings.get(key, 0.0) + now - since
+        return now
+
+
+def _staging(opts: CaptureOptions, writer: Any, rows: list[Any], todo: list[int], mine: list[tuple[int, list[int]]],
+             aux_ids: list[int], hidden: int, dtype: Any, device: Any) -> RowWrites:
+    """Slots sized for this rank's longest row (the layout's shapes, worked out on the meta
+    device); two batches' worth by default, at most STAGING_BUDGET bytes, never more than rows."""
+    import torch
+
+    longest = max((len(rows[i].input_ids) for i in todo), default=1)
+    state = torch.empty(longest, hidden, dtype=dtype, device="meta")
+    shapes = [tuple(t.shape) for t in writer.layout([state] * len(aux_ids), state, state)]
+    nbytes = slot_bytes(shapes, dtype)
+    most = max((len(b) for _, b in mine), default=1)
+    slots = opts.write_slots or max(2, 2 * most)
+    slots = max(1, min(slots, STAGING_BUDGET // max(nbytes, 1), len(todo)))
+    return RowWrites(slots, nbytes, pin=device.type == "cuda", threads=opts.write_threads)
+
+
+def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str, out: Path, writer: Any,
+         active: bool, tolerances: dict[str, Any], dtype_label: Any) -> CaptureResult:
     import torch
 
     say = lambda msg: _say(world, opts.progress, msg)  # noqa: E731
-    say(f"loading {opts.model}")
-    built = opts.prebuilt if opts.prebuilt is not None else load_target(opts, device)
+    say(f"loading {opts.model}" + (" on the host, to shard with FSDP2" if shard == "fsdp" else ""))
+    # Sharded, the model is loaded on the host and each group moves its shard to the GPU.
+    load_device = torch.device("cpu") if shard == "fsdp" else device
+    built = opts.prebuilt if opts.prebuilt is not None else load_target(opts, load_device)
     model = built.model
     if opts.on_model is not None:
         opts.on_model(model)
@@ -234,15 +317,24 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, out: Path,
         "format": opts.format,
         "max_len": opts.max_len, "batch_tokens": opts.batch_tokens, "layers": aux_ids,
         "dtype": dtype_label(built.dtype), "seed": built.seed, "model_layers": opts.model_layers,
+        # random weights depend on the device they were drawn on (FSDP draws them on the host)
+        "weights_init": "checkpoint" if built.seed is None else f"random on {torch.device(built.device).type}",
     }
+    if shard == "fsdp":
+        distributed.shard_decoder(parts, device, world)
+        built.device = device
+    with distributed.unsharded_root(parts):  # both read the final norm's and the embeddings' weights
+        convention = norm_convention(parts.norm)
+        norms = token_norms(model.get_input_embeddings()).to(device)
     path_label, on_fast = _gate_fast_path(model, opts)  # before DIR is touched: a refusal leaves it as it was
     _prepare_out(out, opts.resume, settings)
     distributed.barrier(active)
     if world.is_main:
         _write_settings(out, settings)
+        if opts.resume:
+            remove_stale_temps(out)  # left by a killed run; no rank writes before the barrier
     distributed.barrier(active)
-    say(f"{built.describe()}; path: {path_label}")
-    convention = norm_convention(parts.norm)
+    say(f"{built.describe()}; path: {path_label}" + (f"; FSDP2 over {world.size} processes" if shard == "fsdp" else ""))
     tol = tolerances[dtype_label(built.dtype)]
     meta = {
         "fastpath_path": path_label,
@@ -259,14 +351,14 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, out: Path,
 
     # Resume: trust finished files, but re-read and re-check the last few of this rank.
     done = {i for _, b in mine for i in b if writer.is_done(i)}
+    host_norms = norms.cpu()
     for idx in sorted(done)[-opts.verify_last:] if opts.verify_last else []:
         row = rows[idx]
         problems = writer.layout_problems(idx, row.input_ids, row.loss_mask, len(aux_ids),
                                           int(built.config.hidden_size), built.dtype)
         if not problems:
-            with torch.no_grad():
-                emb = mean_token_norm(model.get_input_embeddings()(torch.tensor(row.input_ids, device=device)))
-            problems = row_problems(writer.stored_states(idx, len(aux_ids)), emb)
+            problems = row_problems(writer.stored_states(idx, len(aux_ids)),
+                                    host_norms[torch.tensor(row.input_ids)].mean())
         if problems:
             say(f"resume: row {idx} fails its re-check ({problems[0]}); capturing it again")
             for p in writer.row_paths(idx):
@@ -275,22 +367,31 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, out: Path,
     if done:
         say(f"resume: {len(done)} rows already written on rank {world.rank}")
 
+    todo = [i for _, b in mine for i in b if i not in done]
+    writes = _staging(opts, writer, rows, todo, mine, aux_ids, int(built.config.hidden_size), built.dtype, device)
+    budget = distributed.ForwardBudget(parts, device, active) if shard == "fsdp" else None
+    loop = _Loop(opts, rows, parts, device, aux_ids, capture_ids, num_layers, writer, meta, tol, on_fast, norms,
+                 writes, active, budget)
     progress = _Progress(world, opts.progress, len(rows))
     start = time.perf_counter()
-    writes = BackgroundWrites()
     try:
-        written, tokens, checked, error, stopped = _capture_loop(
-            steps, mine, done, rows, parts, model, device, aux_ids, capture_ids, num_layers, writer, meta, tol,
-            on_fast, opts, writes, active, progress)
+        written, tokens, checked, error, stopped = _capture_loop(loop, steps, mine, done, progress)
     finally:
         writes.close()
+        if budget is not None:
+            budget.close()
     seconds = time.perf_counter() - start
+    timings = {k: round(v, 4) for k, v in loop.timings.items()}
+    timings["write_wait"] = round(writes.wait_s, 4)
+    timings["other"] = round(max(0.0, seconds - sum(timings.values())), 4)
+    timings["staging_alloc"] = round(writes.alloc_s, 4)  # before the loop, not in `seconds`
     if error is not None:
         raise error
     if stopped:
         raise FastpathError(f"rank {world.rank}: stopped because another rank failed (see its message)")
     record = {"rank": world.rank, "rows_written": written, "rows_already_done": len(done), "tokens": tokens,
-              "seconds": seconds, "checked": checked}
+              "seconds": seconds, "shard": shard, "timings": timings, "checked": checked,
+              "padding_forwards": budget.padded if budget is not None else 0}
     atomic_json(out / STATE_DIR / f"rank{world.rank}.json", record)
     distributed.barrier(active)
     progress.update(written + len(done), tokens, final=True)
@@ -299,62 +400,74 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, out: Path,
     if world.is_main:
         try:
             summary = _finish(out, writer, rows, loaded, meta, built, world, aux_ids, num_layers, convention,
-                              path_label, opts)
+                              path_label, opts, shard)
         except FastpathError as exc:
             finish_error = exc
     if distributed.any_failed(finish_error is not None, device, active):
         raise finish_error or FastpathError("rank 0 could not write the dataset index (see its message)")
-    return CaptureResult(out, len(rows), written, len(done), tokens, seconds, checked, path_label, summary)
+    return CaptureResult(out, len(rows), written, len(done), tokens, seconds, checked, path_label, summary,
+                         shard, timings)
 
 
-def _capture_loop(steps: int, mine: list[tuple[int, list[int]]], done: set[int], rows: list[Any], parts: Any,
-                  model: Any, device: Any, aux_ids: list[int], capture_ids: list[int], num_layers: int,
-                  writer: Any, meta: dict[str, str], tol: Any, on_fast: bool, opts: CaptureOptions,
-                  writes: BackgroundWrites, active: bool, progress: _Progress,
+def recheck_plan(todo: list[int], check_every: int, first: bool) -> list[int]:
+    """Rows of a batch to re-run on the reference path: every check_every-th row id, and the
+    first row this rank captures when `first`."""
+    return [idx for k, idx in enumerate(todo) if (check_every and idx % check_every == 0) or (first and k == 0)]
+
+
+def _capture_loop(loop: _Loop, steps: int, mine: list[tuple[int, list[int]]], done: set[int], progress: _Progress,
                   ) -> tuple[int, int, list[dict[str, Any]], BaseException | None, bool]:
     """This rank's batches; every rank runs `steps` steps and learns after each whether any failed."""
     import torch
 
     checked: list[dict[str, Any]] = []
     written = tokens = 0
-    first_row_checked = False
+    first = True
     error: BaseException | None = None
     for step in range(steps):
-        if error is None and step < len(mine):
-            _, batch = mine[step]
-            todo = [i for i in batch if i not in done]
-            if todo:
-                try:
-                    n_tok, row_checks = _capture_batch(
-                        batch, todo, rows, parts, model, device, aux_ids, capture_ids, num_layers, writer,
-                        meta, tol, on_fast, opts, writes, check_first=not first_row_checked)
-                    first_row_checked = True
-                    checked.extend(row_checks)
-                    written += len(todo)
-                    tokens += n_tok
-                except FastpathError as exc:
-                    error = exc
-                except torch.cuda.OutOfMemoryError as exc:
-                    error = FastpathError(f"out of GPU memory on a batch of {len(batch)} rows "
-                                          f"({first_line(exc)}); lower --batch-tokens")
-        if distributed.any_failed(error is not None, device, active):
+        batch = mine[step][1] if step < len(mine) else []
+        todo = [i for i in batch if i not in done]
+        plan = recheck_plan(todo, loop.opts.check_every, first) if todo else []
+        if loop.budget is not None:
+            since = time.perf_counter()
+            loop.budget.plan(bool(todo), len(plan))
+            loop.add("sync", since)
+        if todo:
+            try:
+                n_tok, row_checks = _capture_batch(loop, batch, todo, plan)
+                first = False
+                checked.extend(row_checks)
+                written += len(todo)
+                tokens += n_tok
+            except FastpathError as exc:
+                error = exc
+            except torch.cuda.OutOfMemoryError as exc:
+                if loop.budget is not None:
+                    raise  # sharded: the other ranks are inside this forward's collectives
+                error = FastpathError(f"out of GPU memory on a batch of {len(batch)} rows "
+                                      f"({first_line(exc)}); lower --batch-tokens")
+        since = time.perf_counter()
+        if loop.budget is not None:
+            loop.budget.pad()
+        failed = distributed.any_failed(error is not None, loop.device, loop.active)
+        loop.add("sync", since)
+        if failed:
             return written, tokens, checked, error, True
         progress.update(written + len(done), tokens)
     try:
-        writes.wait()
+        loop.writes.wait()
     except FastpathError as exc:
         error = exc
-    return written, tokens, checked, error, distributed.any_failed(error is not None, device, active)
+    return written, tokens, checked, error, distributed.any_failed(error is not None, loop.device, loop.active)
 
 
-def _capture_batch(batch: list[int], todo: list[int], rows: list[Any], parts: Any, model: Any, device: Any,
-                   aux_ids: list[int], capture_ids: list[int], num_layers: int, writer: Any,
-                   meta: dict[str, str], tol: Any, on_fast: bool, opts: CaptureOptions, writes: BackgroundWrites,
-                   check_first: bool) -> tuple[int, list[dict[str, Any]]]:
-    """Forward one batch, check every row (on the device), re-check the sampled ones, then hand
-    `todo` to the background writers."""
+def _capture_batch(loop: _Loop, batch: list[int], todo: list[int], plan: list[int]) -> tuple[int, list[dict[str, Any]]]:
+    """Forward one batch, check every row on the device, re-check the `plan` rows on the
+    reference path, then stage `todo` for the background writers."""
     import torch
 
+    opts, rows, parts, writer, device = loop.opts, loop.rows, loop.parts, loop.writer, loop.device
+    since = time.perf_counter()
     lengths = [len(rows[i].input_ids) for i in batch]
     width = max(lengths)
     ids = torch.zeros(len(batch), width, dtype=torch.long)
@@ -364,95 +477,74 @@ def _capture_batch(batch: list[int], todo: list[int], rows: list[Any], parts: An
         mask[b, : lengths[b]] = 1
     ids, mask = ids.to(device), mask.to(device)
     padded = min(lengths) != width
-    with torch.no_grad(), capture_hooks(parts, capture_ids) as box:
+    with torch.no_grad(), capture_hooks(parts, loop.capture_ids) as box:
         parts.base(input_ids=ids, attention_mask=mask if padded else None, use_cache=False)
-        embeds = model.get_input_embeddings()(ids)
-    missing = [i for i in capture_ids if i not in box.states] + ([] if box.final_post is not None else ["final norm"])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    since = loop.add("forward", since)
+    missing = [i for i in loop.capture_ids if i not in box.states] + ([] if box.final_post is not None else ["final norm"])
     if missing:
         raise CaptureCheckError(f"the hooks captured nothing for {missing}: this model's layers did not run")
-    staged = []
-    row_checks: list[dict[str, Any]] = []
-    for b, idx in enumerate(batch):
-        if idx not in todo:
-            continue
+    mine = [(b, idx) for b, idx in enumerate(batch) if idx in todo]
+    states: dict[int, dict[int, Any]] = {}
+    posts: dict[int, Any] = {}
+    named = []
+    embed_norms = []
+    for b, idx in mine:
         n = lengths[b]
-        states = {i: box.states[i][b, :n].detach() for i in capture_ids}
-        post = box.final_post[b, :n].detach()
-        named = {f"layer {i}": states[i] for i in aux_ids}
-        named[f"layer {num_layers} (last layer, pre-norm)"] = states[num_layers]
-        named["final norm"] = post
-        problems = row_problems(named, mean_token_norm(embeds[b, :n]))
+        states[idx] = {i: box.states[i][b, :n].detach() for i in loop.capture_ids}
+        posts[idx] = box.final_post[b, :n].detach()
+        row_named = {f"layer {i}": states[idx][i] for i in loop.aux_ids}
+        row_named[f"layer {loop.num_layers} (last layer, pre-norm)"] = states[idx][loop.num_layers]
+        row_named["final norm"] = posts[idx]
+        named.append(row_named)
+        embed_norms.append(loop.norms[ids[b, :n]].mean())
+    for (_, idx), problems in zip(mine, batch_problems(named, embed_norms), strict=True):
         if problems:
             raise CaptureCheckError(f"row {idx} (data line {rows[idx].line}) failed its checks: {problems[0]}"
                                     + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
-        if (opts.check_every and idx % opts.check_every == 0) or check_first:
-            check_first = False
-            captured = {f"layer {i}": states[i] for i in capture_ids}
-            captured["final norm"] = post
-            diffs = recheck_row(parts, ids[b, :n], captured, capture_ids, tol, on_fast,
-                                {"warn": False, **opts.enable_kwargs})
-            worst = max(diffs, key=lambda d: d.rel)
-            row_checks.append({"row": idx, "ok": all(d.ok for d in diffs), "worst": worst.name,
-                               "rel": worst.rel, "token_rel_max": max(d.token_rel_max for d in diffs)})
-            bad = [d for d in diffs if not d.ok]
-            if bad:
-                d = bad[0]
-                why = ", ".join(d.flags) if d.flags else f"rel {d.rel:.2e} (limit {tol.rel:g}), worst token {d.token_rel_max:.2e}"
-                raise CaptureCheckError(f"row {idx} (data line {rows[idx].line}): {d.name} differs from the "
-                                        f"reference path: {why}")
-        staged.append((idx, states, post))
-    for idx, states, post in staged:
+    since = loop.add("checks", since)
+    row_checks: list[dict[str, Any]] = []
+    position = {idx: b for b, idx in mine}
+    sampled = []
+    for idx in plan:
+        captured = {f"layer {i}": states[idx][i] for i in loop.capture_ids}
+        captured["final norm"] = posts[idx]
+        sampled.append((ids[position[idx], : lengths[position[idx]]], captured))
+    all_diffs = recheck_rows(parts, sampled, loop.capture_ids, loop.tol, loop.on_fast,
+                             {"warn": False, **opts.enable_kwargs})
+    for idx, diffs in zip(plan, all_diffs, strict=True):
+        worst = max(diffs, key=lambda d: d.rel)
+        row_checks.append({"row": idx, "ok": all(d.ok for d in diffs), "worst": worst.name,
+                           "rel": worst.rel, "token_rel_max": max(d.token_rel_max for d in diffs)})
+        bad = [d for d in diffs if not d.ok]
+        if bad:
+            d = bad[0]
+            why = ", ".join(d.flags) if d.flags else f"rel {d.rel:.2e} (limit {loop.tol.rel:g}), worst token {d.token_rel_max:.2e}"
+            raise CaptureCheckError(f"row {idx} (data line {rows[idx].line}): {d.name} differs from the "
+                                    f"reference path: {why}")
+    since = loop.add("recheck", since)
+    waited = loop.writes.wait_s
+    for _, idx in mine:
         row = rows[idx]
-        wanted = [states[i] for i in aux_ids]
-        wanted += [states[num_layers]] if writer.needs_pre else []
-        wanted += [post] if writer.needs_post else []
-        host, ready = to_host(wanted)
-        aux_host = host[: len(aux_ids)]
-        rest = host[len(aux_ids):]
-        pre_host = rest.pop(0) if writer.needs_pre else None
-        post_host = rest.pop(0) if writer.needs_post else None
-        args = (idx, torch.tensor(row.input_ids, dtype=torch.long), torch.tensor(row.loss_mask, dtype=torch.long),
-                aux_host, pre_host, post_host, meta)
+        stored = writer.layout([states[idx][i] for i in loop.aux_ids],
+                               states[idx][loop.num_layers] if writer.needs_pre else None,
+                               posts[idx] if writer.needs_post else None)
+        row_ids = torch.tensor(row.input_ids, dtype=torch.long)
+        row_mask = torch.tensor(row.loss_mask, dtype=torch.long)
 
-        def write(args: tuple = args, ready: Any = ready) -> None:
-            if ready is not None:
-                ready.synchronize()
-            writer.write_row(*args)
+        def write(saved: list[Any], idx: int = idx, row_ids: Any = row_ids, row_mask: Any = row_mask) -> None:
+            writer.write_row(idx, row_ids, row_mask, saved, loop.meta)
 
-        writes.submit(idx, write)
-    return sum(lengths[b] for b, i in enumerate(batch) if i in todo), row_checks
-
-
-_COPY_STREAMS: dict[Any, Any] = {}
-
-
-def to_host(tensors: list[Any]) -> tuple[list[Any], Any]:
-    """Device -> pinned host copies on a side stream, so the next batch's forward overlaps them.
-    Returns the host tensors and an event to wait on before reading them (None on CPU)."""
-    import torch
-
-    if not tensors or not tensors[0].is_cuda:
-        return list(tensors), None
-    device = tensors[0].device
-    stream = _COPY_STREAMS.get(device)
-    if stream is None:
-        stream = _COPY_STREAMS[device] = torch.cuda.Stream(device=device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    host = []
-    with torch.cuda.stream(stream):
-        for t in tensors:
-            h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            h.copy_(t, non_blocking=True)
-            t.record_stream(stream)  # the allocator must not reuse t before the copy ran
-            host.append(h)
-        event = torch.cuda.Event()
-        event.record(stream)
-    return host, event
+        loop.writes.stage(idx, stored, write)
+    loop.add("stage", since)
+    loop.timings["stage"] -= loop.writes.wait_s - waited  # time blocked on a slot is write_wait
+    return sum(lengths[b] for b, _ in mine), row_checks
 
 
 def _finish(out: Path, writer: Any, rows: list[Any], loaded: Any, meta: dict[str, str], built: Any,
             world: distributed.World, aux_ids: list[int], num_layers: int, convention: str, path_label: str,
-            opts: CaptureOptions) -> dict[str, Any]:
+            opts: CaptureOptions, shard: str) -> dict[str, Any]:
     """Rank 0: every row present -> dataset index, token_freq.pt, capture_summary.json."""
     missing = [i for i in range(len(rows)) if not writer.is_done(i)]
     if missing:
@@ -479,7 +571,7 @@ def _finish(out: Path, writer: Any, rows: list[Any], loaded: Any, meta: dict[str
                    "aux": aux_ids, "last": num_layers, "final_norm": meta["fastpath_final_norm"],
                    "norm_convention": convention},
         "path": path_label,
-        "max_len": opts.max_len, "batch_tokens": opts.batch_tokens, "world_size": world.size,
+        "max_len": opts.max_len, "batch_tokens": opts.batch_tokens, "world_size": world.size, "shard": shard,
         "shard_checks": "every written row: finite, not all zero, not constant, not the same at every "
                         "position, mean token norm within the band of the embeddings'",
         "reference_checks": {"check_every": opts.check_every, "rows": checked,

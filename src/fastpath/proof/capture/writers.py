@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,51 +57,25 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
             tmp.unlink()
 
 
+def remove_stale_temps(out: Path) -> int:
+    """Delete the temporary files and folders (`.NAME.tmpPID`, `.index.tmpPID`) a killed run
+    left in `out`; returns how many. Only for a resume, before any process writes."""
+    import shutil
+
+    count = 0
+    for path in list(out.rglob(".*.tmp*")):
+        if not path.name.rsplit(".tmp", 1)[-1].isdigit():
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        count += 1
+    return count
+
+
 def atomic_json(path: Path, data: Any) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n"))
-
-
-class BackgroundWrites:
-    """Row files written by a few threads while the GPU runs the next batch (at ~40 KB per token
-    for 4 states of a 5120-wide model, writing is as slow as the forward itself).
-
-    At most `max_pending` rows in flight; `wait()` returns when every submitted row is on disk and
-    re-raises the first failure as a FastpathError naming the row.
-    """
-
-    def __init__(self, threads: int = 4, max_pending: int = 16) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="fastpath-capture-write")
-        self.pending: list[tuple[int, Any]] = []
-        self.max_pending = max_pending
-
-    def submit(self, idx: int, fn: Callable[[], None]) -> None:
-        while len(self.pending) >= self.max_pending:
-            self._collect(*self.pending.pop(0))
-        self.pending.append((idx, self.pool.submit(fn)))
-
-    def wait(self) -> None:
-        while self.pending:
-            self._collect(*self.pending.pop(0))
-
-    def close(self) -> None:
-        """Finish what was submitted (whole rows only), then stop the threads."""
-        try:
-            self.wait()
-        finally:
-            self.pool.shutdown(wait=True)
-
-    @staticmethod
-    def _collect(idx: int, future: Any) -> None:
-        from fastpath.errors import FastpathError
-
-        try:
-            future.result()
-        except OSError as exc:
-            raise FastpathError(f"writing row {idx} failed: {exc.strerror or exc}") from None
-        except Exception as exc:  # a serializer's own error: one line, with the row
-            raise FastpathError(f"writing row {idx} failed: {exc.__class__.__name__}: {exc}") from None
 
 
 def token_freq(rows: Iterable[tuple[list[int], list[int]]]) -> dict[int, int]:
@@ -127,8 +101,13 @@ class Writer:
     def is_done(self, idx: int) -> bool:
         return all(p.exists() for p in self.row_paths(idx))
 
-    def write_row(self, idx: int, ids: Any, mask: Any, aux: list[Any], pre: Any, post: Any,
-                  meta: dict[str, str]) -> None:
+    def layout(self, aux: Sequence[Any], pre: Any, post: Any) -> list[Any]:
+        """A row's stored tensors, built from its states ([T, H] each; pre/post None unless
+        needs_pre/needs_post) on whatever device they are: the stack or concat runs there."""
+        raise NotImplementedError
+
+    def write_row(self, idx: int, ids: Any, mask: Any, stored: Sequence[Any], meta: dict[str, str]) -> None:
+        """Write row idx from `layout`'s tensors (on the host, contiguous, each its own storage)."""
         raise NotImplementedError
 
     def read_row(self, idx: int) -> dict[str, Any]:
@@ -165,12 +144,14 @@ class SpeculatorsWriter(Writer):
     def row_paths(self, idx: int) -> list[Path]:
         return [self.out / "hidden_states" / f"hs_{idx}.safetensors"]
 
-    def write_row(self, idx: int, ids: Any, mask: Any, aux: list[Any], pre: Any, post: Any,
-                  meta: dict[str, str]) -> None:
+    def layout(self, aux: Sequence[Any], pre: Any, post: Any) -> list[Any]:
         import torch
 
+        return [torch.stack([*aux, pre], dim=1)]
+
+    def write_row(self, idx: int, ids: Any, mask: Any, stored: Sequence[Any], meta: dict[str, str]) -> None:
         st = need("safetensors.torch")
-        tensors = {"hidden_states": torch.stack([*aux, pre], dim=1).contiguous(), "token_ids": ids.contiguous()}
+        tensors = {"hidden_states": stored[0].contiguous(), "token_ids": ids.contiguous()}
         atomic_write(self.row_paths(idx)[0], lambda tmp: st.save_file(tensors, str(tmp), metadata=meta))
 
     def read_row(self, idx: int) -> dict[str, Any]:
@@ -244,15 +225,17 @@ class SpecForgeWriter(Writer):
     def row_paths(self, idx: int) -> list[Path]:
         return [self.out / self.group_dir(idx) / f"data_{idx}.ckpt"]
 
-    def write_row(self, idx: int, ids: Any, mask: Any, aux: list[Any], pre: Any, post: Any,
-                  meta: dict[str, str]) -> None:
+    def layout(self, aux: Sequence[Any], pre: Any, post: Any) -> list[Any]:
         import torch
 
+        return [torch.cat(list(aux), dim=-1), post]
+
+    def write_row(self, idx: int, ids: Any, mask: Any, stored: Sequence[Any], meta: dict[str, str]) -> None:
         record = {
             "input_ids": ids.contiguous(),
             "loss_mask": mask.contiguous(),
-            "aux_hidden_state": torch.cat(aux, dim=-1).unsqueeze(0).contiguous(),
-            "hidden_state": post.unsqueeze(0).contiguous(),
+            "aux_hidden_state": stored[0].unsqueeze(0).contiguous(),
+            "hidden_state": stored[1].unsqueeze(0).contiguous(),
         }
         atomic_write(self.row_paths(idx)[0], lambda tmp: _torch_save(record, tmp))
 
