@@ -33,6 +33,7 @@ from fastpath.kernels.ssd.scan_fwd import (
     _carry,
     _chunk_bounds,
     _chunk_rows,
+    _decay,
     _head_block,
     _pair_block,
     _start_tile,
@@ -41,6 +42,7 @@ from fastpath.kernels.ssd.scan_fwd import (
     chunk_outputs,
     chunk_states,
     contiguous_inputs,
+    cum_dtype,
     dot_precision,
     light_autotune,
     mm,
@@ -80,7 +82,7 @@ def _dstates_kernel(
         cum = tl.load(cum_ptr + cbase + offs_t, mask=valid, other=0.0)
         cum_last = tl.load(cum_ptr + cbase + n_valid - 1)
         keep = valid & (seq_t == seq_prev)
-        scale = tl.where(keep, tl.exp(tl.where(keep, cum, 0.0)), 0.0)
+        scale = _decay(cum, 0.0, keep)
         rows = b.to(tl.int64) * L + c * Q + offs_t
         dy, Ct = _chunk_rows(dy_ptr, C_ptr, rows, valid, SDY, SC, h, g, P, N, offs_p, offs_n)
         dys = (dy.to(tl.float32) * scale[:, None]).to(dy.dtype)
@@ -125,7 +127,7 @@ def _dx_kernel(
                        other=0.0)
         pair = (offs_k[None, :] >= offs_m[:, None]) & (seq_m[:, None] == seq_k[None, :])
         pair = pair & valid_m[:, None] & valid_k[None, :]
-        decay = tl.exp(tl.where(pair, cum_k[None, :] - cum_m[:, None], -float("inf")))
+        decay = _decay(cum_k[None, :], cum_m[:, None], pair)
         cb_ut = tl.load(cb_ptr + cbb + offs_k[None, :] * Q + offs_m[:, None],
                         mask=(offs_m[:, None] < Q) & (offs_k[None, :] < Q), other=0.0)
         dv += mm((cb_ut * decay).to(dy_k.dtype), dy_k, PREC, UPCAST)
@@ -137,7 +139,7 @@ def _dx_kernel(
                   mask=valid_m[:, None] & (offs_n[None, :] < N), other=0.0)
     cum_last = tl.load(cum_ptr + cbase + n_valid - 1)
     keep_last = valid_m & (seq_m == seq_last)
-    to_end = tl.where(keep_last, tl.exp(tl.where(keep_last, cum_last - cum_m, 0.0)), 0.0)
+    to_end = _decay(cum_last, cum_m, keep_last)
     br = mm(B_m, tl.trans(R.to(B_m.dtype)), PREC, UPCAST)  # (BM, P): B_u R^T
     dv += br * to_end[:, None]
     dtp_m = tl.load(dtp_ptr + cbase + offs_m, mask=valid_m, other=0.0)
@@ -233,7 +235,7 @@ def _dcb_kernel(
         x_u = tl.load(x_ptr + rows_u[:, None] * SX + h * P + offs_p[None, :],
                       mask=valid_u[:, None] & p_ok, other=0.0)
         v_u = (x_u.to(tl.float32) * dtp_u[:, None]).to(x_u.dtype)
-        decay = tl.exp(tl.where(pair, cum_t[:, None] - cum_u[None, :], -float("inf")))
+        decay = _decay(cum_t[:, None], cum_u[None, :], pair)
         w = mm(dy_t, tl.trans(v_u), PREC, UPCAST) * decay
         acc += w
         t_hu = cb * w
@@ -297,8 +299,8 @@ def _dbc_kernel(
         v_m = (x_m.to(tl.float32) * dtp_m[:, None]).to(x_m.dtype)
         h_in = tl.load(states_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
         R = tl.load(dstates_ptr + st_off + pn_off, mask=pn_mask, other=0.0)
-        from_start = tl.where(prev_ok, tl.exp(tl.where(prev_ok, cum_m, 0.0)), 0.0)
-        to_end = tl.where(keep_last, tl.exp(tl.where(keep_last, cum_last - cum_m, 0.0)), 0.0)
+        from_start = _decay(cum_m, 0.0, prev_ok)
+        to_end = _decay(cum_last, cum_m, keep_last)
         dyh = mm(dy_m, h_in.to(dy_m.dtype), PREC, UPCAST) * from_start[:, None]
         acc_c += dyh
         tl.store(dsi_ptr + tl.program_id(0) * SI + cbase + offs_m, tl.sum(C_m * dyh, axis=1),
@@ -342,7 +344,7 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
     batch, seqlen, nheads, headdim = x.shape
     ngroups, dstate = B.shape[2:]
     nchunks = triton.cdiv(seqlen, chunk_size)
-    dtp, cum = prepare_dt(dt, A, dt_bias, chunk_size, dt_softplus, dt_limit)
+    dtp, cum = prepare_dt(dt, A, dt_bias, chunk_size, dt_softplus, dt_limit, cum_dtype(x.dtype))
     states, _ = chunk_states(x, B, dtp, cum, seq_idx, initial_states, chunk_size)
     cb = chunk_cb(B, C, chunk_size)
     dz = None

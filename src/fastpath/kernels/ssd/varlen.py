@@ -13,7 +13,11 @@ import triton.language as tl
 from torch import Tensor
 
 from fastpath.kernels.ssd.scan_fwd import (
+    _chunk_rows,
+    _decay,
+    _state_tile,
     contiguous_inputs,
+    cum_dtype,
     dot_precision,
     mm,
     needs_upcast,
@@ -26,19 +30,10 @@ from fastpath.kernels.ssd.scan_fwd import (
 def _varlen_states_kernel(
     x_ptr, B_ptr, dtp_ptr, A_ptr, cu_ptr, init_ptr, out_ptr,
     H, G, P, N, LP, SX, SB,
-    HAS_INIT: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_INIT: tl.constexpr, CUM64: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
     BQ: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
 ):
-    n_nb = tl.cdiv(N, BN)
-    pid_pn = tl.program_id(0)
-    offs_p = (pid_pn // n_nb) * BP + tl.arange(0, BP)
-    offs_n = (pid_pn % n_nb) * BN + tl.arange(0, BN)
-    pid_sh = tl.program_id(1)
-    s = pid_sh // H
-    h = pid_sh % H
-    g = h // (H // G)
-    pn_mask = (offs_p[:, None] < P) & (offs_n[None, :] < N)
-    pn_off = offs_p[:, None] * N + offs_n[None, :]
+    offs_p, offs_n, s, h, g, pn_mask, pn_off, _ = _state_tile(H, G, P, N, BP, BN)  # s: sequence
     start = tl.load(cu_ptr + s)  # int32 bounds: one loop-variable type for range()
     end = tl.load(cu_ptr + s + 1)
     if HAS_INIT:
@@ -53,15 +48,14 @@ def _varlen_states_kernel(
         valid = tok < end
         dtp = tl.load(dtp_ptr + h * LP + tok, mask=valid, other=0.0)
         a = dtp * a_h
+        if CUM64:  # float32 inputs: exact differences of the running sum (scan_fwd.cum_dtype)
+            a = a.to(tl.float64)
         cum = tl.cumsum(a, axis=0)
         total = tl.sum(a)
-        w = tl.where(valid, tl.exp(total - cum) * dtp, 0.0)
-        x = tl.load(x_ptr + tok[:, None] * SX + h * P + offs_p[None, :],
-                    mask=valid[:, None] & (offs_p[None, :] < P), other=0.0)
-        Bt = tl.load(B_ptr + tok[:, None] * SB + g * N + offs_n[None, :],
-                     mask=valid[:, None] & (offs_n[None, :] < N), other=0.0)
+        w = _decay(total, cum, valid) * dtp
+        x, Bt = _chunk_rows(x_ptr, B_ptr, tok, valid, SX, SB, h, g, P, N, offs_p, offs_n)
         xw = (x.to(tl.float32) * w[:, None]).to(x.dtype)
-        state = state * tl.exp(total) + mm(tl.trans(xw), Bt, PREC, UPCAST)
+        state = state * tl.exp(total.to(tl.float32)) + mm(tl.trans(xw), Bt, PREC, UPCAST)
     o = (s.to(tl.int64) * H + h) * P * N + pn_off
     tl.store(out_ptr + o, state.to(out_ptr.dtype.element_ty), mask=pn_mask)
 
@@ -83,7 +77,8 @@ def varlen_states_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, cu_seqlens
         x, B, dtp, A.contiguous(), cu_seqlens.to(device=x.device, dtype=torch.int32).contiguous(),
         initial_states.contiguous() if initial_states is not None else dtp, out,
         nheads, ngroups, headdim, dstate, dtp.shape[-1], x.stride(1), B.stride(1),
-        HAS_INIT=initial_states is not None, PREC=dot_precision(x.dtype),
+        HAS_INIT=initial_states is not None, CUM64=cum_dtype(x.dtype) == torch.float64,
+        PREC=dot_precision(x.dtype),
         UPCAST=needs_upcast(x.dtype), BQ=pow2(min(chunk_size, 128)), BP=bp, BN=bn,
     )
     return out
