@@ -108,13 +108,11 @@ def _dx_kernel(
     The other shares of ds come from the dCB and dB/dC kernels. The head is the fastest launch
     axis: the group's heads run side by side and share CB and B tiles in L2."""
     n_m = tl.cdiv(Q, BM)
-    b, c, h, g, m, offs_m, cbb = _head_block(H, G, NC, Q, BM)
+    b, c, h, g, m, offs_m, cbb, cbase, rows_m = _head_block(L, H, G, NC, Q, BM)
+    valid_m, n_valid, seq_m, seq_last, _ = _chunk_bounds(seq_ptr, b, c, L, Q, offs_m, HAS_SEQ)
+    cum_m = tl.load(cum_ptr + cbase + offs_m, mask=valid_m, other=0.0)
     offs_p = tl.arange(0, BP)
     offs_n = tl.arange(0, BN)
-    valid_m, n_valid, seq_m, seq_last, _ = _chunk_bounds(seq_ptr, b, c, L, Q, offs_m, HAS_SEQ)
-    cbase = (b.to(tl.int64) * H + h) * NC * Q + c * Q
-    cum_m = tl.load(cum_ptr + cbase + offs_m, mask=valid_m, other=0.0)
-    rows_m = b.to(tl.int64) * L + c * Q + offs_m
     p_ok = offs_p[None, :] < P
     hp = h * P + offs_p[None, :]
     dv = tl.zeros((BM, BP), dtype=tl.float32)

@@ -254,9 +254,10 @@ def _cb_kernel(
 
 
 @triton.jit
-def _head_block(H, G, NC, Q, BM: tl.constexpr):
+def _head_block(L, H, G, NC, Q, BM: tl.constexpr):
     """A per-head row-block program, the head the fastest launch axis (a group's heads run side
-    by side and share its CB, B and C tiles in L2): (b, c, h, g, m, offs_m, CB block offset)."""
+    by side and share its CB, B and C tiles in L2): (b, c, h, g, m, offs_m, CB block offset,
+    offset of the chunk in the (B, H, NC*Q) dt'/cum layout, token rows of the block)."""
     h = tl.program_id(0)
     pid = tl.program_id(1)
     n_m = tl.cdiv(Q, BM)
@@ -265,7 +266,9 @@ def _head_block(H, G, NC, Q, BM: tl.constexpr):
     c = (pid // n_m) % NC
     g = h // (H // G)
     offs_m = m * BM + tl.arange(0, BM)
-    return b, c, h, g, m, offs_m, ((b.to(tl.int64) * NC + c) * G + g) * Q * Q
+    cbb = ((b.to(tl.int64) * NC + c) * G + g) * Q * Q
+    cbase = (b.to(tl.int64) * H + h) * NC * Q + c * Q
+    return b, c, h, g, m, offs_m, cbb, cbase, b.to(tl.int64) * L + c * Q + offs_m
 
 
 @light_autotune(["Q", "P", "N", "BM"])
@@ -280,13 +283,11 @@ def _out_kernel(
     """One program: BM output rows of one chunk and head; the causal sum walks the chunk's
     column blocks up to the diagonal (small tiles keep everything in registers), reading the
     group's CB. The head is the fastest launch axis: a group's heads share CB and C in L2."""
-    b, c, h, g, m, offs_m, cbb = _head_block(H, G, NC, Q, BM)
+    b, c, h, g, m, offs_m, cbb, cbase, rows_m = _head_block(L, H, G, NC, Q, BM)
+    valid_m, _, seq_m, _, seq_prev = _chunk_bounds(seq_ptr, b, c, L, Q, offs_m, HAS_SEQ)
+    cum_m = tl.load(cum_ptr + cbase + offs_m, mask=valid_m, other=0.0)
     offs_p = tl.arange(0, BP)
     offs_n = tl.arange(0, BN)
-    valid_m, _, seq_m, _, seq_prev = _chunk_bounds(seq_ptr, b, c, L, Q, offs_m, HAS_SEQ)
-    cbase = (b.to(tl.int64) * H + h) * NC * Q + c * Q
-    cum_m = tl.load(cum_ptr + cbase + offs_m, mask=valid_m, other=0.0)
-    rows_m = b.to(tl.int64) * L + c * Q + offs_m
     n_ok = offs_n[None, :] < N
     p_ok = offs_p[None, :] < P
     Cm = tl.load(C_ptr + rows_m[:, None] * SC + g * N + offs_n[None, :],
