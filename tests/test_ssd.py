@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fastpath.kernels import dispatch
@@ -67,14 +67,16 @@ def make_case(batch, seqlen, nheads, headdim, ngroups, dstate, *, seed=0, per_ch
 
 
 def run_case(t, seq_idx, chunk_size, dtype, opts, *, grads=True, return_final=True):
-    """The op in `dtype` vs the float64 recurrence: out, final states and every gradient."""
+    """The op in `dtype` vs the float64 recurrence on the same (rounded) inputs and output
+    gradients: out, final states and every gradient. Rounding the inputs to bf16 alone moves a
+    growing recurrence (dt' < 0 without softplus) by more than the op's own error."""
     used = ["x", "dt", "A", "B", "C", *[k for k in ("D", "z", "dt_bias", "initial_states")
                                        if opts.get(k)]]
     kw = {"seq_idx": seq_idx if opts.get("seq_idx") else None,
           "dt_softplus": opts.get("dt_softplus", False),
           "dt_limit": opts.get("dt_limit", (0.0, float("inf")))}
     low = {k: t[k].to(dtype).requires_grad_() for k in used}
-    ref = {k: t[k].clone().requires_grad_() for k in used}
+    ref = {k: low[k].detach().double().requires_grad_() for k in used}
     CALLS.clear()
     out, final = mamba_chunk_scan_combined(
         low["x"], low["dt"], low["A"], low["B"], low["C"], chunk_size,
@@ -91,8 +93,8 @@ def run_case(t, seq_idx, chunk_size, dtype, opts, *, grads=True, return_final=Tr
     if not grads:
         return
     g = torch.Generator().manual_seed(7)
-    gout = torch.randn(rout.shape, generator=g, dtype=torch.float64)
-    gfinal = torch.randn(rfinal.shape, generator=g, dtype=torch.float64)
+    gout = torch.randn(rout.shape, generator=g, dtype=torch.float64).to(dtype).double()
+    gfinal = torch.randn(rfinal.shape, generator=g, dtype=torch.float64).float().double()
     outs = [out, final] if return_final else [out]
     gouts = [gout.to(dtype), gfinal.float()] if return_final else [gout.to(dtype)]
     got = torch.autograd.grad(outs, [low[k] for k in used], gouts)
@@ -101,8 +103,10 @@ def run_case(t, seq_idx, chunk_size, dtype, opts, *, grads=True, return_final=Tr
     assert CALLS[f"ssd_bwd:{EXPECTED_IMPL}"] == 1
     for name, a, b in zip(used, got, want, strict=True):
         assert a.dtype == dtype, name
-        # dA and ddt_bias sum over every token: allow the low-precision dtypes a bit more
-        bound = tol * (2 if name in ("A", "dt_bias") and dtype != torch.float32 else 1)
+        # dA and ddt_bias sum over every token, ddt over the rest of its chunk (the reverse sum of
+        # the log-decay gradient): allow the low-precision dtypes a bit more. Measured: bf16 ddt
+        # 3.1e-2 for a growing recurrence (dt' < 0 without softplus; hypothesis found it).
+        bound = tol * (2 if name in ("A", "dt_bias", "dt") and dtype != torch.float32 else 1)
         assert rel_err(a, b) < bound, (name, rel_err(a, b))
 
 
@@ -302,6 +306,11 @@ def sweep_cases(draw):
 @settings(max_examples=16, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(case=sweep_cases())
+@example(case={  # found by the sweep: bf16 ddt of a growing recurrence (dt' < 0, no softplus)
+    "batch": 1, "seqlen": 18, "nheads": 4, "ngroups": 2, "headdim": 4, "dstate": 8, "chunk": 8,
+    "dtype": torch.bfloat16, "npacked": 1, "per_channel_d": False, "seed": 288,
+    "opts": {"D": False, "z": True, "dt_bias": True, "initial_states": True, "seq_idx": False,
+             "dt_softplus": False, "dt_limit": (0.0, float("inf"))}})
 def test_sweep(case):
     npacked = min(case["npacked"], case["seqlen"])
     t, seq = make_case(case["batch"], case["seqlen"], case["nheads"], case["headdim"],
