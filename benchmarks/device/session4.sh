@@ -153,7 +153,7 @@ part_mamba() {
     --mamba-src "$msrc" --out "$w/mamba"
 }
 part_capture() {
-  run capture 200 python3 benchmarks/capture_speed.py --out "$w/capture" --rows "${CAPTURE_ROWS:-48}"
+  run capture 200 python3 benchmarks/capture_speed.py --out "$w/capture" --rows "${CAPTURE_ROWS:-64}"
 }
 part_gdnnorm() {
   [ -f benchmarks/gdn_norm_gpu.py ] || { echo "== gdnnorm: no benchmarks/gdn_norm_gpu.py"; return 0; }
