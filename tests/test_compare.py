@@ -55,3 +55,17 @@ def test_decode_logits_beyond_tolerance_fail_at_that_step():
     fast = _run([[3, 5]], [[[0.0, 1.0]], [[2.0, 1.5]]])
     check = check_decode(fast, ref, TOLERANCES["fp32"])
     assert not check.ok and "decode step 1" in check.detail
+
+
+def test_failing_gradients_name_each_paths_distance_to_fp32() -> None:
+    """A bf16 gradient that differs from the reference says which path is off (the fp32 oracle)."""
+    from fastpath.proof.compare import GradDiff, TensorDiff
+    from fastpath.proof.verdict import collect_problems
+
+    ok = TensorDiff("logits", 1e-3, 2e-3, 1e-3, True)
+    grads = [GradDiff("a.weight", 0.01, True, 0.01, 0.01),
+             GradDiff("a.A_log", 0.72, False, 0.65, 0.05)]
+    problems = collect_problems([], ok, grads, None, TOLERANCES["bf16"], fast_calls={"fwd:triton": 1},
+                                ref_calls={}, explain_rows=None)
+    assert problems == ["1 of 2 parameter gradients differ; first a.A_log (0.72), worst a.A_log (0.72) "
+                        "(vs fp32: fast 0.65, reference 0.05), limit 0.1"]

@@ -131,8 +131,13 @@ def collect_problems(layers: list[TensorDiff], logits: TensorDiff, grads: list[G
     bad = [g for g in grads or [] if not g.ok]
     if bad:
         worst = max(bad, key=lambda g: g.rel)
+        oracle = ""
+        if worst.fast_vs_fp32 is not None and worst.ref_vs_fp32 is not None:
+            # which path is off: each one's distance to an fp32 run of the reference
+            oracle = f" (vs fp32: fast {worst.fast_vs_fp32:.3g}, reference {worst.ref_vs_fp32:.3g})"
         problems.append(f"{len(bad)} of {len(grads or [])} parameter gradients differ; first {bad[0].name} "
-                        f"({bad[0].rel:.3g}), worst {worst.name} ({worst.rel:.3g}), limit {tol.grad_rel:g}")
+                        f"({bad[0].rel:.3g}), worst {worst.name} ({worst.rel:.3g}){oracle}, "
+                        f"limit {tol.grad_rel:g}")
     if decode is not None and not decode.ok:
         problems.append(f"decode: {decode.detail}")
     if not kernel_impls(fast_calls):
