@@ -7,16 +7,17 @@ Recompute dt', cum and the states entering each chunk (scan_fwd), then:
 2. CB[t, u] = C_t . B_u once per group (scan_fwd.chunk_cb); every head of the group reads it
    instead of recomputing the dot.
 3. `_dx_kernel` (per batch, chunk, block of positions, head; heads of a group adjacent in the
-   launch order so CB, B and C tiles are reused from L2): dx, the direct part of d(dt'),
-   the gradient of the cumulative log-decay per position and partial sums of dD; `dt_chain`
-   (small torch tensors) turns those into ddt and dA through the reverse cumulative sum, the
-   dt_limit clamp, softplus and bias.
+   launch order so CB and B tiles are reused from L2): dx, the direct part of d(dt'), partial
+   sums of dD and the chunk-end share of ds (the gradient of the cumulative log-decay).
 4. `_dcb_kernel` (per batch, chunk, group, block pair): dCB[t, u] = sum over the group's heads of
-   (dy_t . dt'_u x_u) exp(cum_t - cum_u), the gradient of CB; the intra-chunk parts of dC and dB
-   are then dCB B and dCB^T C, once per group rather than once per head.
+   (dy_t . dt'_u x_u) exp(cum_t - cum_u), the gradient of CB (the intra-chunk parts of dC and dB
+   are then dCB B and dCB^T C, once per group rather than once per head), and per head the
+   intra-chunk shares of ds.
 5. `_dbc_kernel` (per batch, chunk, block of rows, group, N tile): dC and dB together: the
    state terms summed over the group's heads in registers (never expanded to heads), plus the
-   dCB products.
+   dCB products; per head the state-entry share of ds and the chunk-carry term.
+Then `dt_chain` (small torch tensors) turns ds into ddt and dA through the reverse cumulative
+sum within each chunk, the dt_limit clamp, softplus and bias.
 z gating (dz and dy = dout * silu(z)) is elementwise torch around the kernels; y before the gate
 is recomputed by the forward's output kernel.
 """
