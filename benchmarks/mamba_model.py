@@ -142,7 +142,9 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 # ------------------------------------------------------------------ decode step
-def decode_case(state_dtype: torch.dtype, batch: int = 64) -> dict[str, torch.Tensor]:
+def decode_case(state_dtype: torch.dtype, batch: int = 64, gated: bool = False) -> dict[str, torch.Tensor]:
+    """Decode-step inputs at Nemotron-H's mixer shapes as transformers passes them: dt, A, D and
+    dt_bias expanded from per-head values (stride 0); z too when `gated`."""
     H, P, N, G = 128, 64, 128, 8
     g = torch.Generator(device="cuda").manual_seed(1)
 
@@ -153,7 +155,8 @@ def decode_case(state_dtype: torch.dtype, batch: int = 64) -> dict[str, torch.Te
             "dt": r(batch, H, 1).bfloat16().expand(batch, H, P),
             "A": (-torch.rand(H, device="cuda", generator=g))[:, None, None].expand(H, P, N),
             "B": r(batch, G, N).bfloat16(), "C": r(batch, G, N).bfloat16(),
-            "D": r(H)[:, None].expand(H, P), "dt_bias": r(H)[:, None].expand(H, P)}
+            "D": r(H)[:, None].expand(H, P), "dt_bias": r(H)[:, None].expand(H, P),
+            "z": r(batch, H, P).bfloat16() if gated else None}
 
 
 def bench_decode(fn: Any, case: dict[str, torch.Tensor]) -> tuple[float, torch.Tensor]:
@@ -162,11 +165,11 @@ def bench_decode(fn: Any, case: dict[str, torch.Tensor]) -> tuple[float, torch.T
     state = case["state"].clone()
 
     def call() -> Any:
-        return fn(state, case["x"], case["dt"], case["A"], case["B"], case["C"], case["D"], z=None,
+        return fn(state, case["x"], case["dt"], case["A"], case["B"], case["C"], case["D"], z=case["z"],
                   dt_bias=case["dt_bias"], dt_softplus=True)
 
     state0 = case["state"].clone()
-    out = fn(state0, case["x"], case["dt"], case["A"], case["B"], case["C"], case["D"], z=None,
+    out = fn(state0, case["x"], case["dt"], case["A"], case["B"], case["C"], case["D"], z=case["z"],
              dt_bias=case["dt_bias"], dt_softplus=True)
     ms = float(do_bench(call, warmup=25, rep=200, return_mode="median"))
     return ms * 1000.0, out.float()

@@ -24,7 +24,6 @@ usage: python benchmarks/ssd.py --out DIR [--mamba-src DIR] [--quick] [--sweep] 
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib
 import json
 import platform
@@ -183,32 +182,11 @@ def profile(fn, t: dict[str, torch.Tensor], steps: int = 5) -> list[dict]:
     return rows[:25]
 
 
-def update_inputs(batch: int) -> dict[str, torch.Tensor]:
-    """Decode-step inputs at Nemotron-H's mixer shapes as transformers passes them: dt, A, D and
-    dt_bias expanded from per-head values (stride 0), z given."""
-    g = torch.Generator(device="cuda").manual_seed(batch)
-
-    def rnd(*shape, scale=1.0, dtype=torch.bfloat16):
-        return (torch.randn(*shape, generator=g, device="cuda") * scale).to(dtype)
-
-    return {
-        "state": rnd(batch, H, P, N, scale=0.1, dtype=torch.float32),
-        "x": rnd(batch, H, P), "z": rnd(batch, H, P),
-        "dt": rnd(batch, H, scale=0.5)[:, :, None].expand(batch, H, P),
-        "A": (-(torch.rand(H, generator=g, device="cuda") * 8 + 1))[:, None, None].expand(H, P, N),
-        "B": rnd(batch, G, N, scale=0.3), "C": rnd(batch, G, N, scale=0.3),
-        "D": rnd(H, dtype=torch.float32)[:, None].expand(H, P),
-        "dt_bias": (rnd(H, scale=0.5, dtype=torch.float32) - 3)[:, None].expand(H, P),
-    }
-
-
-def update_step(fn, u: dict[str, torch.Tensor], state: torch.Tensor) -> torch.Tensor:
-    return fn(state, u["x"], u["dt"], u["A"], u["B"], u["C"], D=u["D"], z=u["z"],
-              dt_bias=u["dt_bias"], dt_softplus=True)
-
-
 def update_timings(mamba_update) -> list[dict]:
-    """The eager decode step per batch size (1 and 64), ours and mamba_ssm's, on equal inputs."""
+    """The eager decode step per batch size (1 and 64), ours and mamba_ssm's, on equal inputs
+    (mamba_model.py's decode case, gated, fp32 state)."""
+    from mamba_model import bench_decode, decode_case
+
     from fastpath.kernels.ssd.state_update import selective_state_update
 
     impls = {"fastpath": selective_state_update}
@@ -216,14 +194,13 @@ def update_timings(mamba_update) -> list[dict]:
         impls["mamba_ssm"] = mamba_update
     rows = []
     for batch in (1, 64):
-        u = update_inputs(batch)
+        case = decode_case(torch.float32, batch, gated=True)
         row: dict = {"batch": batch}
         outs = {}
         for name, fn in impls.items():
             try:
-                outs[name] = update_step(fn, u, u["state"].clone()).float()
-                state = u["state"].clone()
-                row[f"{name}_us"] = round(bench(functools.partial(update_step, fn, u, state)) * 1e3, 2)
+                us, outs[name] = bench_decode(fn, case)
+                row[f"{name}_us"] = round(us, 2)
             except Exception as exc:
                 row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
         if len(outs) == 2:
