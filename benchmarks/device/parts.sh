@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Session 4 device calls on the lent H200 (torch 2.11+cu130, Triton 3.6.0, transformers 5.17.0).
+# Device calls on the lent H200 (sessions 4-5) (torch 2.11+cu130, Triton 3.6.0, transformers 5.17.0).
 #
-#   bash benchmarks/device/session4.sh "$OUT" PARTS        (from the repo root; carry .carry)
+#   bash benchmarks/device/parts.sh "$OUT" PARTS        (from the repo root; carry .carry)
 #
 # .carry holds fla_core-0.6.0-py3-none-any.whl, causal_conv1d-1.7.0.tar.gz, mamba_ssm-2.3.2.post1
 # .tar.gz, whl/ (datasets, dill, multiprocess for capture) and, after the first call, dao/ (the
@@ -26,10 +26,11 @@
 #              mamba_ssm+fastpath conv, fastpath)
 #   capture    benchmarks/capture_speed.py (fast vs fallback, verification on)
 #   gdnnorm    benchmarks/gdn_norm_gpu.py (GDN gated norm eager vs FLA fused), if present
+#   profile    benchmarks/gdn_layer_profile.py (one Qwen3.5 GDN layer fwd+bwd under torch.profiler)
 # Everything lands in OUT/w, packed into OUT/results.tgz at the end; the log is OUT/log.txt.
 set -uo pipefail
-out=${1:?usage: session4.sh OUTDIR PARTS}
-parts=${2:?usage: session4.sh OUTDIR PARTS}
+out=${1:?usage: parts.sh OUTDIR PARTS}
+parts=${2:?usage: parts.sh OUTDIR PARTS}
 budget=${BUDGET:-560}
 w="$out/w"; mkdir -p "$w"
 root=$PWD
@@ -96,7 +97,8 @@ group() {  # group NAME PYTEST-ARGS...
 part_tests() {
   echo "== tests (${TESTS:-conv,fla,ssd}) in the background at $(at)"
   group conv tests/test_causal_conv1d.py tests/test_launch.py tests/test_decode_graphs.py
-  group fla -x -v -m gpu tests/test_fla_dqkwg.py tests/test_verify_gpu.py tests/test_bench_gpu.py
+  group fla -v -m gpu tests/test_fla_dqkwg.py tests/test_gdn_norm.py tests/test_verify_gpu.py \
+    tests/test_bench_gpu.py
   MAMBA_SRC="$msrc" group ssd -m gpu tests/test_ssd_gpu.py tests/test_ssd_update.py \
     tests/test_mamba_split_conv_scan.py
 }
@@ -158,6 +160,10 @@ part_capture() {
 part_gdnnorm() {
   [ -f benchmarks/gdn_norm_gpu.py ] || { echo "== gdnnorm: no benchmarks/gdn_norm_gpu.py"; return 0; }
   run gdnnorm 90 python3 benchmarks/gdn_norm_gpu.py --out "$w/gdn_norm.json"
+}
+
+part_profile() {
+  run profile 150 python3 benchmarks/gdn_layer_profile.py --out "$w/profile"
 }
 
 IFS=, read -ra order <<< "$parts"
