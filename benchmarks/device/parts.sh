@@ -27,6 +27,7 @@
 #   capture    benchmarks/capture_speed.py (fast vs fallback, verification on)
 #   gdnnorm    benchmarks/gdn_norm_gpu.py (GDN gated norm eager vs FLA fused), if present
 #   profile    benchmarks/gdn_layer_profile.py (one Qwen3.5 GDN layer fwd+bwd under torch.profiler)
+#   mprofile   benchmarks/model_profile.py (8-layer Qwen3.5: GPU time per kernel family, GEMM ceiling)
 # Everything lands in OUT/w, packed into OUT/results.tgz at the end; the log is OUT/log.txt.
 set -uo pipefail
 out=${1:?usage: parts.sh OUTDIR PARTS}
@@ -164,6 +165,11 @@ part_gdnnorm() {
 
 part_profile() {
   run profile 150 python3 benchmarks/gdn_layer_profile.py --out "$w/profile"
+}
+part_mprofile() {
+  dao_ready
+  run mprofile 240 env PYTHONPATH="$PYTHONPATH$dao_path" python3 benchmarks/model_profile.py \
+    --out "$w/mprofile" --configs "${MPROFILE_CONFIGS:-fastpath,fla+dao,reference}"
 }
 
 IFS=, read -ra order <<< "$parts"
