@@ -57,6 +57,27 @@ def test_decode_logits_beyond_tolerance_fail_at_that_step():
     assert not check.ok and "decode step 1" in check.detail
 
 
+def _drift(base, scale, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return base + scale * torch.randn(base.shape, generator=gen)
+
+
+def test_bf16_decode_drift_passes_only_when_no_further_from_fp32_than_the_reference():
+    """Both paths 0.03 from exact arithmetic in independent directions: 0.042 apart, beyond
+    bf16's 0.04, yet the fast path is as good as the reference (the granite-4.0-h case)."""
+    tol = TOLERANCES["bf16"]
+    exact = [torch.randn(2, 512, generator=torch.Generator().manual_seed(s)) for s in range(3)]
+    ref = GreedyRun(torch.tensor([[1, 2, 3], [1, 2, 3]]), [_drift(e, 0.03, 10 + i) for i, e in enumerate(exact)])
+    fast = GreedyRun(ref.tokens.clone(), [_drift(e, 0.03, 20 + i) for i, e in enumerate(exact)])
+    assert not check_decode(fast, ref, tol).ok  # without the oracle: beyond the limit
+    check = check_decode(fast, ref, tol, oracle=exact)
+    assert check.ok and "no further from an fp32 run" in check.detail and "step 0" in check.detail
+    # A fast path that is wrong (three times the reference's distance to fp32) still fails.
+    bad = GreedyRun(ref.tokens.clone(), [_drift(e, 0.09, 30 + i) for i, e in enumerate(exact)])
+    check = check_decode(bad, ref, tol, oracle=exact)
+    assert not check.ok and "decode step 0" in check.detail and "vs fp32: fast" in check.detail
+
+
 def test_failing_gradients_name_each_paths_distance_to_fp32() -> None:
     """A bf16 gradient that differs from the reference says which path is off (the fp32 oracle)."""
     from fastpath.proof.compare import GradDiff, TensorDiff
