@@ -29,8 +29,9 @@ def build_layer(device: str = "cuda") -> Any:
 
     from fastpath.proof.models import build_model
 
-    built = build_model("qwen3.5-27b", layers=1, dtype="bf16", device=device, seed=0)
-    layer = built.model.model.layers[0].linear_attn
+    # two layers: a cut model keeps one of each layer type (GatedDeltaNet and full attention)
+    built = build_model("qwen3.5-27b", layers=2, dtype="bf16", device=device, seed=0)
+    layer = next(m.linear_attn for m in built.model.model.layers if hasattr(m, "linear_attn"))
     layer.train()
     del built
     torch.cuda.empty_cache()

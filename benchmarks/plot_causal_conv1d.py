@@ -1,4 +1,4 @@
-"""Plot a causal_conv1d benchmark JSON (from benchmarks/causal_conv1d.py) as bar charts.
+"""Plot a causal_conv1d benchmark JSON (from benchmarks/conv_kernels.py) as bar charts.
 
 usage: python benchmarks/plot_causal_conv1d.py results.json [--out plot.png]
 """

@@ -32,7 +32,7 @@ echo "doctor exit: $?"
 left=$(( 585 - ($(date +%s) - t0) ))
 echo "== causal_conv1d kernels (copy, torch, FLA, Dao CUDA, fastpath), ${left}s left"
 if [ "$left" -gt 60 ]; then
-  PYTHONPATH="$PYTHONPATH:$root/.dev/dao" timeout "$left" python3 benchmarks/causal_conv1d.py --out "$out/kernels.json" --host-costs
+  PYTHONPATH="$PYTHONPATH:$root/.dev/dao" timeout "$left" python3 benchmarks/conv_kernels.py --out "$out/kernels.json" --host-costs
   echo "kernel bench exit: $?"
 fi
 date -u

@@ -7,7 +7,7 @@ set -uo pipefail
 out=${1:?usage: call2_bench.sh OUTDIR}
 source benchmarks/device/peers_env.sh
 echo "== causal_conv1d kernels: copy, torch, FLA, Dao CUDA, fastpath"
-PYTHONPATH="$PYTHONPATH:$root/.dev/dao" timeout 240 python3 benchmarks/causal_conv1d.py --out "$out/kernels.json" --host-costs
+PYTHONPATH="$PYTHONPATH:$root/.dev/dao" timeout 240 python3 benchmarks/conv_kernels.py --out "$out/kernels.json" --host-costs
 echo "kernel bench exit: $?"
 echo "== FLA-route tests"
 timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_fla_dqkwg.py

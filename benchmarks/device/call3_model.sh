@@ -7,7 +7,7 @@ set -uo pipefail
 out=${1:?usage: call3_model.sh OUTDIR}
 source benchmarks/device/peers_env.sh
 echo "== causal_conv1d kernels: copy, torch, FLA, Dao CUDA, fastpath"
-PYTHONPATH="$PYTHONPATH:$root/.dev/dao" timeout 200 python3 benchmarks/causal_conv1d.py --out "$out/kernels.json" --host-costs
+PYTHONPATH="$PYTHONPATH:$root/.dev/dao" timeout 200 python3 benchmarks/conv_kernels.py --out "$out/kernels.json" --host-costs
 echo "kernel bench exit: $? at $(( $(date +%s) - t0 )) s"
 echo "== FLA-route GPU tests"
 timeout 100 python3 -m pytest -q -p no:cacheprovider --tb=short -k "transformers_torch_path or with_route_gpu" tests/test_fla_dqkwg.py

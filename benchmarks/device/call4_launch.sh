@@ -10,6 +10,6 @@ echo "== kernel tests at GPU shapes"
 timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_causal_conv1d.py tests/test_launch.py
 echo "pytest exit: $?"
 echo "== update + host costs: torch, FLA, Dao CUDA, fastpath"
-PYTHONPATH="$PYTHONPATH:$root/.dev/dao" timeout 150 python3 benchmarks/causal_conv1d.py --quick --out "$out/kernels_quick.json" --host-costs
+PYTHONPATH="$PYTHONPATH:$root/.dev/dao" timeout 150 python3 benchmarks/conv_kernels.py --quick --out "$out/kernels_quick.json" --host-costs
 echo "kernel bench exit: $?"
 date -u

@@ -19,7 +19,7 @@
 #   dqkwg      tests/test_verify_gpu.py -k bf16 under FASTPATH_FLA_DQKWG=auto, torch, fla
 #   fla        FLA dqkwg self-check route accuracy/speed, then the #640 sweep
 #   doctor     doctor vs collect_env, 5 runs each (after the Dao build: nothing else loads the CPU)
-#   conv       benchmarks/causal_conv1d.py with every peer (Dao if built)
+#   conv       benchmarks/conv_kernels.py with every peer (Dao if built)
 #   model      fastpath bench qwen3.5-27b 8 layers B=1 L=4096: reference, fla, fastpath, fla+dao
 #   decode     CUDA-graph greedy decode per config
 #   mamba      benchmarks/mamba_model.py (Nemotron-H 6 layers: fallback, mamba_ssm+torch conv,
@@ -135,7 +135,7 @@ part_doctor() {
 }
 part_conv() {
   dao_ready
-  run conv 120 env PYTHONPATH="$PYTHONPATH$dao_path" python3 benchmarks/causal_conv1d.py \
+  run conv 120 env PYTHONPATH="$PYTHONPATH$dao_path" python3 benchmarks/conv_kernels.py \
     --compile --host-costs --out "$w/kernels.json"
 }
 part_model() {

@@ -40,6 +40,6 @@ echo "== waiting for the Dao build at $(( $(date +%s) - t0 )) s"; wait "$dao"; e
 left=$(( 570 - ($(date +%s) - t0) ))
 echo "== causal_conv1d kernels (copy, torch, FLA, Dao CUDA, fastpath), ${left}s left"
 if [ "$left" -gt 60 ]; then
-  PYTHONPATH="$PYTHONPATH:$root/.dev/dao" timeout "$left" python3 benchmarks/causal_conv1d.py --out "$out/kernels_before.json" --host-costs 2>&1 | tail -40
+  PYTHONPATH="$PYTHONPATH:$root/.dev/dao" timeout "$left" python3 benchmarks/conv_kernels.py --out "$out/kernels_before.json" --host-costs 2>&1 | tail -40
 fi
 date -u

@@ -54,7 +54,7 @@ run() {
 run tests 150 bash -c "python3 -m pytest -q -x -p no:cacheprovider --tb=short tests/test_causal_conv1d.py \
   tests/test_launch.py tests/test_decode_graphs.py 2>&1 | tee '$out/tests.txt'; \
   python3 -m pytest -q -p no:cacheprovider --tb=short -m gpu tests/test_fla_dqkwg.py 2>&1 | tee -a '$out/tests.txt'"
-run conv 110 env PYTHONPATH="$PYTHONPATH$dao_path" python3 benchmarks/causal_conv1d.py --compile --out "$out/kernels.json"
+run conv 110 env PYTHONPATH="$PYTHONPATH$dao_path" python3 benchmarks/conv_kernels.py --compile --out "$out/kernels.json"
 run selfcheck 75 python3 benchmarks/fla_dqkwg_gpu.py --out "$out/fla_dqkwg.json"
 run sweep 70 python3 benchmarks/fla_640_sweep.py --budget-s 40 --out "$out/fla_640"
 configs=reference,fla,fastpath

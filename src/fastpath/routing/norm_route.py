@@ -28,10 +28,10 @@ float32 up to its single output rounding (the transformers source notes this dif
 the class). Both round the same real-number function; FLA's result is the nearer to float64
 (tests/test_gdn_norm.py measures both). In float32 the two agree to float32 rounding.
 
-FASTPATH_FLA_NORM=auto|fla|torch (read by enable()): auto routes when FLA is importable, fla
-makes enable() fail if it is not, torch keeps transformers' eager norm. Unset means torch for now:
-the route is proven on CPU (Triton's interpreter, tiny models both ways) but has not yet run on a
-GPU, so it is opt-in until a device run of tests/test_gdn_norm.py -m gpu passes.
+FASTPATH_FLA_NORM=auto|fla|torch (read by enable()): auto (the default) routes when FLA is
+importable, fla makes enable() fail if it is not, torch keeps transformers' eager norm. The route
+was opt-in until its GPU tests passed on the H200 (session 5: tests/test_gdn_norm.py -m gpu, the
+rounding check and a bf16 `verify` with the route, forward and backward; BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from fastpath.routing.patch_registry import PatchRegistry
 
 ENV_MODE = "FASTPATH_FLA_NORM"
 MODES = ("auto", "fla", "torch")
-DEFAULT_MODE = "torch"  # opt-in until verified on a GPU (see the module docstring)
+DEFAULT_MODE = "auto"
 #: set on a routed class's forward: the activation it was proven for
 ROUTE_ATTR = "__fastpath_norm_route__"
 #: set on a candidate class enable() did not route: why (one line)
@@ -94,8 +94,6 @@ def detect_norm() -> NormStatus:
     """Whether FLA's fused gated RMSNorm can be routed to, per FASTPATH_FLA_NORM and the install."""
     mode = route_mode()
     if mode == "torch":
-        if not os.environ.get(ENV_MODE, "").strip():
-            return NormStatus(False, f"FLA's fused route is opt-in until verified on a GPU ({ENV_MODE}=auto turns it on)")
         return NormStatus(False, f"{ENV_MODE}=torch")
     if importlib.util.find_spec("fla") is None:
         return NormStatus(False, "fla is not installed: pip install fla-core")

@@ -8,7 +8,7 @@ length W. Reports fwd ms + GB/s (bytes = read x + write y), fwd+bwd ms, update u
 median and CUDA-graph replay), rel. error vs a float64 reference. --sweep also times tile configs
 of our kernels. Writes JSON to --out.
 
-usage: python benchmarks/causal_conv1d.py --out results.json [--sweep] [--quick]
+usage: python benchmarks/conv_kernels.py --out results.json [--sweep] [--quick]
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import platform
 import sys
 import time
 import traceback
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -90,17 +89,6 @@ def load_fla():
     except Exception as exc:
         return None, f"{type(exc).__name__}: {exc}"
     return mod, None
-
-
-def drop_own_folder() -> None:
-    """This script is named like Dao's package and its folder is sys.path[0], so any
-    `import causal_conv1d` (FLA tries one when it is imported) would find this file instead of the
-    compiled peer. Take the folder off sys.path before anything imports peers."""
-    here = Path(__file__).resolve().parent
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
-    mod = sys.modules.get("causal_conv1d")
-    if mod is not None and Path(getattr(mod, "__file__", "") or ".").resolve().parent == here:
-        del sys.modules["causal_conv1d"]
 
 
 def load_dao():
@@ -468,7 +456,6 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("causal_conv1d benchmark: error: needs a CUDA device", file=sys.stderr)
         return 2
-    drop_own_folder()
     fla, fla_why = load_fla()
     dao, dao_why = load_dao()
     result: dict = {"env": env_info(), "peers": {"fla": fla_why or "ok", "dao": dao_why or "ok"},
