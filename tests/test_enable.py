@@ -146,6 +146,34 @@ def test_enable_disable_enable_in_one_process() -> None:
         assert torch.equal(logits(model), ref) and not CALLS
 
 
+def test_suspended_is_the_reference_path_and_resumes_the_same_routing() -> None:
+    """capture's re-checks run the reference inside an enabled run: suspended() must be exactly
+    disable() inside and exactly the same enable() after (a wrong kernel proves which one runs)."""
+    from fastpath import causal_conv1d as face
+    from fastpath.routing.transformers import is_enabled, suspended
+
+    def scaled(x, weight, bias=None, **kwargs):
+        return 100.0 * face.causal_conv1d_fn(x, weight, bias, **kwargs)
+
+    for model in (tiny_lfm2(), tiny_qwen3_5()):
+        ref = logits(model)
+        fastpath.enable(causal_conv1d_fn=scaled, warn=False)
+        wrong = logits(model)
+        assert (wrong - ref).abs().max() > 1e-2
+        before = [r["impl"] for r in fastpath.explain(model).rows]
+        for _ in range(2):
+            with suspended():
+                reset()
+                assert torch.equal(logits(model), ref) and not CALLS
+                assert is_enabled()
+            assert torch.equal(logits(model), wrong)
+            assert [r["impl"] for r in fastpath.explain(model).rows] == before
+        fastpath.disable()
+        assert torch.equal(logits(model), ref)
+    with suspended():  # not enabled: nothing to suspend
+        assert not is_enabled()
+
+
 def test_model_built_after_enable() -> None:
     ref = logits(tiny_lfm2(seed=3))
     fastpath.enable(warn=False)

@@ -9,12 +9,13 @@ disable() restores exactly what was there and enable/disable/enable works in one
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,6 +227,34 @@ def enable(
         if warn:
             print(report.summary(), file=sys.stderr)
         return report
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Inside: the process runs as if disable() had been called; after: enable()'s routing exactly
+    as it was, without enable()'s discovery. Modeling modules first imported inside stay unpatched
+    (the import hook sleeps too). A no-op when fastpath is not enabled."""
+    with _LOCK:
+        state = _STATE
+        if state is None:
+            resume = None
+        else:
+            state.hook.active = False
+            resume = state.registry.suspend()
+            dqkwg = state.fla.chunk_impl == fla_route.DQKWG_IMPL
+            if dqkwg:
+                fla_route.undo_dqkwg_route()
+            hub_kernels.restore_env(state.env)
+    try:
+        yield
+    finally:
+        if resume is not None and state is not None:
+            with _LOCK:
+                hub_kernels.disable_hub_downloads(state.env)
+                if dqkwg:
+                    fla_route.use_dqkwg_route(state.fla)
+                resume()
+                state.hook.active = True
 
 
 def disable() -> None:

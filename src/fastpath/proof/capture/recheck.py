@@ -7,6 +7,7 @@ padding the capture used.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from fastpath.proof.capture.layers import DecoderParts, capture_hooks
@@ -22,25 +23,20 @@ def forward_states(parts: DecoderParts, ids: Any, capture_ids: list[int]) -> tup
 
 
 def recheck_rows(parts: DecoderParts, rows: list[tuple[Any, dict[str, Any]]], capture_ids: list[int],
-                 tol: Any, on_fast_path: bool, enable_kwargs: dict[str, Any]) -> list[list[Any]]:
+                 tol: Any, on_fast_path: bool) -> list[list[Any]]:
     """TensorDiffs (verify.compare) of every captured state of each row against the reference.
 
     rows: (ids [T], captured) with captured "layer {i}" -> [T, H] for each capture id, plus
-    "final norm" -> [T, H]. fastpath is disabled once for all the rows and re-enabled afterwards
-    when it was on: enable() rediscovers what to patch (a scan of the process's objects), so a
-    toggle per row would cost more than the rows' forwards on small models."""
-    import fastpath
+    "final norm" -> [T, H]. The rows run with fastpath suspended (routing.transformers.suspended:
+    every patch undone, then re-applied as it was). A disable() + enable() per re-check would
+    repeat enable()'s discovery, a scan of every live object: 0.3 s on a small CPU process."""
     from fastpath.proof.compare import compare
+    from fastpath.routing.transformers import suspended
 
     if not rows:
         return []
-    if on_fast_path:
-        fastpath.disable()
-    try:
+    with suspended() if on_fast_path else contextlib.nullcontext():
         references = [forward_states(parts, ids.unsqueeze(0), capture_ids) for ids, _ in rows]
-    finally:
-        if on_fast_path:
-            fastpath.enable(**enable_kwargs)
     out = []
     for (_, captured), (states, post) in zip(rows, references, strict=True):
         reference = {f"layer {i}": states[i][0] for i in capture_ids}

@@ -466,7 +466,7 @@ def _capture_batch(loop: _Loop, batch: list[int], todo: list[int], plan: list[in
     reference path, then stage `todo` for the background writers."""
     import torch
 
-    opts, rows, parts, writer, device = loop.opts, loop.rows, loop.parts, loop.writer, loop.device
+    rows, parts, writer, device = loop.rows, loop.parts, loop.writer, loop.device
     since = time.perf_counter()
     lengths = [len(rows[i].input_ids) for i in batch]
     width = max(lengths)
@@ -511,8 +511,7 @@ def _capture_batch(loop: _Loop, batch: list[int], todo: list[int], plan: list[in
         captured = {f"layer {i}": states[idx][i] for i in loop.capture_ids}
         captured["final norm"] = posts[idx]
         sampled.append((ids[position[idx], : lengths[position[idx]]], captured))
-    all_diffs = recheck_rows(parts, sampled, loop.capture_ids, loop.tol, loop.on_fast,
-                             {"warn": False, **opts.enable_kwargs})
+    all_diffs = recheck_rows(parts, sampled, loop.capture_ids, loop.tol, loop.on_fast)
     for idx, diffs in zip(plan, all_diffs, strict=True):
         worst = max(diffs, key=lambda d: d.rel)
         row_checks.append({"row": idx, "ok": all(d.ok for d in diffs), "worst": worst.name,
