@@ -152,3 +152,14 @@ def test_rule_fires(rule_id):
 def test_rule_stays_quiet(rule_id):
     facts, model = CASES[rule_id][1](copy.deepcopy(seed_facts()))
     assert rule_id not in [f.id for f in diagnose(facts, model).findings]
+
+
+@pytest.mark.parametrize("torch_facts,says", [({}, "none is installed"),
+                                              ({"version": "2.13.0+cpu", "cuda": None}, "this one has no CUDA")])
+def test_toolkit_remedy_names_the_torch_that_is_there(torch_facts, says):
+    """First-hour finding: with no torch at all the remedy said 'this one has no CUDA'."""
+    facts = copy.deepcopy(seed_facts())
+    facts["torch"] = torch_facts
+    d = diagnose(facts, None)
+    (f,) = [f for f in d.findings if f.id == "causal-conv1d-missing"]
+    assert any(says in r for r in f.remedies), f.remedies

@@ -102,7 +102,8 @@ def fastpath_route(ctx: Context) -> str:
 
 def toolkit_route(ctx: Context) -> str:
     if not ctx.torch_cuda:
-        return ("First install a CUDA build of torch (this one has no CUDA); then the "
+        which = "this one has no CUDA" if ctx.torch_version else "none is installed"
+        return (f"First install a CUDA build of torch ({which}); then the "
                 "compiler-free route `fastpath.enable()` needs no nvcc, and a toolkit for a "
                 "source build must match that torch's CUDA major.")
     cuda = ctx.torch_cuda
