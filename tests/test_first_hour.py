@@ -20,6 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = 'pip install "fastpath-kit[kernels]"'
 BENCH = 'pip install "fastpath-kit[bench]"'
+CAPTURE = 'pip install "fastpath-kit[capture]"'
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +79,7 @@ def test_the_doctor_works_on_the_bare_install(bare_venv):
 @pytest.mark.parametrize(("argv", "pip"), [
     (("fastpath", "verify", "lfm2-1.2b"), KERNELS),
     (("fastpath", "bench", "lfm2-1.2b"), BENCH),
+    (("fastpath", "capture", "lfm2-1.2b", "data.jsonl", "--out", "o"), CAPTURE),
     (("fastpath", "run", "--", "python", "-c", "pass"), KERNELS),
     (("python", "-c", "import fastpath; fastpath.enable()"), KERNELS),
     (("python", "-c", "import fastpath; print(fastpath.explain(object()))"), KERNELS),

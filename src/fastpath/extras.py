@@ -26,6 +26,7 @@ FEATURES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "verify": ("fastpath verify", "kernels", ("torch", "transformers")),
     "bench": ("fastpath bench", "bench", ("torch", "transformers")),
     "chart": ("bench's chart", "bench", ("matplotlib",)),
+    "capture": ("fastpath capture", "capture", ("torch", "transformers", "safetensors")),
 }
 
 

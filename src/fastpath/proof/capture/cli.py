@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from fastpath.extras import require
+
+    require("capture")  # before any work: one line naming the pip install, exit 2
     from fastpath.proof.capture.run import CaptureOptions, run_capture
 
     opts = CaptureOptions(
