@@ -63,14 +63,7 @@ def run_route(route: str, iters: int, top: int, trace_dir: Path | None) -> dict[
         for _ in range(3):
             step()
         torch.cuda.synchronize()
-        times = []
-        for _ in range(iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
+        times = cuda_times(step, iters)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
                 step()
@@ -94,6 +87,21 @@ def run_route(route: str, iters: int, top: int, trace_dir: Path | None) -> dict[
     finally:
         if route == "fastpath":
             fastpath.disable()
+
+
+def cuda_times(fn: Any, n: int) -> list[float]:
+    """n calls of fn, each timed alone with CUDA events (ms)."""
+    import torch
+
+    times = []
+    for _ in range(n):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
 
 
 def _device_self_us(event: Any) -> float:

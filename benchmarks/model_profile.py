@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gdn_layer_profile import _device_self_us, cuda_times  # same folder: sys.path[0]
+
 # Ordered: the first family whose pattern matches a kernel's name takes it.
 FAMILIES: tuple[tuple[str, str], ...] = (
     ("attention", r"flash|fmha|attention|sdpa|softmax_warp"),
@@ -94,14 +96,7 @@ def child(config: str, args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(2):
                 fn()
             torch.cuda.synchronize()
-            times = []
-            for _ in range(args.steps):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
+            times = cuda_times(fn, args.steps)
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(args.steps):
                     fn()
@@ -139,14 +134,6 @@ def summarise(prof: Any, steps: int, step_ms: float, flops: int, tokens: int) ->
         "ceiling_tokens_per_s": tokens / gemm_ms * 1e3 if gemm_ms else None,
         "top_kernels": [{"name": k[:140], "family": family(k), "ms": v[0], "calls": v[1]} for k, v in top],
     }
-
-
-def _device_self_us(event: Any) -> float:
-    for name in ("self_device_time_total", "self_cuda_time_total"):
-        value = getattr(event, name, None)
-        if value:
-            return float(value)
-    return 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
