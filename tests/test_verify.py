@@ -285,3 +285,19 @@ def test_cli_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and err[0].startswith("fastpath verify: error:") and message in err[0]
+
+
+def test_bf16_decode_beyond_the_limit_is_judged_against_an_fp32_run(qwen, monkeypatch):
+    """With a decode limit no bf16 run can meet, verify computes the fp32 oracle of the decode
+    steps (a teacher-forced fp32 copy) and names both paths' distances to it; in fp32 it never
+    does (there is nothing more exact to compare with)."""
+    from fastpath.proof import run_paths
+    from fastpath.proof.compare import Tolerance
+
+    strict = Tolerance(rel=1e-12, token_rel=1e-12, grad_rel=1e-12)
+    monkeypatch.setitem(run_paths.TOLERANCES, "bf16", strict)
+    result = verify_model(qwen, dtype="bf16", seq_len=16, batch=1, backward=False, decode_tokens=3)
+    assert result.decode is not None and "vs fp32: fast" in result.decode.detail, result.decode.detail
+    monkeypatch.setitem(run_paths.TOLERANCES, "fp32", strict)
+    result = verify_model(qwen, dtype="fp32", seq_len=16, batch=1, backward=False, decode_tokens=3)
+    assert result.decode is not None and "vs fp32" not in result.decode.detail

@@ -263,12 +263,20 @@ def _fp32_oracle_decode_logits(model: Any, prompt: Any, tokens: Any) -> list[Any
     steps = int(tokens.shape[1])
     ids = torch.cat([prompt, tokens[:, :steps - 1]], dim=1)
     oracle = None
+    grads = {p: p.grad for p in model.parameters()}  # not copied into the oracle (memory)
     try:
-        oracle = copy.deepcopy(model).float()
+        for p in grads:
+            p.grad = None
+        try:
+            oracle = copy.deepcopy(model)
+        finally:
+            for p, g in grads.items():
+                p.grad = g
+        oracle = oracle.float()
         with _Tf32Off(), torch.no_grad():
             logits = oracle(input_ids=ids, use_cache=False, logits_to_keep=steps).logits.float()
         return [logits[:, s] for s in range(steps)]
-    except torch.cuda.OutOfMemoryError:
+    except Exception:  # no room for the copy, a family without logits_to_keep: keep the failure
         return None
     finally:
         del oracle
