@@ -85,6 +85,8 @@ def child(config: str, args: argparse.Namespace) -> dict[str, Any]:
     built = build_model(settings.source, layers=settings.layers, dtype="bf16", device="cuda", seed=0)
     model = built.model
     body, head = linear_params(model)
+    if spec.compile:  # fastpath+compile: the eager model-wide work compiled too
+        model.forward = torch.compile(model.forward)
     ids = torch.randint(0, built.vocab_size, (1, args.seq_len), generator=torch.Generator().manual_seed(1)).cuda()
     tokens = ids.numel()
     out: dict[str, Any] = {"config": config, "label": spec.label, "linear_params": body, "lm_head_params": head,

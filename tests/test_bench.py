@@ -264,3 +264,29 @@ def test_speedup_versus_compares_graph_decode_with_the_reference_eager_decode():
     text = markdown(doc)
     assert "- fastpath decode (CUDA graph): 3.33x the reference's decode" in text
     assert "| fla (" in text and "skipped: needs a CUDA device" in text
+
+
+def test_compile_config_is_opt_in_compiles_the_model_and_skips_decode_with_a_reason(tmp_path):
+    """`--configs fastpath+compile` (not in the default list): the model's forward really goes
+    through torch.compile (dynamo's graph count, read in the worker), prefill and forward+backward
+    are timed on the same numbers path, decode is skipped with its reason."""
+    import contextlib
+    import io
+
+    from fastpath.cli import main
+    from fastpath.proof.bench_spec import CONFIGS, DEFAULT_CONFIGS
+
+    assert "fastpath+compile" in CONFIGS and "fastpath+compile" not in DEFAULT_CONFIGS
+    source = tmp_path / "tiny.json"
+    source.write_text(json.dumps(TINY_QWEN35))
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["bench", str(source), "--device", "cpu", "--seq-len", "8", "--decode-tokens", "2",
+                     "--repeats", "1", "--warmup", "1", "--phases", "prefill,train,decode",
+                     "--configs", "fastpath+compile", "--out", str(tmp_path / "out"), "--json"])
+    assert code == 0
+    (row,) = json.loads(buf.getvalue())["configs"]
+    assert row["compiled_graphs"] >= 1, row
+    assert row["phases"]["prefill"]["tokens_per_s"] > 0 and row["phases"]["train"]["tokens_per_s"] > 0
+    assert "torch.compile configuration times prefill and train only" in row["phases"]["decode"]["skipped"]
+    assert "torch.compile" in row["implementation"]

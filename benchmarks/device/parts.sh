@@ -21,13 +21,15 @@
 #   doctor     doctor vs collect_env, 5 runs each (after the Dao build: nothing else loads the CPU)
 #   conv       benchmarks/conv_kernels.py with every peer (Dao if built)
 #   model      fastpath bench qwen3.5-27b 8 layers B=1 L=4096: reference, fla, fastpath, fla+dao
+#              (MODEL_CONFIGS picks others, e.g. fastpath,fastpath+compile)
 #   decode     CUDA-graph greedy decode per config
 #   mamba      benchmarks/mamba_model.py (Nemotron-H 6 layers: fallback, mamba_ssm+torch conv,
 #              mamba_ssm+fastpath conv, fastpath)
 #   capture    benchmarks/capture_speed.py (fast vs fallback, verification on)
 #   gdnnorm    benchmarks/gdn_norm_gpu.py (GDN gated norm eager vs FLA fused), if present
 #   profile    benchmarks/gdn_layer_profile.py (one Qwen3.5 GDN layer fwd+bwd under torch.profiler)
-#   mprofile   benchmarks/model_profile.py (8-layer Qwen3.5: GPU time per kernel family, GEMM ceiling)
+#   mprofile   benchmarks/model_profile.py (8-layer Qwen3.5: GPU time per kernel family, GEMM ceiling;
+#              MPROFILE_CONFIGS, default fastpath,fla+dao,reference; fastpath+compile is one more)
 # Everything lands in OUT/w, packed into OUT/results.tgz at the end; the log is OUT/log.txt.
 set -uo pipefail
 out=${1:?usage: parts.sh OUTDIR PARTS}
@@ -140,8 +142,8 @@ part_conv() {
 }
 part_model() {
   dao_ready
-  local configs=reference,fla,fastpath
-  [ -n "$dao_path" ] && configs=$configs,fla+dao
+  local configs=${MODEL_CONFIGS:-reference,fla,fastpath}
+  [ -n "$dao_path" ] && [ -z "${MODEL_CONFIGS:-}" ] && configs=$configs,fla+dao
   run model 240 env PYTHONPATH="$PYTHONPATH$dao_path" python3 -m fastpath bench qwen3.5-27b --layers 8 \
     --dtype bf16 --seq-len 4096 --batch 1 --decode-tokens 32 --repeats 3 --warmup 1 \
     --configs "$configs" ${MODEL_FLAGS:-} --out "$w/bench"

@@ -32,6 +32,7 @@ from fastpath.proof.bench_outputs import (
 )
 from fastpath.proof.bench_spec import (
     CONFIGS,
+    DEFAULT_CONFIGS,
     PHASE_REGISTRY,
     PROGRESS_PREFIX,
     SCHEMA,
@@ -157,7 +158,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"comma list of {', '.join(PHASE_REGISTRY)} (default: {','.join(default_phases())}"
         + (f", and {','.join(cuda_only)} on a CUDA device" if cuda_only else "") + ")"
         + (f"; {about}" if about else "")))
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {', '.join(CONFIGS)}")
+    parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
+                        help=f"comma list of {', '.join(CONFIGS)} (default: {','.join(DEFAULT_CONFIGS)})")
     parser.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs")
     parser.add_argument("--out", default="fastpath-bench", help="directory for bench.json, bench.md, bench.png")
     parser.add_argument("--compare", metavar="PREVIOUS.json", default=None, help="show the change against an earlier bench.json")

@@ -80,6 +80,8 @@ class ConfigSpec:
     hide: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()  # top-level modules that must be importable (else skipped)
     needs_cuda: bool = False
+    compile: bool = False  # torch.compile the model's forward (prefill and forward+backward only)
+    default: bool = True   # part of `--configs`' default list
 
 
 CONFIGS: dict[str, ConfigSpec] = {
@@ -93,7 +95,15 @@ CONFIGS: dict[str, ConfigSpec] = {
     # The compiled peers, as transformers binds them itself when they are installed.
     "fla+dao": ConfigSpec("fla+dao", "FLA + Dao causal-conv1d CUDA", enable=False,
                           requires=("causal_conv1d", "causal_conv1d_cuda", "fla"), needs_cuda=True),
+    # fastpath's kernels plus torch.compile of the rest of the model (RMSNorms, MLP activations,
+    # residuals, loss): what is left after the hybrid layers is transformers' eager model-wide work.
+    # Opt-in (compiling takes minutes on a large model).
+    "fastpath+compile": ConfigSpec("fastpath+compile", "fastpath.enable() + torch.compile", enable=True,
+                                   compile=True, default=False),
 }
+DEFAULT_CONFIGS = tuple(name for name, spec in CONFIGS.items() if spec.default)
+#: the phases a compiled configuration times (decode's growing cache would recompile every step)
+COMPILED_PHASES = ("prefill", "train")
 
 
 @dataclass

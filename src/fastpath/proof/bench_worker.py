@@ -21,6 +21,7 @@ from typing import Any
 
 from fastpath.errors import FastpathError, first_line
 from fastpath.proof.bench_spec import (
+    COMPILED_PHASES,
     CONFIGS,
     NEEDS_CUDA,
     PHASE_REGISTRY,
@@ -33,6 +34,7 @@ from fastpath.proof.verdict import kernel_impls
 
 TORCH = "torch"  # what a configuration ran when no fast kernel executed
 INTERPRETED = "(interpreter)"
+NOT_COMPILED = f"the torch.compile configuration times {' and '.join(COMPILED_PHASES)} only"
 NOT_TIMING_DATA = "Triton interpreter: kernels emulated on the CPU, a correctness run, not timing data"
 
 
@@ -94,6 +96,8 @@ def run_config(spec: ConfigSpec, settings: BenchSettings, report: Callable[[str]
         result["explain"] = [dict(r) for r in fastpath.explain(model).rows]
     except Exception as exc:  # a report only
         result["explain"] = [{"error": first_line(exc, with_type=True)}]
+    if spec.compile:
+        model.forward = torch.compile(model.forward)
     gen = torch.Generator().manual_seed(settings.seed + 1)
     ids = torch.randint(0, built.vocab_size, (settings.batch, settings.seq_len), generator=gen).to(device)
     timer = _Timer(device)
@@ -101,8 +105,9 @@ def run_config(spec: ConfigSpec, settings: BenchSettings, report: Callable[[str]
     for name in settings.phases:
         phase = PHASE_REGISTRY[name]
         ticks = settings.warmup + settings.repeats
-        if phase.needs_cuda and device.type != "cuda":
-            entry: dict[str, Any] = {"skipped": NEEDS_CUDA}
+        if (phase.needs_cuda and device.type != "cuda") or (spec.compile and name not in COMPILED_PHASES):
+            entry: dict[str, Any] = {"skipped": NEEDS_CUDA if phase.needs_cuda and device.type != "cuda"
+                                     else NOT_COMPILED}
             for _ in range(ticks):
                 say(name)
         elif phase.measure is not None:
@@ -111,6 +116,10 @@ def run_config(spec: ConfigSpec, settings: BenchSettings, report: Callable[[str]
             entry = _timed(phase, model, ids, settings, device, timer, lambda n=name: say(n))
         model.zero_grad(set_to_none=True)
         result["phases"][name] = entry
+    if spec.compile:
+        from torch._dynamo.utils import counters
+
+        result["compiled_graphs"] = int(counters["stats"]["unique_graphs"])
     result["kernel_calls"] = {k: v - calls_before.get(k, 0) for k, v in CALLS.items() if v - calls_before.get(k, 0)}
     result["implementation"] = implementation(spec, result["kernel_calls"], device)
     if result["implementation"].endswith(INTERPRETED):
@@ -206,11 +215,12 @@ def implementation(spec: ConfigSpec, calls: dict[str, int], device: Any) -> str:
     """
     if not spec.enable:
         return TORCH if spec.name == "reference" else spec.name
+    compiled = " + torch.compile" if spec.compile else ""
     if not kernel_impls(calls).get("triton"):
-        return TORCH
+        return TORCH + compiled
     if device.type == "cpu":
-        return f"fastpath Triton {INTERPRETED}"
-    return "fastpath Triton"
+        return f"fastpath Triton{compiled} {INTERPRETED}"
+    return f"fastpath Triton{compiled}"
 
 
 def _importable(module: str) -> bool:
