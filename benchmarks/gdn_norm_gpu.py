@@ -34,6 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch
+from gdn_layer_profile import cuda_times  # same folder: sys.path[0]
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -57,19 +58,14 @@ def time_ms(fn: Any, iters: int, warmup: int) -> dict[str, float]:
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     if cuda:
         torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        if not cuda:
+    if cuda:
+        times = cuda_times(fn, iters)
+    else:
+        times = []
+        for _ in range(iters):
             start_s = time.perf_counter()
             fn()
             times.append((time.perf_counter() - start_s) * 1e3)
-            continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
     return {"median_ms": statistics.median(times), "min_ms": min(times)}
 
 
