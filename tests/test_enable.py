@@ -172,6 +172,12 @@ def test_suspended_is_the_reference_path_and_resumes_the_same_routing() -> None:
         assert torch.equal(logits(model), ref)
     with suspended():  # not enabled: nothing to suspend
         assert not is_enabled()
+    model = tiny_lfm2()
+    ref = logits(model)
+    fastpath.enable(causal_conv1d_fn=scaled, warn=False)
+    with suspended():
+        fastpath.disable()  # a disable() inside is not undone on the way out
+    assert not is_enabled() and torch.equal(logits(model), ref)
 
 
 def test_model_built_after_enable() -> None:

@@ -248,7 +248,8 @@ def suspended() -> Iterator[None]:
     try:
         yield
     finally:
-        if resume is not None and state is not None:
+        # resume only the state that was suspended: a disable() or enable() inside wins
+        if resume is not None and state is not None and _STATE is state:
             with _LOCK:
                 hub_kernels.disable_hub_downloads(state.env)
                 if dqkwg:
