@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch
+from gdn_layer_profile import cuda_times  # same folder: sys.path[0]
 
 from fastpath.kernels.gated_delta_rule.dqkwg import (
     MATMUL_PATHS,
@@ -124,16 +125,8 @@ def _time(fn, iters: int = 20, warmup: int = 5) -> float:
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    times.sort()
-    return times[len(times) // 2]
+    times = sorted(cuda_times(fn, iters))
+    return times[len(times) // 2] / 1e3
 
 
 def speed(T: int) -> dict:

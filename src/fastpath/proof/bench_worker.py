@@ -105,9 +105,10 @@ def run_config(spec: ConfigSpec, settings: BenchSettings, report: Callable[[str]
     for name in settings.phases:
         phase = PHASE_REGISTRY[name]
         ticks = settings.warmup + settings.repeats
-        if (phase.needs_cuda and device.type != "cuda") or (spec.compile and name not in COMPILED_PHASES):
-            entry: dict[str, Any] = {"skipped": NEEDS_CUDA if phase.needs_cuda and device.type != "cuda"
-                                     else NOT_COMPILED}
+        skip = (NEEDS_CUDA if phase.needs_cuda and device.type != "cuda"
+                else NOT_COMPILED if spec.compile and name not in COMPILED_PHASES else None)
+        if skip:
+            entry: dict[str, Any] = {"skipped": skip}
             for _ in range(ticks):
                 say(name)
         elif phase.measure is not None:

@@ -232,56 +232,55 @@ def hidden_compiled_peers() -> Any:
                 del sys.modules[name]
 
 
-def _fp32_oracle_grads(model: Any, inputs: Inputs) -> dict[str, Any]:
-    """Gradients of an fp32 copy of `model` on the active (reference) path, in the model's dtype
-    layout; the copy is freed before returning."""
+@contextlib.contextmanager
+def _fp32_copy(model: Any) -> Any:
+    """An fp32 copy of `model` (same active path) with real fp32 matmuls, freed on exit (callers
+    drop their name for it inside the block). The model's gradients are not copied: memory."""
     import copy
 
     import torch
 
-    oracle = copy.deepcopy(model).float()
+    grads = {p: p.grad for p in model.parameters()}
+    for p in grads:
+        p.grad = None
+    try:
+        oracle = copy.deepcopy(model)
+    finally:
+        for p, g in grads.items():
+            p.grad = g
     try:
         with _Tf32Off():
-            grads = run_path(oracle, inputs, packed_reference=True, backward=True).grads or {}
+            yield oracle.float()
     finally:
         del oracle
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _fp32_oracle_grads(model: Any, inputs: Inputs) -> dict[str, Any]:
+    """Gradients of an fp32 copy of `model` on the active (reference) path, in the model's dtype
+    layout; the copy is freed before returning."""
+    with _fp32_copy(model) as oracle:
+        grads = run_path(oracle, inputs, packed_reference=True, backward=True).grads or {}
+        del oracle  # the last reference: _fp32_copy's exit returns its memory
     return grads
-
-
 
 
 def _fp32_oracle_decode_logits(model: Any, prompt: Any, tokens: Any) -> list[Any] | None:
     """Per-step fp32 logits of an fp32 copy of `model` (active = reference path) fed the prompt
     and the reference's greedy tokens in one teacher-forced forward: the same logits a cached
-    decode computes, in exact-enough arithmetic. None when the copy does not fit."""
-    import copy
-
+    decode computes, in exact-enough arithmetic. None when that cannot run."""
     import torch
 
     steps = int(tokens.shape[1])
     ids = torch.cat([prompt, tokens[:, :steps - 1]], dim=1)
-    oracle = None
-    grads = {p: p.grad for p in model.parameters()}  # not copied into the oracle (memory)
     try:
-        for p in grads:
-            p.grad = None
-        try:
-            oracle = copy.deepcopy(model)
-        finally:
-            for p, g in grads.items():
-                p.grad = g
-        oracle = oracle.float()
-        with _Tf32Off(), torch.no_grad():
+        with _fp32_copy(model) as oracle, torch.no_grad():
             logits = oracle(input_ids=ids, use_cache=False, logits_to_keep=steps).logits.float()
+            del oracle
         return [logits[:, s] for s in range(steps)]
     except Exception:  # no room for the copy, a family without logits_to_keep: keep the failure
         return None
-    finally:
-        del oracle
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
 
 
 def _starts_with_embeddings(model: Any, ids: Any, first_hidden: Any) -> bool:

@@ -22,10 +22,7 @@ class PatchRegistry:
         key = (id(target), name)
         if key not in self._seen:
             self._seen.add(key)
-            old = target.__dict__.get(name, _MISSING) if hasattr(target, "__dict__") else getattr(
-                target, name, _MISSING)
-            ref = _ref(target)
-            self._log.append((ref, name, old, False))
+            self._log.append((_ref(target), name, _current(target, name, False), False))
         setattr(target, name, value)
 
     def set_item(self, mapping: Any, key: str, value: Any) -> None:
@@ -33,7 +30,7 @@ class PatchRegistry:
         mkey = (id(mapping), f"[{key}]")
         if mkey not in self._seen:
             self._seen.add(mkey)
-            self._log.append((_ref(mapping), key, mapping.get(key, _MISSING), True))
+            self._log.append((_ref(mapping), key, _current(mapping, key, True), True))
         mapping[key] = value
 
     def suspend(self) -> Callable[[], None]:
@@ -47,12 +44,7 @@ class PatchRegistry:
             target = ref()
             if target is None:
                 continue
-            if is_mapping:
-                value = target.get(key, _MISSING)
-            else:
-                value = target.__dict__.get(key, _MISSING) if hasattr(target, "__dict__") else getattr(
-                    target, key, _MISSING)
-            current.append((target, key, value, is_mapping))
+            current.append((target, key, _current(target, key, is_mapping), is_mapping))
         self.undo()
 
         def resume() -> None:
@@ -84,6 +76,15 @@ class PatchRegistry:
                 setattr(target, key, old)
         self._log.clear()
         self._seen.clear()
+
+
+def _current(target: Any, key: str, is_mapping: bool) -> Any:
+    """What target holds under key now (its own attribute, not an inherited one), or _MISSING."""
+    if is_mapping:
+        return target.get(key, _MISSING)
+    if hasattr(target, "__dict__"):
+        return target.__dict__.get(key, _MISSING)
+    return getattr(target, key, _MISSING)
 
 
 def _ref(target: Any) -> Any:
