@@ -490,18 +490,27 @@ def test_bad_input_is_a_one_line_error(lfm2_config, tmp_path, capsys):
     good.write_text('{"input_ids": [1, 2, 3]}\n')
     outside = tmp_path / "rows.jsonl"
     outside.write_text('{"input_ids": [1, 2, 999]}\n')
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "notes.txt").write_text("mine")
     cases = [
         ([str(bad), "--out", str(tmp_path / "o1")], "bad.jsonl:2: not JSON"),
         ([str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o2")], "does not exist"),
         ([str(good), "--out", str(good)], "is not a directory"),
+        ([str(good), "--out", str(used)], "is not empty; pass --resume"),
+        ([str(good), "--out", str(used), "--resume"], "holds no fastpath capture to resume"),
         ([str(outside), "--out", str(tmp_path / "o4")], "outside the model's vocabulary"),
         ([str(good), "--out", str(tmp_path / "o5"), "--layers", "1,7"], "outside this 4-layer model"),
+        ([str(good), "--out", str(tmp_path / "o6"), "--model-layers", "0"], "--model-layers must be a positive"),
+        ([str(good), "--out", str(tmp_path / "o7"), "--reference-path"], "needs --allow-slow"),
     ]
     for args, text in cases:
-        code = main(["capture", lfm2_config, *args, "--device", "cpu", "--quiet",
+        code = main(["capture", lfm2_config, *args, "--device", "cpu",
                      *([] if "--layers" in args else ["--layers", "1,2,3"])])
         err = capsys.readouterr().err
+        # one line, and before the weights load (progress is on: no "loading" line came first)
         assert code == 2 and text in err and err.count("\n") == 1, (args, err)
+    assert (used / "notes.txt").read_text() == "mine" and len(list(used.iterdir())) == 1
     # and through the real entry point: argparse's own errors, no traceback
     proc = subprocess.run([sys.executable, "-m", "fastpath", "capture", lfm2_config, str(good), "--out",
                            str(tmp_path / "o3"), "--format", "parquet"], capture_output=True, text=True, timeout=120)

@@ -14,7 +14,7 @@ import pytest
 from fakeenv import seed_facts
 from fastpath.doctor.diagnosis import diagnose
 from fastpath.doctor.gpu_models import parse_gpu_spec
-from fastpath.doctor.report import render_text, wrap_keeping_commands
+from fastpath.doctor.report import merged_range, render_text, wrap_keeping_commands
 
 
 def _one_token(line: str) -> bool:
@@ -65,3 +65,25 @@ def test_piped_report_honours_columns():
     assert r.stdout.startswith(("FAST", "SLOW", "UNKNOWN"))
     assert all(len(line.rstrip()) <= 70 or _one_token(line) for line in r.stdout.splitlines())
     assert max(len(line.rstrip()) for line in r.stdout.splitlines()) > 60  # it used the width
+
+
+def test_release_ranges_with_the_same_outcome_are_shown_once():
+    """Without transformers the plan covers every release range; ranges that would do the same
+    thing share one row (here every 5.x range: the same 48 layers on the fallback), while JSON
+    keeps one entry per range."""
+    facts = seed_facts()
+    facts["packages"] = {k: v for k, v in facts["packages"].items() if k != "transformers"}
+    d = diagnose(facts, "qwen3.5-27b")
+    ranges = [v["range"] for v in d.model_plan["by_version"]]
+    assert ranges == ["4.57.x", "5.0-5.14", "5.15-5.16", "5.17-5.24", ">=5.25"]
+    text = render_text(d, 200)
+    table = text.split("by transformers release", 1)[1]
+    assert "4.57.x" in table and ">=5.0" in table
+    assert not any(r in table for r in ranges[1:]), table
+    assert table.count("take the torch fallback for causal_conv1d_fn") == 1
+
+
+def test_merged_range_labels():
+    assert merged_range("5.0-5.14", ">=5.25") == ">=5.0"
+    assert merged_range("4.57.x", "5.0-5.14") == "4.57-5.14"
+    assert merged_range("5.0-5.14", "5.17-5.24") == "5.0-5.24"

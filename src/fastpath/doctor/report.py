@@ -222,11 +222,15 @@ def _plan_section(console: Any, plan: dict[str, Any]) -> None:
         _say(console, line, indent="    ", first="  ")
     if plan.get("by_version"):
         _section(console, "by transformers release")
-        rows = []
+        rows: list[list[str]] = []
         for v in plan["by_version"]:
             slow = v.get("layers_slow")
-            rows.append([v["range"], "-" if slow is None else f"{slow} of {v['layers_total']}",
-                         "; ".join(v.get("summary") or []) or "all fast"])
+            row = [v["range"], "-" if slow is None else f"{slow} of {v['layers_total']}",
+                   "; ".join(v.get("summary") or []) or "all fast"]
+            if rows and rows[-1][1:] == row[1:]:
+                rows[-1][0] = merged_range(rows[-1][0], row[0])
+            else:
+                rows.append(row)
         _grid(console, ["transformers", "layers on torch fallback", "what happens"], rows)
     else:
         for lt in plan.get("layer_types") or []:
@@ -241,6 +245,16 @@ def _plan_section(console: Any, plan: dict[str, Any]) -> None:
         why = f" ({'; '.join(needs)})" if needs and plan["layers_slow_with_fastpath"] else ""
         _say(console, f"after fastpath.enable(): {plan['layers_slow_with_fastpath']} of "
                       f"{plan['layers_total']} layers still on the torch fallback{why}")
+
+
+def merged_range(first: str, last: str) -> str:
+    """One label for two adjacent release ranges that would do the same thing ('5.0-5.14' and
+    '>=5.25' give '>=5.0'), so a plan without transformers shows each outcome once."""
+    start = first.removeprefix(">=").split("-")[0].removesuffix(".x")
+    if last.startswith(">="):
+        return f">={start}"
+    end = last.split("-")[-1]
+    return f"{start}-{end}"
 
 
 def ran_static(facts: dict[str, Any]) -> bool:

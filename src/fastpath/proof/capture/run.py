@@ -16,6 +16,7 @@ sync (status all-reduces and, sharded, the padding forwards) and other (the rest
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -118,16 +119,24 @@ def _say(world: distributed.World, enabled: bool, msg: str) -> None:
         print(f"fastpath capture: {msg}", file=sys.stderr, flush=True)
 
 
-def _prepare_out(out: Path, resume: bool, settings: dict[str, Any]) -> None:
-    """Refuse a non-empty DIR without --resume, and a resume with different settings."""
+def _check_out(out: Path, resume: bool) -> bool:
+    """Refuse a DIR that is a file, or non-empty without --resume, or a resume of something that
+    is not a capture. True when there is a capture to resume."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a directory")
+    if not (out.is_dir() and any(out.iterdir())):
+        return False
+    if not resume:
+        raise UsageError(f"--out {out} is not empty; pass --resume to continue a capture there")
+    if not (out / STATE_DIR / "settings.json").is_file():
+        raise UsageError(f"--out {out} holds no fastpath capture to resume ({STATE_DIR}/settings.json missing)")
+    return True
+
+
+def _prepare_out(out: Path, resume: bool, settings: dict[str, Any]) -> None:
+    """_check_out, then refuse a resume with different settings."""
     state = out / STATE_DIR / "settings.json"
-    if out.is_dir() and any(out.iterdir()):
-        if not resume:
-            raise UsageError(f"--out {out} is not empty; pass --resume to continue a capture there")
-        if not state.is_file():
-            raise UsageError(f"--out {out} holds no fastpath capture to resume ({STATE_DIR}/settings.json missing)")
+    if _check_out(out, resume):
         try:
             old = json.loads(state.read_text())
         except (OSError, json.JSONDecodeError) as exc:
@@ -164,7 +173,8 @@ def _gate_fast_path(model: Any, opts: CaptureOptions) -> tuple[str, bool]:
         if not opts.allow_slow:
             fastpath.disable()
             raise FastpathError(f"refusing to capture on a slow fallback: {reason} "
-                                "(run `fastpath doctor MODEL`; --allow-slow to capture anyway)") from None
+                                f"(run `fastpath doctor --model {shlex.quote(str(opts.model))}`; "
+                                "--allow-slow to capture anyway)") from None
         return f"slow (--allow-slow): {reason}", True
     return "fast", True
 
@@ -190,6 +200,28 @@ class _Progress:
         eta_text = "-" if eta == float("inf") else f"{int(eta // 60)}m{int(eta % 60):02d}s"
         print(f"fastpath capture: {est_done}/{self.total} rows, {tokens / elapsed:,.0f} tok/s per process, "
               f"ETA {eta_text}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class _TargetShape:
+    num_layers: int
+    vocab_size: int
+    tokenizer: str | None  # where the tokenizer comes from (--tokenizer, else a model directory)
+
+
+def _target_shape(opts: CaptureOptions) -> _TargetShape:
+    """The target's layer count and vocabulary from its config (or the prebuilt model), without
+    loading weights."""
+    if opts.prebuilt is not None:
+        built = opts.prebuilt
+        source, layers, vocab = built.source, len(decoder_parts(built.model).layers), built.vocab_size
+    else:
+        from fastpath.proof.models import resolve_source, transformers_config
+
+        source = resolve_source(opts.model)
+        config = transformers_config(source.config, opts.model_layers)
+        layers, vocab = int(config.num_hidden_layers), int(config.vocab_size)
+    return _TargetShape(layers, vocab, opts.tokenizer or (str(source.path) if source.kind == "dir" else None))
 
 
 def load_target(opts: CaptureOptions, device: Any) -> Any:
@@ -227,6 +259,8 @@ def run_capture(opts: CaptureOptions) -> CaptureResult:
         raise UsageError("--max-len must be at least 2")
     if opts.batch_tokens < 1:
         raise UsageError("--batch-tokens must be positive")
+    if opts.model_layers is not None and opts.model_layers < 1:
+        raise UsageError(f"--model-layers must be a positive integer, got {opts.model_layers}")
     if opts.check_every < 0:
         raise UsageError("--check-every must be >= 0 (0: only each rank's first row)")
     if opts.write_threads < 1 or (opts.write_slots is not None and opts.write_slots < 1):
@@ -297,6 +331,16 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str
     import torch
 
     say = lambda msg: _say(world, opts.progress, msg)  # noqa: E731
+    # What the user typed (layers, tokenizer, every data row) is checked from the config alone,
+    # before the weights load: a large checkpoint takes minutes, on every rank.
+    _check_out(out, opts.resume)
+    if opts.reference_path and not opts.allow_slow:
+        raise UsageError("--reference-path runs the torch fallback: it needs --allow-slow")
+    shape = _target_shape(opts)
+    parse_layers(opts.layers, shape.num_layers, opts.layer_convention)
+    tokenizer = load_tokenizer(shape.tokenizer) if shape.tokenizer else None
+    loaded = load_rows(opts.data, tokenizer, opts.max_len, shape.vocab_size)
+    rows = loaded.rows
     say(f"loading {opts.model}" + (" on the host, to shard with FSDP2" if shard == "fsdp" else ""))
     # Sharded, the model is loaded on the host and each group moves its shard to the GPU.
     load_device = torch.device("cpu") if shard == "fsdp" else device
@@ -308,10 +352,6 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str
     num_layers = len(parts.layers)
     aux_ids = parse_layers(opts.layers, num_layers, opts.layer_convention)
     capture_ids = sorted({*aux_ids, num_layers})
-    tok_source = opts.tokenizer or (str(built.source.path) if built.source.kind == "dir" else None)
-    tokenizer = load_tokenizer(tok_source) if tok_source else None
-    loaded = load_rows(opts.data, tokenizer, opts.max_len, built.vocab_size)
-    rows = loaded.rows
     settings = {
         "model": opts.model, "data": str(Path(opts.data).resolve()), "data_sha256": file_sha256(opts.data),
         "format": opts.format,
