@@ -419,6 +419,8 @@ def test_fsdp_sharded_target_writes_the_same_files_as_one_process(lfm2_capture, 
     assert summary["shard"] == "fsdp" and all(r["shard"] == "fsdp" for r in summary["ranks"])
     rows_per_rank = [r["rows_written"] for r in summary["ranks"]]
     assert all(n > 0 for n in rows_per_rank)
+    # one copy of the weights: rank 1 built the model on meta and got its shards from rank 0
+    assert [r["weights"] for r in summary["ranks"]] == ["loaded on this rank", "received from rank 0 (built on meta)"]
     checked = summary["reference_checks"]["rows"]
     assert summary["reference_checks"]["all_ok"] and len(checked) >= 2
     _assert_same_capture(clean.out, out)
@@ -433,6 +435,22 @@ def test_fsdp_sharded_target_writes_the_same_files_as_one_process(lfm2_capture, 
     assert resumed["ranks"][1]["padding_forwards"] >= 2  # rank 0's batch and its re-check
     assert not list(out.rglob(".*.tmp*"))
     _assert_same_capture(clean.out, out)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="torchrun with gloo on Linux")
+def test_fsdp_checkpoint_directory_is_read_once_and_matches_one_process(qwen_dir, tokenizer_dir, tmp_path):
+    """A real checkpoint directory under FSDP2: rank 0 reads it, rank 1 builds on meta and gets
+    its shards and buffers (rotary inverse frequencies) by broadcast; rows equal one process."""
+    data = _write_chat(tmp_path / "conversations.jsonl", "conversations")
+    single = run_capture(_opts(str(qwen_dir), data, tmp_path / "one", format="specforge", allow_slow=True))
+    summary = _torchrun(str(qwen_dir), data, tmp_path / "two", tokenizer_dir, "--shard", "fsdp",
+                        "--format", "specforge", *([] if ALLOW_SLOW else ["--allow-slow"]))
+    assert [r["weights"] for r in summary["ranks"]] == ["loaded on this rank", "received from rank 0 (built on meta)"]
+    names = sorted(f.name for f in (tmp_path / "one" / "rows_0-2000").glob("data_*.ckpt"))
+    assert len(names) == single.rows == len(CONVERSATIONS)
+    for name in names:
+        a, b = (torch.load(tmp_path / d / "rows_0-2000" / name, weights_only=True) for d in ("one", "two"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
 
 
 _FAILING_RANK_SCRIPT = """

@@ -356,8 +356,12 @@ def build_model(
     device: str | None = "auto",
     seed: int = 0,
     attn_implementation: str = "sdpa",
+    skeleton: bool = False,
 ) -> BuiltModel:
-    """Build the causal LM of `source` (see module doc) in eval mode on `device`."""
+    """Build the causal LM of `source` (see module doc) in eval mode on `device`.
+
+    skeleton: shapes only, on the meta device (no checkpoint read, nothing allocated), for
+    FSDP2 ranks that receive their shards from rank 0."""
     if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
         raise UsageError(f"--layers must be a positive integer, got {layers!r}")
     src = resolve_source(source)
@@ -374,7 +378,12 @@ def build_model(
     if attn_implementation == "sdpa" and not getattr(model_class, "_supports_sdpa", False):
         attn_implementation = "eager"  # e.g. Mamba2 (no attention layers to speak of)
     notes: list[str] = []
-    if src.kind == "dir":
+    if skeleton:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch_type, attn_implementation=attn_implementation)
+        target = torch.device("meta")
+        used_seed = None if src.kind == "dir" else seed
+    elif src.kind == "dir":
         # device_map (straight to the GPU, no host copy) needs accelerate; without it, load on
         # the host and move.
         direct = target.type == "cuda" and importlib.util.find_spec("accelerate") is not None

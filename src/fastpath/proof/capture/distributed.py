@@ -130,18 +130,53 @@ def choose_shard(mode: str, world_size: int, device_type: str, weight_bytes: Cal
 
 
 def shard_decoder(parts: Any, device: Any, world: World) -> None:
-    """fully_shard every decoder layer, then the decoder stack (module doc). Parameters move to
-    `device` (this rank's GPU, or the CPU under gloo) one group at a time, so a model loaded on
-    the host never needs to fit one GPU whole. A stack that is sharded already is left alone."""
+    """fully_shard every decoder layer, then the decoder stack (module doc), and fill every
+    rank's shards from rank 0's weights.
+
+    Only rank 0 holds the checkpoint (on the host); the other ranks built the same modules on
+    the meta device. The full state dict of rank 0's stack is taken before sharding, then
+    `set_model_state_dict(..., broadcast_from_rank0=True)` sends each tensor once and every rank
+    keeps its own shard on `device` (this rank's GPU, or the CPU under gloo), so neither the
+    host nor one GPU ever needs more than one whole copy. Buffers are not sharded and not all
+    in the state dict (rotary inverse frequencies are non-persistent): they are broadcast
+    from rank 0 as they are. A stack that is sharded already is left alone."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     if isinstance(parts.base, FSDPModule):
         return
+    full = dict(parts.base.state_dict()) if world.is_main else {}
     mesh = init_device_mesh(getattr(device, "type", "cpu"), (world.size,))
     for layer in parts.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(parts.base, mesh=mesh)
+    if not world.is_main:
+        # this rank's shards, allocated where they will live; the broadcast below fills them
+        parts.base.to_empty(device=device)
+    set_model_state_dict(parts.base, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    full.clear()
+    _broadcast_buffers(parts.base, torch.device(device))
+    left = [n for n, t in [*parts.base.named_parameters(), *parts.base.named_buffers()] if t.is_meta]
+    if left:
+        raise RuntimeError(f"rank {world.rank}: {len(left)} tensors of the sharded model were never filled "
+                           f"(first: {left[0]})")
+
+
+def _broadcast_buffers(module: Any, device: Any) -> None:
+    """Every buffer of `module` on `device`, with rank 0's values (meta ones allocated first)."""
+    import torch
+    import torch.distributed as dist
+
+    for sub in module.modules():
+        for name, buf in list(sub._buffers.items()):
+            if buf is None:
+                continue
+            if buf.is_meta or buf.device != device:
+                buf = torch.empty_like(buf, device=device) if buf.is_meta else buf.to(device)
+                sub._buffers[name] = buf
+            dist.broadcast(buf, src=0)
 
 
 @contextmanager

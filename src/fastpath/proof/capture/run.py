@@ -224,14 +224,15 @@ def _target_shape(opts: CaptureOptions) -> _TargetShape:
     return _TargetShape(layers, vocab, opts.tokenizer or (str(source.path) if source.kind == "dir" else None))
 
 
-def load_target(opts: CaptureOptions, device: Any) -> Any:
+def load_target(opts: CaptureOptions, device: Any, skeleton: bool = False) -> Any:
+    """The target with its weights on `device`, or (skeleton) only its shapes, on meta."""
     from fastpath.proof.models import build_model
     from fastpath.proof.run_paths import hidden_compiled_peers
 
     # The reference path must be transformers' torch fallbacks (as in `fastpath verify`).
     with hidden_compiled_peers():
         return build_model(opts.model, layers=opts.model_layers, dtype=opts.dtype, device=str(device),
-                           seed=opts.seed)
+                           seed=opts.seed, skeleton=skeleton)
 
 
 def _shard_mode(opts: CaptureOptions, world: distributed.World, device: Any) -> str:
@@ -341,10 +342,13 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str
     tokenizer = load_tokenizer(shape.tokenizer) if shape.tokenizer else None
     loaded = load_rows(opts.data, tokenizer, opts.max_len, shape.vocab_size)
     rows = loaded.rows
-    say(f"loading {opts.model}" + (" on the host, to shard with FSDP2" if shard == "fsdp" else ""))
-    # Sharded, the model is loaded on the host and each group moves its shard to the GPU.
+    say(f"loading {opts.model}" + (" on rank 0's host, to shard with FSDP2" if shard == "fsdp" else ""))
+    # Sharded, only rank 0 loads the weights (on the host); the other ranks build the model on
+    # the meta device and receive their shards from it (distributed.shard_decoder), so the host
+    # holds one copy of the checkpoint however many processes run.
     load_device = torch.device("cpu") if shard == "fsdp" else device
-    built = opts.prebuilt if opts.prebuilt is not None else load_target(opts, load_device)
+    skeleton = shard == "fsdp" and not world.is_main and opts.prebuilt is None
+    built = opts.prebuilt if opts.prebuilt is not None else load_target(opts, load_device, skeleton)
     model = built.model
     if opts.on_model is not None:
         opts.on_model(model)
@@ -358,7 +362,7 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str
         "max_len": opts.max_len, "batch_tokens": opts.batch_tokens, "layers": aux_ids,
         "dtype": dtype_label(built.dtype), "seed": built.seed, "model_layers": opts.model_layers,
         # random weights depend on the device they were drawn on (FSDP draws them on the host)
-        "weights_init": "checkpoint" if built.seed is None else f"random on {torch.device(built.device).type}",
+        "weights_init": "checkpoint" if built.seed is None else f"random on {load_device.type}",
     }
     if shard == "fsdp":
         distributed.shard_decoder(parts, device, world)
@@ -431,7 +435,8 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str
         raise FastpathError(f"rank {world.rank}: stopped because another rank failed (see its message)")
     record = {"rank": world.rank, "rows_written": written, "rows_already_done": len(done), "tokens": tokens,
               "seconds": seconds, "shard": shard, "timings": timings, "checked": checked,
-              "padding_forwards": budget.padded if budget is not None else 0}
+              "padding_forwards": budget.padded if budget is not None else 0,
+              "weights": "received from rank 0 (built on meta)" if skeleton else "loaded on this rank"}
     atomic_json(out / STATE_DIR / f"rank{world.rank}.json", record)
     distributed.barrier(active)
     progress.update(written + len(done), tokens, final=True)
