@@ -71,8 +71,8 @@ def forward_and_grads(fn, tensors: dict, options: dict, device: str, dtype: torc
 
 
 def close(got: torch.Tensor, want: torch.Tensor, tol: float, what: str) -> None:
-    scale = max(1.0, float(want.abs().max()))
-    err = float((got.double().cpu() - want).abs().max())
+    scale = max(1.0, float(want.detach().abs().max()))
+    err = float((got.detach().double().cpu() - want.detach()).abs().max())
     assert err <= tol * scale, f"{what}: max abs err {err:.3g} > {tol:.1g} x {scale:.3g}"
 
 
