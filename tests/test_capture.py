@@ -521,6 +521,8 @@ def test_bad_input_is_a_one_line_error(lfm2_config, tmp_path, capsys):
         ([str(good), "--out", str(tmp_path / "o5"), "--layers", "1,7"], "outside this 4-layer model"),
         ([str(good), "--out", str(tmp_path / "o6"), "--model-layers", "0"], "--model-layers must be a positive"),
         ([str(good), "--out", str(tmp_path / "o7"), "--reference-path"], "needs --allow-slow"),
+        ([str(good), "--out", str(tmp_path / "o8"), "--dtype", "int8"], "unknown dtype 'int8'"),
+        ([str(good), "--out", str(good / "sub" / "dir")], "is not a writable directory"),
     ]
     for args, text in cases:
         code = main(["capture", lfm2_config, *args, "--device", "cpu",

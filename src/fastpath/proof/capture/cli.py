@@ -70,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
         checks = result.summary.get("reference_checks", {}).get("rows", [])
         print(f"fastpath capture: {result.rows} rows in {result.out} ({args.format}); this run wrote "
               f"{result.written} on rank 0 ({result.tokens_per_s:,.0f} tok/s), {result.skipped_done} already there; "
-              f"{len(checks)} rows re-checked on the reference path, all within tolerance; path: {result.path}"
+              f"{len(checks)} row{'' if len(checks) == 1 else 's'} re-checked on the reference path, all within tolerance; path: {result.path}"
               + (f"; target sharded with FSDP2 over {world_from_env().size} processes" if result.shard == "fsdp" else ""),
               file=sys.stdout)
     return 0

@@ -16,6 +16,7 @@ sync (status all-reduces and, sharded, the padding forwards) and other (the rest
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
@@ -124,7 +125,12 @@ def _check_out(out: Path, resume: bool) -> bool:
     is not a capture. True when there is a capture to resume."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a directory")
-    if not (out.is_dir() and any(out.iterdir())):
+    if not out.exists():
+        parent = next(p for p in out.absolute().parents if p.exists())
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise UsageError(f"cannot create --out {out}: {parent} is not a writable directory")
+        return False
+    if not any(out.iterdir()):
         return False
     if not resume:
         raise UsageError(f"--out {out} is not empty; pass --resume to continue a capture there")
@@ -254,12 +260,13 @@ def run_capture(opts: CaptureOptions) -> CaptureResult:
     import torch
 
     from fastpath.proof.compare import TOLERANCES
-    from fastpath.proof.models import dtype_label, resolve_device
+    from fastpath.proof.models import dtype_label, resolve_device, torch_dtype
 
     if opts.max_len < 2:
         raise UsageError("--max-len must be at least 2")
     if opts.batch_tokens < 1:
         raise UsageError("--batch-tokens must be positive")
+    torch_dtype(opts.dtype)  # an unknown name is a one-line error now, not after the load
     if opts.model_layers is not None and opts.model_layers < 1:
         raise UsageError(f"--model-layers must be a positive integer, got {opts.model_layers}")
     if opts.check_every < 0:
