@@ -45,8 +45,11 @@ def test_without_transformers_shows_each_release_range():
     p = plan_model(load_config("qwen3.5-27b"), facts)
     assert p["transformers"] is None
     ranges = {v["range"]: v for v in p["by_version"]}
-    assert list(ranges) == ["4.57.x", "5.0-5.14", "5.15-5.16", "5.17-5.24", ">=5.25"]
+    # Qwen3.5 arrived in 5.2.0: the range holding it starts there, not at 5.0
+    assert list(ranges) == ["4.57.x", "5.2-5.14", "5.15-5.16", "5.17-5.24", ">=5.25"]
     assert ranges["4.57.x"]["supported"] is False
+    nemotron = plan_model(load_config("nemotron-h-8b"), facts)  # in transformers since 4.55
+    assert [v["range"] for v in nemotron["by_version"]] == ["4.57.x", "5.0-5.14", "5.15-5.16", "5.17-5.24", ">=5.25"]
     assert ranges["5.17-5.24"]["layers_slow"] == 48
     assert "not installed" in p["summary"][0]
 

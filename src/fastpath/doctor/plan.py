@@ -167,6 +167,17 @@ def plan_for_version(config: dict[str, Any], fam: Family, tv: Version,
             "layer_types": out_types, "summary": summary}
 
 
+def _from_first_release(label: str, rep: str, first: str | None) -> str:
+    """A range's label starting at the family's first release when that falls inside it
+    ('5.0-5.14' becomes '5.2-5.14' for Qwen3.5): the plan of the range's representative
+    version does not hold for the releases before the model existed."""
+    start = label.removeprefix(">=").split("-")[0].removesuffix(".x")
+    if not first or not Version(start) < Version(first) <= Version(rep):
+        return label
+    major_minor = ".".join(first.split(".")[:2])
+    return f">={major_minor}" if label.startswith(">=") else f"{major_minor}-{label.split('-')[-1]}"
+
+
 def plan_model(config: dict[str, Any], facts: dict[str, Any] | FactsView,
                label: str = "") -> dict[str, Any]:
     """The model plan for the transformers in `facts` (or per version range if it is absent)."""
@@ -197,7 +208,7 @@ def plan_model(config: dict[str, Any], facts: dict[str, Any] | FactsView,
     by_version = []
     for label_range, rep in VERSION_RANGES:
         p = plan_for_version(config, fam, Version(rep), fv)
-        p["range"] = label_range
+        p["range"] = _from_first_release(label_range, rep, fam.min_transformers)
         by_version.append(p)
     first = by_version[-1]
     base.update({"transformers": None, "supported": first["supported"],
