@@ -12,7 +12,7 @@
 #   ssd        benchmarks/ssd.py --profile --update $SSD_FLAGS (scan vs mamba_ssm, per-kernel
 #              split, decode step)
 #   tests      GPU tests in the background: conv/launch/decode graphs | FLA route + verify/bench |
-#              SSD (vs mamba_ssm); TESTS=conv,fla,ssd picks groups. Correctness only: put timing
+#              SSD (vs mamba_ssm); TESTS=conv,fla,ssd[,capture] picks groups. Correctness only: put timing
 #              parts before `tests` or after `wait` (which collects them; the end does too)
 #   verify     fastpath verify on the GPU: qwen3.5-27b 8 layers (the #14 gate), nemotron-h-8b,
 #              granite-4.0-h-small, falcon-h1-7b, zamba2-7b, bamba-9b, mamba2 (bf16, --backward)
@@ -86,7 +86,7 @@ part_dao() {
 part_ssd() {
   run ssd 200 python3 benchmarks/ssd.py --out "$w/ssd" --mamba-src "$msrc" --profile --update ${SSD_FLAGS:-}
 }
-# GPU tests in the background (correctness only): TESTS=conv,fla,ssd picks the groups; the
+# GPU tests in the background (correctness only): TESTS=conv,fla,ssd[,capture] picks the groups; the
 # `wait` part (or the end) collects them.
 test_pids=""
 pyt() { python3 -m pytest -q -p no:cacheprovider --tb=short --durations=8 "$@"; }
@@ -104,6 +104,7 @@ part_tests() {
     tests/test_bench_gpu.py
   MAMBA_SRC="$msrc" group ssd -m gpu tests/test_ssd_gpu.py tests/test_ssd_update.py \
     tests/test_mamba_split_conv_scan.py
+  group capture -m gpu tests/test_capture_writes.py  # pinned staging + side-stream copies (#15)
 }
 part_wait() {
   [ -n "$test_pids" ] || return 0
