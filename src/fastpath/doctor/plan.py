@@ -167,11 +167,17 @@ def plan_for_version(config: dict[str, Any], fam: Family, tv: Version,
             "layer_types": out_types, "summary": summary}
 
 
+def range_start(label: str) -> str:
+    """The first release of a VERSION_RANGES label: '5.0-5.14' -> '5.0', '>=5.25' -> '5.25',
+    '4.57.x' -> '4.57'."""
+    return label.removeprefix(">=").split("-")[0].removesuffix(".x")
+
+
 def _from_first_release(label: str, rep: str, first: str | None) -> str:
     """A range's label starting at the family's first release when that falls inside it
     ('5.0-5.14' becomes '5.2-5.14' for Qwen3.5): the plan of the range's representative
     version does not hold for the releases before the model existed."""
-    start = label.removeprefix(">=").split("-")[0].removesuffix(".x")
+    start = range_start(label)
     if not first or not Version(start) < Version(first) <= Version(rep):
         return label
     major_minor = ".".join(first.split(".")[:2])

@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from fastpath.doctor.facts import FactsView
+from fastpath.doctor.plan import range_start
 
 VERDICT_STYLE = {"fast": "bold green", "slow": "bold red", "unknown": "bold yellow"}
 SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
@@ -250,7 +251,7 @@ def _plan_section(console: Any, plan: dict[str, Any]) -> None:
 def merged_range(first: str, last: str) -> str:
     """One label for two adjacent release ranges that would do the same thing ('5.0-5.14' and
     '>=5.25' give '>=5.0'), so a plan without transformers shows each outcome once."""
-    start = first.removeprefix(">=").split("-")[0].removesuffix(".x")
+    start = range_start(first)
     if last.startswith(">="):
         return f">={start}"
     end = last.split("-")[-1]

@@ -139,10 +139,10 @@ def _check_out(out: Path, resume: bool) -> bool:
     return True
 
 
-def _prepare_out(out: Path, resume: bool, settings: dict[str, Any]) -> None:
-    """_check_out, then refuse a resume with different settings."""
+def _prepare_out(out: Path, resuming: bool, settings: dict[str, Any]) -> None:
+    """Refuse a resume (resuming: _check_out found a capture to continue) with different settings."""
     state = out / STATE_DIR / "settings.json"
-    if _check_out(out, resume):
+    if resuming:
         try:
             old = json.loads(state.read_text())
         except (OSError, json.JSONDecodeError) as exc:
@@ -341,7 +341,7 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str
     say = lambda msg: _say(world, opts.progress, msg)  # noqa: E731
     # What the user typed (layers, tokenizer, every data row) is checked from the config alone,
     # before the weights load: a large checkpoint takes minutes, on every rank.
-    _check_out(out, opts.resume)
+    resuming = _check_out(out, opts.resume)
     if opts.reference_path and not opts.allow_slow:
         raise UsageError("--reference-path runs the torch fallback: it needs --allow-slow")
     shape = _target_shape(opts)
@@ -378,7 +378,7 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str
         convention = norm_convention(parts.norm)
         norms = token_norms(model.get_input_embeddings()).to(device)
     path_label, on_fast = _gate_fast_path(model, opts)  # before DIR is touched: a refusal leaves it as it was
-    _prepare_out(out, opts.resume, settings)
+    _prepare_out(out, resuming, settings)
     distributed.barrier(active)
     if world.is_main:
         _write_settings(out, settings)
