@@ -10,7 +10,7 @@ Each path gets an untimed warm-up capture of one batch first (Triton compiles an
 the staging slots are page-locked before the timed loop and reported apart as staging_alloc).
 Reports tokens/s of the capture loop (forward, checks, re-checks, device->host copies, writes),
 where that time went (`timings`: forward, checks, recheck, stage, write_wait, sync, other; see
-fastpath.proof.capture.run), the GPU memory peak, and fast/fallback against the 1.8x target,
+fastpath.capture.run), the GPU memory peak, and fast/fallback against the 1.8x target,
 also for the forwards alone (what the kernels bought before any I/O); JSON to
 --out/capture_speed.json. More --rows (default 64) leave less of the last batch's writes and of
 the first re-check in the average.
@@ -64,8 +64,8 @@ def run_path(name: str, args: argparse.Namespace, data: Path, warm: Path, scratc
     import torch
 
     import fastpath
+    from fastpath.capture.run import CaptureOptions, run_capture
     from fastpath.errors import FastpathError
-    from fastpath.proof.capture.run import CaptureOptions, run_capture
 
     def opts(rows_file: Path, out: Path) -> CaptureOptions:
         return CaptureOptions(
@@ -135,7 +135,7 @@ def main() -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("capture_speed: needs a CUDA GPU (--device cpu only smoke-tests the script)", file=sys.stderr)
         return 2
-    from fastpath.proof.models import resolve_source, transformers_config
+    from fastpath.models.build import resolve_source, transformers_config
 
     config = transformers_config(resolve_source(args.model).config, args.layers)
     vocab = int(config.vocab_size)
@@ -152,7 +152,7 @@ def main() -> int:
         data, warm = scratch / "rows.jsonl", scratch / "warm.jsonl"
         write_rows(data, args.rows, args.max_len, vocab, seed=0)
         write_rows(warm, max(1, args.batch_tokens // args.max_len), args.max_len, vocab, seed=1)
-        from fastpath.proof.capture.run import CaptureOptions, load_target
+        from fastpath.capture.run import CaptureOptions, load_target
 
         built = load_target(CaptureOptions(model=args.model, data="", out="", dtype=args.dtype,
                                            model_layers=args.layers), torch.device(args.device))

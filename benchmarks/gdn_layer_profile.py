@@ -27,7 +27,7 @@ def build_layer(device: str = "cuda") -> Any:
     """The first GatedDeltaNet layer of the Qwen3.5-27B preset, random weights, bf16."""
     import torch
 
-    from fastpath.proof.models import build_model
+    from fastpath.models.build import build_model
 
     # two layers: a cut model keeps one of each layer type (GatedDeltaNet and full attention)
     built = build_model("qwen3.5-27b", layers=2, dtype="bf16", device=device, seed=0)

@@ -1,4 +1,4 @@
-"""How close is the job-size estimate of `fastpath verify` / `fastpath bench` (proof/sizing.py) to
+"""How close is the job-size estimate of `fastpath verify` / `fastpath bench` (models/sizing.py) to
 what the job really uses? Each case runs in a fresh process: estimate first (which also imports
 the modeling module), then the process's RSS (CPU) or CUDA allocator peak is reset as the
 baseline, then the real job; the measured peak is the growth above that baseline.
@@ -69,9 +69,9 @@ def child(case_path: str) -> None:
     os.environ.setdefault("USE_HUB_KERNELS", "0")
     import torch
 
-    from fastpath.proof.models import plan_job
+    from fastpath.models.build import plan_job
+    from fastpath.models.sizing import estimate
     from fastpath.proof.run_paths import verify_model
-    from fastpath.proof.sizing import estimate
 
     s = case["settings"]
     device = case["device"]

@@ -76,7 +76,7 @@ def child(config: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     import fastpath
-    from fastpath.proof.models import build_model
+    from fastpath.models.build import build_model
 
     if spec.enable:
         fastpath.enable(warn=False)

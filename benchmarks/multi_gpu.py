@@ -73,7 +73,7 @@ def _route(model: Any, path: str, allow_slow: bool) -> dict[str, Any]:
 
 
 def _build(args: argparse.Namespace, dtype: str, device: Any) -> Any:
-    from fastpath.proof.capture.run import CaptureOptions, load_target
+    from fastpath.capture.run import CaptureOptions, load_target
 
     return load_target(CaptureOptions(model=args.model, data="", out="", dtype=dtype, model_layers=args.layers,
                                       seed=args.seed), device)
@@ -97,7 +97,7 @@ def _reset_peak(device: Any) -> None:
 def capture_phase(args: argparse.Namespace, path: str, device: Any, rank: int, scratch: Path) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from fastpath.proof.capture.run import CaptureOptions, run_capture
+    from fastpath.capture.run import CaptureOptions, run_capture
 
     built = _build(args, args.dtype, device)
     routes = _route(built.model, path, args.allow_slow_fast_path)
@@ -133,7 +133,7 @@ def train_phase(args: argparse.Namespace, path: str, device: Any, rank: int, wor
     import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from fastpath.proof.models import torch_dtype
+    from fastpath.models.dtypes import torch_dtype
 
     if args.global_batch % world:
         raise SystemExit(f"--global-batch {args.global_batch} must be a multiple of the {world} processes")
@@ -181,7 +181,7 @@ def train_phase(args: argparse.Namespace, path: str, device: Any, rank: int, wor
 def _scratch_root(args: argparse.Namespace) -> str:
     """/dev/shm when it can hold one path's capture (4 states per token, +25%), else the temp dir:
     a container's /dev/shm is often 64 MB."""
-    from fastpath.proof.models import resolve_source, transformers_config
+    from fastpath.models.build import resolve_source, transformers_config
 
     hidden = int(transformers_config(resolve_source(args.model).config, args.layers).hidden_size)
     need = int(args.capture_rows * args.seq_len * 4 * hidden * (4 if args.dtype == "fp32" else 2) * 1.25)

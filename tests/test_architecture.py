@@ -35,9 +35,50 @@ def _room(room: str) -> list[Path]:
     return sorted((PKG / room).rglob("*.py"))
 
 
+ROOMS = ("doctor", "kernels", "routing", "models", "proof", "capture")
+
+# What each room may import from the others (README: Architecture). Floors, bottom to top:
+# kernels -> routing -> models -> proof | capture; the doctor stands apart (it runs on login nodes
+# and image builders without torch).
+MAY_IMPORT = {
+    "doctor": set(),
+    "kernels": set(),
+    "routing": {"kernels"},
+    "models": {"kernels", "routing"},
+    "proof": {"kernels", "routing", "models"},
+    "capture": {"kernels", "routing", "models"},
+}
+
+
 def test_rooms_exist():
-    for room in ("doctor", "kernels", "routing", "proof"):
+    for room in ROOMS:
         assert (PKG / room / "__init__.py").is_file(), room
+
+
+@pytest.mark.parametrize("room", ROOMS)
+def test_no_import_runs_up_a_floor_or_across(room: str):
+    """A room imports only the rooms below it (doctor: none), so the import graph has no circle."""
+    for path in _room(room):
+        for name in _imports(path):
+            parts = name.split(".")
+            if parts[0] != "fastpath" or len(parts) < 2 or parts[1] not in ROOMS or parts[1] == room:
+                continue
+            assert parts[1] in MAY_IMPORT[room], f"{path.relative_to(PKG)} imports {name}"
+
+
+def test_nothing_imports_the_package_root():
+    """`import fastpath` / `from fastpath import enable` inside the package would run the public
+    face (and its dependency checks) from below; modules import the module that defines a thing."""
+    for path in sorted(PKG.rglob("*.py")):
+        if path.name == "__init__.py" and path.parent == PKG:
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                assert "fastpath" not in {a.name for a in node.names}, f"{path} imports fastpath"
+            elif isinstance(node, ast.ImportFrom) and node.module == "fastpath" and not node.level:
+                faces = {a.name for a in node.names} - {"causal_conv1d"}
+                assert not faces, f"{path} imports {sorted(faces)} from the package root"
 
 
 def test_probe_is_stdlib_only():
@@ -53,7 +94,7 @@ def test_kernels_never_import_routing_doctor_or_proof(path: Path):
     assert not bad, f"{path.name} imports {sorted(bad)}"
 
 
-@pytest.mark.parametrize("room", ["doctor", "kernels", "proof"])
+@pytest.mark.parametrize("room", ["doctor", "kernels", "models", "proof", "capture"])
 def test_only_routing_touches_other_libraries_internals(room: str):
     """Outside routing/, nothing imports transformers' or FLA's internals (modeling files, ops)."""
     for path in _room(room):

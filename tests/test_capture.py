@@ -29,14 +29,14 @@ pytest.importorskip("datasets")  # the speculators layout (pip install 'fastpath
 import torch
 
 import fastpath
+from fastpath.capture.data import load_rows, tokenize_chat
+from fastpath.capture.layers import default_aux_layers, parse_layers
+from fastpath.capture.packing import batches_for_rank, make_batches
+from fastpath.capture.run import CaptureCheckError, CaptureOptions, run_capture
 from fastpath.causal_conv1d import causal_conv1d_fn as real_causal_conv1d_fn
 from fastpath.errors import FastpathError, UsageError
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.proof.capture.data import load_rows, tokenize_chat
-from fastpath.proof.capture.layers import default_aux_layers, parse_layers
-from fastpath.proof.capture.packing import batches_for_rank, make_batches
-from fastpath.proof.capture.run import CaptureCheckError, CaptureOptions, run_capture
-from fastpath.proof.models import build_model
+from fastpath.models.build import build_model
 
 # Without the interpreter, fastpath's kernels cannot run on CPU: captures then need --allow-slow.
 ALLOW_SLOW = not triton_interpreter_on()
@@ -168,7 +168,7 @@ def test_batches_respect_the_budget_and_do_not_depend_on_the_world_size():
 
 
 def test_chat_forms_render_alike_and_mask_only_the_assistant(tokenizer_dir, tmp_path):
-    from fastpath.proof.capture.data import load_tokenizer
+    from fastpath.capture.data import load_tokenizer
 
     tok = load_tokenizer(tokenizer_dir)
     conv = CONVERSATIONS[1]
@@ -457,7 +457,7 @@ _FAILING_RANK_SCRIPT = """
 import json, os, sys
 import torch
 from fastpath.errors import FastpathError
-from fastpath.proof.capture.run import CaptureOptions, run_capture
+from fastpath.capture.run import CaptureOptions, run_capture
 
 config, data, out, tokenizer, allow_slow = sys.argv[1:6]
 rank = int(os.environ["RANK"])

@@ -19,15 +19,15 @@ pytest.importorskip("datasets")
 
 import torch
 
-from fastpath.errors import FastpathError, UsageError
-from fastpath.proof.capture.distributed import choose_shard
-from fastpath.proof.capture.staging import RowWrites, slot_bytes
-from fastpath.proof.capture.writers import (
+from fastpath.capture.distributed import choose_shard
+from fastpath.capture.staging import RowWrites, slot_bytes
+from fastpath.capture.writers import (
     SpecForgeWriter,
     SpeculatorsWriter,
     atomic_write,
     remove_stale_temps,
 )
+from fastpath.errors import FastpathError, UsageError
 
 # One key: safetensors keeps metadata in a Rust HashMap, so with several keys their order in the
 # header changes from call to call (it did before staging too); the tensor bytes never do.
@@ -168,7 +168,7 @@ def test_shard_auto_picks_fsdp_only_when_the_weights_do_not_fit_one_gpu():
 def test_weight_bytes_counts_the_built_model(tmp_path: Path):
     import json
 
-    from fastpath.proof.models import build_model, weight_bytes
+    from fastpath.models.build import build_model, weight_bytes
 
     config = tmp_path / "lfm2.json"
     config.write_text(json.dumps({

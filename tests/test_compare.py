@@ -1,4 +1,4 @@
-"""verify's comparison maths (proof/compare.py) on hand-made tensors: the flags that catch states
+"""verify's comparison maths (models/compare.py) on hand-made tensors: the flags that catch states
 wrong on both paths, the whole-tensor and per-token ratios, the decode check."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fastpath.proof.compare import TOLERANCES, check_decode, compare, tensor_flags  # noqa: E402
+from fastpath.models.compare import TOLERANCES, check_decode, compare, tensor_flags  # noqa: E402
 from fastpath.proof.greedy import GreedyRun  # noqa: E402
 
 
@@ -80,7 +80,7 @@ def test_bf16_decode_drift_passes_only_when_no_further_from_fp32_than_the_refere
 
 def test_failing_gradients_name_each_paths_distance_to_fp32() -> None:
     """A bf16 gradient that differs from the reference says which path is off (the fp32 oracle)."""
-    from fastpath.proof.compare import GradDiff, TensorDiff
+    from fastpath.models.compare import GradDiff, TensorDiff
     from fastpath.proof.verdict import collect_problems
 
     ok = TensorDiff("logits", 1e-3, 2e-3, 1e-3, True)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fastpath.models.build import build_model
 from fastpath.proof import greedy
 from fastpath.proof.decode_graphs import (
     bench_phase,
@@ -27,7 +28,6 @@ from fastpath.proof.decode_graphs import (
     static_cache_problem,
     static_prefill,
 )
-from fastpath.proof.models import build_model
 from test_models import TINY_QWEN35  # the tiny Qwen3.5 hybrid the model tests build
 
 
@@ -72,7 +72,7 @@ TINY_QWEN3_NEXT = {**TINY_QWEN35, "model_type": "qwen3_next"}
 OLD_TRANSFORMERS_PROBE = """
 import json, sys, torch, transformers
 from fastpath.proof.decode_graphs import bench_phase, eager_static_run
-from fastpath.proof.models import build_model
+from fastpath.models.build import build_model
 model = build_model(sys.argv[1], device="cpu", seed=0).model
 ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(0))
 entry = bench_phase(model, ids, 2)

@@ -15,7 +15,7 @@ Triton kernels run on CPU tensors:
 * model: tiny random-weight Qwen3.5 and Qwen3-Next (grouped value heads), fp32 and bf16, forward
   + backward under enable() with FASTPATH_FLA_NORM=torch and =auto: every layer's hidden states,
   the logits and every parameter gradient within `fastpath verify`'s tolerances
-  (proof/compare.py, with its fp32 gradient oracle in bf16); the norm's calls are counted,
+  (models/compare.py, with its fp32 gradient oracle in bf16); the norm's calls are counted,
   explain() names the route, and disable() puts transformers' forward back.
 """
 
@@ -420,7 +420,7 @@ def _config_file(model_type: str) -> str:
 def _build(model_type: str, dtype: str) -> torch.nn.Module:
     """verify's own builder (transformers' init, zero tensors given noise), then the gated norms'
     weights moved off their initial ones so the weight really scales."""
-    from fastpath.proof.models import build_model
+    from fastpath.models.build import build_model
 
     path = _config_file(model_type)
     try:
@@ -463,7 +463,7 @@ def _worker_model(dtypes: tuple[str, ...] = ("fp32", "bf16")) -> dict:
 
     from transformers import CONFIG_MAPPING
 
-    from fastpath.proof.compare import TOLERANCES, compare, compare_grads
+    from fastpath.models.compare import TOLERANCES, compare, compare_grads
 
     ids = torch.randint(3, 64, (2, 37), generator=torch.Generator().manual_seed(2))
     out: dict = {}

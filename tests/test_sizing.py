@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from fastpath.proof.sizing import JobSize, check_fits, estimate
+from fastpath.models.sizing import JobSize, check_fits, estimate
 
 # ~270 B parameters (1 TB in fp32) from a config file of a few lines: no machine has that free.
 HUGE = {
@@ -23,7 +23,7 @@ HUGE = {
 
 def test_a_config_that_leaves_its_size_to_transformers_says_so():
     # A bare model_type is transformers' default Qwen3.5 text model: ~9B parameters.
-    from fastpath.proof.models import transformers_config
+    from fastpath.models.build import transformers_config
 
     raw = {"model_type": "qwen3_5_text"}
     config = transformers_config(raw)
@@ -36,7 +36,7 @@ def test_a_config_that_leaves_its_size_to_transformers_says_so():
 
 
 def test_the_parameter_count_is_exact(tmp_path):
-    from fastpath.proof.models import build_model, transformers_config
+    from fastpath.models.build import build_model, transformers_config
 
     raw = {"model_type": "lfm2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,

@@ -20,7 +20,7 @@ import torch
 import fastpath
 from fastpath.causal_conv1d import causal_conv1d_fn as real_causal_conv1d_fn
 from fastpath.errors import FastpathError
-from fastpath.proof.compare import TOLERANCES
+from fastpath.models.compare import TOLERANCES
 from fastpath.proof.run_paths import make_inputs, verify_model
 from fastpath.routing.transformers import is_enabled as fastpath_is_enabled
 
@@ -291,8 +291,8 @@ def test_bf16_decode_beyond_the_limit_is_judged_against_an_fp32_run(qwen, monkey
     """With a decode limit no bf16 run can meet, verify computes the fp32 oracle of the decode
     steps (a teacher-forced fp32 copy) and names both paths' distances to it; in fp32 it never
     does (there is nothing more exact to compare with)."""
+    from fastpath.models.compare import Tolerance
     from fastpath.proof import run_paths
-    from fastpath.proof.compare import Tolerance
 
     strict = Tolerance(rel=1e-12, token_rel=1e-12, grad_rel=1e-12)
     monkeypatch.setitem(run_paths.TOLERANCES, "bf16", strict)

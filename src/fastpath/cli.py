@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("fastpath.routing.run", "run a Python program with fastpath.enable() applied"),
     "verify": ("fastpath.proof.verify", "prove the fast path computes the same function on a model"),
     "bench": ("fastpath.proof.bench", "time reference vs fast path on a model"),
-    "capture": ("fastpath.proof.capture.cli", "dump a target's hidden states for EAGLE-3 drafter training, checked"),
+    "capture": ("fastpath.capture.cli", "dump a target's hidden states for EAGLE-3 drafter training, checked"),
 }
 
 

@@ -1,12 +1,16 @@
-"""Compiler-free kernels (Triton) for causal depthwise conv1d, with a float reference beside them.
+"""Compiler-free kernels (Triton), each op with its float64 reference beside it.
 
-Layout of this package:
-- reference.py: plain-torch float reference (the spec the kernels are tested against).
-- conv1d_rows.py: channel-last fwd/bwd (sliding rows, each element loaded once) - the fast path.
-- conv1d_fwd.py / conv1d_bwd.py: 2D-tile fwd/bwd, used for contiguous (B, D, L) inputs.
-- conv1d_update.py / varlen_states.py: decode update (one-token step kernel + general kernel),
-  varlen state gather. conv1d_common.py: shared tap loads / SiLU.
-- causal_conv1d.py: torch custom ops (compile-friendly), autograd, and the triton/reference dispatch.
-- counters.py: which implementation ran, for `fastpath explain`/tests.
-Nothing here imports triton at package import time.
+One subpackage per op family, each shaped the same way: `interface.py` (torch custom ops with fake
+implementations, autograd, validation, and the Triton-or-reference dispatch), the Triton kernels by
+strategy in their own modules, and `naive.py` (the float64 spec the tests check against, also the
+runtime fallback for combinations a kernel does not take, with a warning):
+- causal_conv1d/: depthwise causal conv1d forward, backward, decode update, varlen states (the
+  engine behind the Dao-compatible face `fastpath.causal_conv1d`).
+- gated_delta_rule/: the gated delta rule's dq/dk/dw/dg backward piece for Hopper (FLA #640).
+- ssd/: Mamba-2's chunked state-space scan, its state update and the fused split-conv-scan op.
+- selective_scan/: Mamba-1's selective scan, its state update and mamba_inner_fn.
+Shared: dispatch (Triton or reference, and the fallback warning), counters (which implementation
+ran, read by explain() and verify), compiled_launch (cached calls into Triton's launcher).
+Never imports routing, models, proof, capture or doctor; nothing here imports triton at package
+import time.
 """

@@ -44,9 +44,8 @@ from fastpath.proof.bench_spec import (
 
 
 def _src_root() -> str:
-    import fastpath
-
-    return str(Path(fastpath.__file__).resolve().parent.parent)
+    """The directory that holds the fastpath package (put on the workers' PYTHONPATH)."""
+    return str(Path(__file__).resolve().parents[2])
 
 
 def _run_worker(spec: ConfigSpec, settings: BenchSettings, workdir: Path, on_progress: Callable[[str], None],
@@ -82,19 +81,19 @@ def _run_worker(spec: ConfigSpec, settings: BenchSettings, workdir: Path, on_pro
 
 def preflight(settings: BenchSettings, configs: list[str], check_memory: bool = True) -> Any:
     """UsageError for bad settings, config names or model source, or a job that will not fit in
-    memory: one line, before any worker. Returns the job's size (proof/sizing.py) or None."""
+    memory: one line, before any worker. Returns the job's size (models/sizing.py) or None."""
     settings.validate()
     if not configs:
         raise UsageError(f"--configs is empty; configs: {', '.join(CONFIGS)}")
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
         raise UsageError(f"unknown config {unknown[0]!r}; configs: {', '.join(CONFIGS)}")
-    from fastpath.proof.models import plan_job
+    from fastpath.models.build import plan_job
 
     plan = plan_job(settings.source, layers=settings.layers, dtype=settings.dtype, device=settings.device)
     if not check_memory:
         return None
-    from fastpath.proof.sizing import size_job
+    from fastpath.models.sizing import size_job
 
     # One configuration at a time, each in its own process: the largest phase sets the peak.
     backward = any(PHASE_REGISTRY[p].backward for p in settings.phases)
@@ -222,7 +221,7 @@ def main(args: argparse.Namespace) -> int:
 
     require("bench")  # before any work: torch and transformers
     no_chart = requirement_error("chart")  # matplotlib: only the PNG depends on it
-    from fastpath.proof.models import resolve_device, resolve_dtype
+    from fastpath.models.dtypes import resolve_device, resolve_dtype
 
     device = str(resolve_device(args.device))
     phases = default_phases(device) if args.phases is None else tuple(p.strip() for p in args.phases.split(",") if p.strip())

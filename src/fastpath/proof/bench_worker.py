@@ -79,13 +79,13 @@ def run_config(spec: ConfigSpec, settings: BenchSettings, report: Callable[[str]
         return {"config": spec.name, "label": spec.label, "skipped": f"not importable: {', '.join(missing)}"}
     import torch
 
-    import fastpath
     from fastpath.kernels.counters import CALLS
-    from fastpath.proof.models import build_model
+    from fastpath.models.build import build_model
+    from fastpath.routing import transformers as routes
 
     result: dict[str, Any] = {"config": spec.name, "label": spec.label, "phases": {}}
     if spec.enable:
-        result["enable_report"] = str(fastpath.enable())
+        result["enable_report"] = str(routes.enable())
     built = build_model(settings.source, layers=settings.layers, dtype=settings.dtype,
                         device=settings.device, seed=settings.seed)
     model = built.model
@@ -93,7 +93,7 @@ def run_config(spec: ConfigSpec, settings: BenchSettings, report: Callable[[str]
     result["model"] = built.to_json()
     result["environment"] = _environment(device)
     try:
-        result["explain"] = [dict(r) for r in fastpath.explain(model).rows]
+        result["explain"] = [dict(r) for r in routes.explain(model).rows]
     except Exception as exc:  # a report only
         result["explain"] = [{"error": first_line(exc, with_type=True)}]
     if spec.compile:
@@ -211,7 +211,7 @@ def _self_timed(phase: Phase, model: Any, ids: Any, settings: BenchSettings, dev
 def implementation(spec: ConfigSpec, calls: dict[str, int], device: Any) -> str:
     """What a configuration really ran, so the report can say when two ran the same code.
 
-    fastpath.enable() on a CPU without the Triton interpreter routes every call to the kernels'
+    enable() on a CPU without the Triton interpreter routes every call to the kernels'
     torch reference: the same torch code as the reference configuration ("torch").
     """
     if not spec.enable:

@@ -6,14 +6,14 @@ and the reference kept honest (compiled peers hidden, TF32 off in fp32, an fp32 
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastpath.errors import FastpathError, UsageError, first_line
-from fastpath.proof.compare import TOLERANCES, check_decode, compare, compare_grads
+from fastpath.models.compare import TOLERANCES, check_decode, compare, compare_grads
+from fastpath.models.paths import hidden_compiled_peers
 from fastpath.proof.verdict import VerifyResult
 
 # ---------------------------------------------------------------------------------------------
@@ -194,10 +194,10 @@ def _call_delta(before: Counter[str], after: Counter[str]) -> dict[str, int]:
 
 
 def _explain_rows(model: Any) -> list[dict[str, Any]]:
-    import fastpath
+    from fastpath.routing import transformers as routes
 
     try:
-        rows = fastpath.explain(model).rows
+        rows = routes.explain(model).rows
     except Exception as exc:  # explain is a report, never a reason to fail verify
         return [{"error": f"explain failed: {exc.__class__.__name__}: {exc}"}]
     return [dict(r) if isinstance(r, dict) else dict(vars(r)) for r in rows]
@@ -205,31 +205,8 @@ def _explain_rows(model: Any) -> list[dict[str, Any]]:
 
 # Ops that must see cu_seqlens to keep packed sequences apart. transformers' torch fallbacks take
 
-# The compiled packages transformers would bind instead of its torch fallbacks.
-COMPILED_PEERS = ("causal_conv1d", "causal_conv1d_cuda", "fla")
+# What verify can take as the reference path (--reference).
 REFERENCES = ("torch", "transformers")
-
-
-@contextlib.contextmanager
-def hidden_compiled_peers() -> Any:
-    """While the model is built, make Dao causal-conv1d and FLA unimportable.
-
-    Why: transformers 5.15+ binds causal_conv1d / FLA once, when it imports a modeling module,
-    and disable() restores that binding. With the peers hidden at that moment the reference is
-    the torch fallback, the spec, on every machine (with FLA bound instead, the reference
-    backward even raises on Hopper with Triton < 3.7.1, FLA #640). They are importable again
-    afterwards, so enable() can still route the gated delta rule to FLA. A modeling module
-    imported before this keeps its binding; verify reports the reference's routes either way.
-    """
-    hidden = [name for name in COMPILED_PEERS if name not in sys.modules]
-    for name in hidden:
-        sys.modules[name] = None  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        for name in hidden:
-            if sys.modules.get(name, False) is None:
-                del sys.modules[name]
 
 
 @contextlib.contextmanager
@@ -322,11 +299,11 @@ def verify_model(
 ) -> VerifyResult:
     """Run `source` on the reference path and on the fast path; compare (see verify's module doc).
 
-    enable_kwargs go to fastpath.enable() (tests route deliberately wrong kernels this way).
+    enable_kwargs go to enable() (tests route deliberately wrong kernels this way).
     reference="torch": transformers' torch fallbacks are the reference even where Dao
     causal-conv1d / FLA are installed (see hidden_compiled_peers); "transformers": whatever
     transformers binds in this environment. check_memory: size the job first and refuse
-    (UsageError) when it will not fit (proof/sizing.py). fastpath is left disabled afterwards.
+    (UsageError) when it will not fit (models/sizing.py). fastpath is left disabled afterwards.
     """
     if seq_len < 2:
         raise UsageError("--seq-len must be at least 2")
@@ -343,9 +320,10 @@ def verify_model(
     require("verify")
     import torch
 
-    import fastpath
-    from fastpath.proof.models import build_model, dtype_label, plan_job
+    from fastpath.models.build import build_model, plan_job
+    from fastpath.models.dtypes import dtype_label
     from fastpath.proof.verdict import collect_problems, layer_names
+    from fastpath.routing import transformers as routes
 
     # With reference="torch" the compiled peers stay hidden until the model is built: sizing
     # builds the module tree on the meta device, which imports the modeling module (and binds).
@@ -354,7 +332,7 @@ def verify_model(
         plan = plan_job(source, layers=layers, dtype=dtype, device=device)  # bad input: before any output
         size = None
         if check_memory:
-            from fastpath.proof.sizing import size_job
+            from fastpath.models.sizing import size_job
 
             say("sizing the job")
             size = size_job(plan.config, plan.source.config, what=f"verify {source}", dtype=dtype,
@@ -381,7 +359,7 @@ def verify_model(
 
     try:
         tf32.__enter__()
-        fastpath.disable()
+        routes.disable()
         reference_rows = _explain_rows(model)
         ref, ref_decode, ref_calls = _run_side("reference path", model, inputs, packed_reference=True,
                                                backward=backward, decode_tokens=decode_tokens, say=step)
@@ -391,7 +369,7 @@ def verify_model(
             oracle_grads = _fp32_oracle_grads(model, inputs)
 
         step("enable()")
-        report = fastpath.enable(**(enable_kwargs or {}))
+        report = routes.enable(**(enable_kwargs or {}))
         explain_rows = _explain_rows(model)
         fast, fast_decode, fast_calls = _run_side("fast path", model, inputs, packed_reference=False,
                                                   backward=backward, decode_tokens=decode_tokens,
@@ -406,7 +384,7 @@ def verify_model(
         # verification, reported in one line: exit 1, not a traceback.
         raise FastpathError(f"{stage.name} raised {exc.__class__.__name__}: {first_line(exc)}") from None
     finally:
-        fastpath.disable()
+        routes.disable()
         tf32.__exit__(None, None, None)
 
     say("comparing")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fastpath.proof.compare import DecodeCheck, GradDiff, TensorDiff, Tolerance
+from fastpath.models.compare import DecodeCheck, GradDiff, TensorDiff, Tolerance
 
 CONV_OPS = ("fwd", "bwd", "update", "varlen_states")
 PASS = "PASS"

@@ -8,8 +8,8 @@ were silently all zero, and a fallback once drifted by 0.125 in the logits. Only
 every layer says *where* a kernel goes wrong, and a flag on zero / constant / non-finite states
 catches outputs that are wrong on both paths.
 
-This module is the command line and the rendering; the maths is in proof/compare.py, running the
-two paths in proof/run_paths.py, the verdict in proof/verdict.py, the job's size in proof/sizing.py.
+This module is the command line and the rendering; the maths is in models/compare.py, running the
+two paths in proof/run_paths.py, the verdict in proof/verdict.py, the job's size in models/sizing.py.
 Exit status: 0 PASS, 1 FAIL, 2 bad input (or a job that will not fit), 3 NOT VERIFIED.
 """
 
@@ -20,7 +20,7 @@ import json
 import sys
 from typing import Any
 
-from fastpath.proof.compare import ORACLE_SLACK
+from fastpath.models.compare import ORACLE_SLACK
 from fastpath.proof.run_paths import REFERENCES
 from fastpath.proof.verdict import NOT_VERIFIED_HINT, NOT_VERIFIED_LINE, VerifyResult, route_summary
 
@@ -45,7 +45,7 @@ def render(result: VerifyResult) -> Any:
                              f"{result.model['layers']} layers, {result.dtype}, {result.model['device']})")]
     if result.sizing:
         sizing = result.sizing
-        from fastpath.proof.sizing import human_bytes, human_count
+        from fastpath.models.sizing import human_bytes, human_count
 
         lines.append(Text(f"size: {human_count(sizing['parameters'])} parameters, weights "
                           f"{human_bytes(sizing['weight_bytes'])}, estimated peak {human_bytes(sizing['peak_bytes'])}",
@@ -119,7 +119,7 @@ def main(args: argparse.Namespace) -> int:
     require("verify")
     from rich.console import Console
 
-    from fastpath.proof.models import resolve_dtype
+    from fastpath.models.dtypes import resolve_dtype
     from fastpath.proof.progress import Stages
     from fastpath.proof.run_paths import verify_model
 

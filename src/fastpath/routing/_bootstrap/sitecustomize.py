@@ -20,9 +20,9 @@ _TRIGGER = "transformers"
 
 def _enable_now() -> None:
     try:
-        import fastpath
+        from fastpath.routing.transformers import enable
 
-        fastpath.enable(warn=os.environ.get("FASTPATH_ENABLE_QUIET", "") != "1")
+        enable(warn=os.environ.get("FASTPATH_ENABLE_QUIET", "") != "1")
     except Exception as exc:  # never break the user's program at start-up
         print(f"fastpath run: enable() failed in pid {os.getpid()}: {type(exc).__name__}: {exc}",
               file=sys.stderr)

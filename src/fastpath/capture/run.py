@@ -24,25 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fastpath.capture import distributed
+from fastpath.capture.checks import batch_problems, row_problems, token_norms
+from fastpath.capture.data import load_rows, load_tokenizer
+from fastpath.capture.layers import capture_hooks, decoder_parts, norm_convention, parse_layers
+from fastpath.capture.packing import batches_for_rank, make_batches
+from fastpath.capture.recheck import recheck_rows
+from fastpath.capture.staging import RowWrites, slot_bytes
+from fastpath.capture.writers import SUMMARY_NAME, atomic_json, make_writer, remove_stale_temps
 from fastpath.errors import FastpathError, UsageError, first_line
-from fastpath.proof.capture import distributed
-from fastpath.proof.capture.checks import batch_problems, row_problems, token_norms
-from fastpath.proof.capture.data import load_rows, load_tokenizer
-from fastpath.proof.capture.layers import (
-    capture_hooks,
-    decoder_parts,
-    norm_convention,
-    parse_layers,
-)
-from fastpath.proof.capture.packing import batches_for_rank, make_batches
-from fastpath.proof.capture.recheck import recheck_rows
-from fastpath.proof.capture.staging import RowWrites, slot_bytes
-from fastpath.proof.capture.writers import (
-    SUMMARY_NAME,
-    atomic_json,
-    make_writer,
-    remove_stale_temps,
-)
 
 STATE_DIR = ".capture"  # per-rank records and the settings a resume must match
 SETTINGS_KEYS = ("model", "data", "data_sha256", "format", "max_len", "batch_tokens", "layers", "dtype", "seed",
@@ -162,22 +152,22 @@ def _write_settings(out: Path, settings: dict[str, Any]) -> None:
 
 def _gate_fast_path(model: Any, opts: CaptureOptions) -> tuple[str, bool]:
     """enable() + assert_fast, or a clear refusal. Returns (path label, on_fast_path)."""
-    import fastpath
+    from fastpath.routing import transformers as routes
 
     if opts.reference_path:
         if not opts.allow_slow:
             raise UsageError("--reference-path runs the torch fallback: it needs --allow-slow")
-        fastpath.disable()
+        routes.disable()
         return "slow (--allow-slow --reference-path): every op on transformers' reference path", False
-    fastpath.enable(**{"warn": False, **opts.enable_kwargs})
+    routes.enable(**{"warn": False, **opts.enable_kwargs})
     try:
-        fastpath.assert_fast(model)
+        routes.assert_fast(model)
     except FastpathError as exc:
-        slow = [r for r in fastpath.explain(model).rows if not r["fast"]]
+        slow = [r for r in routes.explain(model).rows if not r["fast"]]
         reason = (f"{len(slow)} op(s) take a slow path (first: {slow[0]['layer']} {slow[0]['op']}: {slow[0]['impl']})"
                   if slow else first_line(exc))
         if not opts.allow_slow:
-            fastpath.disable()
+            routes.disable()
             raise FastpathError(f"refusing to capture on a slow fallback: {reason} "
                                 f"(run `fastpath doctor --model {shlex.quote(str(opts.model))}`; "
                                 "--allow-slow to capture anyway)") from None
@@ -222,7 +212,7 @@ def _target_shape(opts: CaptureOptions) -> _TargetShape:
         built = opts.prebuilt
         source, layers, vocab = built.source, len(decoder_parts(built.model).layers), built.vocab_size
     else:
-        from fastpath.proof.models import resolve_source, transformers_config
+        from fastpath.models.build import resolve_source, transformers_config
 
         source = resolve_source(opts.model)
         config = transformers_config(source.config, opts.model_layers)
@@ -232,8 +222,8 @@ def _target_shape(opts: CaptureOptions) -> _TargetShape:
 
 def load_target(opts: CaptureOptions, device: Any, skeleton: bool = False) -> Any:
     """The target with its weights on `device`, or (skeleton) only its shapes, on meta."""
-    from fastpath.proof.models import build_model
-    from fastpath.proof.run_paths import hidden_compiled_peers
+    from fastpath.models.build import build_model
+    from fastpath.models.paths import hidden_compiled_peers
 
     # The reference path must be transformers' torch fallbacks (as in `fastpath verify`).
     with hidden_compiled_peers():
@@ -244,7 +234,7 @@ def load_target(opts: CaptureOptions, device: Any, skeleton: bool = False) -> An
 def _shard_mode(opts: CaptureOptions, world: distributed.World, device: Any) -> str:
     import torch
 
-    from fastpath.proof.models import weight_bytes
+    from fastpath.models.build import weight_bytes
 
     def weights() -> int:
         if opts.prebuilt is not None:
@@ -259,8 +249,8 @@ def run_capture(opts: CaptureOptions) -> CaptureResult:
     """Capture every row of opts.data into opts.out (see the package doc)."""
     import torch
 
-    from fastpath.proof.compare import TOLERANCES
-    from fastpath.proof.models import dtype_label, resolve_device, torch_dtype
+    from fastpath.models.compare import TOLERANCES
+    from fastpath.models.dtypes import dtype_label, resolve_device, torch_dtype
 
     if opts.max_len < 2:
         raise UsageError("--max-len must be at least 2")
@@ -285,9 +275,9 @@ def run_capture(opts: CaptureOptions) -> CaptureResult:
     try:
         return _run(opts, world, device, shard, out, writer, active, TOLERANCES, dtype_label)
     finally:
-        import fastpath
+        from fastpath.routing import transformers as routes
 
-        fastpath.disable()
+        routes.disable()
         distributed.shutdown(owned)
 
 

@@ -17,17 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fastpath.errors import UsageError, first_line
-
-DTYPE_NAMES: dict[str, str] = {
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-    "fp16": "float16",
-    "float16": "float16",
-    "half": "float16",
-    "fp32": "float32",
-    "float32": "float32",
-    "float": "float32",
-}
+from fastpath.models.dtypes import dtype_label, resolve_device, torch_dtype
 
 # Keys that hold the number of decoder layers, in the order families use them.
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
@@ -39,48 +29,9 @@ _ATTENTION_INDEX_KEY = "attn_layer_indices"
 _ZERO_PARAM_NOISE_STD = 0.1
 
 
-def _quiet_hub_environment() -> None:
+def quiet_hub_environment() -> None:
     """Never download kernels (transformers >= 5.25 defaults `use_kernels=True`)."""
     os.environ.setdefault("USE_HUB_KERNELS", "0")
-
-
-def torch_dtype(name: str) -> Any:
-    """'bf16' | 'fp16' | 'fp32' (and long spellings) -> torch.dtype; UsageError otherwise."""
-    import torch
-
-    key = DTYPE_NAMES.get(str(name).strip().lower())
-    if key is None:
-        raise UsageError(f"unknown dtype {name!r}; use bf16, fp16 or fp32")
-    return getattr(torch, key)
-
-
-def dtype_label(dtype: Any) -> str:
-    """torch.bfloat16 -> 'bf16' (for reports)."""
-    return {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}.get(
-        str(dtype), str(dtype)
-    )
-
-
-def resolve_dtype(name: str, device: str | None) -> str:
-    """--dtype auto: bf16 on a GPU, fp32 on CPU (where bf16 matmuls are slow and less exact)."""
-    if name != "auto":
-        return name
-    return "bf16" if resolve_device(device).type == "cuda" else "fp32"
-
-
-def resolve_device(name: str | None) -> Any:
-    """'auto' (CUDA when available) | 'cpu' | 'cuda[:N]' | 'meta' -> torch.device."""
-    import torch
-
-    if name in (None, "", "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError) as exc:
-        raise UsageError(f"bad device {name!r}: {exc}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"device {name!r} asked for, but torch {torch.__version__} sees no CUDA GPU")
-    return device
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,7 +170,7 @@ def transformers_config(config: dict[str, Any], layers: int | None = None) -> An
     Multimodal checkpoints (Qwen3.5: model_type "qwen3_5" with a nested "text_config") are
     reduced to their decoder config, because the layers that need causal_conv1d live there.
     """
-    _quiet_hub_environment()
+    quiet_hub_environment()
     from transformers import AutoConfig
 
     raw = dict(config)
@@ -367,7 +318,7 @@ def build_model(
     src = resolve_source(source)
     torch_type = torch_dtype(dtype)
     target = resolve_device(device)
-    _quiet_hub_environment()
+    quiet_hub_environment()
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -440,7 +391,7 @@ def weight_bytes(source: str, *, layers: int | None = None, dtype: str = "fp32")
     device: nothing is allocated and no checkpoint is read, so a caller can decide how to
     place a model before loading it."""
     src = resolve_source(source)
-    _quiet_hub_environment()
+    quiet_hub_environment()
     import torch
     from transformers import AutoModelForCausalLM
 

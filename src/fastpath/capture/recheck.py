@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from fastpath.proof.capture.layers import DecoderParts, capture_hooks
+from fastpath.capture.layers import DecoderParts, capture_hooks
 
 
 def forward_states(parts: DecoderParts, ids: Any, capture_ids: list[int]) -> tuple[dict[int, Any], Any]:
@@ -30,7 +30,7 @@ def recheck_rows(parts: DecoderParts, rows: list[tuple[Any, dict[str, Any]]], ca
     "final norm" -> [T, H]. The rows run with fastpath suspended (routing.transformers.suspended:
     every patch undone, then re-applied as it was). A disable() + enable() per re-check would
     repeat enable()'s discovery, a scan of every live object: 0.3 s on a small CPU process."""
-    from fastpath.proof.compare import compare
+    from fastpath.models.compare import compare
     from fastpath.routing.transformers import suspended
 
     if not rows:

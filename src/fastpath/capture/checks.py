@@ -38,7 +38,7 @@ def _state_stats(state: Any, embed_norm: Any) -> Any:
     """[tensor_stats..., mean token norm, the embeddings' mean token norm] of one state [T, H]."""
     import torch
 
-    from fastpath.proof.compare import tensor_stats
+    from fastpath.models.compare import tensor_stats
 
     mean_norm = torch.linalg.vector_norm(state.detach().float(), dim=-1).mean().reshape(1)
     embed = torch.as_tensor(embed_norm, dtype=torch.float32, device=state.device).reshape(1)
@@ -46,7 +46,7 @@ def _state_stats(state: Any, embed_norm: Any) -> Any:
 
 
 def _problem(name: str, stats: Sequence[float]) -> str | None:
-    from fastpath.proof.compare import flags_from_stats
+    from fastpath.models.compare import flags_from_stats
 
     flags = flags_from_stats(stats[:4])
     if flags:

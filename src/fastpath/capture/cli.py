@@ -1,4 +1,4 @@
-"""`fastpath capture MODEL DATA --out DIR` (see fastpath.proof.capture for what it does)."""
+"""`fastpath capture MODEL DATA --out DIR` (see fastpath.capture for what it does)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
     from fastpath.extras import require
 
     require("capture")  # before any work: one line naming the pip install, exit 2
-    from fastpath.proof.capture.run import CaptureOptions, run_capture
+    from fastpath.capture.run import CaptureOptions, run_capture
 
     opts = CaptureOptions(
         model=args.model, data=args.data, out=args.out, format=args.format, max_len=args.max_len,
@@ -64,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
     if opts.check_every < 0:
         raise UsageError("--check-every must be >= 0")
     result = run_capture(opts)
-    from fastpath.proof.capture.distributed import world_from_env
+    from fastpath.capture.distributed import world_from_env
 
     if world_from_env().is_main:
         checks = result.summary.get("reference_checks", {}).get("rows", [])
