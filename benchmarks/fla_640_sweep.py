@@ -16,9 +16,9 @@ FLA's autotuner picks num_warps / num_stages per configuration as it would in tr
 launch config is recorded per row. Each case is a few hundred ms after compilation; compiling
 costs most of the time, so --budget-s stops starting new cases and lists what was skipped.
 
-usage: python benchmarks/fla_640_sweep.py --out DIR [--budget-s 150] [--all]
-Writes DIR/fla_640_sweep.json; exit 0 when it ran (failures are findings, not errors), 2 without
-CUDA or FLA.
+usage: python benchmarks/fla_640_sweep.py --out DIR [--budget-s 150] [--all] [--tilings 128,64,32]
+Writes DIR/fla_640_sweep.json (fla_640_sweep_t<T>.json for a subset of tilings) after every case;
+exit 0 when it ran (failures are findings, not errors), 2 without CUDA or FLA.
 """
 
 from __future__ import annotations
@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="stop starting new cases after this many seconds (default 150)")
     ap.add_argument("--all", action="store_true", help="also chunk sizes 32 and 128")
     ap.add_argument("--heads", default="2,6", help="H,HV (default 2,6: grouped like Qwen3.5)")
+    ap.add_argument("--tilings", default=",".join(str(t) for t in TILINGS),
+                    help="comma list of tilings to run (one process per tiling runs the 48 cases in "
+                         "parallel: compiling and autotuning, on the CPU, is most of each case)")
     args = ap.parse_args(argv)
     import torch
 
@@ -88,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         "heads": [H, HV], "rows": [], "skipped": [],
     }
     chunk_sizes = (64, 32, 128) if args.all else (64,)
-    cases = list(itertools.product(chunk_sizes, TILINGS, HEAD_DIMS, DTYPES, CHUNK_COUNTS))
+    tilings = tuple(int(t) for t in args.tilings.split(",") if t.strip())
+    cases = list(itertools.product(chunk_sizes, tilings, HEAD_DIMS, DTYPES, CHUNK_COUNTS))
+    name = "fla_640_sweep.json" if tilings == TILINGS else f"fla_640_sweep_t{'-'.join(map(str, tilings))}.json"
     start = time.perf_counter()
     for bt, tiling, dim, dtype, n_chunks in cases:
         case = {"BT": bt, "tiling": tiling, "K": dim, "V": dim, "dtype": dtype, "chunks": n_chunks,
@@ -109,11 +114,12 @@ def main(argv: list[str] | None = None) -> int:
                    seconds=round(time.perf_counter() - t0, 2))
         doc["rows"].append(row)
         print(json.dumps(row), flush=True)
+        (out_dir / name).write_text(json.dumps(doc, indent=1, default=str))  # kept if killed
     fails = [r for r in doc["rows"] if not r["passed"]]
     doc["summary"] = {"ran": len(doc["rows"]), "failed": len(fails), "skipped": len(doc["skipped"]),
                       "failing_cases": [{k: r[k] for k in ("BT", "tiling", "BK", "K", "dtype", "chunks",
                                                            "reason")} for r in fails]}
-    (out_dir / "fla_640_sweep.json").write_text(json.dumps(doc, indent=1, default=str))
+    (out_dir / name).write_text(json.dumps(doc, indent=1, default=str))
     print(json.dumps(doc["summary"], indent=1))
     return 0
 

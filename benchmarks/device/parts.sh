@@ -1,35 +1,42 @@
 #!/usr/bin/env bash
-# Device calls on the lent H200 (sessions 4-5) (torch 2.11+cu130, Triton 3.6.0, transformers 5.17.0).
+# The one device harness (the lent H200: torch 2.11+cu130, Triton 3.6.0, transformers 5.17.0).
 #
 #   bash benchmarks/device/parts.sh "$OUT" PARTS        (from the repo root; carry .carry)
 #
-# .carry holds fla_core-0.6.0-py3-none-any.whl, causal_conv1d-1.7.0.tar.gz, mamba_ssm-2.3.2.post1
-# .tar.gz, whl/ (datasets, dill, multiprocess for capture) and, after the first call, dao/ (the
-# Dao causal-conv1d wheel in parts, built by the `dao` part: ~5 min on the device's CPUs).
-# PARTS (comma list, run in the order given; a step is skipped, with a log line, when less than
-# its timeout is left of BUDGET seconds, default 560):
-#   dao        build Dao's causal-conv1d in the background (wheel parts come back in OUT/dao)
-#   ssd        benchmarks/ssd.py --profile --update $SSD_FLAGS (scan vs mamba_ssm, per-kernel
-#              split, decode step)
-#   tests      GPU tests in the background: conv/launch/decode graphs | FLA route + verify/bench |
-#              SSD (vs mamba_ssm); TESTS=conv,fla,ssd[,capture] picks groups. Correctness only: put timing
-#              parts before `tests` or after `wait` (which collects them; the end does too)
-#   verify     fastpath verify on the GPU: qwen3.5-27b 8 layers (the #14 gate), nemotron-h-8b,
-#              granite-4.0-h-small, falcon-h1-7b, zamba2-7b, bamba-9b, mamba2 (bf16, --backward)
-#   dqkwg      tests/test_verify_gpu.py -k bf16 under FASTPATH_FLA_DQKWG=auto, torch, fla
-#   fla        FLA dqkwg self-check route accuracy/speed, then the #640 sweep
-#   doctor     doctor vs collect_env, 5 runs each (after the Dao build: nothing else loads the CPU)
-#   conv       benchmarks/conv_kernels.py with every peer (Dao if built)
-#   model      fastpath bench qwen3.5-27b 8 layers B=1 L=4096: reference, fla, fastpath, fla+dao
-#              (MODEL_CONFIGS picks others, e.g. fastpath,fastpath+compile)
-#   decode     CUDA-graph greedy decode per config
-#   mamba      benchmarks/mamba_model.py (Nemotron-H 6 layers: fallback, mamba_ssm+torch conv,
-#              mamba_ssm+fastpath conv, fastpath)
-#   capture    benchmarks/capture_speed.py (fast vs fallback, verification on)
-#   gdnnorm    benchmarks/gdn_norm_gpu.py (GDN gated norm eager vs FLA fused), if present
-#   profile    benchmarks/gdn_layer_profile.py (one Qwen3.5 GDN layer fwd+bwd under torch.profiler)
-#   mprofile   benchmarks/model_profile.py (8-layer Qwen3.5: GPU time per kernel family, GEMM ceiling;
-#              MPROFILE_CONFIGS, default fastpath,fla+dao,reference; fastpath+compile is one more)
+# .carry (git-ignored) holds fla_core-0.6.0-py3-none-any.whl, causal_conv1d-1.7.0.tar.gz,
+# mamba_ssm-2.3.2.post1.tar.gz, whl/ (liger-kernel, mambapy, datasets, dill, multiprocess) and,
+# after a call that ran `dao`, dao/ (the Dao causal-conv1d wheel in parts: ~5 min of device CPU).
+#
+# Rules every part keeps (a part that breaks one is a bug):
+# - a timing part runs only the phases it reports (bench gets --phases explicitly);
+# - every result is on disk the moment it is measured (one bench call per configuration, scripts
+#   that rewrite their JSON after each row), so a part cut by its limit keeps what it finished;
+# - limits fit a cold machine (empty Triton cache); a part is skipped, with a log line, when less
+#   than its limit is left of BUDGET seconds (default 560).
+#
+# PARTS (comma list, run in the order given):
+#   dao       build Dao's causal-conv1d in the background (wheel parts come back in OUT/dao)
+#   tests     GPU tests in the background (correctness only; `wait` or the end collects them);
+#             TESTS picks groups: conv, fla, ssd, capture, sscan (Mamba1 kernels), glue (GDN glue)
+#   sweep     FLA #640 reproduction, all 48 cases: one process per tiling, in the background
+#   verify    fastpath verify --backward, bf16 on the GPU; VERIFY="preset:layers[:batch] ..."
+#   dqkwg     tests/test_verify_gpu.py -k bf16 under FASTPATH_FLA_DQKWG=auto, torch, fla
+#   fla       FLA dqkwg self-check route accuracy/speed
+#   doctor    doctor vs collect_env, 5 runs each
+#   conv      benchmarks/conv_kernels.py with every peer (Dao if built)
+#   ssd       benchmarks/ssd.py --profile --update (Mamba-2 scan vs mamba_ssm)
+#   sscan     benchmarks/selective_scan.py (Mamba-1 scan and update vs transformers' torch paths)
+#   mamba1    benchmarks/mamba1_model.py (Falcon-Mamba and Jamba shaped models, prefill + train)
+#   model     fastpath bench qwen3.5-27b 8 layers B=1 L=4096, phases prefill,train, one bench per
+#             configuration (MODEL_CONFIGS; default reference,fastpath,fla+dao when Dao is there)
+#   decode    the same model's decode and CUDA-graph decode, one bench per configuration
+#   mamba     benchmarks/mamba_model.py (Nemotron-H 6 layers vs mamba_ssm's Triton SSD)
+#   capture   benchmarks/capture_speed.py (capture vs its fast forward vs the fallback)
+#   gdnnorm   benchmarks/gdn_norm_gpu.py (GDN gated norm eager vs FLA fused)
+#   profile   benchmarks/gdn_layer_profile.py (one Qwen3.5 GDN layer under torch.profiler)
+#   mprofile  benchmarks/model_profile.py (8-layer Qwen3.5: GPU time per kernel family, the split of
+#             elementwise/other; MPROFILE_CONFIGS, default fastpath,fastpath+liger)
+#   wait      collect the background tests and sweep
 # Everything lands in OUT/w, packed into OUT/results.tgz at the end; the log is OUT/log.txt.
 set -uo pipefail
 out=${1:?usage: parts.sh OUTDIR PARTS}
@@ -45,7 +52,7 @@ export TRITON_CACHE_DIR="$root/.dev/triton-cache" TRITON_CACHE_AUTOTUNING=1
 date -u
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
 [ -d .dev/site/fla ] || python3 -m pip install -q --no-deps --target .dev/site .carry/fla_core-0.6.0-py3-none-any.whl
-if [ -d .carry/whl ] && [ ! -d .dev/site/datasets ]; then
+if [ -d .carry/whl ] && [ ! -d .dev/site/liger_kernel ]; then
   python3 -m pip install -q --no-deps --no-compile --target .dev/site .carry/whl/*.whl
 fi
 mkdir -p .dev/mamba && [ -d .dev/mamba/mamba_ssm-2.3.2.post1 ] || tar xzf .carry/mamba_ssm-2.3.2.post1.tar.gz -C .dev/mamba
@@ -83,41 +90,50 @@ part_dao() {
     "$out/dao" > "$w/dao_build.txt" 2>&1 &
   dao_pid=$!
 }
-part_ssd() {
-  run ssd 200 python3 benchmarks/ssd.py --out "$w/ssd" --mamba-src "$msrc" --profile --update ${SSD_FLAGS:-}
-}
-# GPU tests in the background (correctness only): TESTS=conv,fla,ssd[,capture] picks the groups; the
-# `wait` part (or the end) collects them.
-test_pids=""
+
+# Background work (correctness only, never beside a timing part): GPU tests and the #640 sweep.
+bg_pids=""
 pyt() { python3 -m pytest -q -p no:cacheprovider --tb=short --durations=8 "$@"; }
 group() {  # group NAME PYTEST-ARGS...
   local name=$1; shift
-  [[ ",${TESTS:-conv,fla,ssd}," == *",$name,"* ]] || return 0
+  [[ ",${TESTS:-conv,fla,ssd,sscan,glue}," == *",$name,"* ]] || return 0
   (timeout "${TEST_TIMEOUT:-330}" bash -c "$(declare -f pyt); pyt $*" > "$w/tests_$name.txt" 2>&1
    echo "exit $?" >> "$w/tests_$name.txt") &
-  test_pids="$test_pids $!"
+  bg_pids="$bg_pids $!"
 }
 part_tests() {
-  echo "== tests (${TESTS:-conv,fla,ssd}) in the background at $(at)"
+  echo "== tests (${TESTS:-conv,fla,ssd,sscan,glue}) in the background at $(at)"
   group conv tests/test_causal_conv1d.py tests/test_launch.py tests/test_decode_graphs.py
   group fla -v -m gpu tests/test_fla_dqkwg.py tests/test_gdn_norm.py tests/test_verify_gpu.py \
     tests/test_bench_gpu.py
   MAMBA_SRC="$msrc" group ssd -m gpu tests/test_ssd_gpu.py tests/test_ssd_update.py \
     tests/test_mamba_split_conv_scan.py
-  group capture -m gpu tests/test_capture_writes.py  # pinned staging + side-stream copies (#15)
+  group capture -m gpu tests/test_capture_writes.py
+  group sscan -m gpu $(ls tests/test_selective_scan_gpu.py tests/test_mamba1_*gpu*.py 2>/dev/null)
+  group glue -m gpu $(ls tests/test_glue*gpu*.py 2>/dev/null)
+}
+part_sweep() {  # FLA #640: 48 cases, one process per tiling (compiling is CPU work: they overlap)
+  mkdir -p "$w/fla_640"
+  for t in 128 64 32; do
+    (timeout "${SWEEP_TIMEOUT:-420}" python3 benchmarks/fla_640_sweep.py --out "$w/fla_640" \
+       --tilings "$t" --budget-s "${SWEEP_BUDGET:-380}" > "$w/fla_640/log_t$t.txt" 2>&1
+     echo "exit $?" >> "$w/fla_640/log_t$t.txt") &
+    bg_pids="$bg_pids $!"
+  done
+  echo "== sweep (3 processes) in the background at $(at)"
 }
 part_wait() {
-  [ -n "$test_pids" ] || return 0
-  echo "== waiting for the tests at $(at)"; wait $test_pids; test_pids=""
-  for f in "$w"/tests_*.txt; do echo "-- $f"; tail -14 "$f"; done
+  [ -n "$bg_pids" ] || return 0
+  echo "== waiting for the background work at $(at)"; wait $bg_pids; bg_pids=""
+  for f in "$w"/tests_*.txt "$w"/fla_640/log_t*.txt; do [ -f "$f" ] && { echo "-- $f"; tail -14 "$f"; }; done
 }
 part_verify() {
   mkdir -p "$w/verify"
-  # VERIFY="model:layers ..." (default: the #14 gate and the Mamba2 family at real shapes)
-  for spec in ${VERIFY:-qwen3.5-27b:8 nemotron-h-8b:4 granite-4.0-h-small:4 falcon-h1-7b:3 zamba2-7b:3 bamba-9b:3 mamba2-codestral-7b:3}; do
-    m=${spec%%:*}; n=${spec##*:}
-    run "verify-$m" 150 python3 -m fastpath verify "$m" --layers "$n" --dtype bf16 --seq-len 1024 \
-      --batch 2 --backward --save "$w/verify/$m.json"
+  # VERIFY="preset:layers[:batch] ..." (default: the Mamba-1 family, Kimi-Linear and OLMo-hybrid)
+  for spec in ${VERIFY:-falcon-mamba-7b:3 mamba-2.8b:4 jamba-mini-1.7:4:1 zamba-7b:4:1 kimi-linear-48b-a3b:2:1 olmo-hybrid:4}; do
+    IFS=: read -r m n b <<< "$spec"
+    run "verify-$m" "${VERIFY_TIMEOUT:-150}" python3 -m fastpath verify "$m" --layers "$n" --dtype bf16 \
+      --seq-len 1024 --batch "${b:-2}" --backward --save "$w/verify/$m.json"
   done
 }
 part_dqkwg() {  # the tiny-Qwen3.5 GPU verify (bf16, backward) per FLA dqkwg route mode
@@ -125,12 +141,10 @@ part_dqkwg() {  # the tiny-Qwen3.5 GPU verify (bf16, backward) per FLA dqkwg rou
     mkdir -p "$w/fpcache-$mode"
     run "dqkwg-$mode" 150 env FASTPATH_CACHE_DIR="$w/fpcache-$mode" FASTPATH_FLA_DQKWG="$mode" \
       python3 -m pytest -q -p no:cacheprovider --tb=line -m gpu tests/test_verify_gpu.py -k bf16
-    find "$w/fpcache-$mode" -type f | head -3 | xargs -r cat | head -60
   done
 }
 part_fla() {
   run fla-selfcheck 150 python3 benchmarks/fla_dqkwg_gpu.py --out "$w/fla_dqkwg.json"
-  run fla-sweep 100 python3 benchmarks/fla_640_sweep.py --budget-s 70 --out "$w/fla_640"
 }
 part_doctor() {
   dao_ready
@@ -141,17 +155,33 @@ part_conv() {
   run conv 120 env PYTHONPATH="$PYTHONPATH$dao_path" python3 benchmarks/conv_kernels.py \
     --compile --host-costs --out "$w/kernels.json"
 }
+part_ssd() {
+  run ssd 200 python3 benchmarks/ssd.py --out "$w/ssd" --mamba-src "$msrc" --profile --update ${SSD_FLAGS:-}
+}
+part_sscan() {
+  run sscan "${SSCAN_TIMEOUT:-200}" python3 benchmarks/selective_scan.py --out "$w/sscan" ${SSCAN_FLAGS:-}
+}
+part_mamba1() {
+  run mamba1 "${MAMBA1_TIMEOUT:-240}" python3 benchmarks/mamba1_model.py --out "$w/mamba1" ${MAMBA1_FLAGS:-}
+}
+bench_each() {  # bench_each PART PHASES LIMIT CONFIG... : one bench process per configuration
+  local part=$1 phases=$2 limit=$3; shift 3
+  for c in "$@"; do
+    run "$part-$c" "$limit" env PYTHONPATH="$PYTHONPATH$dao_path" python3 -m fastpath bench qwen3.5-27b \
+      --layers 8 --dtype bf16 --seq-len 4096 --batch 1 --decode-tokens 32 --repeats 3 --warmup 1 \
+      --phases "$phases" --configs "$c" ${MODEL_FLAGS:-} --out "$w/$part/$c"
+  done
+}
 part_model() {
   dao_ready
-  local configs=${MODEL_CONFIGS:-reference,fla,fastpath}
+  local configs=${MODEL_CONFIGS:-reference,fastpath}
   [ -n "$dao_path" ] && [ -z "${MODEL_CONFIGS:-}" ] && configs=$configs,fla+dao
-  run model 240 env PYTHONPATH="$PYTHONPATH$dao_path" python3 -m fastpath bench qwen3.5-27b --layers 8 \
-    --dtype bf16 --seq-len 4096 --batch 1 --decode-tokens 32 --repeats 3 --warmup 1 \
-    --configs "$configs" ${MODEL_FLAGS:-} --out "$w/bench"
+  IFS=, read -ra cs <<< "$configs"
+  bench_each model prefill,train "${MODEL_TIMEOUT:-150}" "${cs[@]}"
 }
 part_decode() {
-  run decode 150 python3 benchmarks/decode_graphs_gpu.py --layers 8 --prompt 256 --tokens 32 \
-    --configs reference,fla,fastpath --out "$w/decode"
+  IFS=, read -ra cs <<< "${DECODE_CONFIGS:-reference,fastpath}"
+  bench_each decode decode,decode-graph "${DECODE_TIMEOUT:-240}" "${cs[@]}"
 }
 part_mamba() {
   dao_ready
@@ -159,20 +189,18 @@ part_mamba() {
     --mamba-src "$msrc" --out "$w/mamba"
 }
 part_capture() {
-  run capture 200 python3 benchmarks/capture_speed.py --out "$w/capture" --rows "${CAPTURE_ROWS:-64}"
+  run capture 200 python3 benchmarks/capture_speed.py --out "$w/capture" --rows "${CAPTURE_ROWS:-48}"
 }
 part_gdnnorm() {
-  [ -f benchmarks/gdn_norm_gpu.py ] || { echo "== gdnnorm: no benchmarks/gdn_norm_gpu.py"; return 0; }
   run gdnnorm 90 python3 benchmarks/gdn_norm_gpu.py --out "$w/gdn_norm.json"
 }
-
 part_profile() {
   run profile 150 python3 benchmarks/gdn_layer_profile.py --out "$w/profile"
 }
 part_mprofile() {
   dao_ready
   run mprofile 240 env PYTHONPATH="$PYTHONPATH$dao_path" python3 benchmarks/model_profile.py \
-    --out "$w/mprofile" --configs "${MPROFILE_CONFIGS:-fastpath,fla+dao,reference}"
+    --out "$w/mprofile" --configs "${MPROFILE_CONFIGS:-fastpath,fastpath+liger}"
 }
 
 IFS=, read -ra order <<< "$parts"
