@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mamba_model import rel
+from mamba_model import model_steps, rel
 
 os.environ.setdefault("USE_HUB_KERNELS", "0")
 CONFIGS = ("loop", "associative_scan", "mambapy", "fastpath")
@@ -71,19 +71,7 @@ def unavailable(config: str) -> str | None:
 
 def measure(model: Any, ids: torch.Tensor, iters: int, time_cap: float, device: torch.device) -> dict[str, Any]:
     tokens = ids.numel()
-
-    def prefill() -> torch.Tensor:
-        with torch.no_grad():
-            return model(ids, use_cache=False).logits
-
-    def train() -> float:
-        model.train()
-        model.zero_grad(set_to_none=True)
-        loss = model(ids, labels=ids, use_cache=False).loss
-        loss.backward()
-        model.eval()
-        return float(loss.detach())
-
+    prefill, train = model_steps(model, ids)
     row: dict[str, Any] = {}
     for name, fn in (("prefill", prefill), ("train", train)):
         sync(device)

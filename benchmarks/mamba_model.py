@@ -112,8 +112,9 @@ def timed(fn: Any, warmup: int, iters: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def run_config(model: Any, ids: torch.Tensor, iters: int) -> dict[str, Any]:
-    tokens = ids.numel()
+def model_steps(model: Any, ids: torch.Tensor) -> tuple[Any, Any]:
+    """The two timed steps: prefill (forward without grad, returns logits) and train (forward +
+    backward in train mode, returns the loss); also used by mamba1_model.py."""
 
     def prefill() -> Any:
         with torch.no_grad():
@@ -125,8 +126,14 @@ def run_config(model: Any, ids: torch.Tensor, iters: int) -> dict[str, Any]:
         loss = model(ids, labels=ids, use_cache=False).loss
         loss.backward()
         model.eval()
-        return float(loss)
+        return float(loss.detach())
 
+    return prefill, train
+
+
+def run_config(model: Any, ids: torch.Tensor, iters: int) -> dict[str, Any]:
+    tokens = ids.numel()
+    prefill, train = model_steps(model, ids)
     logits = prefill().float()
     loss = train()
     grads = {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None
