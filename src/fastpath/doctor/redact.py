@@ -7,6 +7,14 @@ covered: `NAME=value` / `"NAME": "value"` where NAME holds PASS, PWD, TOKEN, SEC
 CREDENTIAL; password flags (`sshpass -p X`, `--password X`, `--token=X`); URL userinfo
 (`ssh://root:X@host`); `Authorization: Basic X` and `Bearer X`.
 
+A name is secret by its *words*, not its letters: `HF_TOKEN`, `apiKey`, `--api-token`, `MYSQL_PWD`,
+`sshpass` name a secret; `--tokenizer`, `keyboard`, `passthrough`, `author` are ordinary words
+that merely contain one (a usage error "pass a model directory or --tokenizer DIR" once came out
+as "<redacted>"). The words of a name are its `_`/`-`/`.`/camelCase pieces; a piece is secret
+when it is a secret word (token, secret, pass, pwd, key, auth, credential and the spellings in
+_SECRET_WORDS) or ends with one (`apikey`, `hfpass`). The plurals `tokens` and `keys` count only
+in an upper-case name (`API_KEYS`): in lower case they are counts and lists (`max_tokens`).
+
 Every pattern is linear in its input: a name may only start where a name-character run starts
 (a lookbehind), and quoted values stop at their quote or the end of the line, so `"a-" * 8000` or a
 100 KB host name cost milliseconds, not the seconds per KB a lazily-scanned name did.
@@ -22,7 +30,19 @@ REDACTED = "<redacted>"
 # Substrings of a variable name that mark its value as secret (matched case-insensitively).
 SECRET_NAME_PARTS = ("TOKEN", "SECRET", "PASS", "PWD", "KEY", "AUTH", "CREDENTIAL")
 
-_SECRET_NAME = re.compile("|".join(SECRET_NAME_PARTS), re.IGNORECASE)
+_PARTS_LOWER = tuple(part.lower() for part in SECRET_NAME_PARTS)
+# Whole words (lower case) that hold a secret besides the parts themselves.
+_SECRET_WORDS = frozenset((
+    "password", "passwd", "passphrase", "passcode", "passwords", "secrets", "credentials",
+    "creds", "authorization",
+))
+# Values that are the tool's own metavariables (`expected key=value`), never a secret.
+_PLACEHOLDERS = frozenset(("value", "VALUE", "..."))
+# Plurals that are secret in an environment-style (upper-case) name only.
+_UPPER_PLURALS = frozenset(("tokens", "keys"))
+# The words of a name: `_`, `-`, `.` and whitespace split; camelCase humps split (HostKey -> Host,
+# Key; HFToken -> HF, Token); digits stay with their word.
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z0-9]+|[0-9]+")
 
 # Option names that match a part above but hold no secret (OpenSSH options show up in target
 # prefixes; `-o PasswordAuthentication=no` says how to log in, not with what).
@@ -50,11 +70,9 @@ _NAME_SEP = re.compile(
 _VALUE = re.compile(r""""(?P<dq>[^"\n]*)"?|'(?P<sq>[^'\n]*)'?|(?P<val>[^\s,;}\]"']+)""")
 # sshpass -p X / -pX (after any other sshpass options).
 _SSHPASS = re.compile(r"(?<![\w-])(?P<head>sshpass(?:[ \t]+-[A-OQ-Za-z]\S*)*[ \t]+-p[ \t]*)(?P<val>[^\s\"']+)")
-# --password X, --db-token=X, --api-key X (long options naming a secret).
+# --password X, --db-token=X, --api-key X (long options whose name is_secret_name; not --tokenizer).
 _LONG_FLAG = re.compile(
-    r"(?<![\w-])(?P<head>--[A-Za-z0-9_-]*(?:pass|pwd|token|secret|key|auth|credential)"
-    r"[A-Za-z0-9_-]*(?:=|[ \t]+))(?P<val>[^\s\"'-][^\s\"']*)",
-    re.IGNORECASE,
+    r"(?<![\w-])(?P<head>--(?P<name>[A-Za-z0-9_-]+)(?:=|[ \t]+))(?P<val>[^\s\"'-][^\s\"']*)"
 )
 # scheme://user:password@host
 _URL_USERINFO = re.compile(
@@ -68,9 +86,19 @@ _AUTH_HEADER = re.compile(
 )
 
 
+def _is_secret_word(word: str) -> bool:
+    low = word.lower()
+    if low in _SECRET_WORDS or low.endswith(_PARTS_LOWER):
+        return True
+    return low in _UPPER_PLURALS and word.isupper()
+
+
 def is_secret_name(name: str) -> bool:
-    """True when a variable name looks like it holds a secret (HF_TOKEN, MYSQL_PWD, ...)."""
-    return name.lower() not in _NOT_SECRET and bool(_SECRET_NAME.search(name))
+    """True when a variable name names a secret (HF_TOKEN, MYSQL_PWD, apiKey, --api-token), not
+    when a word of it only contains one (--tokenizer, keyboard, passthrough)."""
+    if name.lower() in _NOT_SECRET:
+        return False
+    return any(_is_secret_word(word) for word in _WORD.findall(name))
 
 
 def _redact_assignments(text: str) -> str:
@@ -87,7 +115,7 @@ def _redact_assignments(text: str) -> str:
             new = f'"{REDACTED}"'
         elif value.group("sq") is not None:
             new = f"'{REDACTED}'"
-        elif value.group("val").startswith(REDACTED):
+        elif value.group("val").startswith(REDACTED) or value.group("val") in _PLACEHOLDERS:
             continue
         else:
             new = REDACTED
@@ -103,6 +131,12 @@ def _keep_head(match: re.Match[str]) -> str:
     return match.group("head") + REDACTED
 
 
+def _secret_flag(match: re.Match[str]) -> str:
+    if not is_secret_name(match.group("name")):
+        return match.group(0)
+    return _keep_head(match)
+
+
 def _auth(match: re.Match[str]) -> str:
     if match.group("head") is not None:
         return match.group("head") + REDACTED
@@ -116,7 +150,7 @@ def redact_text(text: str) -> str:
     text = _URL_USERINFO.sub(lambda m: m.group("head") + REDACTED + "@", text)
     text = _AUTH_HEADER.sub(_auth, text)
     text = _SSHPASS.sub(_keep_head, text)
-    text = _LONG_FLAG.sub(_keep_head, text)
+    text = _LONG_FLAG.sub(_secret_flag, text)
     return _redact_assignments(text)
 
 
