@@ -27,6 +27,8 @@ FEATURES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "bench": ("fastpath bench", "bench", ("torch", "transformers")),
     "chart": ("bench's chart", "bench", ("matplotlib",)),
     "capture": ("fastpath capture", "capture", ("torch", "transformers", "safetensors")),
+    "liger": ("Liger Kernel composition (bench's +liger configurations, verify --liger)", "train",
+              ("torch", "transformers", "liger_kernel")),
 }
 
 
