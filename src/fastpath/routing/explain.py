@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import Any
 
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.routing import mamba_route, norm_route
+from fastpath.routing import mamba1_route, mamba_route, norm_route
 from fastpath.routing.conv_route import FASTPATH_ROUTE_ATTR
 from fastpath.routing.fla_route import DQKWG_IMPL
 from fastpath.routing.fla_route import ROUTE_ATTR as GDN_ROUTE_ATTR
@@ -27,7 +27,7 @@ GDN_OPS = {  # op -> (<=5.14 instance attribute, 5.15+ module global)
     "chunk_gated_delta_rule": ("chunk_gated_delta_rule", "torch_chunk_gated_delta_rule"),
     "recurrent_gated_delta_rule": ("recurrent_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
 }
-MAMBA_SSM_NAMES = ("selective_state_update", "selective_scan_fn", "mamba_inner_fn",
+MAMBA_SSM_NAMES = ("selective_state_update", "selective_scan_fn", "mamba_inner_fn", "falcon_mamba_inner_fn",
                    "mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined")
 # 5.25 `_PACKAGE_SUPPORTED_DEVICES`
 PACKAGE_DEVICES = {"causal_conv1d": ("cuda",), "fla": ("cuda", "xpu", "mlu", "npu"), "mamba_ssm": ("cuda",)}
@@ -116,11 +116,11 @@ def explain_model(model: Any) -> Explanation:
         if not ops:
             continue
         device = _device_of(layer)
-        gate = _all_or_nothing_gate(layer, module, device)
+        gate = _all_or_nothing_gate(layer, module, device) or mamba1_route.config_gate(layer)
         limit = _kernel_limit(layer)
         for op in ops:
             impl, fast = _resolve(op, layer, module, device)
-            if gate is not None and (op in CONV_OPS or op in mamba_route.MAMBA_OPS):
+            if gate is not None and (op in CONV_OPS or op in mamba_route.MAMBA_OPS or op in mamba1_route.MAMBA1_OPS):
                 impl, fast = f"torch ({gate})", False
             elif limit is not None and op in CONV_OPS and impl.startswith("fastpath-triton"):
                 impl, fast = f"fastpath (torch reference: {limit})", False
@@ -171,10 +171,12 @@ def _ops_of_class(cls: type) -> tuple[str, ...]:
         src = src + _helpers_source(module, src)
         mamba_globals = mamba_route.op_globals(module)  # Mamba-2 ops under their mamba_ssm names
         ops.extend(op for op, gname in mamba_globals.items() if f"{gname}(" in src)
+        mamba1_globals = mamba1_route.op_globals(module)  # Mamba-1 ops likewise
+        ops.extend(op for op, gname in mamba1_globals.items() if f"{gname}(" in src)
         for gname, value in vars(module).items():
             if gname in CONV_OPS or gname in {g for _, g in GDN_OPS.values()} or not _is_hub_fallback(value):
                 continue
-            if gname in mamba_globals.values():
+            if gname in mamba_globals.values() or gname in mamba1_globals.values():
                 continue
             if f"{gname}(" in src:
                 ops.append(gname)
@@ -264,6 +266,10 @@ def _resolve(op: str, layer: Any, module: ModuleType, device: str) -> tuple[str,
         if value is None:
             return "torch", False
         return _classify(value, device, "fla")
+    mamba1_globals = mamba1_route.op_globals(module) if op in mamba1_route.MAMBA1_OPS else {}
+    if mamba1_globals:  # a Mamba-1 module: 5.15+ wrapper global names, <=5.14 mamba_ssm's
+        value = g.get(mamba1_globals.get(op, op))
+        return mamba1_route.classify(value, device, layer) or _classify(value, device, None)
     if op in mamba_route.MAMBA_OPS:  # 5.15+ under its wrapper's global name, <=5.14 its own
         value = g.get(mamba_route.op_globals(module).get(op, op))
         return mamba_route.classify(value, device, layer) or _classify(value, device, None)

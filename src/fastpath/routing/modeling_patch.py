@@ -36,7 +36,7 @@ from fastpath.routing.patch_registry import PatchRegistry
 # names a <=5.14 module-level `is_fast_path_available = all((...))` can be built from
 FAST_PATH_INPUTS = (
     "causal_conv1d_fn", "causal_conv1d_update", "selective_state_update", "selective_scan_fn",
-    "mamba_inner_fn", "mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined",
+    "mamba_inner_fn", "falcon_mamba_inner_fn", "mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined",
     "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule",
 )
 

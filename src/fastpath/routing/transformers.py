@@ -21,7 +21,14 @@ from typing import Any
 
 from fastpath.errors import FastpathError, UsageError
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.routing import conv_route, fla_route, hub_kernels, mamba_route, norm_route
+from fastpath.routing import (
+    conv_route,
+    fla_route,
+    hub_kernels,
+    mamba1_route,
+    mamba_route,
+    norm_route,
+)
 from fastpath.routing.explain import Explanation, explain_model
 from fastpath.routing.modeling_patch import (
     ModelingImportHook,
@@ -48,6 +55,7 @@ class EnableReport:
     gated_delta_rule_reason: str
     transformers_version: str | None
     mamba_ssd: str = "fastpath"         # Mamba-2 ops: "fastpath" | "mamba_ssm" | "off"
+    mamba1_scan: str = "fastpath"       # Mamba-1 ops (routing/mamba1_route.py): same choices
     gated_norm: str = "torch"           # GatedDeltaNet gated RMSNorm: norm_route.IMPL | "torch"
     gated_norm_reason: str = ""
     modules_patched: list[str] = field(default_factory=list)
@@ -110,8 +118,9 @@ def enable(
     mixers gate their kernel path on CUDA tensors; this lets CPU tensors take it so the interpreter
     runs the kernels.
     mamba_ssm: the Mamba-2 ops (mamba_chunk_scan_combined, selective_state_update,
-    mamba_split_conv1d_scan_combined; see routing/mamba_route.py): "auto" routes them to fastpath
-    unless a working mamba_ssm is installed, "fastpath" always, "off" never.
+    mamba_split_conv1d_scan_combined; see routing/mamba_route.py) and the Mamba-1 ops
+    (selective_scan_fn, mamba_inner_fn, selective_state_update; routing/mamba1_route.py): "auto"
+    routes them to fastpath unless a working mamba_ssm is installed, "fastpath" always, "off" never.
     Calling enable() again replaces the previous routing (disable() first, then enable).
     """
     global _STATE
@@ -129,6 +138,7 @@ def enable(
 
         fla = fla_route.detect_fla(gated_delta_rule)
         mamba = mamba_route.detect_mamba(mamba_ssm)
+        mamba1 = mamba1_route.detect_mamba1(mamba_ssm)
         norm = norm_route.detect_norm()
         if gated_delta_rule == "fla" and not fla.route:
             raise FastpathError(f"gated_delta_rule='fla' but FLA cannot be used: {fla.reason}")
@@ -162,12 +172,15 @@ def enable(
             gated_delta_rule_reason=fla.reason,
             transformers_version=_transformers_version(),
             mamba_ssd=mamba.impl,
+            mamba1_scan=mamba1.impl,
             gated_norm=norm.impl,
             gated_norm_reason=norm.reason,
         )
         routes.notes = report.notes  # norm classes left alone, also those of modules imported later
         if mamba_ssm != "auto" or not mamba.route:
             report.notes.append(f"Mamba-2 SSD ops: {mamba.reason}")
+        if mamba_ssm != "auto" or not mamba1.route:
+            report.notes.append(f"Mamba-1 selective scan ops: {mamba1.reason}")
         targets = set(discover_modeling_modules()) | {hub_kernels.HUB_MODULE}
 
         def on_loaded(module: Any) -> None:
@@ -175,11 +188,17 @@ def enable(
                 hub_kernels.seed_lazy_kernel_mapping(module, routes.conv_module, reg)
                 if mamba.route:
                     mamba_route.seed_lazy_kernel_mapping(module, reg)
+                if mamba1.route:
+                    mamba1_route.seed_lazy_kernel_mapping(module, reg, mamba.route)
             else:
                 # before patch_module: it recomputes a <=5.14 `is_fast_path_available` from these
                 if mamba.route and mamba_route.patch_module(module, conv_fn, conv_update, reg) \
                         and lift_device_gate:
                     mamba_route.lift_device_gates(module, reg)
+                if mamba1.route and mamba1_route.patch_module(module, conv_fn, conv_update,
+                                                              routes.conv_module, reg) \
+                        and lift_device_gate:
+                    mamba1_route.lift_device_gates(module, reg)
                 patch_module(module, routes, reg)
                 if module.__name__ in report.modules_pending:
                     report.modules_pending.remove(module.__name__)
