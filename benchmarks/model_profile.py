@@ -1,4 +1,5 @@
-"""Where a whole model's step goes: GPU time per kernel family, and the matmul-bound ceiling.
+"""Where a whole model's step goes: GPU time per kernel family, the split of "elementwise/other"
+into its kernels and the ops that launched them, and the matmul-bound ceiling.
 
 Issue 14 asks for model forward+backward >= 3.5x the torch fallback and prefill >= 1.05x FLA+Dao.
 Whether such a ratio is reachable depends on how much of a step is dense matmul work that every
@@ -9,13 +10,30 @@ same package hiding as bench), and reports for each phase:
 
 * GPU time by kernel family (gemm, attention, gated delta rule (FLA), causal conv, SSD, norm,
   elementwise/other) with the top kernels, so the classification can be checked by eye;
+* the split of "elementwise/other" (issue 27): its top kernels by GPU time, each with the source
+  ops that launched it, and the top source ops. A source is "<module class>: <op>", the module
+  being the innermost nn.Module whose forward was running (a record_function scope this script
+  opens around every module forward while profiling) and the op the innermost aten / custom op
+  that launched the kernel; a backward kernel's source is "<module class>: <autograd node>
+  (backward)", its module found through the node's sequence number, which the forward op that
+  created the node shares;
 * the analytic matmul FLOPs of the step (2 x tokens x linear weights forward, 6x for
   forward+backward; prefill's lm_head runs on the last token only) and the GEMM rate reached;
 * the ceiling: the step's tokens/s if everything but the GEMMs took no time at that rate.
 
-usage: python benchmarks/model_profile.py --out DIR [--configs fastpath,fla+dao,reference]
-                                          [--layers 8] [--seq-len 4096] [--steps 3]
-Writes DIR/model_profile.json. Needs CUDA. ~1 minute per configuration after compiles.
+Configurations are bench's (fastpath, fla+dao, reference, fastpath+compile) plus "<config>+liger":
+the same, then Liger Kernel's `apply_liger_kernel_to_<family>(model=...)` on the built model
+(after enable()); skipped with a reason when liger_kernel does not import. Liger's fused linear
+cross-entropy only runs when the model gets `labels`, so a +liger configuration's train phase
+calls `model(input_ids, labels=input_ids)` (the same next-token loss transformers shifts itself)
+instead of bench's loss on materialised logits.
+
+usage: python benchmarks/model_profile.py --out DIR [--configs fastpath,fastpath+liger]
+                                          [--layers 8] [--seq-len 4096] [--steps 3] [--top 15]
+       python benchmarks/model_profile.py --out DIR --smoke   (CPU, tiny Qwen3.5: the plumbing)
+Writes DIR/model_profile.json, rewritten after each configuration. Needs CUDA unless --smoke
+(where the "kernels" are leaf CPU ops and their times CPU self times). ~1 minute per
+configuration after compiles.
 """
 
 from __future__ import annotations
@@ -25,6 +43,9 @@ import json
 import re
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,16 +60,37 @@ FAMILIES: tuple[tuple[str, str], ...] = (
     ("ssd", r"_states_kernel|_dstates_kernel|_out_kernel|_cb_kernel|_dcb_kernel|_dbc_kernel|"
             r"_dx_kernel|_state_update_kernel"),
     ("norm", r"rms|layer_norm|layernorm|group_norm|_norm_"),
-    ("gemm", r"gemm|gemv|xmma|cutlass|nvjet|cublas|sm90_|splitk|matmul"),
+    # the last alternative: CPU op names, for --smoke
+    ("gemm", r"gemm|gemv|xmma|cutlass|nvjet|cublas|sm90_|splitk|matmul|^aten::(add|b)?mm$"),
 )
 MATCHERS = [(name, re.compile(pat, re.I)) for name, pat in FAMILIES]
+OTHER = "elementwise/other"
+MODULE_SCOPE = "fp.module: "  # record_function label of a module forward (this script's hooks)
+_AUTOGRAD_NODE = "autograd::engine::evaluate_function: "
+# Smoke mode: CPU ops that only make views or allocate (no kernel would run on a GPU).
+NO_KERNEL_OPS = frozenset(f"aten::{n}" for n in (
+    "as_strided", "view", "_unsafe_view", "_reshape_alias", "reshape", "expand", "transpose", "t",
+    "slice", "select", "split", "split_with_sizes", "chunk", "unsqueeze", "squeeze", "permute",
+    "detach", "alias", "empty", "empty_like", "empty_strided", "resolve_conj", "resolve_neg",
+    "lift_fresh", "unbind", "narrow", "view_as", "expand_as", "set_", "result_type"))
+# Smoke mode: the preset's shape cut to a few seconds of CPU (same layer pattern and head ratios).
+SMOKE_TEXT_CONFIG = {
+    "model_type": "qwen3_5_text", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 96,
+    "num_hidden_layers": 4, "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 6, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4, "partial_rotary_factor": 0.25, "attn_output_gate": True,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                        "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+    "tie_word_embeddings": False,
+}
 
 
 def family(kernel: str) -> str:
     for name, pat in MATCHERS:
         if pat.search(kernel):
             return name
-    return "elementwise/other"
+    return OTHER
 
 
 def linear_params(model: Any) -> tuple[int, int]:
@@ -61,6 +103,167 @@ def linear_params(model: Any) -> tuple[int, int]:
     return body, (head.weight.numel() if head is not None else 0)
 
 
+def split_config(config: str) -> tuple[str, bool]:
+    """("fastpath", True) for "fastpath+liger": bench's configuration and whether Liger goes on top."""
+    if config.endswith("+liger"):
+        return config.removesuffix("+liger"), True
+    return config, False
+
+
+def apply_liger(model: Any, model_type: str) -> str:
+    """Liger Kernel's patch for this model family, applied to the built model; what was called."""
+    import liger_kernel.transformers as liger
+
+    family_name = model_type.removesuffix("_text")
+    fn = getattr(liger, f"apply_liger_kernel_to_{family_name}", None)
+    if fn is None:
+        raise LookupError(f"liger_kernel has no apply_liger_kernel_to_{family_name}")
+    fn(model=model)
+    return f"apply_liger_kernel_to_{family_name}(model=...)"
+
+
+def train_with_labels(model: Any, ids: Any, settings: Any) -> tuple[Callable[[], Any], None, int]:
+    """Forward + backward of the next-token loss computed inside the model (labels=ids; the model
+    shifts them), so a fused linear cross-entropy patched into the model's forward runs."""
+
+    def run() -> None:
+        model.zero_grad(set_to_none=True)
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    return run, None, ids.numel()
+
+
+@contextmanager
+def module_scopes(model: Any) -> Iterator[None]:
+    """A record_function scope "fp.module: <class>" around every submodule's forward (removed on
+    exit), so a profile can name the module each op ran in."""
+    import torch
+
+    handles = []
+
+    def pre(mod: Any, _args: Any) -> None:
+        rf = torch.autograd.profiler.record_function(MODULE_SCOPE + type(mod).__name__)
+        rf.__enter__()
+        mod.__dict__.setdefault("_fp_scopes", []).append(rf)
+
+    def post(mod: Any, _args: Any, _out: Any) -> None:
+        stack = mod.__dict__.get("_fp_scopes")
+        if stack:
+            stack.pop().__exit__(None, None, None)
+
+    for mod in model.modules():
+        handles.append(mod.register_forward_pre_hook(pre))
+        handles.append(mod.register_forward_hook(post))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        for mod in model.modules():
+            mod.__dict__.pop("_fp_scopes", None)
+
+
+def _parents(event: Any) -> Iterator[Any]:
+    node = event.cpu_parent
+    while node is not None:
+        yield node
+        node = node.cpu_parent
+
+
+def _scope_of(event: Any) -> str | None:
+    """The innermost module scope around `event` (itself included), or None."""
+    if event.name.startswith(MODULE_SCOPE):
+        return event.name[len(MODULE_SCOPE):]
+    for p in _parents(event):
+        if p.name.startswith(MODULE_SCOPE):
+            return p.name[len(MODULE_SCOPE):]
+    return None
+
+
+def _backward_node(event: Any) -> str | None:
+    for p in (event, *_parents(event)):
+        if p.name.startswith(_AUTOGRAD_NODE):
+            return p.name[len(_AUTOGRAD_NODE):]
+    return None
+
+
+def _launcher(event: Any) -> str:
+    """The op that launched a kernel: `event` itself unless it is a profiler scope of ours."""
+    for p in (event, *_parents(event)):
+        if not p.name.startswith((MODULE_SCOPE, _AUTOGRAD_NODE)):
+            return p.name
+    return event.name
+
+
+def attributed_kernels(events: list[Any], cpu: bool) -> list[tuple[str, str, float]]:
+    """(kernel name, source, us) for every device kernel in a profile's events (`prof.events()`);
+    with cpu=True the "kernels" are the leaf CPU ops, timed by their CPU self time."""
+    seq_scope: dict[int, str] = {}
+    for e in events:  # forward ops in start order: the outermost op of a sequence number first
+        seq = getattr(e, "sequence_nr", -1)
+        if seq is None or seq < 0 or seq in seq_scope or _backward_node(e) is not None:
+            continue
+        scope = _scope_of(e)
+        if scope is not None:
+            seq_scope[seq] = scope
+    rows = []
+    for e in events:
+        if cpu:
+            if e.name.startswith((MODULE_SCOPE, _AUTOGRAD_NODE)) or e.cpu_children or e.name in NO_KERNEL_OPS:
+                continue
+            kernels = [(e.name, float(e.self_cpu_time_total))]
+        else:
+            kernels = [(k.name, float(k.duration)) for k in getattr(e, "kernels", ()) or ()]
+        if not kernels:
+            continue
+        node = _backward_node(e)
+        op = _launcher(e)
+        if node is not None:
+            seq = next((getattr(p, "sequence_nr", -1) for p in (e, *_parents(e))
+                        if p.name.startswith(_AUTOGRAD_NODE) or p.name == node), -1)
+            scope = seq_scope.get(seq) or "?"
+            source = f"{scope}: {node} (backward)"
+        else:
+            source = f"{_scope_of(e) or 'top level'}: {op}"
+        rows.extend((name, source, us) for name, us in kernels)
+    return rows
+
+
+def other_split(rows: list[tuple[str, str, float]], steps: int, top: int) -> dict[str, Any]:
+    """The elementwise/other kernels: top `top` by time (each with its top sources) and the top
+    `top` sources (each with its top kernels), ms per step."""
+    by_kernel: dict[str, dict[str, list[float]]] = {}
+    by_source: dict[str, dict[str, list[float]]] = {}
+    for name, source, us in rows:
+        if family(name) != OTHER:
+            continue
+        for outer, inner, table in ((name, source, by_kernel), (source, name, by_source)):
+            cell = table.setdefault(outer, {}).setdefault(inner, [0.0, 0])
+            cell[0] += us / 1e3 / steps
+            cell[1] += 1
+
+    def ranked(table: dict[str, dict[str, list[float]]], inner_key: str) -> list[dict[str, Any]]:
+        out = []
+        for outer, inner in table.items():
+            ms = sum(v[0] for v in inner.values())
+            calls = sum(v[1] for v in inner.values()) // steps
+            parts = sorted(inner.items(), key=lambda kv: kv[1][0], reverse=True)[:3]
+            out.append({"name": outer[:160], "ms": ms, "calls": calls,
+                        inner_key: [{"name": k[:160], "ms": v[0]} for k, v in parts]})
+        return sorted(out, key=lambda r: r["ms"], reverse=True)[:top]
+
+    total = sum(us for name, _s, us in rows if family(name) == OTHER) / 1e3 / steps
+    return {"ms": total, "kernels": ranked(by_kernel, "sources"), "sources": ranked(by_source, "kernels")}
+
+
+def _wall_times(fn: Callable[[], Any], n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
 def child(config: str, args: argparse.Namespace) -> dict[str, Any]:
     """One configuration in this process (bench's package hiding), both phases profiled."""
     from torch.profiler import ProfilerActivity, profile
@@ -68,54 +271,74 @@ def child(config: str, args: argparse.Namespace) -> dict[str, Any]:
     from fastpath.proof.bench_spec import CONFIGS, PHASE_REGISTRY, BenchSettings
     from fastpath.proof.bench_worker import _hide_modules, _importable
 
-    spec = CONFIGS[config]
+    base, liger = split_config(config)
+    spec = CONFIGS[base]
     _hide_modules(spec.hide)
-    missing = [m for m in spec.requires if not _importable(m)]
+    missing = [m for m in (*spec.requires, *(("liger_kernel",) if liger else ())) if not _importable(m)]
     if missing:
         return {"config": config, "skipped": f"not importable: {', '.join(missing)}"}
     import torch
 
-    import fastpath
     from fastpath.models.build import build_model
+    from fastpath.routing.transformers import enable
 
+    device = "cpu" if args.smoke else "cuda"
+    dtype = "fp32" if args.smoke else "bf16"
     if spec.enable:
-        fastpath.enable(warn=False)
-    settings = BenchSettings(source=args.model, layers=args.layers, dtype="bf16", device="cuda",
+        enable(warn=False)
+    settings = BenchSettings(source=args.model, layers=args.layers, dtype=dtype, device=device,
                              seq_len=args.seq_len, batch=1)
-    built = build_model(settings.source, layers=settings.layers, dtype="bf16", device="cuda", seed=0)
+    built = build_model(settings.source, layers=settings.layers, dtype=dtype, device=device, seed=0)
     model = built.model
     body, head = linear_params(model)
+    out: dict[str, Any] = {"config": config, "label": spec.label + (" + Liger Kernel" if liger else ""),
+                           "linear_params": body, "lm_head_params": head, "phases": {}}
+    if liger:
+        out["liger"] = apply_liger(model, built.model_type)
     if spec.compile:  # fastpath+compile: the eager model-wide work compiled too
         model.forward = torch.compile(model.forward)
-    ids = torch.randint(0, built.vocab_size, (1, args.seq_len), generator=torch.Generator().manual_seed(1)).cuda()
+    ids = torch.randint(0, built.vocab_size, (1, args.seq_len), generator=torch.Generator().manual_seed(1))
+    ids = ids.to(device)
     tokens = ids.numel()
-    out: dict[str, Any] = {"config": config, "label": spec.label, "linear_params": body, "lm_head_params": head,
-                           "phases": {}}
+    activities = [ProfilerActivity.CPU] + ([] if args.smoke else [ProfilerActivity.CUDA])
+    timer = _wall_times if args.smoke else cuda_times
     for name, flops in (("prefill", 2 * tokens * body + 2 * head),
                         ("train", 6 * tokens * (body + head))):
-        fn, _setup, _ = PHASE_REGISTRY[name].runner(model, ids, settings)
+        runner = train_with_labels if (liger and name == "train") else PHASE_REGISTRY[name].runner
+        fn, _setup, _ = runner(model, ids, settings)
         try:
             for _ in range(2):
                 fn()
-            torch.cuda.synchronize()
-            times = cuda_times(fn, args.steps)
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            if not args.smoke:
+                torch.cuda.synchronize()
+            times = timer(fn, args.steps)
+            with module_scopes(model), profile(activities=activities) as prof:
                 for _ in range(args.steps):
                     fn()
-                torch.cuda.synchronize()
+                if not args.smoke:
+                    torch.cuda.synchronize()
         except Exception as exc:  # an FLA refusal in one phase must not hide the other
             out["phases"][name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
             continue
         finally:
             model.zero_grad(set_to_none=True)
-        out["phases"][name] = summarise(prof, args.steps, sorted(times)[len(times) // 2], flops, tokens)
+        phase = summarise(prof, args.steps, sorted(times)[len(times) // 2], flops, tokens, cpu=args.smoke)
+        phase["other_split"] = other_split(attributed_kernels(list(prof.events()), cpu=args.smoke),
+                                           args.steps, args.top)
+        if liger and name == "train":
+            phase["loss"] = "model(input_ids, labels=input_ids).loss"
+        out["phases"][name] = phase
     return out
 
 
-def summarise(prof: Any, steps: int, step_ms: float, flops: int, tokens: int) -> dict[str, Any]:
+def summarise(prof: Any, steps: int, step_ms: float, flops: int, tokens: int, cpu: bool = False) -> dict[str, Any]:
     kernels: dict[str, list[float]] = {}
     for e in prof.key_averages():
-        us = _device_self_us(e)
+        if cpu:  # leaf CPU ops stand in for kernels (smoke mode)
+            scope = e.key.startswith((MODULE_SCOPE, _AUTOGRAD_NODE)) or e.key in NO_KERNEL_OPS
+            us = 0.0 if scope else float(e.self_cpu_time_total)
+        else:
+            us = _device_self_us(e)
         if us > 0:
             row = kernels.setdefault(e.key, [0.0, 0])
             row[0] += us / steps / 1e3
@@ -138,50 +361,86 @@ def summarise(prof: Any, steps: int, step_ms: float, flops: int, tokens: int) ->
     }
 
 
+def print_row(row: dict[str, Any], top: int) -> None:
+    config = row["config"]
+    for phase, p in row.get("phases", {}).items():
+        if "error" in p:
+            print(f"{config:14s} {phase:8s} error: {p['error']}")
+            continue
+        fams = ", ".join(f"{k} {v:.1f}" for k, v in p["ms_by_family"].items())
+        print(f"{config:14s} {phase:8s} {p['step_ms']:7.1f} ms ({p['tokens_per_s'] / 1e3:.1f}k tok/s), "
+              f"GEMM {p['gemm_tflops_reached'] or 0:.0f} TFLOP/s, ceiling "
+              f"{(p['ceiling_tokens_per_s'] or 0) / 1e3:.1f}k tok/s | {fams}", flush=True)
+        split = p.get("other_split")
+        if split:
+            print(f"  {OTHER} {split['ms']:.2f} ms; top sources:")
+            for s in split["sources"][:top]:
+                kern = "; ".join(k["name"][:60] for k in s["kernels"][:2])
+                print(f"    {s['ms']:7.3f} ms {s['calls']:5d}x  {s['name'][:70]}  [{kern}]", flush=True)
+    if "error" in row or "skipped" in row:
+        print(f"{config:14s} {row.get('error') or row.get('skipped')}", flush=True)
+
+
+def smoke_source(out: Path) -> str:
+    """A config.json of a tiny Qwen3.5 (SMOKE_TEXT_CONFIG) in `out`, for --smoke."""
+    path = out / "smoke_config.json"
+    path.write_text(json.dumps(SMOKE_TEXT_CONFIG, indent=1))
+    return str(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--model", default="qwen3.5-27b")
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--seq-len", type=int, default=4096)
+    ap.add_argument("--layers", type=int, default=None, help="default: 8 (--smoke: the tiny model's 4)")
+    ap.add_argument("--seq-len", type=int, default=None, help="default: 4096 (--smoke: 64)")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--configs", default="fastpath,fla+dao,reference")
+    ap.add_argument("--top", type=int, default=15, help="rows of the elementwise/other split")
+    ap.add_argument("--configs", default="fastpath,fastpath+liger")
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny Qwen3.5 model (tests the plumbing)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.layers is None:
+        args.layers = 4 if args.smoke else 8
+    if args.seq_len is None:
+        args.seq_len = 64 if args.smoke else 4096
     if args.child:
         print(json.dumps(child(args.child, args)))
         return 0
     import torch
 
-    if not torch.cuda.is_available():
-        print("model_profile: error: needs a CUDA device", file=sys.stderr)
+    from fastpath.proof.bench_spec import CONFIGS
+
+    configs = [c for c in args.configs.split(",") if c]
+    unknown = [c for c in configs if split_config(c)[0] not in CONFIGS]
+    if unknown:
+        print(f"model_profile: error: unknown configuration {unknown[0]!r}; known: "
+              f"{', '.join(CONFIGS)} (each also as <name>+liger)", file=sys.stderr)
+        return 2
+    if not args.smoke and not torch.cuda.is_available():
+        print("model_profile: error: needs a CUDA device (or --smoke)", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for config in args.configs.split(","):
+    if args.smoke and args.model == "qwen3.5-27b":
+        args.model = smoke_source(out)
+    doc: dict[str, Any] = {
+        "device": "cpu (smoke)" if args.smoke else torch.cuda.get_device_name(), "torch": torch.__version__,
+        "model": args.model, "layers": args.layers, "seq_len": args.seq_len, "batch": 1,
+        "dtype": "fp32" if args.smoke else "bf16", "configs": []}
+    for config in configs:
         cmd = [sys.executable, __file__, "--out", str(out), "--model", args.model, "--layers", str(args.layers),
-               "--seq-len", str(args.seq_len), "--steps", str(args.steps), "--child", config]
+               "--seq-len", str(args.seq_len), "--steps", str(args.steps), "--top", str(args.top),
+               "--child", config, *(["--smoke"] if args.smoke else [])]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         lines = proc.stdout.strip().splitlines()
         try:
             row = json.loads(lines[-1])
         except (IndexError, json.JSONDecodeError):
             row = {"config": config, "error": f"exit {proc.returncode}: {proc.stderr.strip()[-400:]}"}
-        rows.append(row)
-        for phase, p in row.get("phases", {}).items():
-            if "error" in p:
-                print(f"{config:10s} {phase:8s} error: {p['error']}")
-                continue
-            fams = ", ".join(f"{k} {v:.1f}" for k, v in p["ms_by_family"].items())
-            print(f"{config:10s} {phase:8s} {p['step_ms']:7.1f} ms ({p['tokens_per_s'] / 1e3:.1f}k tok/s), "
-                  f"GEMM {p['gemm_tflops_reached'] or 0:.0f} TFLOP/s, ceiling "
-                  f"{(p['ceiling_tokens_per_s'] or 0) / 1e3:.1f}k tok/s | {fams}", flush=True)
-        if "error" in row or "skipped" in row:
-            print(f"{config:10s} {row.get('error') or row.get('skipped')}", flush=True)
-    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
-           "layers": args.layers, "seq_len": args.seq_len, "batch": 1, "dtype": "bf16", "configs": rows}
-    (out / "model_profile.json").write_text(json.dumps(doc, indent=1))
+        doc["configs"].append(row)
+        (out / "model_profile.json").write_text(json.dumps(doc, indent=1))  # on disk as soon as measured
+        print_row(row, args.top)
     return 0
 
 
