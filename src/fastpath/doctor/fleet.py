@@ -237,43 +237,46 @@ def fleet_json(results: list[TargetResult], exit_code: int) -> dict[str, Any]:
 
 
 def render_table(results: list[TargetResult], console: Any) -> None:
-    """targets x key facts; cells that differ from the fleet majority are marked '*' and bold."""
-    from rich.table import Table
-    from rich.text import Text
+    """targets x key facts; cells that differ from the fleet majority are marked '*' and bold.
+    A table when it fits the console's width, else one `key: value` block per target (as the
+    single-target report does), so nothing is cut or folded mid-word on a narrow terminal."""
+    from fastpath.doctor.report import grid, say
 
     rows = [key_facts(r) for r in results]
     outliers = majority_outliers(rows, [r.status == "ok" for r in results])
-    table = Table(title=f"fastpath doctor: {len(results)} targets", title_justify="left")
-    table.add_column("target", overflow="fold", min_width=16)
-    for col in COLUMNS:
-        table.add_column("conv1d" if col == "causal_conv1d" else col, overflow="fold")
     verdict_style = {"fast": "green", "slow": "bold red", "unknown": "yellow"}
+    cells: list[list[str]] = []
+    styles: list[dict[int, str]] = []
     for r, row, odd in zip(results, rows, outliers, strict=True):
-        cells = [Text(plain(redact_text(r.target.name), 256))]
-        for col in COLUMNS:
+        line = [plain(redact_text(r.target.name), 256)]
+        style: dict[int, str] = {}
+        for i, col in enumerate(COLUMNS, 1):
             value = plain(redact_text(row[col]), 256)
             if col in odd:
-                cells.append(Text(value + " *", style="bold yellow"))
-            elif col == "verdict":
-                cells.append(Text(value, style=verdict_style.get(value, "bold red")))
+                line.append(value + " *")
+                style[i] = "bold yellow"
             else:
-                cells.append(Text(value))
-        table.add_row(*cells)
-    console.print(table)
+                line.append(value)
+                if col == "verdict":
+                    style[i] = verdict_style.get(value, "bold red")
+        cells.append(line)
+        styles.append(style)
+    say(console, f"fastpath doctor: {len(results)} targets", style="bold")
+    grid(console, ["target", *("conv1d" if c == "causal_conv1d" else c for c in COLUMNS)],
+         cells, styles)
     if any(outliers):
-        console.print("* differs from the majority of the fleet")
-    failures = [r for r in results if r.status != "ok"]
-    for r in failures:
-        console.print(Text(plain(redact_text(f"{r.target.name}: {r.error}"), 1024)), soft_wrap=True)
+        say(console, "* differs from the majority of the fleet")
+    for r in (r for r in results if r.status != "ok"):
+        say(console, plain(redact_text(f"{r.target.name}: {r.error}"), 1024), indent="  ")
     counts = Counter(r.verdict for r in results)
-    console.print(", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
+    say(console, ", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
     from fastpath.doctor.facts import FactsView
 
     python_probes = [FactsView(r.facts) for r in results
                      if r.status == "ok" and ((r.facts or {}).get("probe") or {}).get("kind") == "python"]
     if python_probes and all(fv.static_probe for fv in python_probes):
-        console.print("probe: static (nothing imported on the targets; import verdicts from files "
-                      "and an ELF link check). --probe full imports them.")
+        say(console, "probe: static (nothing imported on the targets; import verdicts from files "
+                     "and an ELF link check). --probe full imports them.")
 
 
 class _Progress:
@@ -324,10 +327,10 @@ class _Progress:
             short = name if len(name) <= 32 else name[:31] + "…"
             self.live.update(self.task, advance=1, description=Text(f"{short}: {result.status}"))
         else:
-            self.console.print(
-                f"[{self.done}/{self.total}] {name}: {result.status} ({result.seconds:.1f}s)",
-                markup=False, emoji=False, highlight=False, soft_wrap=True,
-            )
+            from fastpath.doctor.report import say
+
+            say(self.console, f"[{self.done}/{self.total}] {name}: {result.status} "
+                              f"({result.seconds:.1f}s)", indent="  ")
 
 
 def _diagnose_all(results: list[TargetResult], model: str | None, assumed: Any = None) -> None:

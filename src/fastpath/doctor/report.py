@@ -50,20 +50,25 @@ def _line(console: Any, text: str, style: str = "") -> None:
     console.print(Text(text, style=style), soft_wrap=True)
 
 
-def _say(console: Any, text: str, *, indent: str = "", first: str = "", style: str = "") -> None:
+def say(console: Any, text: str, *, indent: str = "", first: str = "", style: str = "") -> None:
+    """`text` wrapped to the console's width between words (see wrap_keeping_commands)."""
     for line in wrap_keeping_commands(text, console.width, indent, first):
         _line(console, line, style)
 
 
+
 def _section(console: Any, title: str) -> None:
     console.print()
-    _say(console, title, style="bold")
+    say(console, title, style="bold")
     _line(console, "-" * min(len(title), console.width), style="dim")
 
 
-def _grid(console: Any, columns: list[str], rows: list[list[str]]) -> None:
+def grid(console: Any, columns: list[str], rows: list[list[str]],
+         styles: list[dict[int, str]] | None = None) -> None:
     """A table when every cell fits on one line at this width, else one `key: value` block per
-    row (the first column as the block's title)."""
+    row (the first column as the block's title), each line wrapped between words. styles: per
+    row, column index -> rich style of that cell (the fleet's verdicts and odd-one-out marks)."""
+    styles = styles or [{} for _ in rows]
     widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
     if sum(widths) + _GAP * (len(columns) - 1) <= console.width:
         from rich.table import Table
@@ -72,22 +77,23 @@ def _grid(console: Any, columns: list[str], rows: list[list[str]]) -> None:
         t = Table(box=None, pad_edge=False, padding=(0, _GAP // 2), show_edge=False)
         for c in columns:
             t.add_column(Text(c), no_wrap=True, overflow="ignore")
-        for r in rows:  # Text cells: a str cell would be read as markup
-            t.add_row(*(Text(v) for v in r))
+        for r, style in zip(rows, styles, strict=True):  # Text cells: a str would be markup
+            t.add_row(*(Text(v, style=style.get(i, "")) for i, v in enumerate(r)))
         console.print(t)
         return
-    for r in rows:
-        _line(console, f"{columns[0]}: {r[0]}", style="bold")
-        for c, v in zip(columns[1:], r[1:], strict=True):
+    for r, style in zip(rows, styles, strict=True):
+        say(console, r[0], indent="  ", first=f"{columns[0]}: ", style="bold")
+        for i, (c, v) in enumerate(zip(columns[1:], r[1:], strict=True), 1):
             if v:
-                _say(console, v, indent="    ", first=f"  {c}: ")
+                say(console, v, indent="    ", first=f"  {c}: ", style=style.get(i, ""))
+
 
 
 def _gpu_section(console: Any, diagnosis: Any) -> None:
     facts = diagnosis.facts
     _section(console, "GPU / driver")
     if diagnosis.assumed_gpu is not None:
-        _say(console, diagnosis.assumed_gpu.describe() + ": the verdict, findings and plan are "
+        say(console, diagnosis.assumed_gpu.describe() + ": the verdict, findings and plan are "
              "judged for it.")
     gpus = [g for g in facts.get("gpus") or [] if isinstance(g, dict)]
     if gpus:
@@ -95,16 +101,16 @@ def _gpu_section(console: Any, diagnosis: Any) -> None:
         for g in gpus:  # identical GPUs share a row
             key = tuple(str(g.get(k)) for k in ("name", "compute_capability", "memory_mib", "driver"))
             same.setdefault(key, []).append(str(g.get("index")))
-        _grid(console, ["#", "name", "cc", "MiB", "driver"],
+        grid(console, ["#", "name", "cc", "MiB", "driver"],
               [[idx[0] if len(idx) == 1 else f"{idx[0]}-{idx[-1]} ({len(idx)})", *key]
                for key, idx in same.items()])
         sources = sorted({str(g.get("source")) for g in gpus})
-        _say(console, f"(source: {', '.join(sources)})", style="dim")
+        say(console, f"(source: {', '.join(sources)})", style="dim")
     else:
-        _say(console, "no GPU detected here")
+        say(console, "no GPU detected here")
     drv = facts.get("driver")
     if drv:
-        _say(console, f"driver {drv.get('version')}, supports CUDA {drv.get('cuda_version')} "
+        say(console, f"driver {drv.get('version')}, supports CUDA {drv.get('cuda_version')} "
                       f"({drv.get('source')})")
 
 
@@ -112,24 +118,24 @@ def _torch_section(console: Any, facts: dict[str, Any]) -> None:
     _section(console, "torch / Triton / NVRTC")
     t = facts.get("torch")
     if t:
-        _say(console, f"torch {t.get('version')}  CUDA {t.get('cuda')}  cuda_available="
+        say(console, f"torch {t.get('version')}  CUDA {t.get('cuda')}  cuda_available="
                       f"{t.get('cuda_available')}  cxx11_abi={t.get('cxx11_abi')}  device arch "
                       f"covered={t.get('device_arch_covered')}")
-        _say(console, f"arch list: {' '.join(t.get('arch_list') or []) or '(none)'} "
+        say(console, f"arch list: {' '.join(t.get('arch_list') or []) or '(none)'} "
                       f"({t.get('source')})", indent="  ", first="  ")
     else:
-        _say(console, "torch: not importable / not installed")
+        say(console, "torch: not importable / not installed")
     tr = facts.get("triton")
     if tr:
-        _say(console, f"triton {tr.get('version')}  gpu backend={tr.get('gpu_backend')}  "
+        say(console, f"triton {tr.get('version')}  gpu backend={tr.get('gpu_backend')}  "
                       f"backends={','.join(tr.get('backends') or [])} ({tr.get('source')})")
     else:
-        _say(console, "triton: not installed")
+        say(console, "triton: not installed")
     nvrtc = facts.get("nvrtc") or []
     for n in nvrtc:
-        _say(console, f"NVRTC (JIT without nvcc): {n.get('path')} {n.get('version') or ''}")
+        say(console, f"NVRTC (JIT without nvcc): {n.get('path')} {n.get('version') or ''}")
     if not nvrtc:
-        _say(console, "NVRTC: no libnvrtc found")
+        say(console, "NVRTC: no libnvrtc found")
 
 
 def _nvcc_section(console: Any, facts: dict[str, Any]) -> None:
@@ -148,23 +154,23 @@ def _nvcc_section(console: Any, facts: dict[str, Any]) -> None:
                 version = f"{version} (ptxas only, no nvcc)"
             rows.append([str(path), str(version), ", ".join(c.get("found_by") or []),
                          str(c.get("major_matches_torch"))])
-        _grid(console, ["path", "version", "found by", "major = torch's"], rows)
+        grid(console, ["path", "version", "found by", "major = torch's"], rows)
     home = facts.get("cuda_home") or {}
     _section(console, "CUDA_HOME (as torch.utils.cpp_extension resolves it)")
     if home:
         headers = ", ".join(f"{h} {'yes' if ok else 'NO'}" for h, ok in
                             (home.get("headers") or {}).items())
-        _say(console, f"torch would use {home.get('torch_would_use')} ({home.get('how')})")
-        _say(console, f"bin/nvcc: {'yes' if home.get('has_nvcc') else 'NO'} "
+        say(console, f"torch would use {home.get('torch_would_use')} ({home.get('how')})")
+        say(console, f"bin/nvcc: {'yes' if home.get('has_nvcc') else 'NO'} "
                       f"{home.get('nvcc_version') or ''}  headers: {headers}", indent="  ", first="  ")
-        _say(console, f"CUDA_HOME={home.get('cuda_home_env')}  CUDA_PATH={home.get('cuda_path_env')}"
+        say(console, f"CUDA_HOME={home.get('cuda_home_env')}  CUDA_PATH={home.get('cuda_path_env')}"
                       f"  diverge={home.get('diverge')}", indent="  ", first="  ")
     gcc = facts.get("gcc")
     if gcc:
-        _say(console, f"host gcc {gcc.get('version')} ({gcc.get('path')})")
+        say(console, f"host gcc {gcc.get('version')} ({gcc.get('path')})")
     db = facts.get("package_db") or {}
     pk = [f"{p['name']} {p.get('version')}" for p in (db.get("dpkg") or []) + (db.get("rpm") or [])]
-    _say(console, f"package DB: {', '.join(pk) if pk else 'no CUDA compiler packages recorded'}")
+    say(console, f"package DB: {', '.join(pk) if pk else 'no CUDA compiler packages recorded'}")
 
 
 def _packages_section(console: Any, fv: FactsView) -> None:
@@ -189,7 +195,7 @@ def _packages_section(console: Any, fv: FactsView) -> None:
             ok, how = arch_runs_on(sass, ptx, cc)
             runs = f"{'yes' if ok else 'NO'} ({how})"
         rows.append([dist, str(p.get("version") or "-"), state, archs, runs])
-    _grid(console, ["package", "version", "import", "archs in .so",
+    grid(console, ["package", "version", "import", "archs in .so",
                     "runs on assumed GPU" if fv.device_assumed else "runs here"], rows)
 
 
@@ -198,12 +204,12 @@ def _findings_section(console: Any, findings: list[Any]) -> None:
     if not findings:
         _line(console, "none")
     for f in findings:
-        _say(console, f"[{f.severity.upper()}] {f.title} ({f.id})",
+        say(console, f"[{f.severity.upper()}] {f.title} ({f.id})",
              style=SEVERITY_STYLE.get(f.severity, ""))
-        _say(console, f.detail, indent="  ", first="  ")
+        say(console, f.detail, indent="  ", first="  ")
         for i, r in enumerate(f.remedies, 1):
-            _say(console, r, indent="         ", first=f"  fix {i}: ")
-        _say(console, f"source: {f.source}", indent="  ", first="  ", style="dim")
+            say(console, r, indent="         ", first=f"  fix {i}: ")
+        say(console, f"source: {f.source}", indent="  ", first="  ", style="dim")
 
 
 def _after_enable(r: dict[str, Any]) -> str:
@@ -215,12 +221,12 @@ def _after_enable(r: dict[str, Any]) -> str:
 def _plan_section(console: Any, plan: dict[str, Any]) -> None:
     _section(console, f"Model plan: {plan.get('model')} ({plan.get('model_type')})")
     tv = plan.get("transformers")
-    _say(console, f"transformers {tv or 'not installed'}; family {plan.get('family')}"
+    say(console, f"transformers {tv or 'not installed'}; family {plan.get('family')}"
                   f"{'; fast path is all-or-nothing' if plan.get('all_or_nothing') else ''}")
     if plan.get("family_note"):
-        _say(console, f"note: {plan['family_note']}")
+        say(console, f"note: {plan['family_note']}")
     for line in plan.get("summary") or []:
-        _say(console, line, indent="    ", first="  ")
+        say(console, line, indent="    ", first="  ")
     if plan.get("by_version"):
         _section(console, "by transformers release")
         rows: list[list[str]] = []
@@ -232,19 +238,19 @@ def _plan_section(console: Any, plan: dict[str, Any]) -> None:
                 rows[-1][0] = merged_range(rows[-1][0], row[0])
             else:
                 rows.append(row)
-        _grid(console, ["transformers", "layers on torch fallback", "what happens"], rows)
+        grid(console, ["transformers", "layers on torch fallback", "what happens"], rows)
     else:
         for lt in plan.get("layer_types") or []:
-            _say(console, f"{lt['count']} x {lt['layer_type']}:"
+            say(console, f"{lt['count']} x {lt['layer_type']}:"
                           + ("" if lt["ops"] else " no kernel ops"), style="bold")
             for r in lt["ops"]:
-                _say(console, f"{r['impl']} ({r['reason']}); after fastpath.enable(): "
+                say(console, f"{r['impl']} ({r['reason']}); after fastpath.enable(): "
                               f"{_after_enable(r)}", indent="      ", first=f"  {r['op']}: ")
     if plan.get("layers_slow_with_fastpath") is not None and plan.get("layers_slow"):
         needs = sorted({r["with_fastpath_needs"] for t in plan.get("layer_types") or []
                         for r in t["ops"] if r.get("with_fastpath_needs")})
         why = f" ({'; '.join(needs)})" if needs and plan["layers_slow_with_fastpath"] else ""
-        _say(console, f"after fastpath.enable(): {plan['layers_slow_with_fastpath']} of "
+        say(console, f"after fastpath.enable(): {plan['layers_slow_with_fastpath']} of "
                       f"{plan['layers_total']} layers still on the torch fallback{why}")
 
 
@@ -286,12 +292,12 @@ def render(diagnosis: Any, console: Any) -> None:
     diagnosis = _plain_view(diagnosis)
     facts = diagnosis.facts
     fv = FactsView(facts, diagnosis.assumed_gpu)
-    _say(console, diagnosis.headline, style=VERDICT_STYLE.get(diagnosis.verdict, "bold"))
+    say(console, diagnosis.headline, style=VERDICT_STYLE.get(diagnosis.verdict, "bold"))
     if diagnosis.top_remedy:
-        _say(console, diagnosis.top_remedy, indent="  ", first="Top remedy: ")
+        say(console, diagnosis.top_remedy, indent="  ", first="Top remedy: ")
     host = facts.get("host") or {}
     probe = facts.get("probe") or {}
-    _say(console, f"host {host.get('hostname')}: {host.get('os')}, {host.get('glibc')}, "
+    say(console, f"host {host.get('hostname')}: {host.get('os')}, {host.get('glibc')}, "
                   f"Python {host.get('python')}, {host.get('arch')}; probe {probe.get('seconds')}s"
                   + ("; static: nothing imported, import verdicts from files and an ELF link "
                      "check (--probe full imports)" if fv.static_probe else ""), style="dim")
@@ -306,7 +312,7 @@ def render(diagnosis: Any, console: Any) -> None:
     if errors:
         _section(console, "Could not collect")
         for key, why in errors.items():
-            _say(console, f"{key}: {why}", indent="    ", first="  ")
+            say(console, f"{key}: {why}", indent="    ", first="  ")
 
 
 def render_text(diagnosis: Any, width: int = 80) -> str:

@@ -36,12 +36,15 @@ PACKAGE_DEVICES = {"causal_conv1d": ("cuda",), "fla": ("cuda", "xpu", "mlu", "np
 DEFAULT_WIDTH = 100  # columns when there is no terminal to ask (notebooks, pipes)
 _HEAD = ("layer", "layer_type", "op", "impl", "fast")
 _GAP = "  "
+_MIN_IMPL = 32  # columns the impl cell keeps in a table (else the blocks read better)
 
 
 @dataclass(repr=False)
 class Explanation:
-    """Rows {layer, layer_type, op, impl, fast}; str() is an aligned table that fits `width`
-    columns (default: the terminal's width, else 100); long cells wrap inside their column."""
+    """Rows {layer, layer_type, op, impl, fast}; str() fits `width` columns (default: the
+    terminal's width, else 100) without breaking a word: an aligned table whose long cells wrap
+    between words inside their column, or, where even that does not fit, one block per layer
+    (`layer (class)`, then `[yes] op: impl` lines)."""
 
     rows: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -64,44 +67,68 @@ class Explanation:
             import shutil
 
             width = shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+        width = max(int(width), 40)
         cells = [[str(r["layer"]), str(r["layer_type"]), str(r["op"]), str(r["impl"]),
                   "yes" if r["fast"] else "NO"] for r in self.rows]
-        widths = _fit_columns([_HEAD, *cells], max(int(width), 40))
-        lines = [_GAP.join(h.ljust(w) for h, w in zip(_HEAD, widths, strict=True)).rstrip(),
-                 _GAP.join("-" * w for w in widths)]
-        for row in cells:
-            lines += _wrapped_row(row, widths)
+        widths = _fit_columns([_HEAD, *cells], width)
+        if widths is None:
+            lines = _blocks(cells, width)
+        else:
+            lines = [_GAP.join(h.ljust(w) for h, w in zip(_HEAD, widths, strict=True)).rstrip(),
+                     _GAP.join("-" * w for w in widths)]
+            for row in cells:
+                lines += _wrapped_row(row, widths)
         lines.append(f"{len(self.rows) - self.slow_count}/{len(self.rows)} ops fast")
-        import textwrap
-
         for note in self.notes:
-            lines += textwrap.wrap(f"note: {note}", max(int(width), 40), subsequent_indent="  ")
+            lines += _wrap(f"note: {note}", width, "", "  ")
         return "\n".join(lines)
 
 
-def _fit_columns(rows: list[Any], width: int) -> list[int]:
-    """Column widths whose sum (plus gaps) fits `width`: the widest wrappable columns (impl,
-    layer, layer_type) give up space first, never below a readable minimum."""
+def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
+    """Word wrap that never splits a word (a name longer than the width gets its own line)."""
+    import textwrap
+
+    return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=rest,
+                         break_long_words=False, break_on_hyphens=False) or [first.rstrip()]
+
+
+def _fit_columns(rows: list[Any], width: int) -> list[int] | None:
+    """Column widths whose sum (plus gaps) fits `width`, or None when no table fits without
+    breaking a word: the widest wrappable columns (impl, layer, layer_type) give up space first,
+    each never below its longest word (impl never below _MIN_IMPL)."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(_HEAD))]
+    minimum = [max(len(word) for r in rows for word in r[i].split() or [""]) for i in range(len(_HEAD))]
+    minimum[3] = max(minimum[3], min(widths[3], _MIN_IMPL))  # a narrower impl reads worse than blocks
     budget = width - len(_GAP) * (len(_HEAD) - 1)
-    minimum = [12, 10, len("chunk_gated_delta_rule"), 16, 4]
+    if sum(minimum) > budget:
+        return None
     for col in (3, 0, 1, 2):
         excess = sum(widths) - budget
         if excess <= 0:
             break
-        widths[col] = max(minimum[col], widths[col] - excess, len(_HEAD[col]))
+        widths[col] = max(minimum[col], widths[col] - excess)
     return widths
 
 
 def _wrapped_row(row: list[str], widths: list[int]) -> list[str]:
-    import textwrap
-
-    parts = [textwrap.wrap(c, w, break_on_hyphens=False) or [""] for c, w in zip(row, widths, strict=True)]
+    parts = [_wrap(c, w, "", "") for c, w in zip(row, widths, strict=True)]
     height = max(len(p) for p in parts)
     lines = []
     for i in range(height):
         cells = [(p[i] if i < len(p) else "").ljust(w) for p, w in zip(parts, widths, strict=True)]
         lines.append(_GAP.join(cells).rstrip())
+    return lines
+
+
+def _blocks(cells: list[list[str]], width: int) -> list[str]:
+    """One block per layer: `layer (layer_type)`, then `  [yes] op: impl` per op."""
+    lines: list[str] = []
+    current = None
+    for layer, layer_type, op, impl, fast in cells:
+        if (layer, layer_type) != current:
+            current = (layer, layer_type)
+            lines += _wrap(f"{layer} ({layer_type})", width, "", "  ")
+        lines += _wrap(f"[{fast}] {op}: {impl}", width, "  ", " " * 8)
     return lines
 
 

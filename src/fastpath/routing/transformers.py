@@ -44,6 +44,8 @@ __all__ = ["EnableReport", "Explanation", "assert_fast", "disable", "enable", "e
 _GDN_MODES = ("auto", "fla", "off")
 # The transformers releases enable() knows the hooks of (oldest, newest), as major.minor.
 SUPPORTED_TRANSFORMERS = ("4.57", "5.25")
+# enable()'s summary goes to stderr, logs and issues: it fits 80 columns.
+SUMMARY_WIDTH = 80
 
 
 @dataclass
@@ -63,23 +65,38 @@ class EnableReport:
     layers_patched: int = 0
     notes: list[str] = field(default_factory=list)
 
-    def summary(self) -> str:
+    def summary(self, width: int = SUMMARY_WIDTH) -> str:
+        """One decision per line, each wrapped between words to `width` columns (80: it is
+        printed to stderr, pasted into issues and logs)."""
         tf = self.transformers_version or "not installed yet"
-        checked = ""
+        lines = [
+            (f"fastpath enabled (transformers {tf}: {len(self.modules_patched)} modeling modules "
+             f"patched, {len(self.modules_pending)} on import, {self.layers_patched} built layers)", ""),
+            (f"causal_conv1d -> {self.conv_impl}", "  "),
+            (f"gated delta rule -> {self.gated_delta_rule} ({self.gated_delta_rule_reason})", "  "),
+        ]
         if self.gated_delta_rule == fla_route.DQKWG_IMPL:  # read now: checks run at first backward
             from fastpath.routing import fla_selfcheck
 
-            checked = "".join(f"; dqkwg {r.config.label()}: {'PASS' if r.passed else 'FAIL'}"
-                              for r in fla_selfcheck.RESULTS.values())
-        return (f"fastpath enabled: causal_conv1d -> {self.conv_impl}; gated delta rule -> "
-                f"{self.gated_delta_rule} ({self.gated_delta_rule_reason}{checked}); gated RMSNorm -> "
-                f"{self.gated_norm} ({self.gated_norm_reason}); Mamba-2 SSD "
-                f"ops -> {self.mamba_ssd}; transformers {tf}: "
-                f"{len(self.modules_patched)} modeling modules patched, {len(self.modules_pending)} on import, "
-                f"{self.layers_patched} built layers")
+            lines += [(f"dqkwg {r.config.label()}: {'PASS' if r.passed else 'FAIL'}", "    ")
+                      for r in fla_selfcheck.RESULTS.values()]
+        lines += [(f"gated RMSNorm -> {self.gated_norm} ({self.gated_norm_reason})", "  "),
+                  (f"Mamba-2 SSD ops -> {self.mamba_ssd}", "  "),
+                  (f"Mamba-1 scan ops -> {self.mamba1_scan}", "  ")]
+        return "\n".join(wrapped for text, indent in lines
+                         for wrapped in _wrap(text, width, indent))
 
     def __str__(self) -> str:
-        return "\n".join([self.summary(), *(f"  - {n}" for n in self.notes)])
+        return "\n".join([self.summary(), *(line for n in self.notes
+                                            for line in _wrap(f"- {n}", SUMMARY_WIDTH, "  "))])
+
+
+def _wrap(text: str, width: int, indent: str) -> list[str]:
+    """`text` at `indent`, continuation lines two columns deeper; words (and URLs) never split."""
+    import textwrap
+
+    return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ",
+                         break_long_words=False, break_on_hyphens=False) or [indent]
 
 
 @dataclass
