@@ -34,7 +34,7 @@ from fastpath.kernels.selective_scan import naive as reference
 
 FAMILY = "selective_scan"
 MAX_DSTATE = 64  # the kernels hold (chunk, channels, N) fp32 tiles in registers
-KERNELS_READY = False
+KERNELS_READY = True
 
 
 def _empty(like: Tensor) -> Tensor:

@@ -1,0 +1,220 @@
+"""Triton backward of Mamba-1's selective scan: recompute per chunk, then the adjoint scan in
+reverse, our own kernels.
+
+Two launches:
+1. the forward kernel (scan_fwd.py) with SAVE_STATES: the float32 state entering each chunk,
+   (batch, n_chunks, dim, N) -- nothing else of the forward is kept.
+2. `_bwd_kernel`: per (batch row, BLOCK_D channels of one group), the chunks from last to first.
+   For a chunk it reloads u, delta, z, B, C, dout, re-forms a_t, x_t and re-runs the forward scan
+   from the saved entering state (h_t for every step, float32), recomputes y_t (for dz), and runs
+   the adjoint recurrence
+       g_t = dL/dh_t = C_t dy_t + a_{t+1} g_{t+1}         (g after the last step: dlast_state)
+   as a forward associative scan over the time-reversed chunk (tl.flip; FLIP_SCAN=False asks
+   for tl.associative_scan(reverse=True) instead), with the g of the following chunk's first
+   step carried in: g_t = g_t(local) + prod_{k=t..T-1} a_{k+1} * g_next. a_{t+1} comes from
+   delta' of the next step (a second exp2 per element; masked steps give a = 1).
+   Then, with w_t = g_t * a_t h_{t-1} = g_t * (h_t - x_t) (no division, no shifted tile):
+       d(delta')_t = sum_n (w_t A + g_t u_t B_t)      du_t = delta'_t sum_n g_t B_t + D dy_t
+       dA += sum_t w_t delta'_t                       dD += sum_t dy_t u_t
+       dB_t (this block) = sum_d g_t delta'_t u_t     dC_t (this block) = sum_d h_t dy_t
+       ddelta = d(delta') * sigmoid(delta + bias) under softplus (1 above 20); ddelta_bias = sum.
+   dy = dout * silu(z) and dz = dout * y * silu'(z) with z; dy = dout without.
+Per-program partial sums (dA, dD, ddelta_bias per batch row; dB, dC per channel block) are float32
+buffers reduced by torch afterwards: deterministic, no atomics.
+Memory: the chunk states (1/T of the state size per step) plus the dB/dC partials,
+(batch, G, blocks, N, L) float32 each.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from fastpath.kernels.selective_scan.scan_fwd import (
+    LOG2E,
+    blocking,
+    channel_block,
+    chunk_states,
+    default_config,
+    first_order,
+    load_delta,
+)
+
+# (BLOCK_D, T, num_warps, flip): the chunk length is a power of two (tl.flip); flip=False runs
+# the adjoint with tl.associative_scan(reverse=True), which has had miscompiles on GPUs
+# (triton-lang/triton#4362, #8412), hence flips by default (tests/test_selective_scan_gpu.py
+# checks both).
+BWD_CONFIG = (16, 32, 4, True)
+
+
+@triton.jit
+def reverse_first_order(a, x, FLIP: tl.constexpr):
+    """Scan of g_t = x_t + a_t g_{t+1} along axis 2, from the end: (prod_{k>=t} a_k, g_t)."""
+    if FLIP:
+        pa, gx = tl.associative_scan((tl.flip(a, 2), tl.flip(x, 2)), axis=2,
+                                     combine_fn=first_order)
+        return tl.flip(pa, 2), tl.flip(gx, 2)
+    else:
+        return tl.associative_scan((a, x), axis=2, combine_fn=first_order, reverse=True)
+
+
+@triton.jit
+def _bwd_kernel(
+    U, DELTA, A, B, C, D, Z, DBIAS, DOUT, DLAST, STATES,
+    DU, DDELTA, DZ, DA, DDV, DDB, DB, DC,
+    L, dim, N, dim_per_group, n_blocks, n_chunks,
+    s_ub, s_ud, s_ul,
+    s_db, s_dd, s_dl,
+    s_ad, s_an,
+    s_Bb, s_Bg, s_Bn, s_Bl,
+    s_Cb, s_Cg, s_Cn, s_Cl,
+    s_zb, s_zd, s_zl,
+    s_gb, s_gd, s_gl,
+    s_ob, s_od, s_ol,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_DBIAS: tl.constexpr,
+    HAS_DLAST: tl.constexpr,
+    SOFTPLUS: tl.constexpr,
+    FLIP: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    T: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    g, offs_d, md = channel_block(pid, dim_per_group, n_blocks, BLOCK_D)
+    blk = pid % n_blocks
+    offs_n = tl.arange(0, BLOCK_N)
+    mn = offs_n < N
+    mdn = md[:, None] & mn[None, :]
+    Areal = tl.load(A + offs_d[:, None] * s_ad + offs_n[None, :] * s_an, mask=mdn,
+                    other=0.0).to(tl.float32)
+    A2 = Areal * LOG2E
+    if HAS_D:
+        Dv = tl.load(D + offs_d, mask=md, other=0.0).to(tl.float32)
+    state_rows = (b * dim + offs_d[:, None]) * N + offs_n[None, :]
+    if HAS_DLAST:
+        gnext = tl.load(DLAST + state_rows, mask=mdn, other=0.0).to(tl.float32)
+    else:
+        gnext = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+    dA = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+    dD = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    dbias = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    first = (tl.arange(0, T) == 0)[None, None, :]
+    part = ((b * (dim // dim_per_group) + g) * n_blocks + blk) * N  # this block's dB/dC rows
+    for i in range(n_chunks):
+        c = n_chunks - 1 - i
+        offs_t = c * T + tl.arange(0, T)
+        mt = offs_t < L
+        mdt = md[:, None] & mt[None, :]
+        mnt = mn[:, None] & mt[None, :]
+        dt = load_delta(DELTA, DBIAS, b * s_db, offs_d, md, offs_t, mt, s_dd, s_dl,
+                        HAS_DBIAS, SOFTPLUS)
+        dtn = load_delta(DELTA, DBIAS, b * s_db, offs_d, md, offs_t + 1, offs_t + 1 < L,
+                         s_dd, s_dl, HAS_DBIAS, SOFTPLUS)
+        u = tl.load(U + b * s_ub + offs_d[:, None] * s_ud + offs_t[None, :] * s_ul, mask=mdt,
+                    other=0.0).to(tl.float32)
+        Bt = tl.load(B + b * s_Bb + g * s_Bg + offs_n[:, None] * s_Bn + offs_t[None, :] * s_Bl,
+                     mask=mnt, other=0.0).to(tl.float32)
+        Ct = tl.load(C + b * s_Cb + g * s_Cg + offs_n[:, None] * s_Cn + offs_t[None, :] * s_Cl,
+                     mask=mnt, other=0.0).to(tl.float32)
+        dout = tl.load(DOUT + b * s_gb + offs_d[:, None] * s_gd + offs_t[None, :] * s_gl,
+                       mask=mdt, other=0.0).to(tl.float32)
+        h_in = tl.load(STATES + ((b * n_chunks + c) * dim + offs_d[:, None]) * N
+                       + offs_n[None, :], mask=mdn, other=0.0)
+        a = tl.exp2(dt[:, None, :] * A2[:, :, None])
+        dtu = dt * u
+        x = dtu[:, None, :] * Bt[None, :, :]
+        acum, xs = tl.associative_scan((a, x), axis=2, combine_fn=first_order)
+        hs = acum * h_in[:, :, None] + xs
+        dy = dout
+        if HAS_Z:
+            zv = tl.load(Z + b * s_zb + offs_d[:, None] * s_zd + offs_t[None, :] * s_zl,
+                         mask=mdt, other=0.0).to(tl.float32)
+            y = tl.sum(hs * Ct[None, :, :], axis=1)
+            if HAS_D:
+                y += Dv[:, None] * u
+            sz = tl.sigmoid(zv)
+            dz = dout * y * sz * (1.0 + zv * (1.0 - sz))
+            tl.store(DZ + b * s_ob + offs_d[:, None] * s_od + offs_t[None, :] * s_ol,
+                     dz.to(DZ.dtype.element_ty), mask=mdt)
+            dy = dout * zv * sz
+        an = tl.exp2(dtn[:, None, :] * A2[:, :, None])
+        pa, gl = reverse_first_order(an, Ct[None, :, :] * dy[:, None, :], FLIP)
+        gs = gl + pa * gnext[:, :, None]
+        gnext = tl.sum(tl.where(first, gs, 0.0), axis=2)
+        w = gs * (hs - x)
+        dA += tl.sum(w * dt[:, None, :], axis=2)
+        gB = tl.sum(gs * Bt[None, :, :], axis=1)
+        ddt = tl.sum(w * Areal[:, :, None], axis=1) + u * gB
+        du = dt * gB
+        if HAS_D:
+            du += Dv[:, None] * dy
+            dD += tl.sum(tl.where(mdt, dy * u, 0.0), axis=1)
+        tl.store(DB + (part + offs_n[:, None]) * L + offs_t[None, :],
+                 tl.sum(gs * dtu[:, None, :], axis=0), mask=mnt)
+        tl.store(DC + (part + offs_n[:, None]) * L + offs_t[None, :],
+                 tl.sum(hs * dy[:, None, :], axis=0), mask=mnt)
+        if SOFTPLUS:
+            v = tl.load(DELTA + b * s_db + offs_d[:, None] * s_dd + offs_t[None, :] * s_dl,
+                        mask=mdt, other=0.0).to(tl.float32)
+            if HAS_DBIAS:
+                v += tl.load(DBIAS + offs_d, mask=md, other=0.0).to(tl.float32)[:, None]
+            ddt = tl.where(v <= 20.0, ddt * tl.sigmoid(v), ddt)
+        ddt = tl.where(mdt, ddt, 0.0)
+        dbias += tl.sum(ddt, axis=1)
+        tl.store(DU + b * s_ob + offs_d[:, None] * s_od + offs_t[None, :] * s_ol,
+                 du.to(DU.dtype.element_ty), mask=mdt)
+        tl.store(DDELTA + b * s_ob + offs_d[:, None] * s_od + offs_t[None, :] * s_ol,
+                 ddt.to(DDELTA.dtype.element_ty), mask=mdt)
+    tl.store(DA + state_rows, dA, mask=mdn)
+    tl.store(DDV + b * dim + offs_d, dD, mask=md)
+    tl.store(DDB + b * dim + offs_d, dbias, mask=md)
+
+
+def selective_scan_bwd_triton(
+    dout: Tensor, dlast: Tensor | None, u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
+    C: Tensor, D: Tensor | None, z: Tensor | None, delta_bias: Tensor | None,
+    delta_softplus: bool, config: tuple[int, int, int, bool] | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None]:
+    """Gradients (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias); du, ddelta, dz in u's dtype
+    (contiguous (batch, dim, L)), dB/dC (batch, G, N, L) and dA/dD/ddelta_bias float32."""
+    block_d, chunk, warps, flip = config or default_config(BWD_CONFIG)
+    batch, dim, length = u.shape
+    groups, nstate = B.shape[1], B.shape[2]
+    dim_per_group = dim // groups
+    block_d = blocking(dim_per_group, block_d)
+    n_blocks = triton.cdiv(dim_per_group, block_d)
+    n_chunks = triton.cdiv(length, chunk)
+    states = chunk_states(u, delta, A, B, delta_bias, delta_softplus, chunk,
+                          (block_d, chunk, warps))
+    f32 = dict(dtype=torch.float32, device=u.device)
+    du = torch.empty(u.shape, dtype=u.dtype, device=u.device)
+    ddelta = torch.empty(u.shape, dtype=u.dtype, device=u.device)
+    dz = torch.empty(u.shape, dtype=u.dtype, device=u.device) if z is not None else None
+    dA = torch.empty((batch, dim, nstate), **f32)
+    dD = torch.empty((batch, dim), **f32)
+    dbias = torch.empty((batch, dim), **f32)
+    dB = torch.empty((batch, groups, n_blocks, nstate, length), **f32)
+    dC = torch.empty((batch, groups, n_blocks, nstate, length), **f32)
+    zs = z.stride() if z is not None else (0, 0, 0)
+    dummy = u
+    _bwd_kernel[(groups * n_blocks, batch)](
+        u, delta, A, B, C, dummy if D is None else D, dummy if z is None else z,
+        dummy if delta_bias is None else delta_bias, dout, dummy if dlast is None else dlast.contiguous(),
+        states, du, ddelta, du if dz is None else dz, dA, dD, dbias, dB, dC,
+        length, dim, nstate, dim_per_group, n_blocks, n_chunks,
+        *u.stride(), *delta.stride(), *A.stride(), *B.stride(), *C.stride(), *zs,
+        *dout.stride(), *du.stride(),
+        HAS_D=D is not None, HAS_Z=z is not None, HAS_DBIAS=delta_bias is not None,
+        HAS_DLAST=dlast is not None, SOFTPLUS=bool(delta_softplus), FLIP=bool(flip),
+        BLOCK_D=block_d, BLOCK_N=triton.next_power_of_2(nstate), T=chunk, num_warps=warps,
+    )
+    return (
+        du, ddelta, dA.sum(0), dB.sum(2), dC.sum(2),
+        dD.sum(0) if D is not None else None, dz,
+        dbias.sum(0) if delta_bias is not None else None,
+    )

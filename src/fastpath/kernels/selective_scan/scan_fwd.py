@@ -1,0 +1,212 @@
+"""Triton forward of Mamba-1's selective scan: a chunked parallel scan, our own kernel.
+
+Algorithm. One program owns (one batch row, BLOCK_D channels of one B/C group) x all N states
+and walks the sequence in chunks of T steps, carrying the state h (BLOCK_D, N) in float32
+registers from chunk to chunk. Per chunk it loads u, delta, z as (BLOCK_D, T) tiles and B, C as
+(N, T) tiles (the group's rows, read in place: never expanded to channels), and forms
+  a_t = exp2(delta'_t * A * log2(e)),   x_t = delta'_t * u_t * B_t        (BLOCK_D, N, T)
+then runs tl.associative_scan along time with the first-order recurrence combine
+  (a1, x1) o (a2, x2) = (a1 a2, a2 x1 + x2)
+which gives, for every t of the chunk, (prod_{k<=t} a_k, the state reached from zero). The true
+state is h_t = prod_{k<=t} a_k * h_in + that (one FMA), y_t = sum_n h_t C_t + D u_t, out_t =
+y_t * silu(z_t) (stored in u's dtype), and h_in of the next chunk is h at the chunk's last step
+(masked steps past L have delta' = 0, i.e. a = 1 and x = 0, so they carry h unchanged).
+
+Numerics. delta' = softplus(delta + bias) in float32 (identity above 20, as mamba_ssm); every
+product, the scan and the N-reduction are float32; exp is taken only of delta' * A <= 0 for the
+usual negative A (never of a cumulative sum, so nothing overflows however long the sequence:
+the chunk's running product of decays only shrinks). One exp2 per (t, d, n) state element,
+the same count as a sequential loop: at N = 16 the SFU's exp throughput, not memory, is the
+ceiling on an H100/H200 class GPU (about 4e12 exp/s: B*D*L*N exps).
+
+Memory. Reads u, delta, z once and B, C once per channel block; writes out once; nothing of size
+(L, N) per channel is materialised. With SAVE_STATES (the backward's first phase) the state
+entering each chunk is written, float32 (batch, n_chunks, dim, N): 1/T of the state traffic, and
+the output is not written. Strides are taken as given (transformers passes transposed views).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from fastpath.kernels.dispatch import triton_interpreter_on
+
+LOG2E = 1.4426950408889634
+
+# (BLOCK_D, T, num_warps): channels per program, chunk length, warps. BLOCK_D is clipped to the
+# channels of one group; benchmarks/selective_scan.py --sweep times alternatives.
+FWD_CONFIG = (16, 32, 4)
+# Triton's CPU interpreter runs associative_scan element by element: there a short chunk keeps
+# the padding of tiny test sequences cheap (same kernel code; GPU tests cover FWD_CONFIG).
+INTERPRETER_CHUNK = 8
+
+
+def default_config(config: tuple[int, ...]) -> tuple[int, ...]:
+    if triton_interpreter_on():
+        return (config[0], INTERPRETER_CHUNK, *config[2:])
+    return config
+
+
+@triton.jit
+def softplus(v):
+    """log(1 + e^v) in float32; identity above 20 (as mamba_ssm and torch's threshold)."""
+    return tl.where(v <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(v, 20.0))), v)
+
+
+@triton.jit
+def first_order(a1, x1, a2, x2):
+    """Combine of h_t = a_t h_{t-1} + x_t: segment 1 then segment 2."""
+    return a1 * a2, a2 * x1 + x2
+
+
+@triton.jit
+def load_delta(DELTA, DBIAS, row, offs_d, md, offs_t, mt, s_dd, s_dl,
+               HAS_DBIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
+    """delta' (BLOCK_D, T) float32, 0 where masked (a = 1, x = 0: an identity step)."""
+    mask = md[:, None] & mt[None, :]
+    dt = tl.load(DELTA + row + offs_d[:, None] * s_dd + offs_t[None, :] * s_dl, mask=mask,
+                 other=0.0).to(tl.float32)
+    if HAS_DBIAS:
+        dt += tl.load(DBIAS + offs_d, mask=md, other=0.0).to(tl.float32)[:, None]
+    if SOFTPLUS:
+        dt = softplus(dt)
+    return tl.where(mask, dt, 0.0)
+
+
+@triton.jit
+def channel_block(pid, dim_per_group, n_blocks, BLOCK_D: tl.constexpr):
+    """(group, the block's channels, their mask) of program `pid` along the channel axis."""
+    g = pid // n_blocks
+    local = (pid % n_blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
+    return g, g * dim_per_group + local, local < dim_per_group
+
+
+@triton.jit
+def _fwd_kernel(
+    U, DELTA, A, B, C, D, Z, DBIAS, OUT, LAST, STATES,
+    L, dim, N, dim_per_group, n_blocks, n_chunks,
+    s_ub, s_ud, s_ul,
+    s_db, s_dd, s_dl,
+    s_ad, s_an,
+    s_Bb, s_Bg, s_Bn, s_Bl,
+    s_Cb, s_Cg, s_Cn, s_Cl,
+    s_zb, s_zd, s_zl,
+    s_ob, s_od, s_ol,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_DBIAS: tl.constexpr,
+    SOFTPLUS: tl.constexpr,
+    SAVE_STATES: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    T: tl.constexpr,
+):
+    b = tl.program_id(1).to(tl.int64)
+    g, offs_d, md = channel_block(tl.program_id(0), dim_per_group, n_blocks, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    mn = offs_n < N
+    mdn = md[:, None] & mn[None, :]
+    A2 = tl.load(A + offs_d[:, None] * s_ad + offs_n[None, :] * s_an, mask=mdn,
+                 other=0.0).to(tl.float32) * LOG2E
+    if HAS_D:
+        Dv = tl.load(D + offs_d, mask=md, other=0.0).to(tl.float32)
+    h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+    last = (tl.arange(0, T) == T - 1)[None, None, :]
+    for c in range(n_chunks):
+        offs_t = c * T + tl.arange(0, T)
+        mt = offs_t < L
+        mdt = md[:, None] & mt[None, :]
+        mnt = mn[:, None] & mt[None, :]
+        if SAVE_STATES:
+            st = STATES + ((b * n_chunks + c) * dim + offs_d[:, None]) * N + offs_n[None, :]
+            tl.store(st, h, mask=mdn)
+        dt = load_delta(DELTA, DBIAS, b * s_db, offs_d, md, offs_t, mt, s_dd, s_dl,
+                        HAS_DBIAS, SOFTPLUS)
+        u = tl.load(U + b * s_ub + offs_d[:, None] * s_ud + offs_t[None, :] * s_ul, mask=mdt,
+                    other=0.0).to(tl.float32)
+        Bt = tl.load(B + b * s_Bb + g * s_Bg + offs_n[:, None] * s_Bn + offs_t[None, :] * s_Bl,
+                     mask=mnt, other=0.0).to(tl.float32)
+        a = tl.exp2(dt[:, None, :] * A2[:, :, None])
+        x = (dt * u)[:, None, :] * Bt[None, :, :]
+        acum, xs = tl.associative_scan((a, x), axis=2, combine_fn=first_order)
+        hs = acum * h[:, :, None] + xs
+        h = tl.sum(tl.where(last, hs, 0.0), axis=2)
+        if not SAVE_STATES:
+            Ct = tl.load(C + b * s_Cb + g * s_Cg + offs_n[:, None] * s_Cn
+                         + offs_t[None, :] * s_Cl, mask=mnt, other=0.0).to(tl.float32)
+            y = tl.sum(hs * Ct[None, :, :], axis=1)
+            if HAS_D:
+                y += Dv[:, None] * u
+            if HAS_Z:
+                zv = tl.load(Z + b * s_zb + offs_d[:, None] * s_zd + offs_t[None, :] * s_zl,
+                             mask=mdt, other=0.0).to(tl.float32)
+                y = y * zv * tl.sigmoid(zv)
+            tl.store(OUT + b * s_ob + offs_d[:, None] * s_od + offs_t[None, :] * s_ol,
+                     y.to(OUT.dtype.element_ty), mask=mdt)
+    if not SAVE_STATES:
+        tl.store(LAST + (b * dim + offs_d[:, None]) * N + offs_n[None, :], h, mask=mdn)
+
+
+def blocking(dim_per_group: int, block_d: int) -> int:
+    """BLOCK_D no wider than a group's channels (a program never straddles two groups)."""
+    return max(1, min(block_d, triton.next_power_of_2(dim_per_group)))
+
+
+def launch_fwd(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None,
+               z: Tensor | None, delta_bias: Tensor | None, delta_softplus: bool,
+               out: Tensor | None, last: Tensor | None, states: Tensor | None,
+               config: tuple[int, int, int]) -> None:
+    """One forward launch: (out, last) written, or with `states` given only the chunk states."""
+    batch, dim, length = u.shape
+    groups, nstate = B.shape[1], B.shape[2]
+    dim_per_group = dim // groups
+    block_d, chunk, warps = config
+    block_d = blocking(dim_per_group, block_d)
+    n_blocks = triton.cdiv(dim_per_group, block_d)
+    n_chunks = triton.cdiv(length, chunk)
+    save = states is not None
+    dummy = u
+    o = out if out is not None else dummy
+    os_ = o.stride() if out is not None else (0, 0, 0)
+    zs = z.stride() if z is not None else (0, 0, 0)
+    _fwd_kernel[(groups * n_blocks, batch)](
+        u, delta, A, B, C, dummy if D is None else D, dummy if z is None else z,
+        dummy if delta_bias is None else delta_bias, o,
+        dummy if last is None else last, dummy if states is None else states,
+        length, dim, nstate, dim_per_group, n_blocks, n_chunks,
+        *u.stride(), *delta.stride(), *A.stride(), *B.stride(), *C.stride(), *zs, *os_,
+        HAS_D=D is not None, HAS_Z=z is not None, HAS_DBIAS=delta_bias is not None,
+        SOFTPLUS=bool(delta_softplus), SAVE_STATES=save, BLOCK_D=block_d,
+        BLOCK_N=triton.next_power_of_2(nstate), T=chunk, num_warps=warps,
+    )
+
+
+def selective_scan_fwd_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                              D: Tensor | None, z: Tensor | None, delta_bias: Tensor | None,
+                              delta_softplus: bool,
+                              config: tuple[int, int, int] | None = None
+                              ) -> tuple[Tensor, Tensor]:
+    """(out in u's dtype, contiguous (batch, dim, L); last_state float32 (batch, dim, N)).
+    B/C are (batch, G, N, L) (any strides, stride 0 included)."""
+    batch, dim, _ = u.shape
+    out = torch.empty(u.shape, dtype=u.dtype, device=u.device)
+    last = torch.empty((batch, dim, A.shape[1]), dtype=torch.float32, device=u.device)
+    if out.numel():
+        launch_fwd(u, delta, A, B, C, D, z, delta_bias, delta_softplus, out, last, None,
+                   config or default_config(FWD_CONFIG))
+    return out, last
+
+
+def chunk_states(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, delta_bias: Tensor | None,
+                 delta_softplus: bool, chunk: int, config: tuple[int, int, int]) -> Tensor:
+    """The float32 state entering each chunk of `chunk` steps: (batch, n_chunks, dim, N)."""
+    batch, dim, length = u.shape
+    n_chunks = triton.cdiv(length, chunk)
+    states = torch.empty((batch, n_chunks, dim, A.shape[1]), dtype=torch.float32,
+                         device=u.device)
+    launch_fwd(u, delta, A, B, B, None, None, delta_bias, delta_softplus, None, None, states,
+               (config[0], chunk, config[2]))
+    return states
