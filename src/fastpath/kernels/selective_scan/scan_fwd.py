@@ -39,14 +39,16 @@ LOG2E = 1.4426950408889634
 # (BLOCK_D, T, num_warps): channels per program, chunk length, warps. BLOCK_D is clipped to the
 # channels of one group; benchmarks/selective_scan.py --sweep times alternatives.
 FWD_CONFIG = (16, 32, 4)
-# Triton's CPU interpreter runs associative_scan element by element: there a short chunk keeps
-# the padding of tiny test sequences cheap (same kernel code; GPU tests cover FWD_CONFIG).
+# Triton's CPU interpreter runs associative_scan (and tl.flip's xor reductions) element by
+# element: there a short chunk keeps the padding of tiny test sequences cheap and the backward
+# takes the interpreter's reverse scan (same kernel code; the tests run the flip variant
+# explicitly, the GPU tests run the defaults).
 INTERPRETER_CHUNK = 8
 
 
 def default_config(config: tuple[int, ...]) -> tuple[int, ...]:
     if triton_interpreter_on():
-        return (config[0], INTERPRETER_CHUNK, *config[2:])
+        return (config[0], INTERPRETER_CHUNK, *config[2:3], *(False for _ in config[3:]))
     return config
 
 
