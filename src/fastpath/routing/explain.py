@@ -158,6 +158,12 @@ def explain_model(model: Any) -> Explanation:
             impl, fast = norm_route.describe_layer_norm(norm, device)
             out.rows.append({"layer": name or "<root>", "layer_type": cls.__name__, "op": norm_route.OP,
                              "impl": impl, "fast": fast})
+    if "liger_kernel" in sys.modules:  # Liger's ops, when its patches are in place
+        from fastpath.routing import liger_route
+
+        liger_rows = liger_route.explain_rows(model)
+        out.rows.extend(liger_rows)
+        out.notes.extend(liger_route.explain_notes(model, liger_rows))
     if any(r["impl"] == DQKWG_IMPL for r in out.rows):  # which FLA dqkwg configs were validated
         from fastpath.routing import fla_selfcheck
 

@@ -295,7 +295,8 @@ def suspended() -> Iterator[None]:
 
 
 def disable() -> None:
-    """Undo enable(): every patched global, built layer, mapping and env var gets its old value."""
+    """Undo enable(): every patched global, built layer, mapping and env var gets its old value,
+    except one another library replaced after enable() (theirs now: kept, with a warning)."""
     global _STATE
     with _LOCK:
         state = _STATE
@@ -311,6 +312,9 @@ def disable() -> None:
             fla_route.undo_dqkwg_route()
         hub_kernels.restore_env(state.env)
         _STATE = None
+        if state.registry.kept:  # e.g. Liger Kernel patched over a route after enable()
+            warnings.warn(f"fastpath.disable(): {', '.join(state.registry.kept)} changed after enable() "
+                          "(another library's patch); left as it is", RuntimeWarning, stacklevel=2)
 
 
 def explain(model: Any) -> Explanation:
@@ -321,7 +325,9 @@ def explain(model: Any) -> Explanation:
 def assert_fast(model: Any) -> None:
     """Raise FastpathError (with the explain() table) if any op would take a torch fallback."""
     table = explain_model(model)
-    if not table.rows:
+    from fastpath.routing.liger_route import is_liger_row
+
+    if all(is_liger_row(r) for r in table.rows):
         raise FastpathError(f"no causal_conv1d / gated-delta-rule layers found in {type(model).__name__}")
     if table.slow_count:
         raise FastpathError(f"{table.slow_count} op(s) take a slow path:\n{table}")
