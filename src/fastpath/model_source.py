@@ -9,6 +9,7 @@ checkpoint's config. Each preset records where its numbers come from under `_fas
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,40 @@ def load_preset_with_source(name: str) -> dict[str, Any]:
         return _read_json(Path(path), "preset")
 
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def preset_for_hub_id(hub_id: str) -> str | None:
+    """The bundled preset made from the Hub model `hub_id` (its `_fastpath_source.model`), or
+    whose name starts that model's name (`nvidia/Nemotron-H-8B-Reasoning-128K` -> nemotron-h-8b:
+    the same architecture)."""
+    want = hub_id.strip().lower()
+    repo = want.split("/")[-1]
+    for stem in list_presets():
+        meta = load_preset_with_source(stem).get(SOURCE_KEY, {})
+        ids = re.findall(r"\S+/\S+", str(meta.get("model", "")))
+        if want in (i.lower().rstrip(")") for i in ids):
+            return stem
+    return next((stem for stem in sorted(list_presets(), key=len, reverse=True)
+                 if repo.startswith(stem)), None)
+
+
+def _hub_id_hint(source: str) -> str | None:
+    """For `--model Qwen/Qwen3.5-27B` (no such path): fastpath reads no Hub, so the error says
+    what to pass instead, the matching preset first."""
+    if not _HUB_ID.match(source) or source.startswith((".", "~")) or source.endswith(".json"):
+        return None
+    head = (f"{source}: no such file or directory; it looks like a Hugging Face Hub id, and "
+            "fastpath reads no Hub:")
+    stem = preset_for_hub_id(source)
+    if stem is not None:
+        origin = str(load_preset_with_source(stem).get(SOURCE_KEY, {}).get("model", "")).split()[0]
+        return (f"{head} use the bundled preset {stem} (built from {origin}'s config), or a local "
+                "directory with its config.json")
+    return (f"{head} download its config (`hf download {source} config.json --local-dir DIR`) "
+            f"and pass DIR, or a preset ({', '.join(list_presets())})")
+
+
 def load_config(source: str) -> dict[str, Any]:
     """Return the config dict for a preset name, a config.json path or a local model directory.
 
@@ -83,7 +118,7 @@ def load_config(source: str) -> dict[str, Any]:
         config = _read_json(config_path, "config")
     elif path.exists() or source.endswith(".json") or "/" in source:
         if not path.exists():
-            raise UsageError(f"config file {path} does not exist")
+            raise UsageError(_hub_id_hint(source) or f"config file {path} does not exist")
         config = _read_json(path, "config")
     else:
         config = load_preset_with_source(source)

@@ -22,7 +22,7 @@ EXIT_CODES_HELP = (
     "exit status: 0 fast, or nothing to fix; 1 slow, or a blocking finding (also on a host "
     "without a GPU: a missing kernel package blocks every GPU); 2 bad usage or bad input; 3 could "
     "not diagnose (unreachable, timed out, probe failed, no facts). Fleets (--hosts): 1 if any "
-    "target is slow, else 3 if any could not be diagnosed, else 0. --json prints exactly one JSON "
+    "target is slow or blocked, else 3 if any could not be diagnosed, else 0. --json prints exactly one JSON "
     "document on stdout, also when the target could not be diagnosed."
 )
 

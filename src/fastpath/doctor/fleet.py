@@ -236,7 +236,14 @@ def fleet_json(results: list[TargetResult], exit_code: int) -> dict[str, Any]:
     )
 
 
-def render_table(results: list[TargetResult], console: Any) -> None:
+FLEET_EXIT_MEANING = {
+    0: "every target fast, or nothing to fix",
+    1: "a target is slow or blocked (its fixes: fastpath doctor --on PREFIX); the doctor ran fine",
+    3: "a target could not be diagnosed (its line above says why); none is slow or blocked",
+}
+
+
+def render_table(results: list[TargetResult], console: Any, exit_code: int | None = None) -> None:
     """targets x key facts; cells that differ from the fleet majority are marked '*' and bold.
     A table when it fits the console's width, else one `key: value` block per target (as the
     single-target report does), so nothing is cut or folded mid-word on a narrow terminal."""
@@ -277,6 +284,8 @@ def render_table(results: list[TargetResult], console: Any) -> None:
     if python_probes and all(fv.static_probe for fv in python_probes):
         say(console, "probe: static (nothing imported on the targets; import verdicts from files "
                      "and an ELF link check). --probe full imports them.")
+    if exit_code is not None:
+        say(console, f"exit status {exit_code}: {FLEET_EXIT_MEANING.get(exit_code, '')}", indent="  ")
 
 
 class _Progress:
@@ -353,8 +362,8 @@ def _diagnose_all(results: list[TargetResult], model: str | None, assumed: Any =
 
 
 def fleet_exit_code(results: list[TargetResult]) -> int:
-    """1 if any target is slow (or has a blocking finding), else 3 if any could not be
-    diagnosed, else 0 (the single-target codes, combined)."""
+    """1 if any target is slow or blocked (a blocking finding, also without a GPU), else 3 if
+    any could not be diagnosed, else 0 (the single-target codes, combined)."""
     if any(r.status == "ok" and r.diagnosis is not None and r.diagnosis.exit_code == 1
            for r in results):
         return 1
@@ -399,5 +408,5 @@ def run_fleet(args: Any) -> int:
         console = Console()
         if not console.is_terminal and not os.environ.get("COLUMNS"):
             console = Console(width=max(console.width, 160))  # piped: do not fold at 80 columns
-        render_table(results, console)
+        render_table(results, console, code)
     return code

@@ -78,8 +78,15 @@ def _key(name: str) -> str:
 _BY_KEY = {_key(n): (n, cc, src) for names, cc, src in GPU_MODELS for n in names}
 
 
+# The names an error shows (every one is in GPU_MODELS; a test checks): one or two per
+# generation, the data-centre parts first. The full list is GPU_MODELS.
+EXAMPLE_NAMES = ("V100", "T4", "A100", "A10G", "L4", "L40S", "RTX 4090", "H100", "H200", "GH200",
+                 "B200", "GB200", "B300", "RTX PRO 6000", "RTX 5090", "DGX Spark")
+
+
 def known_names() -> list[str]:
-    return [names[0] for names, _, _ in GPU_MODELS]
+    """Every product name `--gpu` accepts."""
+    return [n for names, _, _ in GPU_MODELS for n in names]
 
 
 def parse_gpu_spec(spec: str) -> AssumedGpu:
@@ -96,4 +103,5 @@ def parse_gpu_spec(spec: str) -> AssumedGpu:
         name, cc, src = hit
         return AssumedGpu(text, cc, "", name, src)
     raise UsageError(f"--gpu {spec!r}: not a compute capability (sm_120, 12.0, sm_90a) or a known "
-                     f"GPU ({', '.join(known_names())})")
+                     f"GPU name (e.g. {', '.join(EXAMPLE_NAMES)}; all {len(_BY_KEY)} are in "
+                     "fastpath/doctor/gpu_models.py)")

@@ -32,7 +32,8 @@ Facts schema ("fastpath.facts/1"; every fact says where it came from in `source`
            "cuda-init"|"other"|null, error}, so_files: [{path, sass: ["sm_90", "sm_90a"],
            ptx: ["compute_90"], sections, error?}], source}}
            dists: causal-conv1d, flash-linear-attention, fla-core, mamba-ssm, flash-attn, kernels,
-           tilelang, transformers, torch, triton (torch/triton .so files are not scanned: huge).
+           tilelang, transformers, torch, triton, fastpath-kit (torch/triton .so files are not
+           scanned: huge).
 
 Knobs (for tests and unusual hosts; the defaults probe the real machine):
   FASTPATH_PROBE_ROOT            prefix for system paths (/usr/local/cuda*, /opt, /usr/bin, /etc,
@@ -75,7 +76,8 @@ KERNEL_DISTS = [
     ("tilelang", "tilelang"),
     ("transformers", "transformers"),
 ]
-VERSION_ONLY_DISTS = [("torch", "torch"), ("triton", "triton")]
+# fastpath-kit: whether a remedy still has to say `pip install fastpath-kit` on the target.
+VERSION_ONLY_DISTS = [("torch", "torch"), ("triton", "triton"), ("fastpath-kit", "fastpath")]
 
 ENV_NAMES = (
     "CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "PATH", "LD_LIBRARY_PATH", "CONDA_PREFIX",
@@ -1223,7 +1225,7 @@ def _gpu_visible(opts):
 # crashed or hung in the guarded interpreter).
 TORCH_MODULES = ("causal_conv1d", "fla", "mamba_ssm", "flash_attn")
 # Read from dist-info, not imported, when the dist-info is there.
-NOT_IMPORTED_WITH_DIST_INFO = ("transformers",)
+NOT_IMPORTED_WITH_DIST_INFO = ("transformers", "fastpath-kit")
 # Kernel packages that cannot import without torch.
 NEEDS_TORCH = ("causal-conv1d", "flash-linear-attention", "fla-core", "mamba-ssm", "flash-attn")
 _TORCH_VERSION_RE = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.M)

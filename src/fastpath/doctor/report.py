@@ -313,6 +313,24 @@ def render(diagnosis: Any, console: Any) -> None:
         _section(console, "Could not collect")
         for key, why in errors.items():
             say(console, f"{key}: {why}", indent="    ", first="  ")
+    console.print()
+    say(console, exit_meaning(diagnosis.exit_code, diagnosis.verdict), indent="  ",
+        style=VERDICT_STYLE.get(diagnosis.verdict, "bold"))
+
+
+def exit_meaning(code: int, verdict: str) -> str:
+    """The report's last line: what its exit status means, so that a 1 after a healthy-looking
+    run reads as "slow path found", not as "the doctor broke" (fastpath doctor --help has all)."""
+    if code == 1 and verdict == "slow":
+        what = "slow path found (the fixes are above); the doctor itself ran fine"
+    elif code == 1:
+        what = ("blocked on any GPU (the fixes are above); the doctor itself ran fine; "
+                "judge for your GPU with --gpu")
+    elif verdict == "fast":
+        what = "fast path, nothing to fix"
+    else:
+        what = "nothing blocks on any GPU; no GPU here to judge (--gpu judges for one)"
+    return f"exit status {code}: {what}"
 
 
 def render_text(diagnosis: Any, width: int = 80) -> str:

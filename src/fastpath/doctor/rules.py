@@ -16,7 +16,7 @@ from packaging.version import InvalidVersion, Version
 
 from fastpath.doctor.facts import FactsView, view
 from fastpath.doctor.gpu_models import AssumedGpu
-from fastpath.doctor.plan import FALLBACK
+from fastpath.doctor.plan import FALLBACK, INSTALL
 from fastpath.doctor.probe import arch_runs_on
 from fastpath.known_issues import dao_sm103_nvcc13, fla_640, host_gcc_unsupported
 
@@ -83,8 +83,14 @@ class Context(FactsView):
                    if any(r["dist"] == CONV_DIST and r["impl"] == FALLBACK for r in t["ops"]))
 
     @property
+    def needs_cuda_torch_first(self) -> bool:
+        """torch is missing or a CPU build: every route (compiler-free or not) starts with a CUDA
+        build of torch; the compiler-free route is still the one to name first."""
+        return not self.torch_cuda
+
+    @property
     def fastpath_applies(self) -> bool:
-        return self.model_uses_conv and self.fastpath_route_available
+        return self.model_uses_conv and (self.fastpath_route_available or self.needs_cuda_torch_first)
 
     def pkg(self, dist: str) -> dict[str, Any]:
         return self.package(dist)
@@ -93,19 +99,45 @@ class Context(FactsView):
 # ------------------------------------------------------------------ remedy texts
 
 
+# A CUDA build of torch, for remedies that start there (the driver decides which CUDA).
+CUDA_TORCH_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cu128"
+
+
+def _torch_is(ctx: Context) -> str:
+    return "this one has no CUDA" if ctx.torch_version else "none is installed"
+
+
+def fastpath_install(ctx: Context) -> str:
+    """What to install for `fastpath.enable()` on the target, from its facts: nothing when
+    fastpath-kit and Triton are there (the doctor itself runs from fastpath-kit, so locally it
+    always is); `[kernels]` brings torch, Triton and transformers (README)."""
+    if ctx.package_version("fastpath-kit"):
+        return "" if ctx.triton_version else "`pip install triton`, then "
+    if ctx.torch_version and ctx.triton_version and ctx.package_version("transformers"):
+        return "`pip install fastpath-kit`, then "
+    return '`pip install "fastpath-kit[kernels]"`, then '
+
+
+def _compiler_free(ctx: Context, what: str, also: str = "") -> str:
+    first = (f"first a CUDA build of torch ({_torch_is(ctx)}: `{CUDA_TORCH_INSTALL}`, picking the "
+             "CUDA your driver supports), then " if ctx.needs_cuda_torch_first else "")
+    return (f"Compiler-free (no nvcc{also}): {first}{fastpath_install(ctx)}call `fastpath.enable()` "
+            f"before loading the model, or run `fastpath run -- python train.py`; Triton compiles "
+            f"the {what} kernels for {ctx.sm} at run time.")
+
+
 def fastpath_route(ctx: Context) -> str:
-    install = "pip install fastpath-kit" if ctx.triton_version else "pip install fastpath-kit triton"
-    return (f"Compiler-free (no nvcc): `{install}`, then call `fastpath.enable()` before loading "
-            f"the model, or run `fastpath run -- python train.py`; Triton compiles the causal_conv1d "
-            f"kernels for {ctx.sm} at run time.")
+    return _compiler_free(ctx, "causal_conv1d")
 
 
 def toolkit_route(ctx: Context) -> str:
     if not ctx.torch_cuda:
-        which = "this one has no CUDA" if ctx.torch_version else "none is installed"
-        return (f"First install a CUDA build of torch ({which}); then the "
-                "compiler-free route `fastpath.enable()` needs no nvcc, and a toolkit for a "
-                "source build must match that torch's CUDA major.")
+        return (f"CUDA toolkit, for a source build of causal-conv1d: first a CUDA build of torch "
+                f"({_torch_is(ctx)}); then install the toolkit of that torch's CUDA major.minor "
+                "(for cu128, from NVIDIA's CUDA apt repository: `apt-get install cuda-nvcc-12-8 "
+                "cuda-cudart-dev-12-8` and `apt-get install libcusparse-dev-12-8 "
+                "libcublas-dev-12-8`), then `CUDA_HOME=/usr/local/cuda-12.8 pip install "
+                "causal-conv1d --no-build-isolation`; the compiler's major must equal torch's.")
     cuda = ctx.torch_cuda
     mm = cuda.replace(".", "-")
     return (f"CUDA toolkit {cuda} (torch's CUDA): from NVIDIA's CUDA apt repository (cuda-keyring) "
@@ -150,6 +182,15 @@ def wheel_remedy(ctx: Context) -> str | None:
     if w and w["covered"]:
         return f"Prebuilt wheel (no nvcc): `pip install {w['url']}`"
     return None
+
+
+# fla-core, not flash-linear-attention: fla-core 0.6.0 carries fla.ops, fla.modules and
+# fla.backends, all that transformers and fastpath import, and needs only einops besides torch and
+# Triton; flash-linear-attention adds FLA's own layers and models on top (fla/layers, fla/models).
+# fastpath's tests run on fla-core (scripts/setup_fla.sh) and enable() names the same package.
+FLA_REMEDY = (f"`{INSTALL['flash-linear-attention'][1]}` (pure Python + Triton, no compiler: the "
+              "fla.ops kernels transformers imports; the flash-linear-attention package adds "
+              "FLA's own layers and models on top of it and is not needed).")
 
 
 # ------------------------------------------------------------------ checks (return template params)
@@ -207,7 +248,9 @@ def check_conv_missing(ctx: Context) -> dict | None:
 
 
 def check_no_nvcc(ctx: Context) -> dict | None:
-    if ctx.nvccs or not ctx.torch_cuda:
+    """No nvcc, judged wherever a GPU is named (--gpu) or detected, or torch has CUDA: an image
+    builder with a CPU torch and --gpu must hear the no-nvcc story too (issue #24)."""
+    if ctx.nvccs or not (ctx.gpu_present or ctx.torch_cuda):
         return None
     opts = ctx.probe.get("options") or {}
     env = ctx.env
@@ -420,13 +463,10 @@ def check_mamba_needs_ssm(ctx: Context) -> dict | None:
 
 
 def mamba_fastpath_route(ctx: Context) -> str | None:
-    """The compiler-free remedy for the Mamba-2 families (None where it does not apply)."""
-    if not (mamba_ops_routed(ctx) and ctx.fastpath_route_available):
+    """The compiler-free route for the Mamba-2 families (None where it does not apply)."""
+    if not (mamba_ops_routed(ctx) and (ctx.fastpath_route_available or ctx.needs_cuda_torch_first)):
         return None
-    install = "pip install fastpath-kit" if ctx.triton_version else "pip install fastpath-kit triton"
-    return (f"Compiler-free (no nvcc, no mamba_ssm): `{install}`, then call `fastpath.enable()` "
-            f"before loading the model, or run `fastpath run -- python train.py`; Triton compiles "
-            f"the Mamba-2 and causal_conv1d kernels for {ctx.sm} at run time.")
+    return _compiler_free(ctx, "Mamba-2 and causal_conv1d", ", no mamba_ssm")
 
 
 def check_fla_missing(ctx: Context) -> dict | None:
@@ -510,10 +550,10 @@ RULES: tuple[Rule, ...] = (
          "forward than Dao's kernel on an H200 at D=10240 (BENCHMARKS.md, causal_conv1d kernels).",
          (wheel_remedy, toolkit_route),
          "https://github.com/Dao-AILab/causal-conv1d/issues/103", fastpath_first=True),
-    Rule("fla-missing", "error", "flash-linear-attention is not importable: torch GatedDeltaNet",
+    Rule("fla-missing", "error", "FLA (`import fla`) is not importable: torch GatedDeltaNet",
          check_fla_missing,
          "{n} of {total} layers run {ops} in PyTorch.",
-         ("`pip install flash-linear-attention` (pure Python + Triton: no compiler needed).",),
+         (FLA_REMEDY,),
          "https://github.com/fla-org/flash-linear-attention#installation"),
     Rule("mamba-needs-mamba-ssm", "error", "Mamba fast path also needs mamba_ssm",
          check_mamba_needs_ssm,
