@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import Any
 
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.routing import mamba1_route, mamba_route, norm_route
+from fastpath.routing import glue_route, mamba1_route, mamba_route, norm_route
 from fastpath.routing.conv_route import FASTPATH_ROUTE_ATTR
 from fastpath.routing.fla_route import DQKWG_IMPL
 from fastpath.routing.fla_route import ROUTE_ATTR as GDN_ROUTE_ATTR
@@ -140,7 +140,11 @@ def explain_model(model: Any) -> Explanation:
         if module is None or not cls.__module__.startswith("transformers.models."):
             continue
         ops = _ops_of_class(cls)
+        glue = glue_route.describe_layer(layer, _device_of(layer))  # the fused glue, when enabled
         if not ops:
+            if glue is not None:
+                out.rows.append({"layer": name or "<root>", "layer_type": cls.__name__, "op": glue[0],
+                                 "impl": glue[1], "fast": glue[2]})
             continue
         device = _device_of(layer)
         gate = _all_or_nothing_gate(layer, module, device) or mamba1_route.config_gate(layer)
@@ -158,6 +162,9 @@ def explain_model(model: Any) -> Explanation:
             impl, fast = norm_route.describe_layer_norm(norm, device)
             out.rows.append({"layer": name or "<root>", "layer_type": cls.__name__, "op": norm_route.OP,
                              "impl": impl, "fast": fast})
+        if glue is not None:
+            out.rows.append({"layer": name or "<root>", "layer_type": cls.__name__, "op": glue[0],
+                             "impl": glue[1], "fast": glue[2]})
     if "liger_kernel" in sys.modules:  # Liger's ops, when its patches are in place
         from fastpath.routing import liger_route
 

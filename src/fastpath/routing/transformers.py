@@ -24,6 +24,7 @@ from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.routing import (
     conv_route,
     fla_route,
+    glue_route,
     hub_kernels,
     mamba1_route,
     mamba_route,
@@ -60,6 +61,8 @@ class EnableReport:
     mamba1_scan: str = "fastpath"       # Mamba-1 ops (routing/mamba1_route.py): same choices
     gated_norm: str = "torch"           # GatedDeltaNet gated RMSNorm: norm_route.IMPL | "torch"
     gated_norm_reason: str = ""
+    glue: str = "torch"                 # GatedDeltaNet gates + attention output gate: glue_route.IMPL | "torch"
+    glue_reason: str = ""
     modules_patched: list[str] = field(default_factory=list)
     modules_pending: list[str] = field(default_factory=list)   # patched when imported
     layers_patched: int = 0
@@ -125,6 +128,7 @@ def enable(
     warn: bool = True,
     lift_device_gate: bool = False,
     mamba_ssm: str = "auto",
+    glue: bool = True,
 ) -> EnableReport:
     """Route transformers' causal_conv1d (and, when safe, the gated delta rule) to fastpath.
 
@@ -138,6 +142,8 @@ def enable(
     mamba_split_conv1d_scan_combined; see routing/mamba_route.py) and the Mamba-1 ops
     (selective_scan_fn, mamba_inner_fn, selective_state_update; routing/mamba1_route.py): "auto"
     routes them to fastpath unless a working mamba_ssm is installed, "fastpath" always, "off" never.
+    glue: route the Qwen3.5 GatedDeltaNet gates and attention output gate to fastpath's fused
+    ops where a probe shows the same function (routing/glue_route.py); FASTPATH_GLUE=off too.
     Calling enable() again replaces the previous routing (disable() first, then enable).
     """
     global _STATE
@@ -157,6 +163,7 @@ def enable(
         mamba = mamba_route.detect_mamba(mamba_ssm)
         mamba1 = mamba1_route.detect_mamba1(mamba_ssm)
         norm = norm_route.detect_norm()
+        glue_status = glue_route.detect_glue(glue)
         if gated_delta_rule == "fla" and not fla.route:
             raise FastpathError(f"gated_delta_rule='fla' but FLA cannot be used: {fla.reason}")
         if norm_route.route_mode() == "fla" and not norm.route:
@@ -192,6 +199,8 @@ def enable(
             mamba1_scan=mamba1.impl,
             gated_norm=norm.impl,
             gated_norm_reason=norm.reason,
+            glue=glue_status.impl,
+            glue_reason=glue_status.reason,
         )
         routes.notes = report.notes  # norm classes left alone, also those of modules imported later
         if mamba_ssm != "auto" or not mamba.route:
@@ -217,6 +226,7 @@ def enable(
                         and lift_device_gate:
                     mamba1_route.lift_device_gates(module, reg)
                 patch_module(module, routes, reg)
+                report.notes.extend(glue_route.patch_module(module, glue_status, reg))
                 if module.__name__ in report.modules_pending:
                     report.modules_pending.remove(module.__name__)
                 report.modules_patched.append(module.__name__)
@@ -225,6 +235,7 @@ def enable(
         try:
             report.notes.append(hub_kernels.disable_hub_downloads(env))
             reg.set_attr(norm_route, "ACTIVE", norm)  # what explain() says of an unrouted norm
+            reg.set_attr(glue_route, "ACTIVE", glue_status)
             if norm.route and triton_interpreter_on():
                 norm_route.interpreter_single_config(reg)
             _provide_causal_conv1d_module(face, reg, report)

@@ -1,0 +1,166 @@
+"""routing/glue_route.py: enable() routes the Qwen3.5 GatedDeltaNet gates and the gated
+attention's output gate to fastpath's fused ops after a probe, the tiny random model matches the
+reference path (logits and every gradient), disable() restores exactly, FASTPATH_GLUE=off /
+enable(glue=False) turn it off, explain() lists the ops, torch.compile sees no fastpath break."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("triton")
+
+from fastpath.errors import UsageError  # noqa: E402
+from fastpath.kernels.counters import CALLS  # noqa: E402
+from fastpath.routing import glue_route  # noqa: E402
+from fastpath.routing.transformers import disable, enable, explain  # noqa: E402
+
+INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+    monkeypatch.delenv(glue_route.ENV_MODE, raising=False)
+    disable()
+    yield
+    disable()
+
+
+def _module():
+    import transformers.models.qwen3_5.modeling_qwen3_5 as module
+
+    return module
+
+
+def tiny_model(seed: int = 0):
+    """Grouped value heads (4 value / 2 key heads), partial rotary, gated attention, fp32."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    cfg = Qwen3_5TextConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                            linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
+                            linear_value_head_dim=8, layer_types=["linear_attention", "full_attention"])
+    torch.manual_seed(seed)
+    model = Qwen3_5ForCausalLM(cfg)
+    with torch.no_grad():  # zero-initialised norm weights and biases get values: every term counts
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def _step(model, ids):
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=ids, use_cache=False)
+    out.loss.backward()
+    return out.logits.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_candidates_are_the_gated_delta_net_and_gated_attention() -> None:
+    found = {cls.__name__: op for cls, op in glue_route.candidates(_module())}
+    assert found == {"Qwen3_5GatedDeltaNet": glue_route.OP_GATES, "Qwen3_5Attention": glue_route.OP_OUTPUT_GATE}
+
+
+def test_probe_accepts_transformers_layers_and_rejects_another_function() -> None:
+    module = _module()
+    assert glue_route.same_function(module.Qwen3_5GatedDeltaNet, glue_route.OP_GATES, module) is None
+    assert glue_route.same_function(module.Qwen3_5Attention, glue_route.OP_OUTPUT_GATE, module) is None
+
+    class ShiftedGates(module.Qwen3_5GatedDeltaNet):
+        def forward(self, hidden_states, cache_params=None, attention_mask=None, **kwargs):
+            """Another function: transformers' layer (q/k repeat_interleave and all) with dt_bias
+            shifted by 0.5, as a release that changed the gates would compute."""
+            with torch.no_grad():
+                self.dt_bias.add_(0.5)
+            try:
+                return module.Qwen3_5GatedDeltaNet.forward(self, hidden_states)
+            finally:
+                with torch.no_grad():
+                    self.dt_bias.sub_(0.5)
+
+    why = glue_route.same_function(ShiftedGates, glue_route.OP_GATES, module)
+    assert why is not None and "ShiftedGates" in why and "float32 probe" in why
+
+
+@pytest.mark.skipif(not INTERP, reason="runs the fused kernels: needs TRITON_INTERPRET=1")
+def test_tiny_model_matches_the_reference_path_and_disable_restores() -> None:
+    module = _module()
+    gdn_forward, attn_forward = module.Qwen3_5GatedDeltaNet.forward, module.Qwen3_5Attention.forward
+    model = tiny_model()
+    ids = torch.randint(0, 64, (2, 11), generator=torch.Generator().manual_seed(1))
+    want_logits, want_grads = _step(model, ids)
+    report = enable(warn=False)
+    assert report.glue == glue_route.IMPL
+    assert getattr(module.Qwen3_5GatedDeltaNet.forward, glue_route.ROUTE_ATTR) == glue_route.OP_GATES
+    CALLS.clear()
+    logits, grads = _step(model, ids)
+    for op in ("gdn_gates_fwd", "gdn_gates_bwd", "sigmoid_gate_fwd", "sigmoid_gate_bwd"):
+        assert CALLS[f"{op}:triton"] == 1, dict(CALLS)
+    torch.testing.assert_close(logits, want_logits, rtol=1e-5, atol=1e-5)
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+    rows = {(r["layer"], r["op"]): r for r in explain(model).rows}
+    assert rows[("model.layers.0.linear_attn", "gdn_gates")]["fast"]
+    assert rows[("model.layers.1.self_attn", "attn_output_gate")]["impl"] == f"{glue_route.IMPL} (interpreter)"
+    disable()
+    assert module.Qwen3_5GatedDeltaNet.forward is gdn_forward
+    assert module.Qwen3_5Attention.forward is attn_forward
+    assert glue_route.ACTIVE is None
+    assert not any(r["op"] in ("gdn_gates", "attn_output_gate") for r in explain(model).rows)
+
+
+def test_off_by_env_or_option(monkeypatch) -> None:
+    module = _module()
+    gdn_forward = module.Qwen3_5GatedDeltaNet.forward
+    report = enable(warn=False, glue=False)
+    assert report.glue == "torch" and "glue=False" in report.glue_reason
+    assert module.Qwen3_5GatedDeltaNet.forward is gdn_forward
+    assert not any(r["op"] == "gdn_gates" for r in explain(tiny_model()).rows)
+    disable()
+    monkeypatch.setenv(glue_route.ENV_MODE, "off")
+    report = enable(warn=False)
+    assert report.glue == "torch" and module.Qwen3_5Attention.forward is not None
+    assert not hasattr(module.Qwen3_5Attention.forward, glue_route.ROUTE_ATTR)
+    disable()
+    monkeypatch.setenv(glue_route.ENV_MODE, "fast-please")
+    with pytest.raises(UsageError, match="FASTPATH_GLUE"):
+        enable(warn=False)
+
+
+def test_cpu_without_interpreter_and_cached_calls_keep_the_original(monkeypatch) -> None:
+    """The routed forward hands CPU tensors (no interpreter) and cached decode to the original."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    model = tiny_model()
+    ids = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = model(input_ids=ids, use_cache=True).logits
+    enable(warn=False)
+    CALLS.clear()
+    with torch.no_grad():
+        got = model(input_ids=ids, use_cache=True).logits
+        model(input_ids=ids, use_cache=False)
+    assert not any(k.startswith(("gdn_gates", "sigmoid_gate")) for k in CALLS), dict(CALLS)
+    torch.testing.assert_close(got, want)
+
+
+def test_compiled_routed_model_has_no_fastpath_graph_break() -> None:
+    """torch._dynamo.explain over the routed model's forward + loss: whatever transformers itself
+    breaks on, no break comes from fastpath's code (the fused ops are custom ops with fakes)."""
+    import torch._dynamo
+
+    model = tiny_model()
+    ids = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(3))
+    enable(warn=False)
+    module = _module()
+    assert hasattr(module.Qwen3_5GatedDeltaNet.forward, glue_route.ROUTE_ATTR)
+
+    def loss(ids):
+        return model(input_ids=ids, labels=ids, use_cache=False).loss
+
+    torch._dynamo.reset()
+    report = torch._dynamo.explain(loss)(ids)
+    ours = [str(r) for r in report.break_reasons if "fastpath" in str(r)]
+    assert not ours, ours
+    assert report.graph_count >= 1
