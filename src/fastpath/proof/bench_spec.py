@@ -82,6 +82,7 @@ class ConfigSpec:
     needs_cuda: bool = False
     compile: bool = False  # torch.compile the model's forward (prefill and forward+backward only)
     default: bool = True   # part of `--configs`' default list
+    liger: bool = False    # Liger Kernel's patch for the family on the built model (routing/liger_route)
 
 
 CONFIGS: dict[str, ConfigSpec] = {
@@ -101,6 +102,17 @@ CONFIGS: dict[str, ConfigSpec] = {
     "fastpath+compile": ConfigSpec("fastpath+compile", "fastpath.enable() + torch.compile", enable=True,
                                    compile=True, default=False),
 }
+# Liger Kernel (`[train]` extra) on the built model, after enable() where the base enables:
+# `apply_liger_kernel_to_<family>(model=...)` (RMSNorm, SwiGLU MLP, fused linear cross-entropy:
+# the train phase then takes its loss from the model with labels, logits never materialised).
+# A model type Liger has no patch for is skipped with the reason. Opt-in: a training-memory lever.
+# CUDA only: Liger's kernels have no CPU path (and its RMSNorm / SwiGLU kernels do not run under
+# the Triton 3.9 interpreter: tests/liger_interpreter.py says why).
+for _base in ("reference", "fastpath", "fla+dao"):
+    _spec = CONFIGS[_base]
+    CONFIGS[f"{_base}+liger"] = ConfigSpec(
+        f"{_base}+liger", f"{_spec.label} + Liger Kernel", enable=_spec.enable, hide=_spec.hide,
+        requires=(*_spec.requires, "liger_kernel"), needs_cuda=True, default=False, liger=True)
 DEFAULT_CONFIGS = tuple(name for name, spec in CONFIGS.items() if spec.default)
 #: the phases a compiled configuration times (decode's growing cache would recompile every step)
 COMPILED_PHASES = ("prefill", "train")
@@ -157,8 +169,17 @@ def _prefill(model: Any, ids: Any, settings: BenchSettings) -> tuple[Callable[[]
 
 
 def _train(model: Any, ids: Any, settings: BenchSettings) -> tuple[Callable[[], Any], None, int]:
-    """Forward + backward of a next-token loss over B x L tokens."""
+    """Forward + backward of a next-token loss over B x L tokens (the mean over B x (L-1)
+    predictions; through Liger's fused linear cross-entropy where a +liger configuration put it)."""
     import torch
+
+    from fastpath.routing.liger_route import fused_loss_in_place, next_token_loss
+
+    if fused_loss_in_place(model):
+        def fused() -> None:
+            model.zero_grad(set_to_none=True)
+            next_token_loss(model, ids).backward()
+        return fused, None, ids.numel()
 
     def run() -> None:
         model.zero_grad(set_to_none=True)

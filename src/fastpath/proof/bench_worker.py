@@ -92,6 +92,13 @@ def run_config(spec: ConfigSpec, settings: BenchSettings, report: Callable[[str]
     device = built.device
     result["model"] = built.to_json()
     result["environment"] = _environment(device)
+    if spec.liger:
+        from fastpath.routing.liger_route import LigerUnsupported, apply_liger
+
+        try:
+            result["liger"] = apply_liger(model)
+        except LigerUnsupported as exc:
+            return {"config": spec.name, "label": spec.label, "skipped": str(exc)}
     try:
         result["explain"] = [dict(r) for r in routes.explain(model).rows]
     except Exception as exc:  # a report only
@@ -214,14 +221,16 @@ def implementation(spec: ConfigSpec, calls: dict[str, int], device: Any) -> str:
     enable() on a CPU without the Triton interpreter routes every call to the kernels'
     torch reference: the same torch code as the reference configuration ("torch").
     """
+    liger = " + Liger" if spec.liger else ""
     if not spec.enable:
-        return TORCH if spec.name == "reference" else spec.name
+        base = spec.name.removesuffix("+liger")
+        return (TORCH if base == "reference" else base) + liger
     compiled = " + torch.compile" if spec.compile else ""
     if not kernel_impls(calls).get("triton"):
-        return TORCH + compiled
+        return TORCH + compiled + liger
     if device.type == "cpu":
-        return f"fastpath Triton{compiled} {INTERPRETED}"
-    return f"fastpath Triton{compiled}"
+        return f"fastpath Triton{compiled}{liger} {INTERPRETED}"
+    return f"fastpath Triton{compiled}{liger}"
 
 
 def _importable(module: str) -> bool:
@@ -239,7 +248,7 @@ def _environment(device: Any) -> dict[str, Any]:
 
     env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
                            "host": platform.node(), "device": str(device)}
-    for dist in ("transformers", "triton", "fla-core", "flash-linear-attention", "causal-conv1d"):
+    for dist in ("transformers", "triton", "fla-core", "flash-linear-attention", "causal-conv1d", "liger-kernel"):
         try:
             from importlib.metadata import version
 
