@@ -266,10 +266,11 @@ def test_qwen35_refuses_a_fallback_then_writes_specforge_rows(qwen_dir, tmp_path
     fastpath.disable()
     if not on_fast_path:
         with pytest.raises(FastpathError, match="refusing to capture on a slow fallback"):
-            run_capture(_opts(str(qwen_dir), data, tmp_path / "refused", allow_slow=False, format="specforge"))
+            run_capture(_opts(str(qwen_dir), data, tmp_path / "refused", allow_slow=False, format="specforge",
+                              dtype="bf16"))
         assert not (tmp_path / "refused").exists()  # a refusal leaves DIR as it was
     result = run_capture(_opts(str(qwen_dir), data, tmp_path / "out", format="specforge", allow_slow=True,
-                               batch_tokens=1024))
+                               batch_tokens=1024, dtype="bf16"))  # SpecForge reads bf16 only
     files = sorted((tmp_path / "out" / "rows_0-2000").glob("data_*.ckpt"))
     assert [f.name for f in files] == sorted(f"data_{i}.ckpt" for i in range(len(CONVERSATIONS)))
     for i in range(result.rows):
@@ -280,10 +281,12 @@ def test_qwen35_refuses_a_fallback_then_writes_specforge_rows(qwen_dir, tmp_path
         assert rec["aux_hidden_state"].shape == (1, seq, 3 * 64) and rec["hidden_state"].shape == (1, seq, 64)
         # what SpecForge's OfflineEagle3Dataset.process_data does with it
         assert rec["aux_hidden_state"].squeeze(0)[:seq][None, :].shape == (1, seq, 192)
+        assert rec["aux_hidden_state"].dtype == rec["hidden_state"].dtype == torch.bfloat16
         hidden, _ = _reference_forward(model, rec["input_ids"].tolist())
         aux = torch.cat([hidden[1][0], hidden[2][0], hidden[3][0]], dim=-1)
-        torch.testing.assert_close(rec["aux_hidden_state"][0], aux, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(rec["hidden_state"][0], hidden[-1][0], rtol=1e-4, atol=1e-5)  # post-norm
+        # the fp32 forward against the bf16 capture: bf16 rounding through 4 layers
+        torch.testing.assert_close(rec["aux_hidden_state"][0].float(), aux, rtol=3e-2, atol=3e-2)
+        torch.testing.assert_close(rec["hidden_state"][0].float(), hidden[-1][0], rtol=3e-2, atol=3e-2)  # post-norm
     meta = json.loads((tmp_path / "out" / "rows_0-2000" / "fastpath_capture.json").read_text())
     assert meta["fastpath_final_norm"] == "model.norm: rmsnorm(x) * (1 + w)"
     if not on_fast_path:
@@ -442,9 +445,9 @@ def test_fsdp_checkpoint_directory_is_read_once_and_matches_one_process(qwen_dir
     """A real checkpoint directory under FSDP2: rank 0 reads it, rank 1 builds on meta and gets
     its shards and buffers (rotary inverse frequencies) by broadcast; rows equal one process."""
     data = _write_chat(tmp_path / "conversations.jsonl", "conversations")
-    single = run_capture(_opts(str(qwen_dir), data, tmp_path / "one", format="specforge", allow_slow=True))
+    single = run_capture(_opts(str(qwen_dir), data, tmp_path / "one", format="specforge", allow_slow=True, dtype="bf16"))
     summary = _torchrun(str(qwen_dir), data, tmp_path / "two", tokenizer_dir, "--shard", "fsdp",
-                        "--format", "specforge", *([] if ALLOW_SLOW else ["--allow-slow"]))
+                        "--format", "specforge", "--dtype", "bf16", *([] if ALLOW_SLOW else ["--allow-slow"]))
     assert [r["weights"] for r in summary["ranks"]] == ["loaded on this rank", "received from rank 0 (built on meta)"]
     names = sorted(f.name for f in (tmp_path / "one" / "rows_0-2000").glob("data_*.ckpt"))
     assert len(names) == single.rows == len(CONVERSATIONS)

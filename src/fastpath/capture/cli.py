@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from fastpath.errors import UsageError
 
@@ -11,7 +12,9 @@ from fastpath.errors import UsageError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="preset name, config.json (random weights) or a local model directory "
                                       "(safetensors weights + tokenizer)")
-    parser.add_argument("data", help="JSONL: chat 'messages' / ShareGPT 'conversations', or input_ids + loss_mask")
+    parser.add_argument("data", nargs="?", default=None,
+                        help="JSONL: chat 'messages' / ShareGPT 'conversations', or input_ids + loss_mask "
+                             "(leave it out with --check-client to check the finished capture in --out)")
     parser.add_argument("--out", required=True, help="output directory (empty, or a capture to --resume)")
     parser.add_argument("--format", default="speculators", choices=["speculators", "specforge"],
                         help="offline layout to write (default: speculators)")
@@ -44,6 +47,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "'auto' (default): fsdp on GPUs when the weights exceed 75%% of one GPU's memory")
     parser.add_argument("--write-threads", type=int, default=4,
                         help="background threads writing row files while the next batch runs (4)")
+    parser.add_argument("--check-client", default=None, choices=["speculators", "specforge"],
+                        help="after the capture (or, without DATA, on the capture in --out): rebuild with the "
+                             "installed client's own code what it will train against for a few rows (speculators: "
+                             "its verifier norm + lm_head on the stored last state; SpecForge: its TargetHead on "
+                             "the stored post-norm state), compare with MODEL's own logits, warn on a mismatch "
+                             "with the remedy; recorded in capture_summary.json. MODEL must be a local directory. "
+                             "Without DATA the exit status is 1 when the client would train against other logits")
+    parser.add_argument("--client-target", default=None, metavar="DIR",
+                        help="with --check-client: write DIR = MODEL as the client should read it (MODEL's files "
+                             "linked; an index for SpecForge; for speculators with a zero-centred final norm, "
+                             "model.norm.weight stored as 1 + w), check the client against it, and point the "
+                             "client there (speculators --verifier-name-or-path, SpecForge --target-model-path). "
+                             "Never load the model itself from DIR")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -60,17 +76,80 @@ def main(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer, resume=args.resume, allow_slow=args.allow_slow,
         reference_path=args.reference_path, check_every=args.check_every, shard=args.shard,
         write_threads=args.write_threads, progress=not args.quiet,
+        check_client=getattr(args, "check_client", None), client_target=getattr(args, "client_target", None),
     )
     if opts.check_every < 0:
         raise UsageError("--check-every must be >= 0")
-    result = run_capture(opts)
+    if args.data is None:  # --check-client on the finished capture in --out
+        from fastpath.capture.run import check_existing_capture
+
+        record = check_existing_capture(opts)
+        return 0 if record.get("ok") or record.get("ok_with_client_target") else 1
     from fastpath.capture.distributed import world_from_env
 
+    try:
+        result = run_capture(opts)
+    except KeyboardInterrupt:
+        if world_from_env().is_main:
+            print(interrupted_text(args), file=sys.stderr)
+        return 130
     if world_from_env().is_main:
-        checks = result.summary.get("reference_checks", {}).get("rows", [])
-        print(f"fastpath capture: {result.rows} rows in {result.out} ({args.format}); this run wrote "
-              f"{result.written} on rank 0 ({result.tokens_per_s:,.0f} tok/s), {result.skipped_done} already there; "
-              f"{len(checks)} row{'' if len(checks) == 1 else 's'} re-checked on the reference path, all within tolerance; path: {result.path}"
-              + (f"; target sharded with FSDP2 over {world_from_env().size} processes" if result.shard == "fsdp" else ""),
-              file=sys.stdout)
+        print(summary_text(result, args.format, world_from_env().size), file=sys.stdout)
     return 0
+
+
+def resume_command(args: argparse.Namespace) -> str:
+    """The command that continues this capture: what was typed (options at their defaults left
+    out), plus --resume."""
+    import shlex
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    words = ["fastpath", "capture", args.model, args.data]
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "resume":
+            continue
+        value = getattr(args, action.dest, action.default)
+        if value == action.default:
+            continue
+        flag = action.option_strings[-1]
+        words += [flag] if isinstance(action, argparse._StoreTrueAction) else [flag, str(value)]
+    return shlex.join([*words, "--resume"])
+
+
+def interrupted_text(args: argparse.Namespace) -> str:
+    """Ctrl-C: what is on disk and the exact command that continues from it."""
+    return ("fastpath capture: interrupted; every row file in --out is complete (written by atomic rename). "
+            f"Continue with:\n  {resume_command(args)}")
+
+
+def summary_text(result: object, layout: str, processes: int, width: int | None = None) -> str:
+    """The closing summary as short lines wrapped to the terminal (it was one 318-column line)."""
+    import shutil
+    import textwrap
+
+    r: Any = result
+    width = width or shutil.get_terminal_size().columns
+    checks = r.summary.get("reference_checks", {}).get("rows", [])
+    if checks:
+        bad = [c for c in checks if not c.get("ok")]
+        verdict = "all within tolerance" if not bad else f"{len(bad)} beyond tolerance"
+        checked = f"{len(checks)} row{'' if len(checks) == 1 else 's'} re-run on the reference path, {verdict}"
+    elif r.written == 0:
+        checked = "none (this run captured no new row)"
+    else:
+        checked = "no row was re-run on the reference path"
+    parts = [
+        f"fastpath capture: {r.rows} rows in {r.out} ({layout})",
+        f"this run: {r.written} rows written on rank 0 ({r.tokens_per_s:,.0f} tok/s), {r.skipped_done} already there",
+        f"reference check: {checked}",
+        f"path: {r.path}",
+    ]
+    if r.shard == "fsdp":
+        parts.append(f"target sharded with FSDP2 over {processes} processes")
+    lines: list[str] = []
+    for i, part in enumerate(parts):
+        indent = "" if i == 0 else "  "
+        lines += textwrap.wrap(part, width, initial_indent=indent, subsequent_indent=indent + "  ",
+                               break_long_words=False, break_on_hyphens=False)
+    return "\n".join(lines)

@@ -82,6 +82,8 @@ class CaptureOptions:
     write_slots: int | None = None  # staged rows at most (default: two batches' worth, within STAGING_BUDGET)
     progress: bool = True
     enable_kwargs: dict[str, Any] = field(default_factory=dict)
+    check_client: str | None = None  # speculators | specforge: rebuild its training targets (capture.clients)
+    client_target: str | None = None  # write MODEL as that client should read it here, and check it
     on_model: Any = None  # callable(model) after loading (tests inject faults through it)
     prebuilt: Any = None  # a BuiltModel from _load_target to reuse (benchmarks: one build, several runs)
 
@@ -176,8 +178,11 @@ def _gate_fast_path(model: Any, opts: CaptureOptions) -> tuple[str, bool]:
 
 
 class _Progress:
-    def __init__(self, world: distributed.World, enabled: bool, total_rows: int) -> None:
-        self.world, self.enabled, self.total = world, enabled, total_rows
+    """Rows done and the ETA on stderr. `already`: rows this rank found finished (--resume); the
+    rate counts only rows done in this run, or a resume's ETA would credit it with the old ones."""
+
+    def __init__(self, world: distributed.World, enabled: bool, total_rows: int, already: int = 0) -> None:
+        self.world, self.enabled, self.total, self.already = world, enabled, total_rows, already
         self.start = time.perf_counter()
         self.last = 0.0
         self.shown = -1
@@ -191,7 +196,7 @@ class _Progress:
         self.last, self.shown = now, rows_done
         elapsed = max(now - self.start, 1e-9)
         est_done = min(rows_done * self.world.size, self.total)
-        rate = est_done / elapsed
+        rate = max(rows_done - self.already, 0) * self.world.size / elapsed
         eta = (self.total - est_done) / rate if rate > 0 else float("inf")
         eta_text = "-" if eta == float("inf") else f"{int(eta // 60)}m{int(eta % 60):02d}s"
         print(f"fastpath capture: {est_done}/{self.total} rows, {tokens / elapsed:,.0f} tok/s per process, "
@@ -245,6 +250,80 @@ def _shard_mode(opts: CaptureOptions, world: distributed.World, device: Any) -> 
                                     lambda: torch.cuda.get_device_properties(device).total_memory)
 
 
+def _model_dir(model: str) -> Path | None:
+    from fastpath.models.build import resolve_source
+
+    source = resolve_source(model)
+    return Path(source.path) if source.kind == "dir" else None
+
+
+def check_client_options(opts: CaptureOptions) -> None:
+    """The client-facing choices, refused in one line before anything loads: SpecForge reads only
+    bf16 states (its TargetHead casts lm_head to bf16); a client check needs the client installed,
+    a model directory and the client's own layout."""
+    from fastpath.models.dtypes import dtype_label, torch_dtype
+
+    if opts.format == "specforge" and dtype_label(torch_dtype(opts.dtype)) != "bf16":
+        raise UsageError(f"--format specforge needs --dtype bf16: SpecForge casts its target head to bf16 and "
+                         f"cannot read {opts.dtype} states (specforge/modeling/target/target_head.py)")
+    if opts.client_target and not opts.check_client:
+        raise UsageError("--client-target goes with --check-client speculators|specforge")
+    if opts.check_client:
+        from fastpath.capture.clients import require_client
+
+        require_client(opts.check_client, _model_dir(opts.model))
+        if opts.check_client != opts.format:
+            raise UsageError(f"--check-client {opts.check_client} reads the {opts.check_client} layout; "
+                             f"--format is {opts.format}")
+
+
+def client_check(opts: CaptureOptions, out: Path, writer: Any, model: Any, aux_ids: list[int],
+                 say: Any) -> dict[str, Any]:
+    """capture.clients.check_client for this capture; the record also lands in capture_summary.json."""
+    from fastpath.capture.clients import check_client
+    from fastpath.capture.layers import decoder_parts, norm_convention
+
+    norm = decoder_parts(model).norm
+    model_dir = _model_dir(opts.model)
+    assert opts.check_client is not None and model_dir is not None  # check_client_options
+    record = check_client(opts.check_client, out=out, model=model, model_dir=model_dir, writer=writer,
+                          aux_ids=aux_ids, convention=norm_convention(norm),
+                          eps=float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))),
+                          client_target=Path(opts.client_target) if opts.client_target else None, say=say)
+    summary_path = out / SUMMARY_NAME
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary.setdefault("client_checks", {})[opts.check_client] = record
+    atomic_json(summary_path, summary)
+    return record
+
+
+def check_existing_capture(opts: CaptureOptions) -> dict[str, Any]:
+    """`fastpath capture MODEL --out DIR --check-client X` without DATA: check the capture in DIR,
+    rebuilding MODEL with the settings it was captured with (layers cut, dtype, seed)."""
+    from fastpath.models.dtypes import resolve_device
+
+    if not opts.check_client:
+        raise UsageError("DATA is required (or leave it out with --check-client to check the capture in --out)")
+    out = Path(opts.out).expanduser()
+    state = out / STATE_DIR / "settings.json"
+    if not state.is_file() or not (out / SUMMARY_NAME).is_file():
+        raise UsageError(f"--out {out} holds no finished fastpath capture ({STATE_DIR}/settings.json, {SUMMARY_NAME})")
+    settings = json.loads(state.read_text())
+    opts.format = settings.get("format", opts.format)
+    opts.dtype, opts.model_layers = settings.get("dtype", opts.dtype), settings.get("model_layers")
+    opts.seed = settings.get("seed") if settings.get("seed") is not None else opts.seed
+    if opts.check_client != opts.format:
+        raise UsageError(f"--check-client {opts.check_client} reads the {opts.check_client} layout; {out} holds "
+                         f"the {opts.format} layout")
+    from fastpath.capture.clients import require_client
+
+    require_client(opts.check_client, _model_dir(opts.model))
+    world = distributed.world_from_env()
+    say = lambda msg: _say(world, opts.progress, msg)  # noqa: E731
+    built = load_target(opts, resolve_device(opts.device))
+    return client_check(opts, out, make_writer(opts.format, out), built.model, list(settings["layers"]), say)
+
+
 def run_capture(opts: CaptureOptions) -> CaptureResult:
     """Capture every row of opts.data into opts.out (see the package doc)."""
     import torch
@@ -263,6 +342,7 @@ def run_capture(opts: CaptureOptions) -> CaptureResult:
         raise UsageError("--check-every must be >= 0 (0: only each rank's first row)")
     if opts.write_threads < 1 or (opts.write_slots is not None and opts.write_slots < 1):
         raise UsageError("--write-threads (and write_slots) must be at least 1")
+    check_client_options(opts)
     world = distributed.world_from_env()
     device = resolve_device(opts.device)
     if device.type == "cuda" and world.size > 1:
@@ -376,6 +456,12 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str
             remove_stale_temps(out)  # left by a killed run; no rank writes before the barrier
     distributed.barrier(active)
     say(f"{built.describe()}; path: {path_label}" + (f"; FSDP2 over {world.size} processes" if shard == "fsdp" else ""))
+    if opts.format == "specforge" and not opts.check_client:
+        from fastpath.capture.clients import specforge_index_note
+
+        note = specforge_index_note(_model_dir(opts.model) if opts.prebuilt is None else None)
+        if note:
+            say(note)
     tol = tolerances[dtype_label(built.dtype)]
     meta = {
         "fastpath_path": path_label,
@@ -413,7 +499,7 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str
     budget = distributed.ForwardBudget(parts, device, active) if shard == "fsdp" else None
     loop = _Loop(opts, rows, parts, device, aux_ids, capture_ids, num_layers, writer, meta, tol, on_fast, norms,
                  writes, active, budget)
-    progress = _Progress(world, opts.progress, len(rows))
+    progress = _Progress(world, opts.progress, len(rows), already=len(done))
     start = time.perf_counter()
     try:
         written, tokens, checked, error, stopped = _capture_loop(loop, steps, mine, done, progress)
@@ -447,6 +533,12 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str
             finish_error = exc
     if distributed.any_failed(finish_error is not None, device, active):
         raise finish_error or FastpathError("rank 0 could not write the dataset index (see its message)")
+    if opts.check_client and world.is_main:
+        if shard == "fsdp":
+            say(f"--check-client {opts.check_client}: not run under FSDP (one process forwards alone); run "
+                f"`fastpath capture MODEL --out {out} --check-client {opts.check_client}` afterwards")
+        else:
+            summary["client_checks"] = {opts.check_client: client_check(opts, out, writer, model, aux_ids, say)}
     return CaptureResult(out, len(rows), written, len(done), tokens, seconds, checked, path_label, summary,
                          shard, timings)
 

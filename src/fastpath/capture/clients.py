@@ -1,0 +1,435 @@
+"""What a drafter-training client will train against, rebuilt with the client's own installed code
+and compared with the target model's own logits (`fastpath capture --check-client`).
+
+Why behavioural: a version table cannot say whether *this* target's captured states, read and
+post-processed by *this* client, give the verifier's distribution. The check reads a few captured
+rows through the client's public reader, applies the client's own verifier head, and measures
+the divergence (rel-L2 of the logits, KL(target || client) in nats, top-1 agreement).
+
+speculators (0.9.0 read): EAGLE-3 rebuilds targets as `verifier_lm_head(verifier_norm(h_L))`
+(src/speculators/models/eagle3/core.py) with `verifier_norm` of the drafter's own norm class
+(Llama/Qwen3 RMSNorm, x̂·w) and `model.norm.weight` loaded raw from the verifier directory
+(model.py `_load_verifier_weights`); DFlash picks its class with
+`models/utils.py::resolve_verifier_norm_class` (x̂·(1 + w) for qwen3_5 / qwen3_5_text only). For
+targets whose final norm is zero-centred (transformers' Qwen3_5RMSNorm, Qwen3NextRMSNorm:
+x̂·(1 + w)) the EAGLE-3 targets are wrong: speculators PR #1090 (fixed DFlash for qwen3_5 only),
+PR #1145 (qwen3_5_moe), issue #797. Safe remedy without touching the client: a *client target*
+directory (`--client-target DIR`): MODEL's files linked, plus `model.norm.weight` stored as 1 + w
+in a small file its index points to, so the client's x̂·w norm computes the target's x̂·(1 + w).
+SpecForge (0.2.0 read): stores the post-norm state and applies only `TargetHead` (lm_head, cast to
+bf16; specforge/modeling/target/target_head.py), which finds lm_head through MODEL/*.index.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastpath.errors import FastpathError, UsageError, first_line
+
+CLIENTS = ("speculators", "specforge")
+CHECK_ROWS = 2  # captured rows rebuilt per check: enough to measure, cheap next to a capture
+MATCH_REL = 0.05  # logits rel-L2 a matching client stays under (bf16 states: ~1e-2)
+MATCH_KL = 0.01  # nats per position
+ZERO_CENTRED = "rmsnorm(x) * (1 + w)"  # layers.norm_convention's label
+NORM_FILE = "fastpath_verifier_norm.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+SPECULATORS_SOURCES = ("https://github.com/vllm-project/speculators/pull/1090",
+                       "https://github.com/vllm-project/speculators/pull/1145",
+                       "https://github.com/vllm-project/speculators/issues/797")
+SPECFORGE_HEAD_SOURCE = "https://github.com/sgl-project/SpecForge/blob/main/specforge/modeling/target/target_head.py"
+
+
+@dataclass
+class ClientResult:
+    """One client path checked against the target: measured, or why it could not be."""
+
+    client: str
+    version: str
+    path: str  # what the client applies, e.g. "EAGLE-3 verifier_norm + verifier_lm_head"
+    verifier: str  # the directory the client read the target's weights from
+    rows: list[int] = field(default_factory=list)
+    rel_l2: float | None = None
+    kl: float | None = None
+    top1: float | None = None
+    ok: bool = False
+    problem: str | None = None
+    remedy: str | None = None
+    sources: list[str] = field(default_factory=list)
+
+    def measured(self) -> str:
+        if self.rel_l2 is None:
+            return "not measured"
+        return f"rel-L2 {self.rel_l2:.3g}, KL {self.kl:.3g} nat, top-1 agreement {self.top1:.0%}"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def installed_version(client: str) -> str | None:
+    import importlib.metadata as md
+
+    try:
+        return md.version(client)
+    except md.PackageNotFoundError:
+        return None
+
+
+def require_client(client: str, model_dir: Path | None) -> None:
+    """One-line refusals before any work: an unknown or missing client, or no model directory."""
+    if client not in CLIENTS:
+        raise UsageError(f"--check-client must be one of {', '.join(CLIENTS)}, got {client!r}")
+    if installed_version(client) is None:
+        raise UsageError(f"--check-client {client}: {client} is not installed in this Python "
+                         f"(pip install {client}); the check runs the client's own code")
+    if model_dir is None:
+        raise UsageError(f"--check-client {client} needs MODEL to be a local model directory: the client "
+                         "reads the target's lm_head and final norm from one")
+
+
+def divergence(client_logits: Any, target_logits: Any) -> tuple[float, float, float]:
+    """(rel-L2, mean KL(target || client) in nats, top-1 agreement) over [T, V] logits, in fp32."""
+    import torch
+
+    c, t = client_logits.float(), target_logits.float().to(client_logits.device)
+    rel = float(torch.linalg.vector_norm(c - t) / torch.linalg.vector_norm(t).clamp_min(1e-30))
+    logp_t, logp_c = torch.log_softmax(t, -1), torch.log_softmax(c, -1)
+    kl = float((logp_t.exp() * (logp_t - logp_c)).sum(-1).mean())
+    top1 = float((c.argmax(-1) == t.argmax(-1)).float().mean())
+    return rel, kl, top1
+
+
+def _pool(results: list[tuple[Any, Any]]) -> tuple[float, float, float]:
+    """divergence over several rows' [T, V] logits pairs, concatenated."""
+    import torch
+
+    return divergence(torch.cat([c for c, _ in results]), torch.cat([t.to(c.device) for c, t in results]))
+
+
+def target_logits(model: Any, ids: list[int]) -> Any:
+    """The target's own logits [T, V] for one row (its forward, in its dtype, on its device)."""
+    import torch
+
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0].float().cpu()
+
+
+# --- the client target directory ------------------------------------------------------------------
+
+
+def _weight_map(model_dir: Path) -> dict[str, str]:
+    """tensor name -> file, from MODEL's index or its single model.safetensors."""
+    index = sorted(model_dir.glob("*.safetensors.index.json"))
+    if index:
+        return dict(json.loads(index[0].read_text())["weight_map"])
+    single = model_dir / "model.safetensors"
+    if not single.is_file():
+        raise UsageError(f"{model_dir}: no *.safetensors.index.json and no model.safetensors to index")
+    from safetensors import safe_open
+
+    with safe_open(str(single), framework="pt") as fh:
+        return {name: single.name for name in fh.keys()}
+
+
+def write_client_target(model_dir: Path, dest: Path, norm_weight: Any = None) -> Path:
+    """DEST: MODEL as a training client should read it. Every file of MODEL is linked (nothing is
+    copied), and model.safetensors.index.json is written (SpecForge's TargetHead needs one).
+    norm_weight: store it as `model.norm.weight` in NORM_FILE and point the index there (the
+    speculators remedy: 1 + w for a zero-centred final norm). Never load the model itself from
+    DEST: with norm_weight its final norm is the client's, not the model's."""
+    from safetensors.torch import save_file
+
+    from fastpath.capture.writers import atomic_json, atomic_write
+
+    model_dir = model_dir.resolve()
+    dest = dest.expanduser()
+    if dest.resolve() == model_dir:
+        raise UsageError("--client-target must be a directory other than MODEL")
+    if dest.exists() and any(p.name not in (NORM_FILE, INDEX_FILE, "README.txt") and not p.is_symlink()
+                             for p in dest.iterdir()):
+        raise UsageError(f"--client-target {dest} holds files that are not a fastpath client target")
+    weight_map = _weight_map(model_dir)
+    dest.mkdir(parents=True, exist_ok=True)
+    for entry in model_dir.iterdir():
+        if entry.name.endswith(".index.json"):
+            continue  # replaced by ours (SpecForge refuses a folder with two)
+        link = dest / entry.name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(entry)
+    note = "links to " + str(model_dir)
+    if norm_weight is not None:
+        tensors = {"model.norm.weight": norm_weight.detach().float().cpu().contiguous()}
+        atomic_write(dest / NORM_FILE, lambda tmp: save_file(tensors, str(tmp), metadata={
+            "fastpath": "final norm weight as 1 + w for a client whose verifier norm computes rmsnorm(x) * w"}))
+        weight_map["model.norm.weight"] = NORM_FILE
+        note += "; model.norm.weight = 1 + w (for a client's x̂·w verifier norm); never load the model from here"
+    atomic_json(dest / INDEX_FILE, {"metadata": {"fastpath_client_target": note}, "weight_map": weight_map})
+    readme = (f"Written by `fastpath capture --client-target`: {note}.\n"
+              "Point the training client at this directory (speculators: --verifier-name-or-path; "
+              "SpecForge: --target-model-path).\n")
+    atomic_write(dest / "README.txt", lambda tmp: tmp.write_text(readme))
+    return dest
+
+
+def specforge_index_note(model_dir: Path | None) -> str | None:
+    """One line when SpecForge's TargetHead will not find MODEL/*.index.json (a single-file checkpoint)."""
+    if model_dir is None or any(model_dir.glob("*.index.json")):
+        return None
+    return (f"note: SpecForge's TargetHead finds lm_head through *.index.json, which {model_dir} lacks; "
+            "`--check-client specforge --client-target DIR` writes DIR (MODEL's files linked, plus an index) "
+            "to pass as SpecForge's --target-model-path")
+
+
+# --- speculators ----------------------------------------------------------------------------------
+
+
+def _speculators_rows(out: Path, rows: list[int]) -> dict[int, tuple[list[int], Any]]:
+    """(token ids, verifier_last_hidden_states) per row, read by speculators' ArrowDataset."""
+    from speculators.train.data import ArrowDataset
+
+    data = ArrowDataset(max_len=1 << 30, datapath=str(out), on_missing="raise")
+    read = {}
+    for idx in rows:
+        item = data[idx]
+        read[idx] = (item["input_ids"].tolist(), item["verifier_last_hidden_states"])
+    return read
+
+
+def _eagle3_drafter(verifier: Path, aux_ids: list[int], eps_fallback: float) -> tuple[Any, str | None]:
+    """An EAGLE-3 drafter as speculators' trainer builds one by default (1 layer, llama draft arch,
+    full vocabulary), and why the default config could not be built when it could not (then a
+    llama decoder config stands in, as the user's --draft-config would)."""
+    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.train.cli import create_transformer_layer_config
+
+    problem = None
+    try:
+        config = create_transformer_layer_config(str(verifier), num_layers=1, draft_arch="llama", hidden_act=None,
+                                                 sliding_window=4096, full_attention_indices=[0])
+    except (AttributeError, KeyError, ValueError) as exc:
+        problem = f"speculators cannot build its default EAGLE-3 drafter config for this target ({first_line(exc)})"
+        config = _llama_draft_config(verifier, eps_fallback)
+    # capture-before ids -> speculators' target layer ids are the same convention
+    drafter = Eagle3DraftModel.from_training_args(
+        verifier_config=config, t2d=None, d2t=None, verifier_name_or_path=str(verifier),
+        draft_vocab_size=int(config.vocab_size), norm_before_residual=False, ttt_steps=1,
+        target_layer_ids=list(aux_ids), draft_attn_impl="eager")
+    return drafter.eval(), problem
+
+
+def _llama_draft_config(verifier: Path, eps: float) -> Any:
+    """A one-layer llama decoder config sized from the verifier (what --draft-config supplies)."""
+    from transformers import AutoConfig, LlamaConfig
+
+    cfg = AutoConfig.from_pretrained(str(verifier))
+    cfg = getattr(cfg, "text_config", cfg)
+    hidden = int(cfg.hidden_size)
+    heads = max(1, hidden // 64) if hidden % 64 == 0 else 1
+    return LlamaConfig(vocab_size=int(cfg.vocab_size), hidden_size=hidden, intermediate_size=2 * hidden,
+                       num_hidden_layers=1, num_attention_heads=heads, num_key_value_heads=heads,
+                       head_dim=hidden // heads, rms_norm_eps=eps, max_position_embeddings=4096,
+                       tie_word_embeddings=False)
+
+
+def speculators_results(verifier: Path, out: Path, rows: list[int], targets: dict[int, Any], aux_ids: list[int],
+                        convention: str, eps: float, target_kind: str) -> list[ClientResult]:
+    """EAGLE-3's and DFlash's verifier heads, built by speculators from `verifier`, on the rows
+    speculators' reader returns, against the target's logits."""
+    import types
+
+    import torch
+    from loguru import logger  # speculators logs through it (per-file INFO lines)
+    from speculators.models.utils import resolve_verifier_norm_class
+
+    version = installed_version("speculators") or "?"
+    logger.disable("speculators")
+    try:
+        read = _speculators_rows(out, rows)
+        drafter, build_problem = _eagle3_drafter(verifier, aux_ids, eps)
+    finally:
+        logger.enable("speculators")
+    # DFlash's class choice, by its own function, for this verifier
+    owner = types.SimpleNamespace(speculators_config=types.SimpleNamespace(
+        verifier=types.SimpleNamespace(name_or_path=str(verifier))))
+    dflash_class = resolve_verifier_norm_class(owner)
+    dflash_norm = dflash_class(drafter.hidden_size, eps=float(drafter.config.transformer_layer_config.rms_norm_eps))
+    dflash_norm.load_state_dict({"weight": drafter.verifier_norm.weight.detach().clone()})
+    heads = {
+        f"EAGLE-3 verifier_norm ({type(drafter.verifier_norm).__name__}) + verifier_lm_head":
+            lambda h: drafter.verifier_lm_head(drafter.verifier_norm(h)),
+        f"DFlash verifier_norm ({dflash_class.__name__}, resolve_verifier_norm_class) + verifier_lm_head":
+            lambda h: drafter.verifier_lm_head(dflash_norm(h)),
+    }
+    results = []
+    for path, head in heads.items():
+        pairs = []
+        for idx in rows:
+            ids, state = read[idx]
+            if ids != targets[idx][0]:
+                raise FastpathError(f"speculators' reader returns other token ids for row {idx} than the capture holds")
+            with torch.no_grad():
+                pairs.append((head(state.float()), targets[idx][1]))
+        rel, kl, top1 = _pool(pairs)
+        ok = rel <= MATCH_REL and kl <= MATCH_KL
+        result = ClientResult("speculators", version, path, str(verifier), list(rows), rel, kl, top1, ok)
+        if not ok:
+            result.problem = (f"speculators {version} {path.split(' ')[0]} trains against logits that are not "
+                              f"the target's ({result.measured()})")
+            if convention == ZERO_CENTRED and target_kind == "model":
+                result.problem += (": its verifier norm loads model.norm.weight raw while the target's final "
+                                   "norm computes rmsnorm(x) * (1 + w)")
+                result.remedy = ("capture again (or check this capture) with --client-target DIR and pass "
+                                 "DIR to speculators as --verifier-name-or-path")
+                result.sources = list(SPECULATORS_SOURCES)
+            else:
+                result.remedy = "no safe fix known to fastpath: report it to speculators"
+        results.append(result)
+    if build_problem is not None:
+        results.append(ClientResult("speculators", version, "EAGLE-3 default drafter config", str(verifier),
+                                    problem=build_problem,
+                                    remedy="give speculators' trainer a --draft-config (a llama or qwen3 "
+                                           "decoder config with rms_norm_eps)",
+                                    sources=["speculators src/speculators/train/cli.py "
+                                             "create_transformer_layer_config"]))
+    return results
+
+
+# --- SpecForge ------------------------------------------------------------------------------------
+
+
+def _specforge_rows(out: Path, rows: list[int], row_path: Any) -> dict[int, tuple[list[int], Any]]:
+    """(input_ids, target = post-norm hidden state) per row, read by SpecForge's offline dataset."""
+    from specforge.data.preprocessing import build_offline_eagle3_dataset
+
+    data = build_offline_eagle3_dataset(str(out), max_len=1 << 30)
+    where = {os.path.abspath(p): i for i, p in enumerate(data.datapaths)}
+    read = {}
+    for idx in rows:
+        item = data[where[os.path.abspath(str(row_path(idx)))]]
+        read[idx] = (item["input_ids"][0].tolist(), item["target"][0])
+    return read
+
+
+def specforge_results(target_dir: Path, out: Path, rows: list[int], targets: dict[int, Any],
+                      row_path: Any) -> list[ClientResult]:
+    """SpecForge's TargetHead (loaded from target_dir) on the post-norm states its dataset reads."""
+    import torch
+    from specforge.modeling.target.target_head import TargetHead
+
+    version = installed_version("specforge") or "?"
+    results = []
+    head_dir = target_dir
+    with tempfile.TemporaryDirectory(prefix="fastpath-specforge-") as tmp:
+        if specforge_index_note(target_dir):
+            results.append(ClientResult(
+                "specforge", version, "TargetHead index", str(target_dir),
+                problem=(f"SpecForge's TargetHead finds lm_head through *.index.json, which {target_dir} lacks "
+                         "(FileNotFoundError at training start)"),
+                remedy="--client-target DIR writes DIR with an index (MODEL's files linked); pass DIR as "
+                       "SpecForge's --target-model-path",
+                sources=[SPECFORGE_HEAD_SOURCE]))
+            head_dir = write_client_target(target_dir, Path(tmp) / "target")
+        head = TargetHead.from_pretrained(str(head_dir))
+        read = _specforge_rows(out, rows, row_path)
+        path = "TargetHead (lm_head in bf16) on the stored post-norm state"
+        result = ClientResult("specforge", version, path, str(target_dir), list(rows))
+        try:
+            if any(ids != targets[idx][0] for idx, (ids, _state) in read.items()):
+                raise FastpathError("SpecForge's reader returns other token ids than the capture holds")
+            with torch.no_grad():
+                pairs = [(head(state.to(head.fc.weight.device)).float().cpu(), targets[idx][1])
+                         for idx, (_ids, state) in read.items()]
+        except RuntimeError as exc:
+            result.problem = f"SpecForge's TargetHead cannot read these states: {first_line(exc)}"
+            result.remedy = "capture with --dtype bf16 (SpecForge casts its target head to bf16)"
+            result.sources = [SPECFORGE_HEAD_SOURCE]
+            return [*results, result]
+    result.rel_l2, result.kl, result.top1 = _pool(pairs)
+    result.ok = result.rel_l2 <= MATCH_REL and result.kl <= MATCH_KL
+    if not result.ok:
+        result.problem = f"SpecForge {version} trains against logits that are not the target's ({result.measured()})"
+        result.remedy = "no safe fix known to fastpath: report it to SpecForge"
+    return [*results, result]
+
+
+# --- one entry point ------------------------------------------------------------------------------
+
+
+def check_client(client: str, *, out: Path, model: Any, model_dir: Path, writer: Any, aux_ids: list[int],
+                 convention: str, eps: float, client_target: Path | None = None, rows: list[int] | None = None,
+                 say: Any = None) -> dict[str, Any]:
+    """Run `client`'s own code on a few rows of the capture in `out` and compare with `model`'s
+    logits; with client_target, write that directory and check it too. Returns the record for
+    capture_summary.json["client_checks"][client]; `say` gets one line per mismatch."""
+    from fastpath.capture.writers import SpecForgeWriter, SpeculatorsWriter
+
+    expected = SpeculatorsWriter if client == "speculators" else SpecForgeWriter
+    if not isinstance(writer, expected):
+        raise UsageError(f"--check-client {client} reads the {expected.name} layout; {out} holds the "
+                         f"{writer.name} layout")
+    rows = rows if rows is not None else list(range(CHECK_ROWS))
+    rows = [i for i in rows if writer.is_done(i)]
+    if not rows:
+        raise UsageError(f"--check-client {client}: {out} has no captured rows to check")
+    targets = {}
+    for idx in rows:
+        ids = writer.read_row(idx)["token_ids" if client == "speculators" else "input_ids"].tolist()
+        targets[idx] = (ids, target_logits(model, ids))
+    if client == "speculators":
+        results = speculators_results(model_dir, out, rows, targets, aux_ids, convention, eps, "model")
+    else:
+        results = specforge_results(model_dir, out, rows, targets, lambda idx: writer.row_paths(idx)[0])
+    fixed: list[ClientResult] = []
+    if client_target is not None:
+        norm = None
+        if client == "speculators" and convention == ZERO_CENTRED:
+            norm = 1.0 + _final_norm_weight(model).float()
+        write_client_target(model_dir, client_target, norm)
+        if client == "speculators":
+            fixed = speculators_results(client_target, out, rows, targets, aux_ids, convention, eps, "client target")
+        else:
+            fixed = specforge_results(client_target, out, rows, targets, lambda idx: writer.row_paths(idx)[0])
+    record = {"client": client, "version": installed_version(client), "rows": rows,
+              "model": [r.to_json() for r in results],
+              "client_target": str(client_target) if client_target is not None else None,
+              "with_client_target": [r.to_json() for r in fixed],
+              "ok": not any(r.problem for r in results)}
+    fixed_ok = {r.path for r in fixed if r.ok}
+    # every measured path matches on MODEL or on the client target (what the user is told to point it at)
+    record["ok_with_client_target"] = bool(fixed) and all(r.ok or r.path in fixed_ok for r in results
+                                                          if r.rel_l2 is not None)
+    if say is not None:
+        for r in results:
+            if r.problem:
+                say(f"WARNING: {r.problem}" + (f". Remedy: {r.remedy}" if r.remedy else "")
+                    + (f" ({', '.join(r.sources)})" if r.sources else ""))
+        on_model = {r.path: r for r in results}
+        for r in fixed:
+            if r.rel_l2 is None:
+                continue
+            name = r.path.split(" (")[0]
+            if r.ok:
+                say(f"with --client-target {client_target}: {name} matches the target ({r.measured()}): point "
+                    f"{client} at {client_target} for it")
+            elif on_model.get(r.path) is not None and on_model[r.path].ok:
+                say(f"{name} reads MODEL correctly and {client_target} wrongly ({r.measured()}): keep MODEL for it")
+            else:
+                say(f"with --client-target {client_target}: {name} still differs from the target ({r.measured()})")
+        matching = [r for r in results if r.ok]
+        if matching:
+            say(f"{client} {record['version']}: " + "; ".join(f"{r.path.split(' (')[0]} matches the target's logits "
+                                                              f"({r.measured()})" for r in matching)
+                + f" on {len(rows)} rows")
+    return record
+
+
+def _final_norm_weight(model: Any) -> Any:
+    from fastpath.capture.layers import decoder_parts
+
+    return decoder_parts(model).norm.weight.detach()
