@@ -182,6 +182,38 @@ def patch_built_layers(module_names: set[str], routes: Routes, reg: PatchRegistr
     return count
 
 
+# <=5.14 GatedDeltaNet __init__: attribute <- the first non-None of these module globals
+_INIT_COPIES = {
+    "causal_conv1d_fn": ("causal_conv1d_fn",),
+    "causal_conv1d_update": ("causal_conv1d_update", "torch_causal_conv1d_update"),
+    "chunk_gated_delta_rule": ("chunk_gated_delta_rule", "torch_chunk_gated_delta_rule"),
+    "recurrent_gated_delta_rule": ("fused_recurrent_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
+}
+_ROUTE_MARKS = ("__fastpath_route__", "__fastpath_gdn_route__")  # conv_route / fla_route markers
+
+
+def unroute_layers_built_while_enabled(module_names: set[str]) -> int:
+    """After disable()'s undo: <=5.14 layers *built while enabled* copied fastpath's routes at
+    __init__ (layers built before enable() are in the undo log already). Give each what its
+    __init__ would copy now, from the module's restored globals. Returns how many were changed."""
+    if not module_names:
+        return 0
+    import torch
+
+    count = 0
+    for obj in _gc_modules(torch.nn.Module):
+        module = sys.modules.get(type(obj).__module__)
+        if module is None or module.__name__ not in module_names:
+            continue
+        d = obj.__dict__
+        for attr, sources in _INIT_COPIES.items():
+            if not any(hasattr(d.get(attr), mark) for mark in _ROUTE_MARKS):
+                continue
+            d[attr] = next((getattr(module, s) for s in sources if getattr(module, s, None) is not None), None)
+            count += 1
+    return count
+
+
 def _gc_modules(cls: type) -> Iterator[Any]:
     with warnings.catch_warnings():  # isinstance() on some torch objects warns (deprecated aliases)
         warnings.simplefilter("ignore")

@@ -37,6 +37,7 @@ from fastpath.routing.modeling_patch import (
     discover_modeling_modules,
     patch_built_layers,
     patch_module,
+    unroute_layers_built_while_enabled,
 )
 from fastpath.routing.patch_registry import PatchRegistry
 
@@ -319,6 +320,8 @@ def disable() -> None:
         except ValueError:
             pass
         state.registry.undo()
+        if _layers_copy_globals(state.report.transformers_version):
+            unroute_layers_built_while_enabled(set(state.report.modules_patched))
         if state.fla.chunk_impl == fla_route.DQKWG_IMPL:
             fla_route.undo_dqkwg_route()
         hub_kernels.restore_env(state.env)
@@ -385,6 +388,16 @@ def check_transformers_version(found: str | None) -> str | None:
         warnings.warn(f"fastpath: {text}", RuntimeWarning, stacklevel=3)
         return text
     return None
+
+
+def _layers_copy_globals(version: str | None) -> bool:
+    """transformers <= 5.14: GatedDeltaNet layers copy the kernel globals at __init__."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return version is not None and Version(version).release[:2] <= (5, 14)
+    except InvalidVersion:
+        return True
 
 
 def _next_minor(version: str) -> str:
