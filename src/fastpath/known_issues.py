@@ -76,3 +76,32 @@ def host_gcc_unsupported(cuda: str | None, gcc_version: str | None) -> tuple[int
     except ValueError:
         return None
     return None if bounds[0] <= major < bounds[1] else (bounds[0], bounds[1] - 1)
+
+
+# speculators' EAGLE-3 verifier norm is the drafter's x̂·w RMSNorm loaded with the verifier's raw
+# model.norm.weight (src/speculators/models/eagle3/core.py, 0.9.0); DFlash's
+# resolve_verifier_norm_class covers qwen3_5 / qwen3_5_text only (PR #1090); #1145 (open) adds
+# qwen3_5_moe; qwen3_next is in no list. These model types store the final norm zero-centred and
+# compute x̂·(1 + w) (transformers' Qwen3_5RMSNorm, Qwen3_5MoeRMSNorm, Qwen3NextRMSNorm).
+SPECULATORS_NORM_SOURCES = ("https://github.com/vllm-project/speculators/pull/1090",
+                            "https://github.com/vllm-project/speculators/pull/1145",
+                            "https://github.com/vllm-project/speculators/issues/797")
+ZERO_CENTRED_FINAL_NORM = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
+_SPECULATORS_DFLASH_OK = ("qwen3_5", "qwen3_5_text")
+SPECULATORS_LAST_READ = Version("0.9.0")
+
+
+def speculators_zero_centred_norm(version: str | None, model_type: str | None) -> str | None:
+    """Which of speculators' drafters train against wrong verifier logits for this target (None:
+    speculators not installed, or a target whose final norm is x̂·w). model_type None: any target
+    of the affected types. A version newer than the one read is reported as unchecked."""
+    v = parse_version(version)
+    if v is None or (model_type is not None and model_type not in ZERO_CENTRED_FINAL_NORM):
+        return None
+    if v > SPECULATORS_LAST_READ:
+        return f"speculators {v} is newer than {SPECULATORS_LAST_READ}, the last version read: not checked"
+    if model_type in _SPECULATORS_DFLASH_OK:
+        return "EAGLE-3 (DFlash resolves this target's norm correctly)"
+    if model_type is None:
+        return "EAGLE-3 for all of them; DFlash for qwen3_5_moe and qwen3_next"
+    return "EAGLE-3 and DFlash"

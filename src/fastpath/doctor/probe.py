@@ -78,6 +78,9 @@ KERNEL_DISTS = [
 ]
 # fastpath-kit: whether a remedy still has to say `pip install fastpath-kit` on the target.
 VERSION_ONLY_DISTS = [("torch", "torch"), ("triton", "triton"), ("fastpath-kit", "fastpath")]
+# Drafter-training clients of `fastpath capture`: reported (version from dist-info, never imported)
+# only where installed, for the doctor's known issues about them.
+CLIENT_DISTS = [("speculators", "speculators"), ("specforge", "specforge")]
 
 ENV_NAMES = (
     "CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "PATH", "LD_LIBRARY_PATH", "CONDA_PREFIX",
@@ -1225,7 +1228,7 @@ def _gpu_visible(opts):
 # crashed or hung in the guarded interpreter).
 TORCH_MODULES = ("causal_conv1d", "fla", "mamba_ssm", "flash_attn")
 # Read from dist-info, not imported, when the dist-info is there.
-NOT_IMPORTED_WITH_DIST_INFO = ("transformers", "fastpath-kit")
+NOT_IMPORTED_WITH_DIST_INFO = ("transformers", "fastpath-kit", "speculators", "specforge")
 # Kernel packages that cannot import without torch.
 NEEDS_TORCH = ("causal-conv1d", "flash-linear-attention", "fla-core", "mamba-ssm", "flash-attn")
 _TORCH_VERSION_RE = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.M)
@@ -1508,7 +1511,8 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
         facts["gcc"] = gcc_f.result()
 
         packages = {}
-        for dist_name, module in KERNEL_DISTS + VERSION_ONLY_DISTS:
+        clients = [(d, m) for d, m in CLIENT_DISTS if d in dists]
+        for dist_name, module in KERNEL_DISTS + VERSION_ONLY_DISTS + clients:
             dist = dists.get(dist_name)
             entry = {"version": dist.version if dist else None, "module": module,
                      "source": ("package metadata " + _dist_path(dist)) if dist else

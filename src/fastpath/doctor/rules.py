@@ -18,7 +18,14 @@ from fastpath.doctor.facts import FactsView, view
 from fastpath.doctor.gpu_models import AssumedGpu
 from fastpath.doctor.plan import FALLBACK, INSTALL
 from fastpath.doctor.probe import arch_runs_on
-from fastpath.known_issues import dao_sm103_nvcc13, fla_640, host_gcc_unsupported
+from fastpath.known_issues import (
+    SPECULATORS_NORM_SOURCES,
+    ZERO_CENTRED_FINAL_NORM,
+    dao_sm103_nvcc13,
+    fla_640,
+    host_gcc_unsupported,
+    speculators_zero_centred_norm,
+)
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 CONV_DIST = "causal-conv1d"
@@ -440,6 +447,15 @@ def check_mamba_kernels_hub_only(ctx: Context) -> dict | None:
     return {"v": str(v)}
 
 
+def check_speculators_norm(ctx: Context) -> dict | None:
+    model_type = (ctx.plan or {}).get("model_type") or None
+    which = speculators_zero_centred_norm(ctx.package_version("speculators"), model_type)
+    if which is None:
+        return None
+    target = f"this {model_type} target" if model_type else f"targets of type {', '.join(ZERO_CENTRED_FINAL_NORM)}"
+    return {"v": ctx.package_version("speculators"), "which": which, "target": target}
+
+
 def mamba_ops_routed(ctx: Context) -> bool:
     """fastpath.enable() routes every kernel op of this model's Mamba layers (the Mamba-2
     families, per families.Op.fastpath), so mamba_ssm is not needed for the fast path."""
@@ -661,6 +677,16 @@ RULES: tuple[Rule, ...] = (
          ("`export USE_HUB_KERNELS=0` (honoured from 5.14), or `pip uninstall kernels`, or "
           "upgrade transformers to >= 5.15.",),
          "https://github.com/huggingface/transformers/blob/v5.14.0/src/transformers/integrations/hub_kernels.py"),
+    Rule("speculators-zero-centred-verifier-norm", "warning",
+         "speculators trains drafters against wrong verifier logits for zero-centred final norms",
+         check_speculators_norm,
+         "speculators {v}: {which} rebuild(s) the verifier's logits for {target} through an x̂·w norm loaded "
+         "with the raw model.norm.weight, while the target computes x̂·(1 + w) (measured on real targets "
+         "upstream: logits rel-L2 0.51, KL ~0.48 nat).",
+         ("`fastpath capture MODEL --out hs/ --check-client speculators --client-target DIR` measures it and "
+          "writes DIR (model.norm.weight stored as 1 + w); pass DIR as speculators' --verifier-name-or-path "
+          "for the drafters it reports as fixed.",),
+         " ".join(SPECULATORS_NORM_SOURCES)),
     Rule("causal-conv1d-prebuilt-wheel", "info", "causal-conv1d prebuilt wheel for this environment",
          check_conv_wheel,
          "{name}: {status}.",
