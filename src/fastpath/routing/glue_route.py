@@ -246,12 +246,17 @@ def same_function(cls: type, op: str, module: ModuleType) -> str | None:
     the probe's tensors are tiny, and threads on a busy host cost seconds instead of 0.1 s."""
     import torch
 
+    from fastpath.kernels.counters import CALLS
+
     threads = torch.get_num_threads()
+    counts = CALLS.copy()  # the probe's kernel calls are not the user's: counters stay as they were
     torch.set_num_threads(1)
     try:
         return _compare(cls, op, module)
     finally:
         torch.set_num_threads(threads)
+        CALLS.clear()
+        CALLS.update(counts)
 
 
 def _compare(cls: type, op: str, module: ModuleType) -> str | None:
