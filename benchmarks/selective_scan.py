@@ -48,8 +48,7 @@ DIM, N = 8192, 16
 SMOKE_DIM = 16
 SMOKE_SWEEP = ((8, 8, 4, True), (16, 8, 2, False))
 PEERS = ("ours", "loop", "pscan", "assoc_scan", "compile")
-SWEEP = ((16, 32, 4, True), (8, 32, 4, True), (32, 16, 4, True), (16, 64, 8, True),
-         (16, 32, 4, False), (32, 32, 8, True), (8, 64, 4, True), (16, 16, 2, True))
+SWEEP = scan_bwd.SWEEP_CONFIGS
 
 
 class Skip(Exception):

@@ -27,8 +27,7 @@ pytestmark = [
 ]
 TOL = {torch.float32: 2e-4, torch.bfloat16: 2e-2}
 NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
-SWEEP = ((16, 32, 4, True), (8, 32, 4, True), (32, 16, 4, True), (16, 64, 8, True),
-         (16, 32, 4, False), (32, 32, 8, True))
+SWEEP = scan_bwd.SWEEP_CONFIGS
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

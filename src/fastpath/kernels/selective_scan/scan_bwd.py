@@ -46,7 +46,10 @@ from fastpath.kernels.selective_scan.scan_fwd import (
 # the adjoint with tl.associative_scan(reverse=True), which has had miscompiles on GPUs
 # (triton-lang/triton#4362, #8412), hence flips by default (tests/test_selective_scan_gpu.py
 # checks both).
-BWD_CONFIG = (16, 32, 4, True)
+BWD_CONFIG = (8, 16, 4, True)  # about a dozen tiles live at once: smaller than the forward's
+# Tile configs the GPU tests check and benchmarks/selective_scan.py times (fwd uses the first 3).
+SWEEP_CONFIGS = ((8, 32, 4, True), (8, 16, 4, True), (4, 32, 4, True), (16, 32, 4, True),
+                 (16, 16, 4, True), (32, 16, 8, True), (16, 64, 8, True), (8, 16, 4, False))
 
 
 @triton.jit
