@@ -129,6 +129,7 @@ CASES: dict[str, tuple[Fixture, Fixture]] = {
         model="mamba2"),
     "causal-conv1d-prebuilt-wheel": _both(_ident, _conv_ok),
     "triton-no-gpu-backend": _both(lambda f: _set(f, "triton.gpu_backend", False), _ident),
+    "liger-kernel-composes": ((lambda f: (f, "qwen3.5-27b")), (lambda f: (f, "lfm2-1.2b"))),
     "speculators-zero-centred-verifier-norm": _both(
         lambda f: _set(f, "packages.speculators", {"version": "0.9.0", "module": "speculators", "source": "fake",
                                                    "import": {"ok": True}, "so_files": []}), _ident),

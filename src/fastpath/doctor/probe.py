@@ -32,8 +32,8 @@ Facts schema ("fastpath.facts/1"; every fact says where it came from in `source`
            "cuda-init"|"other"|null, error}, so_files: [{path, sass: ["sm_90", "sm_90a"],
            ptx: ["compute_90"], sections, error?}], source}}
            dists: causal-conv1d, flash-linear-attention, fla-core, mamba-ssm, flash-attn, kernels,
-           tilelang, transformers, torch, triton, fastpath-kit (torch/triton .so files are not
-           scanned: huge).
+           tilelang, transformers, torch, triton, fastpath-kit, liger-kernel (torch/triton .so
+           files are not scanned: huge; fastpath-kit and liger-kernel: dist-info only).
 
 Knobs (for tests and unusual hosts; the defaults probe the real machine):
   FASTPATH_PROBE_ROOT            prefix for system paths (/usr/local/cuda*, /opt, /usr/bin, /etc,
@@ -77,7 +77,9 @@ KERNEL_DISTS = [
     ("transformers", "transformers"),
 ]
 # fastpath-kit: whether a remedy still has to say `pip install fastpath-kit` on the target.
-VERSION_ONLY_DISTS = [("torch", "torch"), ("triton", "triton"), ("fastpath-kit", "fastpath")]
+# liger-kernel: whether Liger Kernel (composes with enable() in training) is installed.
+VERSION_ONLY_DISTS = [("torch", "torch"), ("triton", "triton"), ("fastpath-kit", "fastpath"),
+                      ("liger-kernel", "liger_kernel")]
 # Drafter-training clients of `fastpath capture`: reported (version from dist-info, never imported)
 # only where installed, for the doctor's known issues about them.
 CLIENT_DISTS = [("speculators", "speculators"), ("specforge", "specforge")]

@@ -26,6 +26,11 @@ from fastpath.known_issues import (
     host_gcc_unsupported,
     speculators_zero_centred_norm,
 )
+from fastpath.liger_families import MEASURED_EFFECT as LIGER_EFFECT
+from fastpath.liger_families import MIN_TRANSFORMERS as LIGER_MIN_TRANSFORMERS
+from fastpath.liger_families import READ_VERSION as LIGER_READ
+from fastpath.liger_families import SOURCE as LIGER_SOURCE
+from fastpath.liger_families import patch_function as liger_patch_function
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 CONV_DIST = "causal-conv1d"
@@ -456,6 +461,26 @@ def check_speculators_norm(ctx: Context) -> dict | None:
     return {"v": ctx.package_version("speculators"), "which": which, "target": target}
 
 
+def check_liger_composes(ctx: Context) -> dict | None:
+    """A --model whose family Liger Kernel patches: say that it composes with enable(), and
+    whether liger-kernel is here (whether it is *applied* only the process knows: explain())."""
+    model_type = str((ctx.plan or {}).get("model_type") or "")
+    fn = liger_patch_function(model_type)
+    if fn is None:
+        return None
+    v = ctx.package_version("liger-kernel")
+    tv = ctx.version("transformers")
+    if v is None:
+        here = "liger-kernel is not installed here"
+    elif tv is not None and tv < Version(LIGER_MIN_TRANSFORMERS):
+        here = (f"liger-kernel {v} is installed, but {LIGER_READ} refuses transformers {tv} at import "
+                f"(needs >= {LIGER_MIN_TRANSFORMERS})")
+    else:
+        here = f"liger-kernel {v} is installed"
+    return {"model_type": model_type, "fn": fn, "here": here, "effect": LIGER_EFFECT,
+            "install": "" if v is not None else 'pip install "fastpath-kit[train]"; then '}
+
+
 def mamba_ops_routed(ctx: Context) -> bool:
     """fastpath.enable() routes every kernel op of this model's Mamba layers (the Mamba-2
     families, per families.Op.fastpath), so mamba_ssm is not needed for the fast path."""
@@ -687,6 +712,15 @@ RULES: tuple[Rule, ...] = (
           "writes DIR (model.norm.weight stored as 1 + w); pass DIR as speculators' --verifier-name-or-path "
           "for the drafters it reports as fixed.",),
          " ".join(SPECULATORS_NORM_SOURCES)),
+    Rule("liger-kernel-composes", "info", "Liger Kernel composes with fastpath.enable() for this model",
+         check_liger_composes,
+         "{model_type}: Liger Kernel's `{fn}` (RMSNorm, SwiGLU MLP, fused linear cross-entropy) and "
+         "fastpath.enable() route different ops and work together in either order; {here}. "
+         "Measured for training (H200, 8-layer Qwen3.5-27B shape, bf16, B=1, L=4096): {effect}.",
+         ("{install}after building the model: `fastpath.enable()`, then `{fn}(model=model)` (or Liger's "
+          "class-level call before both); `fastpath.explain(model)` lists Liger's ops beside fastpath's, "
+          "`fastpath verify MODEL --liger` checks the composed model.",),
+         LIGER_SOURCE),
     Rule("causal-conv1d-prebuilt-wheel", "info", "causal-conv1d prebuilt wheel for this environment",
          check_conv_wheel,
          "{name}: {status}.",
