@@ -14,13 +14,13 @@ from typing import Any
 
 from packaging.version import Version
 
+import fastpath.hub_kernels_env as hub_kernels_env
 from fastpath.doctor.gpu_models import AssumedGpu
 from fastpath.doctor.probe import arch_runs_on
 from fastpath.known_issues import parse_version
 
 # fla ships as flash-linear-attention (the meta package) or fla-core: either provides `fla`.
 _ALIASES = {"flash-linear-attention": ("flash-linear-attention", "fla-core")}
-_OFF = ("0", "false", "no", "off")
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -199,7 +199,18 @@ class FactsView:
 
     @property
     def hub_kernels_enabled(self) -> bool:
-        return str(self.env.get("USE_HUB_KERNELS", "1")).lower() not in _OFF
+        """transformers' Hub kernels are on in this environment (fastpath.hub_kernels_env)."""
+        return hub_kernels_env.on(self._hub_env)
+
+    @property
+    def hub_kernels_after_enable(self) -> bool:
+        """...and after fastpath.enable(), which turns them off unless the user set them."""
+        return hub_kernels_env.on_after_enable(self._hub_env)
+
+    @property
+    def _hub_env(self) -> str | None:
+        value = self.env.get(hub_kernels_env.ENV)
+        return None if value is None else str(value)
 
     # --- CUDA toolchain -------------------------------------------------------------------------
     @property

@@ -56,6 +56,13 @@ INSTALL = {
 }
 
 
+def hub_kernel_525(op: Op, tv: Version, fv: FactsView, hub_on: bool) -> bool:
+    """transformers >= 5.25 with `kernels` installed and Hub kernels on: from_pretrained
+    kernelizes `op` with a Hub kernel (its default use_kernels=True)."""
+    return (tv >= Version("5.25") and fv.package_ok("kernels") and hub_on
+            and op.name in HUB_MAPPED_525)
+
+
 def resolve_op(op: Op, fam: Family, tv: Version, fv: FactsView) -> dict[str, Any]:
     """Which implementation transformers `tv` picks for `op` on this host (before all-or-nothing)."""
     ok = fv.package_ok(op.dist)
@@ -63,7 +70,7 @@ def resolve_op(op: Op, fam: Family, tv: Version, fv: FactsView) -> dict[str, Any
     kernels = fv.package_ok("kernels")
     hub_on = fv.hub_kernels_enabled
     mamba_style = fam.all_or_nothing
-    if tv >= Version("5.25") and kernels and hub_on and op.name in HUB_MAPPED_525:
+    if hub_kernel_525(op, tv, fv, hub_on):
         return {"impl": HUB, "reason": f"5.25 defaults use_kernels=True: downloads "
                 f"{HUB_MAPPED_525[op.name]} (fails air-gapped unless USE_HUB_KERNELS=0)"}
     if tv < Version("5.15"):
@@ -93,18 +100,29 @@ def _needs_a_device(fv: FactsView) -> str:
     return "needs Triton with a GPU backend: pip install triton"
 
 
-def after_enable(op: Op, impl: str, fv: FactsView) -> tuple[str, str | None]:
-    """(implementation after fastpath.enable(), what it still needs or None when it runs fast)."""
-    if impl in (FAST, HUB):
-        return impl, None
-    if op.fastpath:  # families.Op.fastpath: fastpath.enable() routes it to its Triton kernels
+def after_enable(op: Op, impl: str, tv: Version, fv: FactsView) -> tuple[str, str | None, str]:
+    """(implementation after fastpath.enable(), what it still needs or None when it runs fast,
+    who serves the op then: "fastpath" | "hub" | "package" | "torch").
+
+    What enable() does, read from the same facts explain() would see after it: Hub kernels stay
+    on only where the user set USE_HUB_KERNELS (fastpath.hub_kernels_env decides, for both);
+    causal_conv1d goes to fastpath even next to a working Dao package (routing/modeling_patch.py
+    patches every modeling module); the other ops fastpath routes (families.Op.fastpath: the
+    Mamba-2 ones) go there unless their package works (routing/mamba_route.py, mamba_ssm="auto")."""
+    if hub_kernel_525(op, tv, fv, fv.hub_kernels_after_enable):
+        return HUB, None, "hub"
+    if impl == HUB:  # the Hub kernel is off after enable(): transformers imports the package
+        impl = FAST if fv.package_ok(op.dist) else FALLBACK
+    if op.fastpath and (op.dist == "causal-conv1d" or impl != FAST):
         if fv.fastpath_route_available and fv.gpu_present and fv.torch_arch_covered is not False:
-            return "fastpath-triton", None
-        return FALLBACK, _needs_a_device(fv)
+            return "fastpath-triton", None, "fastpath"
+        return FALLBACK, _needs_a_device(fv), "fastpath"
+    if impl == FAST:
+        return impl, None, "package"
     if not fv.package_ok(op.dist):
         name, cmd = INSTALL.get(op.dist, (op.dist, f"pip install {op.dist}"))
-        return FALLBACK, f"needs {name}: {cmd}"
-    return FALLBACK, _needs_a_device(fv)
+        return FALLBACK, f"needs {name}: {cmd}", "torch"
+    return FALLBACK, _needs_a_device(fv), "package"
 
 
 def plan_for_version(config: dict[str, Any], fam: Family, tv: Version,
@@ -140,13 +158,14 @@ def plan_for_version(config: dict[str, Any], fam: Family, tv: Version,
                     r["reason"] = f"all-or-nothing fast path: {', '.join(missing)} missing"
         for r, op in zip(rows, ops, strict=True):
             r["fast"] = r["impl"] in (FAST, HUB)
-            r["with_fastpath"], r["with_fastpath_needs"] = after_enable(op, r["impl"], fv)
+            r["with_fastpath"], r["with_fastpath_needs"], r["with_fastpath_by"] = after_enable(
+                op, r["impl"], tv, fv)
         if fam.all_or_nothing and any(r["with_fastpath"] == FALLBACK for r in rows):
             missing = sorted({r["with_fastpath_needs"] for r in rows
                               if r["with_fastpath"] == FALLBACK and r["with_fastpath_needs"]})
             for r in rows:
                 if r["with_fastpath"] not in (FAST, FALLBACK):
-                    r["with_fastpath"] = FALLBACK
+                    r["with_fastpath"], r["with_fastpath_by"] = FALLBACK, "torch"
                     r["with_fastpath_needs"] = "all-or-nothing: " + "; ".join(missing)
         out_types.append({"layer_type": lt, "count": n, "ops": rows,
                           "slow": any(not r["fast"] for r in rows)})

@@ -251,7 +251,9 @@ def check_conv_missing(ctx: Context) -> dict | None:
         return None  # (no GPU needed: a missing package blocks the fast path on any GPU)
     if imp.get("error_kind") not in (None, "not-installed"):
         return None  # import failures with a cause have their own rules
-    if ctx.plan is not None and ctx.conv_slow_layers:
+    if ctx.plan is not None and not ctx.conv_slow_layers:
+        return None  # the plan has causal_conv1d elsewhere (a Hub kernel): no torch fallback
+    if ctx.plan is not None:
         what = (f"{ctx.conv_slow_layers} of {ctx.plan['layers_total']} layers of "
                 f"{ctx.plan['model']} take the torch fallback for causal_conv1d_fn/_update")
     else:

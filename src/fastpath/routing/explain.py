@@ -175,7 +175,34 @@ def explain_model(model: Any) -> Explanation:
         from fastpath.routing import fla_selfcheck
 
         out.notes.extend(fla_selfcheck.describe())
+    hub = _hub_kernels_note()
+    if hub and out.rows:
+        out.notes.append(hub)
     return out
+
+
+def _hub_kernels_note() -> str | None:
+    """The doctor's plan says "hub-kernel" where transformers >= 5.25 with `kernels` installed
+    keeps Hub kernels on (fastpath.hub_kernels_env decides, for both): from_pretrained then
+    kernelizes the mapped ops, which a table of this model's hooks cannot show."""
+    import os
+
+    import fastpath.hub_kernels_env as hub_kernels_env
+    from fastpath.routing.hub_kernels import kernels_installed
+
+    module = sys.modules.get("transformers")
+    version = str(getattr(module, "__version__", "0"))
+    try:
+        new = tuple(int(x) for x in version.split(".")[:2]) >= (5, 25)
+    except ValueError:
+        new = False
+    value = os.environ.get(hub_kernels_env.ENV)
+    if not (new and hub_kernels_env.on(value) and kernels_installed()):
+        return None
+    return (f"{hub_kernels_env.ENV}={value if value is not None else '(unset)'} with `kernels` "
+            "installed: from_pretrained(use_kernels=None) kernelizes causal_conv1d and the gated "
+            "delta rule with Hub kernels (downloads) in the models it loads; fastpath.enable() "
+            f"sets {hub_kernels_env.ENV}=0 unless you set it")
 
 
 def _gated_norm_child(layer: Any) -> Any:

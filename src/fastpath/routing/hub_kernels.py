@@ -16,11 +16,11 @@ import sys
 from types import ModuleType
 from typing import Any
 
+import fastpath.hub_kernels_env as hub_kernels_env
 from fastpath.routing.patch_registry import PatchRegistry
 
 HUB_MODULE = "transformers.integrations.hub_kernels"
-ENV = "USE_HUB_KERNELS"
-_FALSE = ("0", "false", "no", "off")
+ENV = hub_kernels_env.ENV
 
 
 def conv_route_module(conv_fn: Any, conv_update: Any) -> ModuleType:
@@ -45,13 +45,13 @@ def seed_lazy_kernel_mapping(hub: ModuleType, route_module: ModuleType, reg: Pat
 def disable_hub_downloads(reg_env: dict[str, str | None]) -> str:
     """Set USE_HUB_KERNELS=0 unless the user chose a value; returns a one-line note."""
     current = os.environ.get(ENV)
-    if current is not None:
-        if current.strip().lower() in _FALSE:
+    if current is not None:  # the user's choice stays (hub_kernels_env.value_after_enable)
+        if not hub_kernels_env.on(current):
             return f"{ENV}={current} (already set): no Hub kernel downloads"
         return (f"{ENV}={current} was set by you: from_pretrained may kernelize with Hub kernels "
                 "(downloads; fails offline). Unset it or set 0 to stay on fastpath offline")
     reg_env.setdefault(ENV, None)
-    os.environ[ENV] = "0"
+    os.environ[ENV] = hub_kernels_env.value_after_enable(current)
     hub = sys.modules.get(HUB_MODULE)
     if hub is not None and isinstance(getattr(hub, "_kernels_enabled", None), bool):
         # 5.14-5.24 read the variable once, at import; keep the module in step
@@ -76,7 +76,7 @@ def restore_env(reg_env: dict[str, str | None]) -> None:
 
 
 def _env_true() -> bool:
-    return os.environ.get(ENV, "YES").strip().lower() not in _FALSE
+    return hub_kernels_env.on(os.environ.get(ENV))
 
 
 def kernels_installed() -> bool:
