@@ -354,6 +354,94 @@ def mamba_main(interp: bool, gen_tokens: int, wanted: list[str]) -> dict[str, An
     return out
 
 
+# ---------------------------------------------------------------- Mamba-1 families (issue 26)
+MAMBA1_TYPES = ("mamba", "falcon_mamba", "jamba", "zamba")
+
+
+def build_mamba1(model_type: str, seed: int = 0) -> Any:
+    """A tiny Mamba-1 family model with O(1) random weights (every op reaches the logits).
+    use_mamba_kernels stays False: <=5.14 zamba raises on CPU with it (its kernel path is CUDA-only)
+    and jamba turns it off; enable(lift_device_gate=True) lets the interpreter past both gates."""
+    saved = dict(FAMILIES[model_type])
+    FAMILIES[model_type].update(time_step_min=1e-3, use_mamba_kernels=False)
+    try:
+        model = build(model_type, seed)
+    finally:
+        FAMILIES[model_type].clear()
+        FAMILIES[model_type].update(saved)
+    gen = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.rand(p.shape, generator=gen) * 1.5 - 0.5)
+            elif name.endswith(("dt_proj.bias", "dt_proj_bias")):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5 - 1.0)
+            elif p.dim() == 1:
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) / max(1, p.shape[-1]) ** 0.5)
+    return model
+
+
+def mamba1_case(model_type: str, interp: bool, gen_tokens: int) -> dict[str, Any]:
+    """mamba_case for a Mamba-1 family (no packed case: no release carries seq_idx to its scan)."""
+    import fastpath
+    from fastpath.kernels.counters import reset
+
+    res: dict[str, Any] = {"family": model_type}
+    ids = torch.randint(3, 64, (2, 9), generator=torch.Generator().manual_seed(1))
+    model = build_mamba1(model_type)
+    ref_logits, ref_gen = run_model(model, ids, gen_tokens)
+    ref_loss, ref_grads = train_step(model, ids)
+    res["scale"] = float(ref_logits.abs().max())
+    res["explain_before"] = fastpath.explain(model).rows
+    reset()
+    report = fastpath.enable(warn=False, lift_device_gate=interp)
+    try:
+        res["report"] = str(report)
+        res["explain"] = fastpath.explain(model).rows
+        fast_logits, fast_gen = run_model(model, ids, gen_tokens)
+        res["calls"] = calls()
+        res["max_abs_diff"] = float((fast_logits - ref_logits).abs().max())
+        res["gen_equal"] = fast_gen == ref_gen
+        reset()
+        loss, grads = train_step(model, ids)
+        res["train_calls"] = calls()
+        res["loss_diff"] = abs(loss - ref_loss)
+        res["grad_names_equal"] = sorted(grads) == sorted(ref_grads)
+        res["grad_rel_diff"] = max(float((grads[n] - g).abs().max()) / max(1e-6, float(g.abs().max()))
+                                   for n, g in ref_grads.items() if n in grads)
+        reset()
+        model2 = build_mamba1(model_type)  # built after enable()
+        with torch.no_grad():
+            res["after_build_diff"] = float((model2(ids).logits - ref_logits).abs().max())
+        res["calls_after_build"] = calls()
+    finally:
+        fastpath.disable()
+    reset()
+    with torch.no_grad():
+        res["disabled_diff"] = float((model(ids).logits - ref_logits).abs().max())
+        res["disabled_diff_built_during"] = float((model2(ids).logits - ref_logits).abs().max())
+    res["calls_after_disable"] = calls()
+    res["explain_after_disable"] = fastpath.explain(model).rows
+    return res
+
+
+def mamba1_main(interp: bool, gen_tokens: int, wanted: list[str]) -> dict[str, Any]:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    out: dict[str, Any] = {"families": {}}
+    for model_type in wanted or MAMBA1_TYPES:
+        if model_type not in CONFIG_MAPPING_NAMES:
+            continue
+        try:
+            out["families"][model_type] = mamba1_case(model_type, interp, gen_tokens)
+        except Exception as exc:
+            out["families"][model_type] = {"error": f"{type(exc).__name__}: {exc}",
+                                           "traceback": traceback.format_exc()[-3000:]}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--families", default="", help="comma list of config model_types (default: all present)")
@@ -361,6 +449,7 @@ def main() -> int:
     ap.add_argument("--offline-load", default="", help="model_type to save/load offline")
     ap.add_argument("--skip-packed", action="store_true")
     ap.add_argument("--mamba", action="store_true", help="only the Mamba-2 family checks (issue 17)")
+    ap.add_argument("--mamba1", action="store_true", help="only the Mamba-1 family checks (issue 26)")
     ap.add_argument("--scan-reference", action="store_true",
                     help="run the SSD chunk scan on its float reference (its Triton kernels are slow under "
                          "the CPU interpreter; one version runs them, the others check the routing)")
@@ -371,6 +460,15 @@ def main() -> int:
     import fastpath.routing.modeling_patch as mp
 
     interp = os.environ.get("TRITON_INTERPRET") == "1"
+    if args.mamba1:
+        if args.scan_reference:
+            from fastpath.kernels.selective_scan import interface as scan_interface
+
+            scan_interface.KERNELS_READY = False
+        result = {"scan_reference": args.scan_reference, "transformers": transformers.__version__, "interp": interp,
+                  **mamba1_main(interp, args.gen_tokens, [f for f in args.families.split(",") if f])}
+        json.dump(result, sys.stdout)
+        return 0
     if args.mamba:
         if args.scan_reference:
             from fastpath.kernels.ssd import interface as ssd_interface
@@ -380,6 +478,11 @@ def main() -> int:
                   **mamba_main(interp, args.gen_tokens, [f for f in args.families.split(",") if f])}
         json.dump(result, sys.stdout)
         return 0
+    # the Mamba-1 families' scans run their float reference here: tests/test_mamba1_matrix.py
+    # (--mamba1) checks them, and their Triton scans under the CPU interpreter cost minutes
+    from fastpath.kernels.selective_scan import interface as scan_interface
+
+    scan_interface.KERNELS_READY = False
     wanted = [f for f in (args.families.split(",") if args.families else FAMILIES) if f]
     result: dict[str, Any] = {
         "transformers": transformers.__version__,

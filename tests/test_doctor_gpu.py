@@ -166,13 +166,15 @@ def test_after_enable_says_what_each_op_needs_without_a_gpu(tmp_path):
     ssm = next(r for t in here.model_plan["layer_types"] for r in t["ops"]
                if r["op"] == "mamba_chunk_scan_combined")
     assert ssm["with_fastpath_needs"] == "needs a GPU"
-    # Mamba-1 (selective_scan_fn is not routed): all-or-nothing on mamba_ssm
+    # Mamba-1: enable() routes selective_scan_fn, mamba_inner_fn and the state update as well
+    # (routing/mamba1_route.py): fastpath's on the assumed GPU, each op needing the GPU here
     cfg = tmp_path / "config.json"
     cfg.write_text('{"model_type": "mamba", "num_hidden_layers": 4}')
     mamba1 = diagnose(_no_gpu_seed(["sm_90"]), str(cfg), parse_gpu_spec("sm_90"))
     rows = [r for t in mamba1.model_plan["layer_types"] for r in t["ops"]]
-    scan = next(r for r in rows if r["op"] == "selective_scan_fn")
-    conv = next(r for r in rows if r["op"] == "causal_conv1d_fn")
-    assert scan["with_fastpath_needs"] == "needs mamba-ssm: pip install mamba-ssm --no-build-isolation"
-    assert conv["with_fastpath"] == "torch-fallback"  # all-or-nothing: the conv alone does not help
-    assert conv["with_fastpath_needs"].startswith("all-or-nothing: needs mamba-ssm")
+    assert {r["op"] for r in rows} >= {"selective_scan_fn", "mamba_inner_fn", "selective_state_update"}
+    assert all(r["with_fastpath"] == "fastpath-triton" and r["with_fastpath_needs"] is None
+               for r in rows), rows
+    here = diagnose(_no_gpu_seed(["sm_90"]), str(cfg))
+    scan = next(r for t in here.model_plan["layer_types"] for r in t["ops"] if r["op"] == "selective_scan_fn")
+    assert scan["with_fastpath_needs"] == "needs a GPU"

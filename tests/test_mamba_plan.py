@@ -76,11 +76,28 @@ def test_working_mamba_ssm_is_kept() -> None:
         "selective_state_update": "fast-kernel"}
 
 
-def test_mamba1_families_are_not_claimed() -> None:
-    """fastpath does not route Mamba-1's selective_scan_fn: those layers stay slow with enable()."""
-    config = {"model_type": "mamba", "num_hidden_layers": 4}
-    plan = plan_model(config, seed_facts())
-    assert plan["layers_slow_with_fastpath"] == 4
+MAMBA1_PRESETS = {  # preset -> (model_type, layers, layers running a Mamba-1 mixer, its ops)
+    "mamba-2.8b": ("mamba", 64, 64, {"selective_scan_fn", "selective_state_update", "mamba_inner_fn"}),
+    "falcon-mamba-7b": ("falcon_mamba", 64, 64, {"selective_scan_fn", "selective_state_update", "mamba_inner_fn"}),
+    "jamba-mini-1.7": ("jamba", 32, 28, {"selective_scan_fn", "selective_state_update"}),
+    "zamba-7b": ("zamba", 76, 76, {"selective_scan_fn", "selective_state_update"}),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(MAMBA1_PRESETS))
+@pytest.mark.parametrize("version", ["4.57.6", "5.12.1", "5.17.0", "5.25.0"])
+def test_mamba1_families_are_slow_without_mamba_ssm_and_fast_after_enable(preset: str, version: str) -> None:
+    """routing/mamba1_route.py routes selective_scan_fn, selective_state_update and mamba_inner_fn."""
+    model_type, total, mamba, ops = MAMBA1_PRESETS[preset]
+    facts = seed_facts()
+    facts["packages"]["transformers"]["version"] = version
+    facts["env"]["USE_HUB_KERNELS"] = "0"
+    plan = plan_model(load_config(preset), facts, preset)
+    assert (plan["model_type"], plan["family"], plan["layers_total"]) == (model_type, "mamba1", total)
+    assert plan["layers_slow"] == mamba and plan["layers_slow_with_fastpath"] == 0
+    rows = {r["op"]: r for t in plan["layer_types"] if t["layer_type"] == "mamba" for r in t["ops"]}
+    assert set(rows) == {"causal_conv1d_fn", "causal_conv1d_update"} | ops
+    assert all(r["impl"] == "torch-fallback" and r["with_fastpath"] == "fastpath-triton" for r in rows.values())
 
 
 def test_every_release_range_is_fast_with_fastpath() -> None:

@@ -241,14 +241,15 @@ def test_mamba_family_needs_mamba_ssm_too():
     assert "pip install mamba-ssm" in f.remedies[1]
 
 
-def test_mamba1_family_needs_mamba_ssm_and_fastpath_does_not_claim_it(tmp_path):
+def test_mamba1_family_needs_mamba_ssm_and_fastpath_routes_it(tmp_path):
+    # enable() routes the Mamba-1 ops too (routing/mamba1_route.py): offered first, as for Mamba-2
     cfg = tmp_path / "config.json"
     cfg.write_text('{"model_type": "mamba", "num_hidden_layers": 4}')
     d = diagnose(seed_facts(), str(cfg))
     f = _by_id(d, "mamba-needs-mamba-ssm")
-    assert "does not route this family's selective scan" in f.detail
-    assert [r for r in f.remedies if "fastpath" in r] == []
-    assert d.model_plan["layers_slow_with_fastpath"] == 4
+    assert "fastpath.enable() routes all of this family's ops" in f.detail
+    assert "no mamba_ssm" in f.remedies[0] and "`fastpath.enable()`" in f.remedies[0]
+    assert d.model_plan["layers_slow_with_fastpath"] == 0
 
 
 def test_mamba_kernels_hub_only_in_514():

@@ -35,17 +35,20 @@ KDA_OPS = (
     Op("chunk_kda", "flash-linear-attention", "fla"),
     Op("fused_recurrent_kda", "flash-linear-attention", "fla"),
 )
-# Mamba-2 families: fastpath routes all three (routing/mamba_route.py); the Mamba-1 families'
-# selective_state_update (3-D state, next to selective_scan_fn) is left to mamba_ssm / torch
+# Mamba-2 families: fastpath routes all three (routing/mamba_route.py)
 MAMBA2_OPS = (
     Op("mamba_chunk_scan_combined", "mamba-ssm", "mamba_ssm", fastpath=True),
     Op("mamba_split_conv1d_scan_combined", "mamba-ssm", "mamba_ssm", fastpath=True),
     Op("selective_state_update", "mamba-ssm", "mamba_ssm", fastpath=True),
 )
+# Mamba-1 families: fastpath routes all three (routing/mamba1_route.py); mamba and falcon_mamba
+# also call mamba_inner_fn (the fused training op) where jamba and zamba only need it importable
+# (<=5.14 all-or-nothing gate, same mamba-ssm distribution)
 MAMBA1_OPS = (
-    Op("selective_scan_fn", "mamba-ssm", "mamba_ssm"),
-    Op("selective_state_update", "mamba-ssm", "mamba_ssm"),
+    Op("selective_scan_fn", "mamba-ssm", "mamba_ssm", fastpath=True),
+    Op("selective_state_update", "mamba-ssm", "mamba_ssm", fastpath=True),
 )
+MAMBA1_FUSED_OPS = (*MAMBA1_OPS, Op("mamba_inner_fn", "mamba-ssm", "mamba_ssm", fastpath=True))
 
 
 def _int(config: dict[str, Any], *keys: str, default: int = 0) -> int:
@@ -137,12 +140,12 @@ FAMILIES: tuple[Family, ...] = (
            all_or_nothing=True, note="every layer runs a Mamba-2 mixer in parallel with attention"),
     Family("mamba2", ("zamba2",), layers_all_mamba, {"mamba": CONV_OPS + MAMBA2_OPS},
            all_or_nothing=True, note="hybrid blocks also run the Mamba-2 mixer"),
-    Family("mamba1", ("mamba", "falcon_mamba"), layers_all_mamba, {"mamba": CONV_OPS + MAMBA1_OPS},
+    Family("mamba1", ("mamba", "falcon_mamba"), layers_all_mamba, {"mamba": CONV_OPS + MAMBA1_FUSED_OPS},
            all_or_nothing=True, min_transformers="4.39.0"),
     Family("mamba1", ("jamba",), layers_jamba, {"mamba": CONV_OPS + MAMBA1_OPS},
            all_or_nothing=True),
     Family("mamba1", ("zamba",), layers_all_mamba, {"mamba": CONV_OPS + MAMBA1_OPS},
-           all_or_nothing=True),
+           all_or_nothing=True, note="hybrid blocks also run the Mamba-1 mixer"),
 )
 
 CONV_MODEL_TYPES = frozenset(t for f in FAMILIES for t in f.model_types)

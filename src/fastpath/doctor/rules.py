@@ -484,8 +484,8 @@ def check_liger_composes(ctx: Context) -> dict | None:
 
 
 def mamba_ops_routed(ctx: Context) -> bool:
-    """fastpath.enable() routes every kernel op of this model's Mamba layers (the Mamba-2
-    families, per families.Op.fastpath), so mamba_ssm is not needed for the fast path."""
+    """fastpath.enable() routes every kernel op of this model's Mamba layers (the Mamba-2 and
+    Mamba-1 families, per families.Op.fastpath), so mamba_ssm is not needed for the fast path."""
     from fastpath.doctor.families import family_for
 
     fam = family_for(str((ctx.plan or {}).get("model_type") or ""))
@@ -500,16 +500,16 @@ def check_mamba_needs_ssm(ctx: Context) -> dict | None:
     routed = mamba_ops_routed(ctx)
     return {"n": ctx.plan.get("layers_slow") or ctx.plan.get("layers_total"),
             "total": ctx.plan.get("layers_total"), "model": ctx.plan.get("model"),
-            "enable": " fastpath.enable() routes all of this family's ops (Mamba-2 scans, state "
+            "enable": " fastpath.enable() routes all of this family's ops (Mamba scans, state "
                       "update, causal_conv1d) to fastpath's Triton kernels instead." if routed else
                       " fastpath does not route this family's selective scan."}
 
 
 def mamba_fastpath_route(ctx: Context) -> str | None:
-    """The compiler-free route for the Mamba-2 families (None where it does not apply)."""
+    """The compiler-free route for the Mamba families (None where it does not apply)."""
     if not (mamba_ops_routed(ctx) and (ctx.fastpath_route_available or ctx.needs_cuda_torch_first)):
         return None
-    return _compiler_free(ctx, "Mamba-2 and causal_conv1d", ", no mamba_ssm")
+    return _compiler_free(ctx, "Mamba and causal_conv1d", ", no mamba_ssm")
 
 
 def check_fla_missing(ctx: Context) -> dict | None:

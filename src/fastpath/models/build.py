@@ -23,6 +23,8 @@ from fastpath.models.dtypes import dtype_label, resolve_device, torch_dtype
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 # Keys that describe the per-layer pattern (one entry / character per layer).
 _PATTERN_KEYS = ("layer_types", "layers_block_type", "hybrid_override_pattern", "layers_type")
+# Other per-layer lists a config validates against the layer count (Kimi-Linear's dense/sparse MLPs).
+_PER_LAYER_KEYS = ("mlp_layer_types",)
 # Key that lists the attention layers of a model whose other layers are Mamba-2 (Bamba).
 _ATTENTION_INDEX_KEY = "attn_layer_indices"
 # Stddev given to tensors that the family's init leaves at exactly zero (see _exercise_zero_params).
@@ -153,7 +155,7 @@ def cut_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:
             isinstance(v, int) and not isinstance(v, bool) for v in value
         ):
             cut[key] = [keep.index(v) for v in value if v in keep]
-        elif key in _PATTERN_KEYS and isinstance(value, (list, str)) and len(value) == total:
+        elif key in _PATTERN_KEYS + _PER_LAYER_KEYS and isinstance(value, (list, str)) and len(value) == total:
             picked = [value[i] for i in keep]
             cut[key] = "".join(picked) if isinstance(value, str) else picked
         else:
