@@ -259,6 +259,8 @@ def render_table(results: list[TargetResult], console: Any, exit_code: int | Non
         style: dict[int, str] = {}
         for i, col in enumerate(COLUMNS, 1):
             value = plain(redact_text(row[col]), 256)
+            if r.status != "ok" and col != "verdict":
+                value = ""  # no facts: the verdict and the error line below say it all
             if col in odd:
                 line.append(value + " *")
                 style[i] = "bold yellow"
