@@ -181,6 +181,7 @@ def test_bench_without_matplotlib_or_the_interpreter_loses_nothing_and_claims_no
     code = ("import sys\nsys.modules['matplotlib'] = None\n"
             f"from fastpath.cli import main\nsys.exit(main({argv!r}))\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["COLUMNS"] = "400"  # wide enough for the table (narrower terminals get key: value rows)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "| config |" in proc.stdout and "| fastpath (" in proc.stdout  # the table, printed
@@ -290,3 +291,132 @@ def test_compile_config_is_opt_in_compiles_the_model_and_skips_decode_with_a_rea
     assert row["phases"]["prefill"]["tokens_per_s"] > 0 and row["phases"]["train"]["tokens_per_s"] > 0
     assert "torch.compile configuration times prefill and train only" in row["phases"]["decode"]["skipped"]
     assert "torch.compile" in row["implementation"]
+
+
+# --- issue 24: nothing lost, nothing misleading ------------------------------------------------
+
+
+def _tiny_source(tmp_path: Path) -> Path:
+    source = tmp_path / "tiny.json"
+    source.write_text(json.dumps(TINY_QWEN35))
+    return source
+
+
+@pytest.mark.parametrize("layout", ["out is a file", "bench.json is a directory"])
+def test_an_unwritable_out_is_one_line_and_exit_2_before_any_work(layout, tmp_path, capsys):
+    # It used to run the whole bench and then lose every result to a FileExistsError traceback.
+    from fastpath.cli import main
+
+    out = tmp_path / "out"
+    if layout == "out is a file":
+        out.write_text("not a directory")
+    else:
+        (out / "bench.json").mkdir(parents=True)
+    code = main(["bench", str(_tiny_source(tmp_path)), "--device", "cpu", "--out", str(out)])
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("fastpath bench: error: --out"), err
+    assert "estimate" not in captured.err  # refused before sizing, let alone a worker
+
+
+def test_a_killed_bench_keeps_every_finished_configuration_on_disk(tmp_path):
+    """SIGTERM (what `timeout` and job schedulers send) after the first configuration: its result
+    is on disk, marked partial, the running worker is killed with bench, exit 128 + 15."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "fastpath", "bench", str(_tiny_source(tmp_path)), "--device", "cpu",
+            "--seq-len", "8", "--phases", "prefill", "--repeats", "1", "--warmup", "0",
+            "--configs", "reference,fastpath", "--out", str(out)]
+    env = dict(os.environ, FASTPATH_TEST_TAG=str(tmp_path))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 240
+    while not (out / "bench.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()
+    doc = json.loads((out / "bench.json").read_text())
+    assert [r["config"] for r in doc["configs"]] == ["reference"]  # written as soon as measured
+    assert doc["partial"]["done"] == 1 and doc["partial"]["total"] == 2
+    assert "PARTIAL: 1 of 2 configurations" in (out / "bench.md").read_text()
+    proc.send_signal(signal.SIGTERM)
+    _stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "interrupted (SIGTERM); 1 of 2 configurations measured" in stderr and "Traceback" not in stderr
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["partial"]["why"] == "interrupted by SIGTERM"
+    assert doc["configs"][0]["phases"]["prefill"]["tokens_per_s"] > 0
+    assert "interrupted by SIGTERM" in (out / "bench.md").read_text()
+    time.sleep(0.5)  # the worker was killed, not orphaned
+    workers = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if b"fastpath.proof.bench_worker" in cmd and str(tmp_path).encode() in environ:
+            workers.append(pid)
+    assert not workers
+
+
+def _previous(tmp_path: Path, **changes: object) -> Path:
+    settings = {"source": str(tmp_path / "tiny.json"), "layers": None, "batch": 1, "seq_len": 8, "dtype": "fp32",
+                "decode_tokens": 64, "device": "cpu", "phases": ["prefill"]}
+    env = {"triton_interpret": "1"}
+    for key, value in changes.items():
+        (env if key == "triton_interpret" else settings)[key] = value
+    path = tmp_path / "previous.json"
+    path.write_text(json.dumps({"schema": SCHEMA, "settings": settings, "environment": env,
+                                "configs": [{"config": "fastpath", "phases": {"prefill": {"tokens_per_s": 1.0}}}]}))
+    return path
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"seq_len": 4096}, "--seq-len 4096 vs now 8"),
+    ({"device": "cuda:0", "triton_interpret": None}, "device cuda:0 vs now cpu; Triton interpreter off vs now on"),
+    ({"dtype": "bf16"}, "--dtype bf16 vs now fp32"),
+    ({"source": "qwen3.5-27b", "layers": 8}, "model qwen3.5-27b vs now"),
+])
+def test_compare_with_a_run_that_is_not_comparable_is_refused_before_any_work(change, message, tmp_path, capsys,
+                                                                             monkeypatch):
+    # An interpreter run compared with a GPU run printed "+15587%".
+    from fastpath.cli import main
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    source = _tiny_source(tmp_path)
+    code = main(["bench", str(source), "--device", "cpu", "--seq-len", "8", "--phases", "prefill",
+                 "--out", str(tmp_path / "o"), "--compare", str(_previous(tmp_path, **change))])
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and "is not comparable with this run" in err[0] and message in err[0], err
+    assert "estimate" not in captured.err and not (tmp_path / "o").exists()
+
+
+def test_the_terminal_gets_key_value_rows_when_the_table_is_wider_than_it(bench_run):
+    from fastpath.proof.bench_outputs import narrow, terminal_text
+
+    _code, doc, _out, _source = bench_run
+    table = markdown(doc, doc["compare"]["changes"])
+    assert max(len(line) for line in table.splitlines()) > 120  # bench.md keeps the table ...
+    rows = [line for line in table.splitlines() if line.startswith("|") and "---" not in line]
+    header = next(r for r in rows if r.startswith("| config |"))
+    assert all(r.count(" | ") == header.count(" | ") for r in rows if r.startswith(("| reference", "| fastpath (")))
+    text = terminal_text(doc, doc["compare"]["changes"], 80)
+    assert text == narrow(doc, doc["compare"]["changes"], 80)  # ... the terminal gets rows that fit
+    assert all(len(line) <= 80 for line in text.splitlines()), max(text.splitlines(), key=len)
+    assert "  prefill tok/s: " in text and "fla (FLA, torch conv)" in text and "change vs previous run:" in text
+    # nothing cut: every word of the markdown's notes is in the narrow text
+    for note in [line[2:] for line in table.splitlines() if line.startswith("- ")]:
+        assert note.split() == [w for w in note.split() if w in text.split()], note
+    words = " ".join(text.split())
+    assert " k parameters" in words and "B parameters" not in words  # not "0.000169 B parameters"
+    wide = terminal_text(doc, None, 400)  # a wide terminal gets the table, long notes wrapped
+    assert [ln for ln in wide.splitlines() if ln.startswith("|")] == [
+        ln for ln in markdown(doc, None).splitlines() if ln.startswith("|")]
+    assert all(len(line) <= 400 for line in wide.splitlines())

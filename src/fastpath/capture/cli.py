@@ -119,8 +119,8 @@ def resume_command(args: argparse.Namespace) -> str:
 
 def interrupted_text(args: argparse.Namespace) -> str:
     """Ctrl-C: what is on disk and the exact command that continues from it."""
-    return ("fastpath capture: interrupted; every row file in --out is complete (written by atomic rename). "
-            f"Continue with:\n  {resume_command(args)}")
+    return ("fastpath capture: interrupted; every row file in --out is complete\n"
+            f"(written by atomic rename). Continue with:\n  {resume_command(args)}")
 
 
 def summary_text(result: object, layout: str, processes: int, width: int | None = None) -> str:

@@ -64,13 +64,15 @@ class TensorDiff:
 @dataclass
 class GradDiff:
     """One parameter's gradient. In bf16/fp16, `fast_vs_fp32` / `ref_vs_fp32` are each path's
-    relative distance to an fp32 run of the reference (None in fp32)."""
+    relative distance to an fp32 run of the reference (None in fp32). `noise` (fp32, measured only
+    for a gradient beyond the limit): the reference's own rounding noise, see `judge_by_noise`."""
 
     name: str
     rel: float
     ok: bool
     fast_vs_fp32: float | None = None
     ref_vs_fp32: float | None = None
+    noise: float | None = None
 
 
 @dataclass
@@ -179,6 +181,33 @@ def compare_grads(fast: dict[str, Any], ref: dict[str, Any], tol: Tolerance,
             fast_o, ref_o = _rel(g_fast, g_o), _rel(g_ref, g_o)
             ok = ok or (finite and fast_o <= ORACLE_SLACK * ref_o + 1e-6)
         out.append(GradDiff(name, rel, ok, fast_o, ref_o))
+    return out
+
+
+# An fp32 gradient that sums many terms of both signs can be ill-conditioned: issue 24 measured
+# (tiny Qwen3.5, seq 32, CPU) A_log / dt_bias gradients of the *reference* path 1e-3 .. 1.2e-1
+# (relative) away from a float64 run whose gated delta rule was computed token by token in
+# float64, while the fast path differed from the reference by 1e-4 .. 1.5e-2: both paths equally
+# far from exact, the difference being fp32 rounding amplified by cancellation. A fixed relative
+# limit cannot hold there. So a gradient beyond grad_rel is measured against the reference's own
+# rounding noise: how far the reference's gradient moves when every weight moves by one rounding
+# step (the largest of NOISE_RUNS such runs; fp32 rounding there is chaotic, so one run can land
+# close by chance). It passes when the fast path is within NOISE_SLACK x that. A kernel error
+# still fails: it shows on the well-conditioned gradients (conv and projection weights, noise
+# ~1e-7), which keep grad_rel, and a backward that is off by 1% measured 10-1000x the noise on
+# A_log / dt_bias too (tests/test_verify.py, benchmarks/verify_seed_sweep.py).
+NOISE_RUNS = 3
+NOISE_SLACK = 8.0
+
+
+def judge_by_noise(grads: list[GradDiff], noise: dict[str, float]) -> list[GradDiff]:
+    """Re-judge the gradients beyond the limit that have a measured `noise` (see above)."""
+    out = []
+    for g in grads:
+        if not g.ok and g.name in noise and g.rel == g.rel and g.rel != float("inf"):
+            g = GradDiff(g.name, g.rel, g.rel <= NOISE_SLACK * noise[g.name], g.fast_vs_fp32, g.ref_vs_fp32,
+                         noise[g.name])
+        out.append(g)
     return out
 
 

@@ -43,6 +43,16 @@ def human_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+@dataclass(frozen=True)
+class ScanShape:
+    """One Mamba-2 mixer's chunked scan (transformers' torch_forward reads these attributes)."""
+
+    heads: int
+    head_dim: int
+    state: int
+    chunk: int
+
+
 @dataclass
 class JobSize:
     """The estimate for one job, and the memory it will be compared with."""
@@ -58,14 +68,16 @@ class JobSize:
     free_source: str = ""
     defaults: list[str] = field(default_factory=list)  # "hidden_size=4096" taken from transformers
     largest_tensor: int = 0  # parameters in the biggest single tensor (initialisation copies it)
+    scans: list[ScanShape] = field(default_factory=list)  # the Mamba-2 mixers' chunked scans
+    reference_scan_bytes: int = 0  # the largest transient of transformers' torch scan (in the peak)
 
-    def header(self) -> str:
-        text = (f"estimate: {human_count(self.parameters)} parameters, weights {human_bytes(self.weight_bytes)} "
-                f"({self.dtype}), activations and gradients {human_bytes(self.activation_bytes)}, "
-                f"peak ~{human_bytes(self.peak_bytes)}")
+    def header(self) -> list[str]:
+        """The estimate as two short lines (each fits 80 columns behind a 'verify: ' prefix)."""
+        peak = f"estimate: peak ~{human_bytes(self.peak_bytes)}"
         if self.free_bytes is not None:
-            text += f"; free {self.free_source} {human_bytes(self.free_bytes)}"
-        return text
+            peak += f" (free {self.free_source} {human_bytes(self.free_bytes)})"
+        return [peak, f"weights {human_bytes(self.weight_bytes)} ({human_count(self.parameters)} parameters, "
+                      f"{self.dtype}); activations, gradients {human_bytes(self.activation_bytes)}"]
 
     def defaults_note(self) -> str | None:
         if not self.defaults:
@@ -104,9 +116,20 @@ def _layer_list(model: Any) -> Any:
     return max(lists, key=len, default=[])
 
 
-def count_parameters(config: Any) -> tuple[int, list[int], int]:
-    """(total, per decoder layer, largest tensor) parameters of the causal LM `config` builds:
-    exact, no memory."""
+def _scan_shapes(model: Any) -> list[ScanShape]:
+    """The Mamba-2 mixers of a (meta) model: modules with the four attributes every transformers
+    5.x Mamba-2 family's mixer sets (mamba2, nemotron_h, granitemoehybrid, bamba, falcon_h1, zamba2)."""
+    out = []
+    for module in model.modules():
+        values = [getattr(module, name, None) for name in ("num_heads", "head_dim", "ssm_state_size", "chunk_size")]
+        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+            out.append(ScanShape(*values))
+    return out
+
+
+def count_parameters(config: Any) -> tuple[int, list[int], int, list[ScanShape]]:
+    """(total, per decoder layer, largest tensor) parameters of the causal LM `config` builds,
+    and its Mamba-2 scans: exact, no memory."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -119,7 +142,7 @@ def count_parameters(config: Any) -> tuple[int, list[int], int]:
     total = sum(p.numel() for p in model.parameters())
     layers = [sum(p.numel() for p in layer.parameters()) for layer in _layer_list(model)]
     largest = max((p.numel() for p in model.parameters()), default=0)
-    return int(total), [int(n) for n in layers], int(largest)
+    return int(total), [int(n) for n in layers], int(largest), _scan_shapes(model)
 
 
 def _dims(config: Any) -> dict[str, int]:
@@ -165,32 +188,78 @@ def activation_bytes(config: Any, layers: int, *, dtype: str, batch: int, seq_le
     return int(kept + transient + saved)
 
 
-def peak_bytes(params: int, largest: int, activations: int, *, dtype: str, backward: bool, paths: int) -> tuple[int, int]:
-    """(estimated peak, bytes beyond the weights) of a job with `params` parameters.
+def reference_scan_bytes(scans: list[ScanShape], *, batch: int, seq_len: int, backward: bool) -> int:
+    """The largest transient of transformers' torch path for Mamba-2 (torch_forward ->
+    the chunked scan, e.g. models/granitemoehybrid/modeling_granitemoehybrid.py in 5.17): in fp32
+    it materialises broadcast products before summing them, (B, chunks, Q, Q, heads, state) for
+    C x B, (B, chunks, Q, Q, heads, head_dim) for the diagonal block and (B, chunks, Q, heads,
+    head_dim, state) for the chunk states, the sequence padded to whole chunks of Q. Autograd's
+    backward of such a product holds the gradient of both operands at full size at once (x2).
+    Measured on an H200: granite-4.0-h-small, 4 layers, B=2, L=1024 held 95.5 GB and asked for
+    32 GiB more: 2 x 128 heads x 1024 x 256 x 128 x 4 bytes is 34.4 GB."""
+    worst = 0
+    for s in scans:
+        padded = -(-seq_len // s.chunk) * s.chunk
+        per_token = s.heads * max(s.chunk * s.state, s.chunk * s.head_dim, s.head_dim * s.state)
+        worst = max(worst, batch * padded * per_token)
+    return 4 * worst * (2 if backward else 1)
 
-    The peak also covers model construction: weights are initialised in fp32 and converted
-    afterwards, so a bf16 job briefly holds 4 bytes per parameter, plus a temporary copy of one
-    tensor while it is initialised (measured: the embedding, 0.5 GB for LFM2). With backward,
-    each path whose gradients are kept holds a copy of the weights (verify compares two), and
-    verify's bf16/fp16 gradient oracle is an fp32 copy of the model with its fp32 gradients.
+
+def peak_bytes(params: int, largest: int, activations: int, *, dtype: str, backward: bool, paths: int,
+               scan: int = 0, oracle_activations: int | None = None) -> tuple[int, int]:
+    """(estimated peak, bytes beyond the weights) of a job with `params` parameters: the largest
+    of the phases that run one after the other.
+
+    Construction: weights are initialised in fp32 and converted afterwards, so a bf16 job briefly
+    holds 4 bytes per parameter, plus a temporary copy of one tensor while it is initialised
+    (measured: the embedding, 0.5 GB for LFM2). `scan`: the torch reference path's Mamba-2 scan
+    transient (reference_scan_bytes), live only while the reference path (or verify's fp32 oracle
+    of it) runs. verify with backward (paths=2) keeps the reference's gradients while the fast path
+    runs; in bf16/fp16 it first runs an fp32 copy of the model with fp32 gradients (the gradient
+    oracle; its activations are fp32, `oracle_activations`) and keeps only those gradients
+    afterwards: the copy and the fast path's gradients are never alive together.
     """
     e = DTYPE_BYTES[dtype]
-    grads = params * e * paths if backward else 0
-    oracle = params * 4 * 2 if backward and dtype != "fp32" and paths == 2 else 0
-    beyond = grads + oracle + activations
+    if backward and paths == 2:
+        ref_grads = params * e
+        if dtype != "fp32":
+            oracle = params * 4 * 2 + scan + (activations if oracle_activations is None else oracle_activations)
+            fast = params * (4 + e) + activations
+            beyond = ref_grads + max(oracle, fast, scan + activations)
+        else:
+            beyond = ref_grads + max(scan, params * e) + activations
+    else:
+        beyond = (params * e * paths if backward else 0) + scan + activations
     return int(max((params + largest) * 4, params * e + beyond)), int(beyond)
 
 
+def _job_peak(config: Any, params: int, largest: int, scans: list[ScanShape], layers: int, *, dtype: str,
+              batch: int, seq_len: int, backward: bool, paths: int, reference: bool) -> tuple[int, int, int]:
+    """(peak, beyond the weights, scan transient) of one job shape."""
+    acts = activation_bytes(config, layers, dtype=dtype, batch=batch, seq_len=seq_len, backward=backward,
+                            paths=paths)
+    oracle_acts = None
+    if backward and paths == 2 and dtype != "fp32":
+        oracle_acts = activation_bytes(config, layers, dtype="fp32", batch=batch, seq_len=seq_len,
+                                       backward=True, paths=1)
+    scan = reference_scan_bytes(scans, batch=batch, seq_len=seq_len, backward=backward) if reference else 0
+    peak, beyond = peak_bytes(params, largest, acts, dtype=dtype, backward=backward, paths=paths, scan=scan,
+                              oracle_activations=oracle_acts)
+    return peak, beyond, scan
+
+
 def estimate(config: Any, raw: dict[str, Any], *, dtype: str, device: str, batch: int, seq_len: int,
-             backward: bool, paths: int) -> JobSize:
-    """The job's size: parameters (meta build), weights, activations and the estimated peak."""
-    params, per_layer, largest = count_parameters(config)
+             backward: bool, paths: int, reference: bool = True) -> JobSize:
+    """The job's size: parameters (meta build), weights, activations and the estimated peak.
+    reference: the job runs transformers' reference path (verify always; bench with its
+    'reference' configuration)."""
+    params, per_layer, largest, scans = count_parameters(config)
     layers = len(per_layer) or int(getattr(config, "num_hidden_layers", 1) or 1)
-    acts = activation_bytes(config, layers, dtype=dtype, batch=batch, seq_len=seq_len,
-                            backward=backward, paths=paths)
-    peak, beyond = peak_bytes(params, largest, acts, dtype=dtype, backward=backward, paths=paths)
+    peak, beyond, scan = _job_peak(config, params, largest, scans, layers, dtype=dtype, batch=batch,
+                                   seq_len=seq_len, backward=backward, paths=paths, reference=reference)
     return JobSize(params, per_layer, params * DTYPE_BYTES[dtype], beyond, peak, dtype, device,
-                   defaults=defaults_used(raw, config), largest_tensor=largest)
+                   defaults=defaults_used(raw, config), largest_tensor=largest, scans=scans,
+                   reference_scan_bytes=scan)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,8 +312,10 @@ def free_memory(device: Any) -> tuple[int | None, str]:
 # The guard
 
 
-def suggestion(size: JobSize, fits: Any, min_layers: int) -> str:
-    """'try --layers 4, --dtype bf16 or a smaller --seq-len' — only what would help."""
+def suggestion(size: JobSize, fits: Any, min_layers: int, batch: int | None = None,
+               seq_len: int | None = None) -> str:
+    """'try --layers 4 or --dtype bf16': only the knobs that would make the job fit on their own
+    (a smaller --seq-len does nothing for a job whose weights fill the memory)."""
     options = []
     layers = len(size.layer_parameters)
     best = next((k for k in range(layers - 1, min_layers - 1, -1) if fits(layers=k)), None)
@@ -252,17 +323,24 @@ def suggestion(size: JobSize, fits: Any, min_layers: int) -> str:
         options.append(f"--layers {best}")
     if size.dtype == "fp32" and fits(dtype="bf16"):
         options.append("--dtype bf16")
-    if size.activation_bytes > size.weight_bytes / 4:
-        options.append("a smaller --seq-len / --batch")
+    if seq_len is not None:
+        shorter = next((n for n in (seq_len // 2 ** i for i in range(1, 32)) if n >= 2 and fits(seq_len=n)), None)
+        if shorter is not None:
+            options.append(f"--seq-len {shorter}")
+    if batch is not None and batch > 1 and fits(batch=1):
+        options.append("--batch 1")
     if not options:
-        return "it does not fit even with fewer layers; use a machine with more memory"
+        return ("it does not fit even with the fewest layers, bf16 or a shorter sequence; use a machine with "
+                "more memory")
     return "try " + (", ".join(options[:-1]) + " or " + options[-1] if len(options) > 1 else options[0])
 
 
-def check_fits(size: JobSize, what: str, refit: Any, min_layers: int) -> None:
+def check_fits(size: JobSize, what: str, refit: Any, min_layers: int, batch: int | None = None,
+               seq_len: int | None = None) -> None:
     """UsageError (exit 2, one line) when the estimated peak exceeds FIT_FRACTION of free memory.
 
-    refit(layers=None, dtype=None) -> peak bytes of the same job with fewer layers / another dtype.
+    refit(layers=None, dtype=None, seq_len=None, batch=None) -> peak bytes of the same job with
+    fewer layers / another dtype / another shape.
     """
     if size.free_bytes is None or size.peak_bytes <= FIT_FRACTION * size.free_bytes:
         return
@@ -271,36 +349,42 @@ def check_fits(size: JobSize, what: str, refit: Any, min_layers: int) -> None:
     def fits(**kw: Any) -> bool:
         return refit(**kw) <= budget
 
+    scan = ""
+    if size.reference_scan_bytes > size.peak_bytes / 4:
+        scan = (f" (of which {human_bytes(size.reference_scan_bytes)} is transformers' torch Mamba-2 scan on the "
+                "reference path, which grows with --batch x --seq-len)")
     raise UsageError(
         f"{what} needs about {size.peak_bytes / GB:.1f} GB ({human_count(size.parameters)} parameters, "
-        f"{size.dtype}) but {size.free_source} has {size.free_bytes / GB:.1f} GB free; "
-        + suggestion(size, fits, min_layers)
+        f"{size.dtype}){scan} but {size.free_source} has {size.free_bytes / GB:.1f} GB free; "
+        + suggestion(size, fits, min_layers, batch, seq_len)
         + (" (the config leaves its size to transformers' defaults: " + ", ".join(size.defaults) + ")"
            if size.defaults else "")
     )
 
 
 def scaled_peak(size: JobSize, config: Any, *, layers: int | None = None, dtype: str | None = None,
-                batch: int, seq_len: int, backward: bool, paths: int) -> int:
-    """The estimated peak of the same job with `layers` kept (first k layers' parameters) or `dtype`."""
+                batch: int, seq_len: int, backward: bool, paths: int, reference: bool = True) -> int:
+    """The estimated peak of the same job with `layers` kept (first k layers' parameters), `dtype`,
+    `batch` or `seq_len`."""
     dt = dtype or size.dtype
     k = layers if layers is not None else len(size.layer_parameters)
     nonlayer = size.parameters - sum(size.layer_parameters)
     params = nonlayer + sum(size.layer_parameters[:k]) if size.layer_parameters else size.parameters
-    acts = activation_bytes(config, k, dtype=dt, batch=batch, seq_len=seq_len, backward=backward, paths=paths)
-    return peak_bytes(params, size.largest_tensor, acts, dtype=dt, backward=backward, paths=paths)[0]
+    return _job_peak(config, params, size.largest_tensor, size.scans, k, dtype=dt, batch=batch, seq_len=seq_len,
+                     backward=backward, paths=paths, reference=reference)[0]
 
 
 def size_job(config: Any, raw: dict[str, Any], *, what: str, dtype: str, device: Any, batch: int,
-             seq_len: int, backward: bool, paths: int, min_layers: int = 1) -> JobSize:
+             seq_len: int, backward: bool, paths: int, min_layers: int = 1, reference: bool = True) -> JobSize:
     """Estimate, read free memory, refuse when it will not fit (see module doc). Returns the size."""
     size = estimate(config, raw, dtype=dtype, device=str(device), batch=batch, seq_len=seq_len,
-                    backward=backward, paths=paths)
+                    backward=backward, paths=paths, reference=reference)
     size.free_bytes, size.free_source = free_memory(device)
 
-    def refit(layers: int | None = None, dtype: str | None = None) -> int:
+    def refit(layers: int | None = None, dtype: str | None = None, seq_len: int = seq_len,
+              batch: int = batch) -> int:
         return scaled_peak(size, config, layers=layers, dtype=dtype, batch=batch, seq_len=seq_len,
-                           backward=backward, paths=paths)
+                           backward=backward, paths=paths, reference=reference)
 
-    check_fits(size, what, refit, min_layers)
+    check_fits(size, what, refit, min_layers, batch, seq_len)
     return size

@@ -11,10 +11,12 @@ bench.md and (with matplotlib) bench.png through proof/bench_outputs.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,9 +28,13 @@ from fastpath.errors import UsageError
 from fastpath.proof.bench_outputs import (
     compare_docs,
     load_previous,
+    machine_mismatches,
+    settings_mismatches,
     speedups,
     speedups_versus,
+    terminal_text,
     write_outputs,
+    write_tables,
 )
 from fastpath.proof.bench_spec import (
     CONFIGS,
@@ -71,6 +77,10 @@ def _run_worker(spec: ConfigSpec, settings: BenchSettings, workdir: Path, on_pro
             proc.kill()
             proc.wait()
             return {"config": spec.name, "label": spec.label, "error": f"timed out after {timeout:g} s"}
+        except BaseException:  # Ctrl-C, SIGTERM (see _signals_interrupt): no worker outlives bench
+            proc.kill()
+            proc.wait()
+            raise
     result_path = Path(job["result"])
     if proc.returncode != 0 or not result_path.exists():
         tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-1:]
@@ -99,33 +109,19 @@ def preflight(settings: BenchSettings, configs: list[str], check_memory: bool = 
     backward = any(PHASE_REGISTRY[p].backward for p in settings.phases)
     return size_job(plan.config, plan.source.config, what=f"bench {settings.source}", dtype=settings.dtype,
                     device=plan.device, batch=settings.batch, seq_len=settings.seq_len, backward=backward,
-                    paths=1, min_layers=plan.min_layers)
+                    paths=1, min_layers=plan.min_layers, reference="reference" in configs)
 
 
-def run_bench(settings: BenchSettings, configs: list[str], *, timeout: float | None = None,
-              progress: Callable[[str, str], None] | None = None, size: Any = None) -> dict[str, Any]:
-    """Run each configuration in its own process and gather the results into one document.
-    `size`: the preflight's estimate (preflight runs here when it is None)."""
-    if size is None:
-        size = preflight(settings, configs)
-    results = []
-    with tempfile.TemporaryDirectory(prefix="fastpath-bench-") as tmp:
-        for name in configs:
-            spec = CONFIGS[name]
-            if spec.needs_cuda and not settings.device.startswith("cuda"):
-                results.append({"config": name, "label": spec.label, "skipped": "needs a CUDA device"})
-                continue
-            missing = [m for m in spec.requires if importlib.util.find_spec(m) is None]
-            if missing:
-                results.append({"config": name, "label": spec.label, "skipped": f"not installed: {', '.join(missing)}"})
-                continue
-            results.append(_run_worker(spec, settings, Path(tmp), lambda ph, n=name: (progress or (lambda *_: None))(n, ph),
-                                       timeout))
+def assemble(settings: BenchSettings, results: list[dict[str, Any]], size: Any, *, created: str,
+             total: int, why_partial: str | None = None) -> dict[str, Any]:
+    """The bench document from the configurations measured so far; `why_partial` marks a run
+    that has not measured all `total` configurations (still running, interrupted)."""
     doc: dict[str, Any] = {
         "schema": SCHEMA,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": created,
         "settings": {**settings.__dict__, "phases": list(settings.phases)},
-        "configs": results,
+        "configs": list(results),
+        "partial": {"done": len(results), "total": total, "why": why_partial} if why_partial else None,
     }
     first = next((r for r in results if "model" in r), None)
     doc["model"] = first["model"] if first else None
@@ -135,6 +131,63 @@ def run_bench(settings: BenchSettings, configs: list[str], *, timeout: float | N
     doc["speedup_versus"] = speedups_versus(doc)
     return doc
 
+
+STILL_RUNNING = "the others had not run when this file was written"
+
+
+def run_bench(settings: BenchSettings, configs: list[str], *, timeout: float | None = None,
+              progress: Callable[[str, str], None] | None = None, size: Any = None,
+              on_result: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run each configuration in its own process and gather the results into one document.
+    `size`: the preflight's estimate (preflight runs here when it is None). `on_result` gets the
+    document so far after each configuration (bench writes it to disk: a run that is killed
+    keeps what it measured)."""
+    if size is None:
+        size = preflight(settings, configs)
+    created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="fastpath-bench-") as tmp:
+        for name in configs:
+            spec = CONFIGS[name]
+            if spec.needs_cuda and not settings.device.startswith("cuda"):
+                results.append({"config": name, "label": spec.label, "skipped": "needs a CUDA device"})
+            elif missing := [m for m in spec.requires if importlib.util.find_spec(m) is None]:
+                results.append({"config": name, "label": spec.label, "skipped": f"not installed: {', '.join(missing)}"})
+            else:
+                results.append(_run_worker(spec, settings, Path(tmp),
+                                           lambda ph, n=name: (progress or (lambda *_: None))(n, ph), timeout))
+            if on_result is not None and len(results) < len(configs):
+                on_result(assemble(settings, results, size, created=created, total=len(configs),
+                                   why_partial=STILL_RUNNING))
+    return assemble(settings, results, size, created=created, total=len(configs))
+
+
+class BenchInterrupted(KeyboardInterrupt):
+    """SIGTERM / SIGHUP during bench (a `timeout`, a job scheduler, a closed terminal): handled
+    like Ctrl-C, so the worker is killed and the finished configurations stay on disk."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Any:
+    """SIGTERM and SIGHUP raise BenchInterrupted in the main thread while the block runs."""
+    import signal
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise BenchInterrupted(signum)
+
+    saved = {}
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            saved[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,7 +275,10 @@ def main(args: argparse.Namespace) -> int:
     require("bench")  # before any work: torch and transformers
     no_chart = requirement_error("chart")  # matplotlib: only the PNG depends on it
     from fastpath.models.dtypes import resolve_device, resolve_dtype
+    from fastpath.proof.out_paths import check_out_dir
 
+    out = Path(args.out).expanduser()
+    check_out_dir(out, "--out", OUTPUT_NAMES)  # before any work: a bad --out used to cost the whole run
     device = str(resolve_device(args.device))
     phases = default_phases(device) if args.phases is None else tuple(p.strip() for p in args.phases.split(",") if p.strip())
     settings = BenchSettings(
@@ -232,24 +288,62 @@ def main(args: argparse.Namespace) -> int:
     )
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     previous = load_previous(args.compare) if args.compare else None
+    if previous is not None:
+        settings.validate()
+        differ = settings_mismatches({**settings.__dict__}, os.environ.get("TRITON_INTERPRET") == "1", previous)
+        if differ:
+            raise UsageError(f"--compare {args.compare} is not comparable with this run: {'; '.join(differ)} "
+                             "(run with the same model, shape, dtype and device, or leave out --compare)")
     size = preflight(settings, configs)
     per_config = len(settings.phases) * (settings.warmup + settings.repeats)
-    with _BenchProgress(per_config * len(configs)) as progress:
-        progress.note(size.header())
-        if size.defaults_note():
-            progress.note(f"note: {size.defaults_note()}")
-        doc = run_bench(settings, configs, timeout=args.timeout, progress=progress, size=size)
+    latest: dict[str, Any] = {}
+
+    def keep(doc: dict[str, Any]) -> None:  # after each configuration: on disk at once
+        latest["doc"] = doc
+        write_tables(doc, out, None)
+
+    try:
+        with _signals_interrupt(), _BenchProgress(per_config * len(configs)) as progress:
+            for line in size.header():
+                progress.note(line)
+            if size.defaults_note():
+                progress.note(f"note: {size.defaults_note()}")
+            doc = run_bench(settings, configs, timeout=args.timeout, progress=progress, size=size, on_result=keep)
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, BenchInterrupted) else 2
+        return _interrupted(latest.get("doc"), out, signum)
     comparison = compare_docs(doc, previous) if previous else None
     if comparison is not None:
-        doc["compare"] = {"file": args.compare, "changes": comparison}
-    paths, no_png = write_outputs(doc, Path(args.out), comparison, draw_chart=no_chart is None)
+        assert previous is not None
+        doc["compare"] = {"file": args.compare, "changes": comparison, "differences": machine_mismatches(doc, previous)}
+    paths, no_png = write_outputs(doc, out, comparison, draw_chart=no_chart is None)
     if args.json:
         json.dump(doc, sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(paths["markdown"].read_text())
+        sys.stdout.write(terminal_text(doc, comparison, shutil.get_terminal_size().columns))
     print(f"fastpath bench: wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
     if no_png is not None:
         print(f"fastpath bench: no bench.png: {no_png}", file=sys.stderr)
     failed = [r["config"] for r in doc["configs"] if "error" in r]
     return 1 if failed else 0
+
+
+OUTPUT_NAMES = ("bench.json", "bench.md", "bench.png")
+
+
+def _interrupted(doc: dict[str, Any] | None, out: Path, signum: int) -> int:
+    """Mark what is on disk as interrupted; one line on stderr; exit 128 + signal."""
+    import signal
+
+    name = signal.Signals(signum).name
+    if doc is None or not doc["configs"]:
+        print(f"fastpath bench: interrupted ({name}) before the first configuration finished; nothing written",
+              file=sys.stderr)
+        return 128 + signum
+    doc["partial"] = {**doc["partial"], "why": f"interrupted by {name}"}
+    paths = write_tables(doc, out, None)
+    print(f"fastpath bench: interrupted ({name}); {doc['partial']['done']} of {doc['partial']['total']} "
+          f"configurations measured, kept in {paths['json']} and {paths['markdown']} (marked partial)",
+          file=sys.stderr)
+    return 128 + signum

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fastpath.errors import UsageError
+from fastpath.models.sizing import human_count
 from fastpath.proof.bench_spec import PHASE_REGISTRY, SCHEMA, phase_label
 
 SAME_AS_REFERENCE = "same implementation as reference"
@@ -96,6 +97,53 @@ def load_previous(path: str) -> dict[str, Any]:
     return doc
 
 
+# What must match for two runs' tokens/s to be comparable (issue 24: an interpreter run against a
+# GPU run printed "+15587%"). Settings the user chose; then the machine the run measured.
+_SAME_SETTINGS = (("source", "model"), ("layers", "--layers"), ("batch", "--batch"), ("seq_len", "--seq-len"),
+                  ("dtype", "--dtype"), ("decode_tokens", "--decode-tokens"))
+
+
+def _device_kind(device: Any) -> str:
+    return str(device).split(":")[0] if device else "?"
+
+
+def _interpreter(env: dict[str, Any]) -> bool:
+    return str(env.get("triton_interpret") or "") == "1"
+
+
+def settings_mismatches(settings: dict[str, Any], interpreter: bool, old: dict[str, Any]) -> list[str]:
+    """What differs between this run's settings (known before it starts) and an earlier bench
+    JSON: model, shape, dtype, device type, Triton interpreter. Empty: comparable. A setting the
+    old file does not record is not held against it."""
+    old_settings = old.get("settings") or {}
+    out = []
+    for key, label in _SAME_SETTINGS:
+        if key in old_settings and old_settings[key] != settings.get(key):
+            out.append(f"{label} {old_settings[key]} vs now {settings.get(key)}")
+    if "device" in old_settings and _device_kind(old_settings["device"]) != _device_kind(settings.get("device")):
+        out.append(f"device {old_settings['device']} vs now {settings.get('device')}")
+    old_env = old.get("environment")
+    if isinstance(old_env, dict) and "triton_interpret" in old_env and _interpreter(old_env) != interpreter:
+        out.append("Triton interpreter " + ("on" if _interpreter(old_env) else "off")
+                   + " vs now " + ("on" if interpreter else "off"))
+    return out
+
+
+def machine_mismatches(new: dict[str, Any], old: dict[str, Any]) -> list[str]:
+    """Differences the new run's results reveal (model built, GPU, versions): flagged next to
+    the comparison, not refused (a new transformers is a reason to compare)."""
+    out = []
+    new_model, old_model = new.get("model") or {}, old.get("model") or {}
+    for key in ("class", "layers", "parameters"):
+        if key in old_model and key in new_model and old_model[key] != new_model[key]:
+            out.append(f"model {key} {old_model[key]} vs now {new_model[key]}")
+    new_env, old_env = new.get("environment") or {}, old.get("environment") or {}
+    for key in ("gpu", "cpu", "torch", "triton", "transformers"):
+        if key in old_env and key in new_env and old_env[key] != new_env[key]:
+            out.append(f"{key} {old_env[key]} vs now {new_env[key]}")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Rendering
 
@@ -140,67 +188,148 @@ def route_digest(rows: list[dict[str, Any]]) -> str:
     return "; ".join(f"{op} -> {' | '.join(impls)}" for op, impls in by_op.items()) or "no routed ops found"
 
 
-def markdown(doc: dict[str, Any], comparison: list[dict[str, Any]] | None = None) -> str:
-    """The results as a markdown table (tokens/s, speed-up vs reference, peak memory)."""
+def _title(doc: dict[str, Any]) -> str:
+    s = doc["settings"]
+    return f"fastpath bench: {s['source']}" + (f" (--layers {s['layers']})" if s.get("layers") else "")
+
+
+def _facts(doc: dict[str, Any]) -> list[str]:
+    """The bullet lines above the table: model, machine, timing, and whether the run finished."""
     s = doc["settings"]
     env = doc.get("environment") or {}
     model = doc.get("model") or {}
-    phases = s["phases"]
-    lines = [
-        f"## fastpath bench: {s['source']}" + (f" (--layers {s['layers']})" if s.get("layers") else ""),
-        "",
-        f"- model: {model.get('class', '?')}, {model.get('layers', '?')} layers "
-        f"({', '.join(sorted(set(model.get('layer_types', []))))}), {model.get('parameters', 0) / 1e9:.3g} B parameters, "
+    facts = [
+        f"model: {model.get('class', '?')}, {model.get('layers', '?')} layers "
+        f"({', '.join(sorted(set(model.get('layer_types', []))))}), {human_count(model.get('parameters', 0))} parameters, "
         f"{s['dtype']}, batch {s['batch']} x seq-len {s['seq_len']}, decode {s['decode_tokens']} tokens",
-        f"- machine: {env.get('gpu') or env.get('cpu', '?')} ({env.get('host', '?')}); torch {env.get('torch')}, "
+        f"machine: {env.get('gpu') or env.get('cpu', '?')} ({env.get('host', '?')}); torch {env.get('torch')}, "
         f"triton {env.get('triton')}, transformers {env.get('transformers')}, CUDA {env.get('cuda')}",
-        f"- timing: median of {s['repeats']} after {s['warmup']} warm-up runs "
+        f"timing: median of {s['repeats']} after {s['warmup']} warm-up runs "
         f"({'CUDA events' if str(s['device']).startswith('cuda') else 'perf_counter'}); {doc['created']}",
-        "",
-        "| config | " + " | ".join(f"{phase_label(p)} tok/s" for p in phases) + " | peak memory MiB ("
-        + "/".join(phases) + ") |",
-        "|---|" + "---|" * len(phases) + "---|",
     ]
-    speed = doc.get("speedup", {})
-    for r in doc["configs"]:
-        mem = []
-        for p in phases:
-            value = r.get("phases", {}).get(p, {}).get("peak_mem_mib")
-            mem.append(f"{value:,.0f}" if isinstance(value, (int, float)) else "-")
-        cells = [_cell(r, p, speed, doc) for p in phases]
-        lines.append(f"| {r['config']} ({r.get('label', '')}) | " + " | ".join(cells) + f" | {'/'.join(mem)} |")
+    partial = doc.get("partial")
+    if partial:
+        facts.append(f"PARTIAL: {partial['done']} of {partial['total']} configurations measured; {partial['why']}")
+    return facts
+
+
+def _memory(r: dict[str, Any], phases: list[str]) -> str:
+    mem = []
+    for p in phases:
+        value = r.get("phases", {}).get(p, {}).get("peak_mem_mib")
+        mem.append(f"{value:,.0f}" if isinstance(value, (int, float)) else "-")
+    return "/".join(mem)
+
+
+def _notes(doc: dict[str, Any]) -> list[str]:
+    """One line per skip, error, phase note, route digest and honesty label, under the table."""
     notes = []
     for r in doc["configs"]:
         if "skipped" in r:
-            notes.append(f"- {r['config']}: skipped: {r['skipped']}")
+            notes.append(f"{r['config']}: skipped: {r['skipped']}")
         if "error" in r:
-            notes.append(f"- {r['config']}: error: {r['error']}")
+            notes.append(f"{r['config']}: error: {r['error']}")
         for p, entry in r.get("phases", {}).items():
             if "error" in entry:
-                notes.append(f"- {r['config']} {phase_label(p)}: {entry['error']}")
+                notes.append(f"{r['config']} {phase_label(p)}: {entry['error']}")
             elif entry.get("note"):
-                notes.append(f"- {r['config']} {phase_label(p)}: {entry['note']}")
+                notes.append(f"{r['config']} {phase_label(p)}: {entry['note']}")
         for key, ratio in doc.get("speedup_versus", {}).get(r.get("config"), {}).items():
             phase, base = key.split("/", 1)
-            notes.append(f"- {r['config']} {phase_label(phase)}: {ratio:.2f}x the reference's {phase_label(base)}")
+            notes.append(f"{r['config']} {phase_label(phase)}: {ratio:.2f}x the reference's {phase_label(base)}")
         if r.get("explain"):
-            notes.append(f"- {r['config']} routes: {route_digest(r['explain'])}")
+            notes.append(f"{r['config']} routes: {route_digest(r['explain'])}")
         if same_as_reference(doc, r.get("config", "")):
-            notes.append(f"- {r['config']}: ran the same torch code as reference ({r.get('implementation')}); "
+            notes.append(f"{r['config']}: ran the same torch code as reference ({r.get('implementation')}); "
                          "its timings are not a speed-up")
         if not_timing_data(doc, r.get("config", "")):
-            notes.append(f"- {r['config']}: {not_timing_data(doc, r['config'])}")
+            notes.append(f"{r['config']}: {not_timing_data(doc, r['config'])}")
         calls = r.get("kernel_calls")
         if r.get("config") == "fastpath" and calls is not None:
-            notes.append(f"- fastpath kernel calls: {', '.join(f'{k} x{v}' for k, v in sorted(calls.items())) or 'none'}")
+            notes.append(f"fastpath kernel calls: {', '.join(f'{k} x{v}' for k, v in sorted(calls.items())) or 'none'}")
+    return notes
+
+
+def _compare_flags(doc: dict[str, Any]) -> list[str]:
+    flags = (doc.get("compare") or {}).get("differences") or []
+    return [f"not like for like: {', '.join(flags)}"] if flags else []
+
+
+def markdown(doc: dict[str, Any], comparison: list[dict[str, Any]] | None = None) -> str:
+    """The results as a markdown table (tokens/s, speed-up vs reference, peak memory)."""
+    phases = doc["settings"]["phases"]
+    lines = [f"## {_title(doc)}", "", *(f"- {fact}" for fact in _facts(doc)), "",
+             "| config | " + " | ".join(f"{phase_label(p)} tok/s" for p in phases) + " | peak memory MiB ("
+             + "/".join(phases) + ") |",
+             "|---|" + "---|" * len(phases) + "---|"]
+    speed = doc.get("speedup", {})
+    for r in doc["configs"]:
+        cells = [_cell(r, p, speed, doc) for p in phases]
+        lines.append(f"| {r['config']} ({r.get('label', '')}) | " + " | ".join(cells) + f" | {_memory(r, phases)} |")
+    notes = _notes(doc)
     if notes:
-        lines += ["", *notes]
+        lines += ["", *(f"- {note}" for note in notes)]
     if comparison:
-        lines += ["", "### change vs previous run", "", "| config | phase | previous tok/s | now tok/s | change |",
-                  "|---|---|---|---|---|"]
+        lines += ["", "### change vs previous run", "", *(f"- {flag}" for flag in _compare_flags(doc)),
+                  "| config | phase | previous tok/s | now tok/s | change |", "|---|---|---|---|---|"]
         for row in comparison:
             lines.append(f"| {row['config']} | {phase_label(row['phase'])} | {_fmt_rate(row['old'])} | "
                          f"{_fmt_rate(row['new'])} | {row['change'] * 100:+.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def narrow(doc: dict[str, Any], comparison: list[dict[str, Any]] | None, width: int) -> str:
+    """The same content as `markdown` as `key: value` rows wrapped to `width` columns, for a
+    terminal narrower than the table (words are never cut; a path longer than a line stays whole)."""
+    import textwrap
+
+    def wrap(text: str, indent: str = "", first: str | None = None) -> list[str]:
+        return textwrap.wrap(text, width, initial_indent=indent if first is None else first,
+                             subsequent_indent=indent + "  ", break_long_words=False, break_on_hyphens=False) or [""]
+
+    phases = doc["settings"]["phases"]
+    lines = wrap(_title(doc))
+    for fact in _facts(doc):
+        lines += wrap(fact, "", "- ")
+    speed = doc.get("speedup", {})
+    for r in doc["configs"]:
+        lines += ["", *wrap(f"{r['config']} ({r.get('label', '')})")]
+        if "skipped" in r:
+            lines += wrap(f"skipped: {r['skipped']}", "  ")
+            continue
+        for p in phases:
+            lines += wrap(f"{phase_label(p)} tok/s: {_cell(r, p, speed, doc)}", "  ")
+        lines += wrap(f"peak memory MiB ({'/'.join(phases)}): {_memory(r, phases)}", "  ")
+    notes = _notes(doc)
+    if notes:
+        lines.append("")
+        for note in notes:
+            lines += wrap(note, "", "- ")
+    if comparison:
+        lines += ["", "change vs previous run:"]
+        for flag in _compare_flags(doc):
+            lines += wrap(flag, "", "- ")
+        for row in comparison:
+            lines += wrap(f"{row['config']} {phase_label(row['phase'])}: {_fmt_rate(row['old'])} -> "
+                          f"{_fmt_rate(row['new'])} tok/s ({row['change'] * 100:+.1f}%)", "  ")
+    return "\n".join(lines) + "\n"
+
+
+def terminal_text(doc: dict[str, Any], comparison: list[dict[str, Any]] | None, width: int) -> str:
+    """What bench prints: the markdown when its tables fit `width` columns (the other lines
+    wrapped at word boundaries, list items indented), else `narrow`."""
+    import textwrap
+
+    text = markdown(doc, comparison)
+    if any(len(line) > width for line in text.splitlines() if line.startswith("|")):
+        return narrow(doc, comparison, width)
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("|") or len(line) <= width:
+            lines.append(line)
+        else:
+            lines += textwrap.wrap(line, width, subsequent_indent="  " if line.startswith("- ") else "",
+                                   break_long_words=False, break_on_hyphens=False)
     return "\n".join(lines) + "\n"
 
 
@@ -247,14 +376,24 @@ def chart(doc: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def write_tables(doc: dict[str, Any], out_dir: Path, comparison: list[dict[str, Any]] | None) -> dict[str, Path]:
+    """bench.json and bench.md, each replaced atomically (a reader never sees half a file): bench
+    rewrites them after every configuration, so a run that is killed keeps what it measured."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "bench.json", "markdown": out_dir / "bench.md"}
+    for path, text in ((paths["json"], json.dumps(doc, indent=1, default=str) + "\n"),
+                       (paths["markdown"], markdown(doc, comparison))):
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return paths
+
+
 def write_outputs(doc: dict[str, Any], out_dir: Path, comparison: list[dict[str, Any]] | None,
                   draw_chart: bool = True) -> tuple[dict[str, Path], str | None]:
     """bench.json and bench.md always, first; bench.png when `draw_chart` (matplotlib importable).
     Returns the paths written and, when there is no chart, why (one line)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out_dir / "bench.json", "markdown": out_dir / "bench.md"}
-    paths["json"].write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    paths["markdown"].write_text(markdown(doc, comparison))
+    paths = write_tables(doc, out_dir, comparison)
     if not draw_chart:
         return paths, 'matplotlib is not installed; run: pip install "fastpath-kit[bench]"'
     try:

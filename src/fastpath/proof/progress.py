@@ -44,11 +44,17 @@ class Stages:
             print(line, file=self.stream, flush=True)
 
     def note(self, text: str) -> None:
-        """A line that stays (the size estimate, a warning), in both modes."""
+        """A line that stays (the size estimate, a warning), in both modes; wrapped at word
+        boundaries to the terminal's width (COLUMNS), continuation lines indented."""
         if self._status is not None:
             self._status.console.print(text, markup=False, highlight=False)
         else:
-            print(f"{self.command}: {text}", file=self.stream, flush=True)
+            import shutil
+            import textwrap
+
+            lines = textwrap.wrap(f"{self.command}: {text}", shutil.get_terminal_size().columns,
+                                  subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+            print("\n".join(lines), file=self.stream, flush=True)
 
     def __exit__(self, *exc: object) -> None:
         if self._status is not None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fastpath.models.compare import DecodeCheck, GradDiff, TensorDiff, Tolerance
+from fastpath.errors import FastpathError
+from fastpath.models.compare import NOISE_SLACK, DecodeCheck, GradDiff, TensorDiff, Tolerance
 
 CONV_OPS = ("fwd", "bwd", "update", "varlen_states")
 PASS = "PASS"
@@ -23,6 +24,12 @@ NOT_VERIFIED_HINT = ("run on a CUDA GPU, or set TRITON_INTERPRET=1 to run the Tr
                      "(a correctness check only; its timings mean nothing)")
 # Exit status per verdict (2 stays "bad input", from the CLI).
 EXIT_CODES = {PASS: 0, FAIL: 1, NOT_VERIFIED: 3}
+
+
+class CannotVerify(FastpathError):
+    """The requested combination cannot be checked here (said before any work): NOT VERIFIED."""
+
+    exit_code = EXIT_CODES[NOT_VERIFIED]
 
 
 def kernel_impls(calls: dict[str, int]) -> dict[str, int]:
@@ -135,6 +142,8 @@ def collect_problems(layers: list[TensorDiff], logits: TensorDiff, grads: list[G
         if worst.fast_vs_fp32 is not None and worst.ref_vs_fp32 is not None:
             # which path is off: each one's distance to an fp32 run of the reference
             oracle = f" (vs fp32: fast {worst.fast_vs_fp32:.3g}, reference {worst.ref_vs_fp32:.3g})"
+        if worst.noise is not None:
+            oracle += f" (the reference's own rounding noise {worst.noise:.3g}, allowed {NOISE_SLACK:g}x)"
         problems.append(f"{len(bad)} of {len(grads or [])} parameter gradients differ; first {bad[0].name} "
                         f"({bad[0].rel:.3g}), worst {worst.name} ({worst.rel:.3g}){oracle}, "
                         f"limit {tol.grad_rel:g}")

@@ -8,6 +8,15 @@ were silently all zero, and a fallback once drifted by 0.125 in the logits. Only
 every layer says *where* a kernel goes wrong, and a flag on zero / constant / non-finite states
 catches outputs that are wrong on both paths.
 
+`--liger` checks a model composed with Liger Kernel (`pip install "fastpath-kit[train]"`): Liger's
+`apply_liger_kernel_to_<family>(model=...)` goes on the built model before both runs, so the
+reference is transformers' torch fallbacks + Liger and the fast path enable() + Liger, and the
+backward goes through Liger's fused linear cross-entropy (the loss a Liger user trains with).
+That proves what composing adds: fastpath's kernels compute the same function under Liger's, and
+enable() routes with Liger in place (the kernel calls, explain()'s rows of both). The other
+comparison (plain reference vs fast + Liger) would mix Liger's own rounding (its norms compute in
+fp32) with fastpath's, and a failure could not say whose it is; Liger's tests cover Liger itself.
+
 This module is the command line and the rendering; the maths is in models/compare.py, running the
 two paths in proof/run_paths.py, the verdict in proof/verdict.py, the job's size in models/sizing.py.
 Exit status: 0 PASS, 1 FAIL, 2 bad input (or a job that will not fit), 3 NOT VERIFIED.
@@ -20,9 +29,17 @@ import json
 import sys
 from typing import Any
 
-from fastpath.models.compare import ORACLE_SLACK
+from fastpath.models.compare import NOISE_SLACK, ORACLE_SLACK
 from fastpath.proof.run_paths import REFERENCES
-from fastpath.proof.verdict import NOT_VERIFIED_HINT, NOT_VERIFIED_LINE, VerifyResult, route_summary
+from fastpath.proof.verdict import (
+    NOT_VERIFIED_HINT,
+    NOT_VERIFIED_LINE,
+    CannotVerify,
+    VerifyResult,
+    route_summary,
+)
+
+SAVE_NAME = "fastpath-verify.json"  # the file `--save DIR` writes inside DIR
 
 # Rendering and CLI
 
@@ -66,6 +83,11 @@ def render(result: VerifyResult) -> Any:
         rule = f"within {tol.grad_rel:g} of the reference"
         if any(g.fast_vs_fp32 is not None for g in result.grads):
             rule += f", or no further from an fp32 run than {ORACLE_SLACK:g}x the reference is"
+        noisy = [g for g in result.grads if g.noise is not None]
+        if noisy:
+            rule += (f"; {len(noisy)} ill-conditioned, judged against {NOISE_SLACK:g}x the reference's own "
+                     "rounding noise (" + ", ".join(f"{g.name.split('.')[-1]} {g.rel:.2e} vs noise {g.noise:.2e}"
+                                                    for g in noisy[:3]) + ")")
         text = f"gradients: {len(result.grads) - len(bad)}/{len(result.grads)} parameters pass ({rule})"
         worst = max(result.grads, key=lambda g: g.rel, default=None)
         if worst is not None:
@@ -108,8 +130,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reference", choices=REFERENCES, default="torch",
                         help="torch: transformers' torch fallbacks (Dao causal-conv1d / FLA hidden while the model "
                              "is built); transformers: whatever transformers binds here")
+    parser.add_argument("--liger", action="store_true",
+                        help="apply Liger Kernel's patch for the model's family before both runs (the fast path "
+                             "vs the reference, both with Liger; needs liger-kernel and a CUDA device)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-    parser.add_argument("--save", metavar="PATH", default=None, help="also write the result JSON to PATH")
+    parser.add_argument("--save", metavar="PATH", default=None,
+                        help=f"also write the result JSON to PATH (a directory: PATH/{SAVE_NAME})")
     parser.epilog = "exit status: 0 PASS, 1 FAIL, 2 bad input or a job that does not fit in memory, 3 NOT VERIFIED"
 
 
@@ -123,20 +149,29 @@ def main(args: argparse.Namespace) -> int:
     from fastpath.proof.progress import Stages
     from fastpath.proof.run_paths import verify_model
 
-    dtype = resolve_dtype(args.dtype, args.device)
-    with Stages("verify") as stages:
-        result = verify_model(
-            args.model, dtype=dtype, seq_len=args.seq_len, batch=args.batch, packed=args.packed,
-            backward=args.backward, layers=args.layers, decode_tokens=args.decode_tokens,
-            device=args.device, seed=args.seed, reference=args.reference,
-            progress=stages, note=stages.note,
-        )
-    if args.save:
-        from pathlib import Path
+    save = None
+    if args.save:  # checked before any work: a bad path used to cost the whole run
+        from fastpath.proof.out_paths import resolve_save_file
 
-        path = Path(args.save)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result.to_json(), indent=1, default=str) + "\n")
+        save = resolve_save_file(args.save, "--save", SAVE_NAME)
+    dtype = resolve_dtype(args.dtype, args.device)
+    try:
+        with Stages("verify") as stages:
+            if save is not None and str(save) != args.save:
+                stages.note(f"the result JSON goes to {save}")
+            result = verify_model(
+                args.model, dtype=dtype, seq_len=args.seq_len, batch=args.batch, packed=args.packed,
+                backward=args.backward, layers=args.layers, decode_tokens=args.decode_tokens,
+                device=args.device, seed=args.seed, reference=args.reference, liger=args.liger,
+                progress=stages, note=stages.note,
+            )
+    except CannotVerify as exc:  # said before any work: the verdict, not an error
+        print(f"fastpath verify: NOT VERIFIED: {exc}", file=sys.stderr)
+        return exc.exit_code
+    if save is not None:
+        save.parent.mkdir(parents=True, exist_ok=True)
+        save.write_text(json.dumps(result.to_json(), indent=1, default=str) + "\n")
+        print(f"fastpath verify: wrote {save}", file=sys.stderr)
     if args.json:
         json.dump(result.to_json(), sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")

@@ -1,0 +1,82 @@
+"""Issue 24, item 6: `verify --backward` in fp32 failed for some seeds on A_log / dt_bias
+gradients. Not a kernel error: those gradients are sums over every token and head of a decay term,
+and fp32 rounding alone moves them by up to ~1e-2 (models/compare.py judge_by_noise has the
+float64 measurements). verify now judges a gradient beyond its limit against the reference's own
+rounding noise, so the verdict is seed-stable, and a kernel whose backward is off by 1% still FAILs.
+
+CPU, Triton interpreter (scripts/test.sh sets TRITON_INTERPRET=1), a 2-layer model 32 wide.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import fastpath
+from fastpath.causal_conv1d import causal_conv1d_fn as real_causal_conv1d_fn
+from fastpath.kernels.dispatch import triton_interpreter_on
+from fastpath.proof.run_paths import verify_model
+
+pytestmark = pytest.mark.skipif(not triton_interpreter_on(), reason="needs TRITON_INTERPRET=1 (kernels on CPU)")
+
+TINY_QWEN35 = {
+    "model_type": "qwen3_5_text", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4, "vocab_size": 64, "layer_types": ["linear_attention", "full_attention"],
+}
+# Seed 6 of this model: dt_bias's gradient differs by 1.5e-2 between the paths (limit 1e-3),
+# A_log's by 2.9e-3; a float64 run puts the reference 1.5e-2 and the fast path 2.9e-2 from exact.
+ILL_CONDITIONED_SEED = 6
+
+
+@pytest.fixture(autouse=True)
+def _leave_fastpath_disabled():
+    yield
+    fastpath.disable()
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> str:
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(TINY_QWEN35))
+    return str(path)
+
+
+def conv_backward_one_percent_off(x, weight, bias=None, seq_idx=None, initial_states=None,
+                                  return_final_states=False, final_states_out=None, activation=None):
+    """The real kernel's forward, exactly; its gradients scaled by 1.01."""
+    out = real_causal_conv1d_fn(x, weight, bias, seq_idx=seq_idx, initial_states=initial_states,
+                                return_final_states=return_final_states, final_states_out=final_states_out,
+                                activation=activation)
+    y, state = out if isinstance(out, tuple) else (out, None)
+    y = y.detach() + 1.01 * (y - y.detach())  # same values, 1% more gradient
+    return (y, state) if isinstance(out, tuple) else y
+
+
+def test_an_ill_conditioned_gradient_passes_against_the_references_own_rounding_noise(tiny):
+    result = verify_model(tiny, dtype="fp32", seq_len=32, batch=2, backward=True, decode_tokens=0,
+                          seed=ILL_CONDITIONED_SEED)
+    assert result.ok, result.problems
+    judged = {g.name: g for g in result.grads or [] if g.noise is not None}
+    assert "model.layers.0.linear_attn.dt_bias" in judged  # beyond 1e-3, so its noise was measured
+    dt_bias = judged["model.layers.0.linear_attn.dt_bias"]
+    assert dt_bias.rel > 1e-3 and dt_bias.noise > 1e-4
+    # every other gradient kept the plain limit
+    assert all(g.rel <= 1e-3 for g in result.grads or [] if g.noise is None)
+
+
+def test_a_backward_that_is_one_percent_off_still_fails(tiny):
+    result = verify_model(tiny, dtype="fp32", seq_len=32, batch=2, backward=True, decode_tokens=0,
+                          seed=ILL_CONDITIONED_SEED, enable_kwargs={"causal_conv1d_fn": conv_backward_one_percent_off})
+    assert result.first_divergence is None  # the forward is exact ...
+    assert result.verdict == "FAIL"  # ... the gradients are not
+    bad = [g for g in result.grads or [] if not g.ok]
+    assert any(g.name.endswith("conv1d.weight") for g in bad)
+    assert all(g.noise is not None and g.rel > 8 * g.noise for g in bad)
+    assert any("rounding noise" in p for p in result.problems)
