@@ -67,6 +67,23 @@ def patch_function(model_type: str | None) -> Any:
     return fn
 
 
+def check_usable(model_type: str | None, device: Any) -> str:
+    """Before any work (verify --liger): the name of Liger's patch for `model_type`; a UsageError
+    (one line) when Liger is missing, has no patch for it, or its kernels cannot run on `device`."""
+    from fastpath.errors import UsageError
+    from fastpath.kernels.dispatch import triton_interpreter_on
+
+    try:
+        fn = patch_function(model_type)
+    except LigerUnsupported as exc:
+        raise UsageError(str(exc)) from None
+    kind = getattr(device, "type", str(device))
+    if kind != "cuda" and not triton_interpreter_on():
+        raise UsageError(f"Liger Kernel's kernels are Triton GPU kernels: --liger needs a CUDA device "
+                         f"(here: {device})")
+    return str(fn.__name__)
+
+
 def apply_liger(model: Any, **options: Any) -> str:
     """Liger's patch for `model`'s family applied to the built model (`model=`); returns what was
     called. options go to Liger's function (rms_norm=, swiglu=, fused_linear_cross_entropy=, ...).
