@@ -110,3 +110,19 @@ def test_use_hub_kernels_is_read_as_transformers_reads_it() -> None:
     assert semantics, "transformers 5.25 reads USE_HUB_KERNELS at call time"
     differs = {v: pair for v, pair in semantics.items() if pair[0] != pair[1]}
     assert not differs, differs
+
+
+def test_the_doctor_report_no_longer_says_hub_kernel_after_enable() -> None:
+    """The text a user read in the 5.25 + `kernels` venv: 'after fastpath.enable(): hub-kernel'
+    for causal_conv1d, where enable() routes it to fastpath."""
+    if not KERNELS_PY.exists():
+        pytest.skip(f"{KERNELS_PY} missing (run scripts/setup_transformers_matrix.sh)")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), COLUMNS="80")
+    env.pop("USE_HUB_KERNELS", None)
+    proc = subprocess.run([str(KERNELS_PY), "-m", "fastpath", "doctor", "--model", "qwen3.5-27b",
+                           "--gpu", "H100", "--probe", "static"], capture_output=True, text=True,
+                          env=env, timeout=300)
+    text = " ".join(proc.stdout.split())
+    assert "transformers 5.25.0" in text, proc.stdout + proc.stderr
+    assert "after fastpath.enable(): hub-kernel" not in text
+    assert text.count("after fastpath.enable(): fastpath") == 2  # causal_conv1d_fn and _update

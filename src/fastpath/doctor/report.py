@@ -213,8 +213,13 @@ def _findings_section(console: Any, findings: list[Any]) -> None:
 
 
 def _after_enable(r: dict[str, Any]) -> str:
+    """The plan's after-enable cell in explain()'s words: an op on fastpath's route that cannot
+    run its Triton kernel here reads `fastpath (torch reference: needs ...)`, as explain() shows
+    it, not as transformers' own torch fallback."""
     impl = str(r.get("with_fastpath", ""))
     needs = r.get("with_fastpath_needs")
+    if r.get("with_fastpath_by") == "fastpath" and needs:
+        return f"fastpath (torch reference: {needs})"
     return f"{impl}: {needs}" if needs else impl
 
 
