@@ -329,6 +329,19 @@ def test_the_reference_recheck_catches_a_wrong_kernel(lfm2_config, tokenizer_dir
     assert not list((tmp_path / "out").rglob("*.safetensors"))
 
 
+@pytest.mark.skipif(ALLOW_SLOW, reason="routing a wrong kernel needs the fast path (TRITON_INTERPRET=1 on CPU)")
+def test_a_prefix_recheck_still_catches_a_wrong_kernel_and_is_recorded(lfm2_config, tokenizer_dir, tmp_path):
+    """--recheck-tokens N re-runs only a row's first N tokens (exact for a causal model)."""
+    data = _write_chat(tmp_path / "d.jsonl", "messages")
+    with pytest.raises(CaptureCheckError, match="differs from the reference"):
+        run_capture(_opts(lfm2_config, data, tmp_path / "bad", tokenizer=str(tokenizer_dir), recheck_tokens=6,
+                          enable_kwargs={"causal_conv1d_fn": conv_dropping_bias}))
+    result = run_capture(_opts(lfm2_config, data, tmp_path / "ok", tokenizer=str(tokenizer_dir), recheck_tokens=6,
+                               check_every=2))
+    assert result.summary["reference_checks"]["recheck_tokens"] == 6
+    assert result.checked and all(c["ok"] for c in result.checked)
+
+
 def test_resume_after_an_interrupted_run_gives_identical_files(lfm2_capture, lfm2_config, tokenizer_dir, tmp_path):
     clean, shared_data = lfm2_capture
     data = tmp_path / "data.jsonl"

@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check-every", type=int, default=256,
                         help="re-run every Nth row on the reference path and compare (256; each rank's first "
                              "row always; 0: only that one)")
+    parser.add_argument("--recheck-tokens", type=int, default=1024,
+                        help="re-run only the first N tokens of a re-checked row (1024; 0: the whole row). Exact: "
+                             "a causal model's first N positions do not depend on the rest")
     parser.add_argument("--shard", default="auto", choices=["auto", "replicate", "fsdp"],
                         help="under torchrun: 'replicate' the target on every rank, or 'fsdp': shard it with "
                              "FSDP2 (fully_shard per decoder layer + the decoder stack; loaded on the host first). "
@@ -75,6 +78,7 @@ def main(args: argparse.Namespace) -> int:
         dtype=args.dtype, device=args.device, seed=args.seed, model_layers=args.model_layers,
         tokenizer=args.tokenizer, resume=args.resume, allow_slow=args.allow_slow,
         reference_path=args.reference_path, check_every=args.check_every, shard=args.shard,
+        recheck_tokens=args.recheck_tokens,
         write_threads=args.write_threads, progress=not args.quiet,
         check_client=getattr(args, "check_client", None), client_target=getattr(args, "client_target", None),
     )
