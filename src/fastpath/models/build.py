@@ -190,9 +190,38 @@ def transformers_config(config: dict[str, Any], layers: int | None = None) -> An
         return text
     data = text.to_dict()
     try:
-        return type(text).from_dict(cut_layers(data, layers))
+        cut = type(text).from_dict(cut_layers(data, layers))
     except (ValueError, TypeError, KeyError) as exc:
         raise UsageError(f"cannot cut {model_type!r} to {layers} layers: {first_line(exc)}") from None
+    lost = _lost_block_types(text, cut)
+    if lost:
+        enough = next((n for n in range(layers + 1, _block_count(text) + 1)
+                       if not _lost_block_types(text, type(text).from_dict(cut_layers(data, n)))), None)
+        more = f"; use --layers {enough}" if enough else ""
+        raise UsageError(f"--layers {layers} of {model_type!r} keeps too few {', '.join(lost)} layers "
+                         f"(its pattern comes from a period and offset, which a cut cannot move){more}")
+    return cut
+
+
+# Layers that share weights across the pattern: transformers ties the shared block of one hybrid
+# layer to the others, and raises when a cut leaves only one (Zamba's `tie_weights_keys`).
+_MIN_BLOCKS = {"zamba": {"hybrid": 2}}
+
+
+def _block_count(config: Any) -> int:
+    return len(getattr(config, "layers_block_type", None) or [])
+
+
+def _lost_block_types(full: Any, cut: Any) -> list[str]:
+    """Block types (computed by the config class from a period and offset, e.g. Jamba's and
+    Zamba's `layers_block_type`) that the full model has and the cut has too few of."""
+    before = list(getattr(full, "layers_block_type", None) or [])
+    after = list(getattr(cut, "layers_block_type", None) or [])
+    if not before:
+        return []
+    need = _MIN_BLOCKS.get(getattr(full, "model_type", ""), {})
+    return [kind for kind in dict.fromkeys(before)
+            if after.count(kind) < min(need.get(kind, 1), before.count(kind))]
 
 
 @dataclass(frozen=True)

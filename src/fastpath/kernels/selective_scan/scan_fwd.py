@@ -34,7 +34,7 @@ from torch import Tensor
 
 from fastpath.kernels.dispatch import triton_interpreter_on
 
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)  # a jit function may read only constexpr globals
 
 # (BLOCK_D, T, num_warps): channels per program, chunk length, warps. BLOCK_D is clipped to the
 # channels of one group; benchmarks/selective_scan.py --sweep times alternatives.
