@@ -18,6 +18,8 @@
 #   dao       build Dao's causal-conv1d in the background (wheel parts come back in OUT/dao)
 #   tests     GPU tests in the background (correctness only; `wait` or the end collects them);
 #             TESTS picks groups: conv, fla, ssd, capture, sscan (Mamba1 kernels), glue (GDN glue)
+#   check     the TESTS groups in the foreground; a failure ends the call (every later part is
+#             skipped), so no device time goes to timing kernels that are wrong
 #   sweep     FLA #640 reproduction, all 48 cases: one process per tiling, in the background
 #   verify    fastpath verify --backward, bf16 on the GPU; VERIFY="preset:layers[:batch] ..."
 #   dqkwg     tests/test_verify_gpu.py -k bf16 under FASTPATH_FLA_DQKWG=auto, torch, fla
@@ -110,7 +112,14 @@ part_tests() {
     tests/test_mamba_split_conv_scan.py
   group capture -m gpu tests/test_capture_writes.py
   group sscan -m gpu $(ls tests/test_selective_scan_gpu.py tests/test_mamba1_*gpu*.py 2>/dev/null)
-  group glue -m gpu $(ls tests/test_glue*gpu*.py 2>/dev/null)
+  group glue -m gpu $(ls tests/test_glue*gpu*.py tests/test_liger_compose.py 2>/dev/null)
+}
+part_check() {  # foreground GPU tests; a failure spends no more device time on this call
+  echo "== check (${TESTS:-conv,fla,ssd,sscan,glue}) at $(at)"
+  part_tests; local pids=$bg_pids; bg_pids=""; local bad=0
+  for pid in $pids; do wait "$pid" || bad=1; done
+  for f in "$w"/tests_*.txt; do echo "-- $f"; tail -6 "$f"; grep -q "^exit 0$" "$f" || bad=1; done
+  if [ "$bad" = 1 ]; then echo "== check FAILED at $(at): skipping every later part"; budget=0; fi
 }
 part_sweep() {  # FLA #640: 48 cases, one process per tiling (compiling is CPU work: they overlap)
   mkdir -p "$w/fla_640"
