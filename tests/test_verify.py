@@ -157,10 +157,18 @@ def test_kernel_shifted_by_one_step_fails_at_the_first_linear_attention_layer(qw
 
 def test_packed_gated_delta_rule_on_torch_fallback_is_reported(qwen):
     # No FLA on CPU: the gated delta rule runs transformers' torch fallback, which drops
-    # cu_seqlens, so packed sequences leak into each other. verify must not call that a pass.
-    result = verify_model(qwen, dtype="fp32", seq_len=16, batch=2, packed=True, decode_tokens=0)
-    assert not result.ok
-    assert any("packed sequences" in p and "cu_seqlens" in p for p in result.problems)
+    # cu_seqlens, so packed sequences leak into each other. verify must not call that a pass:
+    # it says so before any work, with the NOT VERIFIED exit code (issue 24, item 7) ...
+    from fastpath.proof.verdict import CannotVerify
+
+    with pytest.raises(CannotVerify, match="--packed on qwen3_5_text: packed sequences need FLA") as info:
+        verify_model(qwen, dtype="fp32", seq_len=16, batch=2, packed=True, decode_tokens=0)
+    assert info.value.exit_code == 3
+    # ... and should a route still take the fallback, the route check names it (a FAIL).
+    from fastpath.proof.verdict import packed_route_problems
+
+    rows = [{"layer": "model.layers.0.linear_attn", "op": "chunk_gated_delta_rule", "fast": False}]
+    assert any("packed sequences" in p and "cu_seqlens" in p for p in packed_route_problems(rows))
 
 
 def test_a_kernel_that_raises_is_a_one_line_failure_not_a_traceback(lfm2):

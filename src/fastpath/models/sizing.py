@@ -215,21 +215,27 @@ def peak_bytes(params: int, largest: int, activations: int, *, dtype: str, backw
     (measured: the embedding, 0.5 GB for LFM2). `scan`: the torch reference path's Mamba-2 scan
     transient (reference_scan_bytes), live only while the reference path (or verify's fp32 oracle
     of it) runs. verify with backward (paths=2) keeps the reference's gradients while the fast path
-    runs; in bf16/fp16 it first runs an fp32 copy of the model with fp32 gradients (the gradient
-    oracle; its activations are fp32, `oracle_activations`) and keeps only those gradients
-    afterwards: the copy and the fast path's gradients are never alive together.
+    runs; in bf16/fp16 it first (before either path) runs an fp32 copy of the model with fp32
+    gradients, the gradient oracle (its activations fp32, `oracle_activations`), and keeps only
+    those gradients: the copy never lives beside the paths' gradients, so a bf16 job needs 10
+    bytes per parameter (fp32: 12).
     """
     e = DTYPE_BYTES[dtype]
+    # Backward also holds two transient copies of the largest gradient (measured on LFM2, whose
+    # tied 65536 x 2048 embedding gets a dense gradient from the lookup and one from the head).
+    def spike(nbytes: int) -> int:
+        return 2 * largest * nbytes if backward else 0
+
     if backward and paths == 2:
-        ref_grads = params * e
         if dtype != "fp32":
-            oracle = params * 4 * 2 + scan + (activations if oracle_activations is None else oracle_activations)
-            fast = params * (4 + e) + activations
-            beyond = ref_grads + max(oracle, fast, scan + activations)
+            oracle = (params * 4 * 2 + spike(4) + scan
+                      + (activations if oracle_activations is None else oracle_activations))
+            paths_phase = params * (4 + 2 * e) + spike(e) + scan + activations
+            beyond = max(oracle, paths_phase)
         else:
-            beyond = ref_grads + max(scan, params * e) + activations
+            beyond = params * e + max(scan, params * e) + spike(e) + activations
     else:
-        beyond = (params * e * paths if backward else 0) + scan + activations
+        beyond = (params * e * paths if backward else 0) + spike(e) + scan + activations
     return int(max((params + largest) * 4, params * e + beyond)), int(beyond)
 
 

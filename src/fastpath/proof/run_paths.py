@@ -482,12 +482,14 @@ def verify_model(
         tf32.__enter__()
         routes.disable()
         reference_rows = _explain_rows(model)
-        ref, ref_decode, ref_calls = _run_side("reference path", model, inputs, packed_reference=True,
-                                               backward=backward, decode_tokens=decode_tokens, say=step)
         oracle_grads = None
         if backward and built.dtype != torch.float32:
+            # First, while no gradients are held: the fp32 copy and its gradients are never alive
+            # together with both paths' gradients (models/sizing.py peak_bytes).
             step("reference path in fp32: gradient oracle")
             oracle_grads = _fp32_oracle_grads(model, inputs)
+        ref, ref_decode, ref_calls = _run_side("reference path", model, inputs, packed_reference=True,
+                                               backward=backward, decode_tokens=decode_tokens, say=step)
 
         step("enable()")
         report = routes.enable(**(enable_kwargs or {}))
