@@ -389,7 +389,7 @@ def mamba1_case(model_type: str, interp: bool, gen_tokens: int) -> dict[str, Any
     from fastpath.kernels.counters import reset
 
     res: dict[str, Any] = {"family": model_type}
-    ids = torch.randint(3, 64, (2, 9), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(3, 64, (2, 5), generator=torch.Generator().manual_seed(1))
     model = build_mamba1(model_type)
     ref_logits, ref_gen = run_model(model, ids, gen_tokens)
     ref_loss, ref_grads = train_step(model, ids)
