@@ -241,7 +241,9 @@ def _ops_of_class(cls: type) -> tuple[str, ...]:
         mamba1_globals = mamba1_route.op_globals(module)  # Mamba-1 ops likewise
         ops.extend(op for op, gname in mamba1_globals.items() if f"{gname}(" in src)
         for gname, value in vars(module).items():
-            if gname in CONV_OPS or gname in {g for _, g in GDN_OPS.values()} or not _is_hub_fallback(value):
+            routed = hasattr(value, GDN_ROUTE_ATTR)  # a hub-fallback op enable() routed (Kimi's KDA)
+            if gname in CONV_OPS or gname in {g for _, g in GDN_OPS.values()} or not (
+                    routed or _is_hub_fallback(value)):
                 continue
             if gname in mamba_globals.values() or gname in mamba1_globals.values():
                 continue

@@ -10,6 +10,12 @@ slower, labelled "fla-fwd+torch-bwd", with the real remedy in the warning. Where
 backend registry (fla/backends.py), only the refused op is taken instead (`use_dqkwg_route`),
 and FLA's own kernel still runs it wherever fastpath's self-check validated it
 (routing/fla_selfcheck.py).
+Kimi-Linear's KDA (transformers 5.17+ `chunk_kimi_delta_attention` / `recurrent_kimi_delta_attention`,
+bound once at import to FLA's `chunk_kda` / `fused_recurrent_kda` or their torch fallbacks) takes
+the same road: where FLA is importable, enable() points both globals at FLA for CUDA tensors, so a
+model whose modeling module was imported while FLA was not importable (verify builds its reference
+that way) still gets FLA's KDA. KDA's backward has its own fused dq/dk/dg kernel (fla/ops/kda/
+chunk_bwd.py), not the `chunk_bwd_dqkwg` that #640 refuses, so it is routed whole.
 CPU tensors always take the torch function transformers had (FLA kernels need a GPU).
 """
 
@@ -27,6 +33,9 @@ from fastpath.known_issues import FLA_ISSUE_640, fla_640
 
 REMEDY_640 = "pip install -U 'triton>=3.7.1'  (or: pip install tilelang)"
 ROUTE_ATTR = "__fastpath_gdn_route__"
+# transformers 5.17+ kimi_linear module globals (use_kernel_func_from_hub_with_fallback("chunk_kda" /
+# "fused_recurrent_kda", "fla")) -> which FLA KDA function replaces them
+KDA_GLOBALS = {"chunk_kimi_delta_attention": "chunk", "recurrent_kimi_delta_attention": "recurrent"}
 
 
 
@@ -52,6 +61,13 @@ class FlaStatus:
     reason: str                 # why (one line), with the fix when not routed
     chunk_fn: Callable[..., Any] | None = None
     recurrent_fn: Callable[..., Any] | None = None
+    kda_chunk_fn: Callable[..., Any] | None = None      # fla.ops.kda.chunk_kda, when it imports
+    kda_recurrent_fn: Callable[..., Any] | None = None  # fla.ops.kda.fused_recurrent_kda
+    kda_reason: str = "fla not routed"
+
+    @property
+    def kda_route(self) -> bool:
+        return self.route and self.kda_chunk_fn is not None and self.kda_recurrent_fn is not None
 
 
 def detect_fla(mode: str) -> FlaStatus:
@@ -81,7 +97,15 @@ def detect_fla(mode: str) -> FlaStatus:
     if unsafe:
         chunk_impl = "fla-fwd+torch-bwd"
         reason = f"{unsafe}; backward recomputed in torch. Fix: {REMEDY_640}"
-    return FlaStatus(True, chunk_impl, "fla", reason, chunk, recurrent)
+    status = FlaStatus(True, chunk_impl, "fla", reason, chunk, recurrent)
+    try:
+        kda = importlib.import_module("fla.ops.kda")
+        status.kda_chunk_fn, status.kda_recurrent_fn = kda.chunk_kda, kda.fused_recurrent_kda
+        status.kda_reason = ("fla importable (chunk_kda, fused_recurrent_kda)"
+                             + ("; CPU tensors keep the torch path" if cc is None else ""))
+    except Exception as exc:
+        status.kda_reason = f"fla.ops.kda does not import ({type(exc).__name__}: {exc})"
+    return status
 
 
 def _cuda_capability() -> tuple[int, int] | None:
@@ -233,6 +257,30 @@ def make_gdn_route(kind: str, status: FlaStatus, torch_fn: Callable[..., Any]) -
     setattr(gated_delta_rule, ROUTE_ATTR, impl)
     gated_delta_rule.__wrapped__ = raw  # type: ignore[attr-defined]
     return gated_delta_rule
+
+
+def make_kda_route(kind: str, status: FlaStatus, torch_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap transformers' KDA function (`kind` "chunk" | "recurrent"): CUDA tensors -> FLA's
+    chunk_kda / fused_recurrent_kda, CPU -> the undecorated torch reference. Arguments are
+    filtered to the target's named parameters, as transformers' own wrapper does."""
+    raw = getattr(torch_fn, "__wrapped__", torch_fn)
+    fla_fn = status.kda_chunk_fn if kind == "chunk" else status.kda_recurrent_fn
+    assert fla_fn is not None
+
+    def kimi_delta_attention(q, k, v, *args, cu_seqlens=None, **kwargs):
+        if not q.is_cuda:
+            if cu_seqlens is not None:
+                raise ValueError("fastpath: packed sequences (cu_seqlens) in KDA need FLA on a CUDA "
+                                 "device; the torch reference would mix the sequences")
+            return raw(q, k, v, *args, **_filter_kwargs(raw, kwargs))
+        kw = dict(kwargs, cu_seqlens=cu_seqlens)
+        return fla_fn(q, k, v, *args, **{n: x for n, x in kw.items() if n in named})
+
+    named = set(inspect.signature(fla_fn).parameters)  # transformers passes named ones only
+    setattr(kimi_delta_attention, ROUTE_ATTR, "fla")
+    kimi_delta_attention.__fastpath_fla_fn__ = fla_fn  # type: ignore[attr-defined]
+    kimi_delta_attention.__wrapped__ = raw  # type: ignore[attr-defined]
+    return kimi_delta_attention
 
 
 def torch_grad_enabled() -> bool:

@@ -9,7 +9,7 @@ covered. Per module, the hooks every transformers era reads are patched:
   * 4.57 mamba/falcon_mamba `_causal_conv1d_cache`; lfm2's `kernel_modules`/`is_fast_path_available`;
   * <=5.14 GatedDeltaNet instance attributes copied at __init__ (built layers found through gc);
   * gated delta rule globals (5.15+ `torch_*_gated_delta_rule`, <=5.14 `*_gated_delta_rule`)
-    when FLA is routed;
+    when FLA is routed; Kimi-Linear's KDA globals (5.17+) likewise;
   * the `forward` of GatedDeltaNet's gated RMSNorm class, when FLA's fused op computes the same
     function (routing/norm_route.py).
 Modules imported later are patched by an import hook right after they execute.
@@ -30,7 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.routing import norm_route
+from fastpath.routing import fla_route, norm_route
 from fastpath.routing.patch_registry import PatchRegistry
 
 # names a <=5.14 module-level `is_fast_path_available = all((...))` can be built from
@@ -79,6 +79,7 @@ class Routes:
     conv_update: Callable[..., Any]
     conv_module: ModuleType            # what lazy_load_kernel("causal-conv1d") returns
     make_gdn: Callable[[str, Callable[..., Any]], Callable[..., Any]] | None  # (kind, torch_fn) -> route
+    make_kda: Callable[[str, Callable[..., Any]], Callable[..., Any]] | None = None  # Kimi's KDA, same shape
     lift_device_gate: bool = False
     gated_norm: norm_route.NormStatus | None = None  # FLA's fused gated RMSNorm, when routed
     notes: list[str] = field(default_factory=list)    # what patching left alone, and why
@@ -96,6 +97,11 @@ def patch_module(module: ModuleType, routes: Routes, reg: PatchRegistry) -> None
         reg.set_attr(module, "causal_conv1d", routes.conv_module)  # 5.x mamba keeps the module too
     if routes.make_gdn is not None:
         _patch_gdn_globals(module, routes, reg)
+    if routes.make_kda is not None:
+        for name, kind in fla_route.KDA_GLOBALS.items():  # 5.17+ kimi_linear, call-time globals
+            fn = g.get(name)
+            if callable(fn) and hasattr(fn, "__wrapped__"):
+                reg.set_attr(module, name, routes.make_kda(kind, fn))
     if routes.gated_norm is not None and routes.gated_norm.route:
         routes.notes.extend(norm_route.patch_module(module, routes.gated_norm, reg))
     if "kernel_modules" in g:  # lfm2 / lfm2_moe <=5.14

@@ -58,6 +58,8 @@ class EnableReport:
     gated_delta_rule: str               # "fla" | "fla-fwd+torch-bwd" | "torch"
     gated_delta_rule_reason: str
     transformers_version: str | None
+    kda: str = "torch"                  # Kimi-Linear KDA (chunk_kda, fused_recurrent_kda): "fla" | "torch"
+    kda_reason: str = ""
     mamba_ssd: str = "fastpath"         # Mamba-2 ops: "fastpath" | "mamba_ssm" | "off"
     mamba1_scan: str = "fastpath"       # Mamba-1 ops (routing/mamba1_route.py): same choices
     gated_norm: str = "torch"           # GatedDeltaNet gated RMSNorm: norm_route.IMPL | "torch"
@@ -84,7 +86,8 @@ class EnableReport:
 
             lines += [(f"dqkwg {r.config.label()}: {'PASS' if r.passed else 'FAIL'}", "    ")
                       for r in fla_selfcheck.RESULTS.values()]
-        lines += [(f"gated RMSNorm -> {self.gated_norm} ({self.gated_norm_reason})", "  "),
+        lines += [(f"Kimi-Linear KDA -> {self.kda} ({self.kda_reason})", "  "),
+                  (f"gated RMSNorm -> {self.gated_norm} ({self.gated_norm_reason})", "  "),
                   (f"Mamba-2 SSD ops -> {self.mamba_ssd}", "  "),
                   (f"Mamba-1 scan ops -> {self.mamba1_scan}", "  ")]
         return "\n".join(wrapped for text, indent in lines
@@ -176,15 +179,19 @@ def enable(
         upd_impl = causal_conv1d_update or face.causal_conv1d_update
         conv_fn = conv_route.make_causal_conv1d_fn(fn_impl)
         conv_update = conv_route.make_causal_conv1d_update(upd_impl)
-        make_gdn = None
+        make_gdn = make_kda = None
         if fla.route:
             def make_gdn(kind: str, torch_fn: Callable[..., Any], _fla: Any = fla) -> Callable[..., Any]:
                 return fla_route.make_gdn_route(kind, _fla, torch_fn)
+        if fla.kda_route:
+            def make_kda(kind: str, torch_fn: Callable[..., Any], _fla: Any = fla) -> Callable[..., Any]:
+                return fla_route.make_kda_route(kind, _fla, torch_fn)
         routes = Routes(
             conv_fn=conv_fn,
             conv_update=conv_update,
             conv_module=hub_kernels.conv_route_module(conv_fn, conv_update),
             make_gdn=make_gdn,
+            make_kda=make_kda,
             lift_device_gate=lift_device_gate,
             gated_norm=norm,
         )
@@ -195,6 +202,8 @@ def enable(
             conv_impl="override:" + getattr(fn_impl, "__name__", "fn") if overridden else "fastpath",
             gated_delta_rule=fla.chunk_impl if fla.route else "torch",
             gated_delta_rule_reason=fla.reason,
+            kda="fla" if fla.kda_route else "torch",
+            kda_reason=fla.kda_reason if fla.route else fla.reason,
             transformers_version=_transformers_version(),
             mamba_ssd=mamba.impl,
             mamba1_scan=mamba1.impl,
