@@ -103,7 +103,7 @@ def test_verify_says_what_it_builds(tmp_path, capsys):
     model = _write(tmp_path, TINY_LFM2, "lfm2.json")
     main(["verify", model, "--seq-len", "8", "--batch", "1", "--decode-tokens", "0", "--dtype", "bf16"])
     err = capsys.readouterr().err
-    assert "verify: reading the model config" in err
+    assert "verify: sizing the job" in err
     assert "verify: building the model: lfm2, 2 layers, random weights (seed 0) initialised in fp32 on cpu, " \
            "then cast to bf16" in err
     assert "estimate: peak ~" in err

@@ -20,6 +20,7 @@ from fastpath.models.compare import (
     compare_grads,
     judge_by_noise,
 )
+from fastpath.models.moe_pin import PinReport, TopkPin
 from fastpath.models.paths import hidden_compiled_peers
 from fastpath.proof.verdict import CannotVerify, VerifyResult
 
@@ -188,20 +189,41 @@ class _Tf32Off:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.saved
 
 
+@dataclass
+class _Pins:
+    """The reference's top-k choices (models/moe_pin.py): recorded on the reference side, replayed
+    on the fast side, so an MoE router's discrete choice is the same on both paths."""
+
+    forward: TopkPin = field(default_factory=TopkPin)
+    decode: TopkPin = field(default_factory=TopkPin)
+    report: PinReport = field(default_factory=PinReport)
+
+
 def _run_side(name: str, model: Any, inputs: Inputs, *, packed_reference: bool, backward: bool,
-              decode_tokens: int, say: Callable[[str], None]) -> tuple[PathRun, Any, dict[str, int]]:
+              decode_tokens: int, say: Callable[[str], None],
+              pins: _Pins | None = None) -> tuple[PathRun, Any, dict[str, int]]:
     """One side of the comparison: forward (+ backward), optional greedy decode, and the kernel
-    calls it made (counted at the kernels' own entry points)."""
+    calls it made (counted at the kernels' own entry points). `pins`: the reference side
+    (packed_reference) records its top-k choices there, the fast side replays them."""
     from fastpath.kernels.counters import CALLS
     from fastpath.proof.greedy import greedy_decode
 
+    def pinned(pin: TopkPin, pieces: int) -> Any:
+        if pins is None:
+            return contextlib.nullcontext()
+        if packed_reference:
+            return pin.recording()
+        return pin.regrouped(pieces).replaying(pins.report)
+
     say(f"{name}: forward" + (" + backward" if backward else ""))
     before = Counter(CALLS)
-    run = run_path(model, inputs, packed_reference=packed_reference, backward=backward)
+    with pinned(pins.forward if pins else TopkPin(), len(inputs.segments)):
+        run = run_path(model, inputs, packed_reference=packed_reference, backward=backward)
     decode = None
     if decode_tokens:
         say(f"{name}: greedy decode")
-        decode = greedy_decode(model, inputs.ids, decode_tokens)
+        with pinned(pins.decode if pins else TopkPin(), 1):
+            decode = greedy_decode(model, inputs.ids, decode_tokens)
     return run, decode, _call_delta(before, Counter(CALLS))
 
 
@@ -435,7 +457,6 @@ def verify_model(
     # builds the module tree on the meta device, which imports the modeling module (and binds).
     peers = hidden_compiled_peers() if reference == "torch" else contextlib.nullcontext()
     with peers:
-        say("reading the model config")
         plan = plan_job(source, layers=layers, dtype=dtype, device=device)  # bad input: before any output
         if liger:
             from fastpath.routing.liger_route import check_usable
@@ -488,15 +509,17 @@ def verify_model(
             # together with both paths' gradients (models/sizing.py peak_bytes).
             step("reference path in fp32: gradient oracle")
             oracle_grads = _fp32_oracle_grads(model, inputs)
+        pins = _Pins()
         ref, ref_decode, ref_calls = _run_side("reference path", model, inputs, packed_reference=True,
-                                               backward=backward, decode_tokens=decode_tokens, say=step)
+                                               backward=backward, decode_tokens=decode_tokens, say=step,
+                                               pins=pins)
 
         step("enable()")
         report = routes.enable(**(enable_kwargs or {}))
         explain_rows = _explain_rows(model)
         fast, fast_decode, fast_calls = _run_side("fast path", model, inputs, packed_reference=False,
                                                   backward=backward, decode_tokens=decode_tokens,
-                                                  say=step)
+                                                  say=step, pins=pins)
     except FastpathError:
         raise
     except torch.cuda.OutOfMemoryError as exc:
@@ -510,6 +533,9 @@ def verify_model(
         routes.disable()
         tf32.__exit__(None, None, None)
 
+    pin_line = pins.report.line()
+    if pin_line:
+        built.notes.append(pin_line)
     say("comparing")
     ids = inputs.packed_ids if inputs.packed_ids is not None else inputs.ids
     names = layer_names(built.layer_types, len(ref.hidden), _starts_with_embeddings(model, ids, ref.hidden[0]))
