@@ -517,6 +517,10 @@ def verify_model(
         step("enable()")
         report = routes.enable(**(enable_kwargs or {}))
         explain_rows = _explain_rows(model)
+        if built.device.type == "cuda" and any(str(r.get("impl", "")).startswith("fla") for r in explain_rows):
+            # H200 (sessions 3 and 7): a cold Triton cache made this step outlast a 150 s limit
+            tell("note: FLA's kernels compile and autotune at their first call for these head sizes "
+                 "(minutes with an empty Triton cache; cached for later runs)")
         fast, fast_decode, fast_calls = _run_side("fast path", model, inputs, packed_reference=False,
                                                   backward=backward, decode_tokens=decode_tokens,
                                                   say=step, pins=pins)
