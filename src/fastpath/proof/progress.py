@@ -41,7 +41,7 @@ class Stages:
             self._status.console.print(line, style="dim", markup=False, highlight=False)
             self._status.update(line)
         else:
-            print(line, file=self.stream, flush=True)
+            print(_wrapped(line, "            "), file=self.stream, flush=True)
 
     def note(self, text: str) -> None:
         """A line that stays (the size estimate, a warning), in both modes; wrapped at word
@@ -49,12 +49,7 @@ class Stages:
         if self._status is not None:
             self._status.console.print(text, markup=False, highlight=False)
         else:
-            import shutil
-            import textwrap
-
-            lines = textwrap.wrap(f"{self.command}: {text}", shutil.get_terminal_size().columns,
-                                  subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
-            print("\n".join(lines), file=self.stream, flush=True)
+            print(_wrapped(f"{self.command}: {text}", "  "), file=self.stream, flush=True)
 
     def __exit__(self, *exc: object) -> None:
         if self._status is not None:
@@ -68,3 +63,12 @@ class Stages:
                 Console(file=self.stream).print(done, markup=False, highlight=False)
             else:
                 print(done, file=self.stream, flush=True)
+
+
+def _wrapped(text: str, indent: str) -> str:
+    """`text` wrapped at word boundaries to the terminal's width (COLUMNS), never cutting a word."""
+    import shutil
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, shutil.get_terminal_size().columns, subsequent_indent=indent,
+                                   break_long_words=False, break_on_hyphens=False)) or text
