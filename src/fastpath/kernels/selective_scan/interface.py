@@ -23,16 +23,21 @@ runs the reference, with a warning naming the reason (dispatch.warn_fallback).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fastpath.errors import UsageError
 from fastpath.kernels.causal_conv1d.interface import conv_fwd
 from fastpath.kernels.counters import CALLS
 from fastpath.kernels.dispatch import TRITON_DTYPES, use_triton, warn_fallback
 from fastpath.kernels.selective_scan import naive as reference
 
 FAMILY = "selective_scan"
+FWD_ENV = "FASTPATH_SSCAN_FWD"
+FWD_KERNELS = ("chunked", "seq")
 MAX_DSTATE = 64  # the kernels hold (chunk, channels, N) fp32 tiles in registers
 KERNELS_READY = True
 
@@ -68,6 +73,16 @@ def _use_triton(op: str, u: Tensor, A: Tensor, *tensors: Tensor | None) -> bool:
     return True
 
 
+def fwd_kernel() -> str:
+    """The forward kernel FASTPATH_SSCAN_FWD picks, read at every call: "chunked" (default, the
+    associative-scan kernel of scan_fwd.py) or "seq" (scan_fwd_seq.py, time walked per program;
+    opt-in until the H200 numbers of issue #26 are in). Anything else is a UsageError."""
+    value = os.environ.get(FWD_ENV, "").strip().lower() or "chunked"
+    if value not in FWD_KERNELS:
+        raise UsageError(f"{FWD_ENV}={value!r}: expected one of {', '.join(FWD_KERNELS)}")
+    return value
+
+
 def _state_dtype(u: Tensor) -> torch.dtype:
     return torch.float64 if u.dtype == torch.float64 else torch.float32
 
@@ -87,9 +102,16 @@ def selective_scan_fwd(
     return_last_state: bool,
 ) -> tuple[Tensor, Tensor]:
     if _use_triton("scan fwd", u, A, delta, B, C, D, z, delta_bias):
-        from fastpath.kernels.selective_scan.scan_fwd import selective_scan_fwd_triton
+        if fwd_kernel() == "seq":
+            from fastpath.kernels.selective_scan.scan_fwd_seq import (
+                selective_scan_fwd_seq_triton as selective_scan_fwd_triton,
+            )
 
-        CALLS["ss_fwd:triton"] += 1
+            CALLS["ss_fwd:triton-seq"] += 1
+        else:
+            from fastpath.kernels.selective_scan.scan_fwd import selective_scan_fwd_triton
+
+            CALLS["ss_fwd:triton"] += 1
         out, last = selective_scan_fwd_triton(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
     else:
         CALLS["ss_fwd:reference"] += 1

@@ -1,0 +1,147 @@
+"""Triton forward of Mamba-1's selective scan that walks time step by step: our own kernel.
+
+Why. The chunked forward (scan_fwd.py) runs tl.associative_scan over (BLOCK_D, N, T) tiles; on
+an H200 (Triton 3.6) it reached about 2% of copy bandwidth at Falcon-Mamba-7B shapes (issue #26).
+A scan of a first-order recurrence needs no parallel prefix when there are enough independent
+channels to fill the machine: each program here owns (one batch row, BLOCK_D channels of one B/C
+group) and carries its state h (BLOCK_D, N) in float32 registers through all L steps, so every
+state element costs one exp2 and two FMAs per step and no shuffles along time.
+
+Per step t: delta'_t = softplus(delta + bias) (float32), dA = exp2(delta'_t * A * log2(e)),
+  h = dA * h + (delta'_t u_t) B_t,   y_t = sum_n h C_t + D u_t,   out_t = y_t * silu(z_t)
+stored in u's dtype; the state after the last step is last_state (float32). The loads of step
+t + 1 are issued before step t's arithmetic (carried through the loop) so their latency overlaps
+it; u, delta, z of one channel are strided along t, so one cache line serves many steps from L1.
+
+Scope. Only (out, last_state) are produced. The backward never reads the forward's buffers: it
+recomputes its chunk-boundary states itself (scan_fwd.chunk_states, called from scan_bwd), so this
+kernel can serve training and inference alike. Selected with FASTPATH_SSCAN_FWD=seq (interface.py);
+the default stays the chunked kernel until the GPU numbers are in.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from fastpath.kernels.selective_scan.scan_fwd import LOG2E, blocking, channel_block, softplus
+
+# (BLOCK_D, num_warps): channels per program and warps. At N = 16, (32, 4) holds 4 state
+# elements a thread and gives B * D / 32 programs (256 at D = 8192, B = 1).
+SEQ_CONFIG = (32, 4)
+
+
+@triton.jit
+def _step_loads(U, DELTA, Z, B, C, t, L, u_row, d_row, z_row, B_row, C_row, offs_d, md, offs_n,
+                mn, s_ud, s_ul, s_dd, s_dl, s_zd, s_zl, s_Bn, s_Bl, s_Cn, s_Cl,
+                HAS_Z: tl.constexpr):
+    """The raw inputs of step t (zeros past L): u, delta, z (BLOCK_D,), B, C (BLOCK_N,)."""
+    mdt = md & ((offs_d * 0 + t) < L)  # tensor masks: the interpreter's t is a Python int
+    mnt = mn & ((offs_n * 0 + t) < L)
+    u = tl.load(U + u_row + offs_d * s_ud + t * s_ul, mask=mdt, other=0.0)
+    dt = tl.load(DELTA + d_row + offs_d * s_dd + t * s_dl, mask=mdt, other=0.0)
+    if HAS_Z:
+        z = tl.load(Z + z_row + offs_d * s_zd + t * s_zl, mask=mdt, other=0.0)
+    else:
+        z = u
+    Bt = tl.load(B + B_row + offs_n * s_Bn + t * s_Bl, mask=mnt, other=0.0)
+    Ct = tl.load(C + C_row + offs_n * s_Cn + t * s_Cl, mask=mnt, other=0.0)
+    return u, dt, z, Bt, Ct
+
+
+@triton.jit
+def _fwd_seq_kernel(
+    U, DELTA, A, B, C, D, Z, DBIAS, OUT, LAST,
+    L, dim, N, dim_per_group, n_blocks,
+    s_ub, s_ud, s_ul,
+    s_db, s_dd, s_dl,
+    s_ad, s_an,
+    s_Bb, s_Bg, s_Bn, s_Bl,
+    s_Cb, s_Cg, s_Cn, s_Cl,
+    s_zb, s_zd, s_zl,
+    s_ob, s_od, s_ol,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_DBIAS: tl.constexpr,
+    SOFTPLUS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    b = tl.program_id(1).to(tl.int64)
+    g, offs_d, md = channel_block(tl.program_id(0), dim_per_group, n_blocks, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    mn = offs_n < N
+    mdn = md[:, None] & mn[None, :]
+    A2 = tl.load(A + offs_d[:, None] * s_ad + offs_n[None, :] * s_an, mask=mdn,
+                 other=0.0).to(tl.float32) * LOG2E
+    if HAS_D:
+        Dv = tl.load(D + offs_d, mask=md, other=0.0).to(tl.float32)
+    if HAS_DBIAS:
+        bias = tl.load(DBIAS + offs_d, mask=md, other=0.0).to(tl.float32)
+    u_row = b * s_ub
+    d_row = b * s_db
+    z_row = b * s_zb
+    o_row = b * s_ob
+    B_row = b * s_Bb + g * s_Bg
+    C_row = b * s_Cb + g * s_Cg
+    h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+    u, dt, z, Bt, Ct = _step_loads(U, DELTA, Z, B, C, 0, L, u_row, d_row, z_row, B_row, C_row,
+                                   offs_d, md, offs_n, mn, s_ud, s_ul, s_dd, s_dl, s_zd, s_zl,
+                                   s_Bn, s_Bl, s_Cn, s_Cl, HAS_Z)
+    for t in range(L):
+        # next step's loads first (masked off past L): their latency hides behind this step
+        u_n, dt_n, z_n, B_n, C_n = _step_loads(U, DELTA, Z, B, C, t + 1, L, u_row, d_row, z_row,
+                                               B_row, C_row, offs_d, md, offs_n, mn, s_ud, s_ul,
+                                               s_dd, s_dl, s_zd, s_zl, s_Bn, s_Bl, s_Cn, s_Cl,
+                                               HAS_Z)
+        uf = u.to(tl.float32)
+        d = dt.to(tl.float32)
+        if HAS_DBIAS:
+            d += bias
+        if SOFTPLUS:
+            d = softplus(d)
+        d = tl.where(md, d, 0.0)
+        dA = tl.exp2(d[:, None] * A2)
+        h = dA * h + (d * uf)[:, None] * Bt.to(tl.float32)[None, :]
+        y = tl.sum(h * Ct.to(tl.float32)[None, :], axis=1)
+        if HAS_D:
+            y += Dv * uf
+        if HAS_Z:
+            zf = z.to(tl.float32)
+            y = y * zf * tl.sigmoid(zf)
+        tl.store(OUT + o_row + offs_d * s_od + t * s_ol, y.to(OUT.dtype.element_ty), mask=md)
+        u, dt, z, Bt, Ct = u_n, dt_n, z_n, B_n, C_n
+    tl.store(LAST + (b * dim + offs_d[:, None]) * N + offs_n[None, :], h, mask=mdn)
+
+
+def selective_scan_fwd_seq_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                                  D: Tensor | None, z: Tensor | None, delta_bias: Tensor | None,
+                                  delta_softplus: bool,
+                                  config: tuple[int, int] | None = None
+                                  ) -> tuple[Tensor, Tensor]:
+    """Same contract as scan_fwd.selective_scan_fwd_triton: (out in u's dtype, contiguous
+    (batch, dim, L); last_state float32 (batch, dim, N)); B/C (batch, G, N, L), any strides."""
+    batch, dim, length = u.shape
+    groups, nstate = B.shape[1], B.shape[2]
+    out = torch.empty(u.shape, dtype=u.dtype, device=u.device)
+    last = torch.empty((batch, dim, A.shape[1]), dtype=torch.float32, device=u.device)
+    if not out.numel():
+        return out, last
+    block_d, warps = config or SEQ_CONFIG
+    dim_per_group = dim // groups
+    block_d = blocking(dim_per_group, block_d)
+    n_blocks = triton.cdiv(dim_per_group, block_d)
+    dummy = u
+    zs = z.stride() if z is not None else (0, 0, 0)
+    _fwd_seq_kernel[(groups * n_blocks, batch)](
+        u, delta, A, B, C, dummy if D is None else D, dummy if z is None else z,
+        dummy if delta_bias is None else delta_bias, out, last,
+        length, dim, nstate, dim_per_group, n_blocks,
+        *u.stride(), *delta.stride(), *A.stride(), *B.stride(), *C.stride(), *zs, *out.stride(),
+        HAS_D=D is not None, HAS_Z=z is not None, HAS_DBIAS=delta_bias is not None,
+        SOFTPLUS=bool(delta_softplus), BLOCK_D=block_d,
+        BLOCK_N=triton.next_power_of_2(nstate), num_warps=warps,
+    )
+    return out, last

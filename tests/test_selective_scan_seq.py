@@ -1,0 +1,157 @@
+"""The time-sequential selective-scan forward (scan_fwd_seq.py, FASTPATH_SSCAN_FWD=seq) against
+the float64 step loop of naive.py, and against the default chunked kernel.
+
+On CPU the kernel runs under TRITON_INTERPRET=1 at tiny shapes. The seq forward writes only
+(out, last_state): the backward recomputes its chunk states itself (scan_fwd.chunk_states), so a
+training call under FASTPATH_SSCAN_FWD=seq is checked end to end (forward by the seq kernel,
+gradients by the usual backward) against autograd of the reference. Call counters prove which
+kernel ran.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fastpath.errors import UsageError
+from fastpath.kernels.counters import CALLS
+from fastpath.kernels.dispatch import use_triton
+from fastpath.kernels.selective_scan.interface import FWD_ENV, fwd_kernel, selective_scan_fn
+from fastpath.kernels.selective_scan.naive import selective_scan_ref
+from fastpath.kernels.selective_scan.scan_fwd import selective_scan_fwd_triton
+from fastpath.kernels.selective_scan.scan_fwd_seq import selective_scan_fwd_seq_triton
+
+pytestmark = pytest.mark.skipif(
+    not use_triton(torch.empty(0)), reason="needs CUDA or TRITON_INTERPRET=1"
+)
+TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    assert torch.isfinite(got).all()
+    got, ref = got.double(), ref.double()
+    return ((got - ref).norm() / ref.norm().clamp_min(1e-12)).item()
+
+
+def make_inputs(batch, dim, nstate, length, layout, groups, seed, dtype):
+    """Random inputs rounded to `dtype` (A, D, delta_bias float32, as transformers passes)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=1.0, dt=dtype):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dt)
+
+    if layout == "shared":
+        B, C = rnd(batch, nstate, length), rnd(batch, nstate, length)
+    elif layout == "grouped":
+        B, C = rnd(batch, groups, nstate, length), rnd(batch, groups, nstate, length)
+    else:  # time-invariant
+        B, C = rnd(dim, nstate), rnd(dim, nstate)
+    return {
+        "u": rnd(batch, dim, length),
+        "delta": rnd(batch, dim, length, scale=0.8),
+        "A": -(torch.rand(dim, nstate, generator=g, dtype=torch.float64) * 1.5 + 0.2).float(),
+        "B": B,
+        "C": C,
+        "D": rnd(dim, dt=torch.float32),
+        "z": rnd(batch, dim, length),
+        "delta_bias": rnd(dim, scale=0.5, dt=torch.float32),
+    }
+
+
+def check(monkeypatch, t, dtype, *, softplus=True, last=True, views=False):
+    monkeypatch.setenv(FWD_ENV, "seq")
+    if views:  # transformers' channel-last views
+        t = {k: (v.transpose(-1, -2).contiguous().transpose(-1, -2) if v.dim() == 3 else v)
+             for k, v in t.items()}
+    CALLS.clear()
+    got = selective_scan_fn(**t, delta_softplus=softplus, return_last_state=last)
+    assert CALLS["ss_fwd:triton-seq"] == 1 and CALLS["ss_fwd:triton"] == 0, dict(CALLS)
+    ref = selective_scan_ref(**{k: None if v is None else v.double() for k, v in t.items()},
+                             delta_softplus=softplus,
+                             return_last_state=last)
+    if last:
+        (out, state), (rout, rstate) = got, ref
+        assert state.dtype == torch.float32
+        assert rel_err(state, rstate) < TOL[dtype]
+    else:
+        out, rout = got, ref
+    assert out.dtype == dtype
+    assert rel_err(out, rout) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout,groups", [("shared", 1), ("grouped", 2), ("invariant", 1)])
+def test_seq_matches_reference(monkeypatch, dtype, layout, groups):
+    # time-invariant B/C make one group per channel (one program each): keep that one short
+    dim, length = (6, 13) if layout == "invariant" else (16, 37)
+    t = make_inputs(2, dim, 8, length, layout, groups, seed=1, dtype=dtype)
+    check(monkeypatch, t, dtype, views=layout == "shared")
+
+
+@pytest.mark.parametrize("drop", ["D", "z", "delta_bias", "all"])
+@pytest.mark.parametrize("softplus", [True, False])
+def test_seq_options(monkeypatch, drop, softplus):
+    t = make_inputs(1, 8, 4, 23, "shared", 1, seed=2, dtype=torch.float32)
+    for k in (("D", "z", "delta_bias") if drop == "all" else (drop,)):
+        t[k] = None
+    check(monkeypatch, t, torch.float32, softplus=softplus, last=drop != "z")
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.integers(1, 2), groups=st.sampled_from([1, 2]), dpg=st.integers(1, 12),
+       nstate=st.sampled_from([1, 3, 4, 16]), length=st.integers(1, 48),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]), seed=st.integers(0, 2**16))
+def test_seq_property_sweep(monkeypatch, batch, groups, dpg, nstate, length, dtype, seed):
+    """Odd channel counts (masked lanes), N not a power of two, L from 1."""
+    t = make_inputs(batch, groups * dpg, nstate, length, "grouped", groups, seed, dtype)
+    check(monkeypatch, t, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_seq_equals_chunked_kernel(dtype):
+    """Same contract as the chunked kernel: out and last_state agree to float32 rounding."""
+    t = make_inputs(1, 32, 16, 24, "grouped", 2, seed=3, dtype=dtype)
+    args = (t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], t["z"], t["delta_bias"], True)
+    o1, s1 = selective_scan_fwd_seq_triton(*args)
+    o2, s2 = selective_scan_fwd_triton(*args)
+    assert o1.dtype == o2.dtype == dtype and o1.is_contiguous()
+    assert rel_err(s1, s2) < 1e-5
+    assert rel_err(o1, o2) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def test_seq_training_gradients(monkeypatch):
+    """FASTPATH_SSCAN_FWD=seq in training: the seq forward plus the usual backward (which
+    recomputes its own chunk states) gives the reference's gradients, last_state's included."""
+    monkeypatch.setenv(FWD_ENV, "seq")
+    t = make_inputs(1, 8, 4, 19, "shared", 1, seed=4, dtype=torch.float32)
+    got_in = {k: v.clone().requires_grad_() for k, v in t.items()}
+    ref_in = {k: v.double().requires_grad_() for k, v in t.items()}
+    CALLS.clear()
+    out, last = selective_scan_fn(**got_in, delta_softplus=True, return_last_state=True)
+    assert CALLS["ss_fwd:triton-seq"] == 1
+    rout, rlast = selective_scan_ref(**ref_in, delta_softplus=True, return_last_state=True)
+    g = torch.Generator().manual_seed(5)
+    dout = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    dlast = torch.randn(last.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad((out, last), list(got_in.values()),
+                              (dout.float(), dlast.float()))
+    ref = torch.autograd.grad((rout, rlast), list(ref_in.values()), (dout, dlast))
+    for name, a, b in zip(got_in, got, ref, strict=True):
+        assert rel_err(a, b) < 1e-4, name
+
+
+def test_env_dispatch(monkeypatch):
+    monkeypatch.delenv(FWD_ENV, raising=False)
+    assert fwd_kernel() == "chunked"
+    t = make_inputs(1, 4, 4, 9, "shared", 1, seed=6, dtype=torch.float32)
+    CALLS.clear()
+    selective_scan_fn(**t, delta_softplus=True)
+    assert CALLS["ss_fwd:triton"] == 1 and CALLS["ss_fwd:triton-seq"] == 0
+    monkeypatch.setenv(FWD_ENV, " SEQ ")
+    assert fwd_kernel() == "seq"
+    monkeypatch.setenv(FWD_ENV, "parallel")
+    with pytest.raises(UsageError, match="FASTPATH_SSCAN_FWD='parallel'"):
+        selective_scan_fn(**t, delta_softplus=True)
