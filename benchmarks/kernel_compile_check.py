@@ -16,7 +16,8 @@ ints-equal-to-1 and divisible-by-16 rules as on the device) and compiled with
 launchers' later torch work runs on the uninitialised CPU outputs (meaningless, never checked).
 Covered: selective_scan (forward default + sweep configs, backward default + every SWEEP config,
 flip and reverse-scan adjoints, via mamba_inner_fn's training layout and transformers' prefill
-layout), the Mamba-1 decode step (kernels/ssd/state_update.py), gdn_gates, sigmoid_gate.
+layout; the time-sequential forward of FASTPATH_SSCAN_FWD=seq at every scan_fwd_seq.SEQ_SWEEP
+config, same two layouts), the Mamba-1 decode step (kernels/ssd/state_update.py), gdn_gates, sigmoid_gate.
 
 usage: python benchmarks/kernel_compile_check.py [--arch 90] [--dtype bf16 fp32]
        [--only selective_scan state_update gdn_gates sigmoid_gate] [--seqlen 256] [--out FILE.json]
@@ -49,7 +50,7 @@ from triton.runtime.jit import JITFunction, create_function_from_signature
 
 from fastpath.kernels.gdn_gates import interface as gates_if
 from fastpath.kernels.selective_scan import interface as scan_if
-from fastpath.kernels.selective_scan import scan_bwd, scan_fwd
+from fastpath.kernels.selective_scan import scan_bwd, scan_fwd, scan_fwd_seq
 from fastpath.kernels.sigmoid_gate import interface as gate_if
 
 FAMILIES = ("selective_scan", "state_update", "gdn_gates", "sigmoid_gate")
@@ -183,6 +184,32 @@ def sweep_scan(rec: Recorder) -> Iterator[None]:
         scan_fwd.selective_scan_fwd_triton, scan_bwd.selective_scan_bwd_triton = fwd, bwd
 
 
+@contextlib.contextmanager
+def sweep_seq(rec: Recorder) -> Iterator[None]:
+    """FASTPATH_SSCAN_FWD=seq while active; the interface's seq forward runs once per
+    scan_fwd_seq.SEQ_SWEEP config (each launch labelled). The backward's chunk states still come
+    from the chunked kernel (covered by the default pass)."""
+    fwd = scan_fwd_seq.selective_scan_fwd_seq_triton
+
+    def fwd_all(*args, **kwargs):
+        for cfg in scan_fwd_seq.SEQ_SWEEP:
+            rec.label = f"fwd-seq {cfg}"
+            result = fwd(*args, **{**kwargs, "config": cfg})
+        return result
+
+    saved = os.environ.get(scan_if.FWD_ENV)
+    os.environ[scan_if.FWD_ENV] = "seq"
+    scan_fwd_seq.selective_scan_fwd_seq_triton = fwd_all
+    try:
+        yield
+    finally:
+        scan_fwd_seq.selective_scan_fwd_seq_triton = fwd
+        if saved is None:
+            os.environ.pop(scan_if.FWD_ENV, None)
+        else:
+            os.environ[scan_if.FWD_ENV] = saved
+
+
 def scan_training(dtype: torch.dtype, seqlen: int) -> None:
     """falcon_mamba_inner_fn's call (transformers' training path) with Falcon-Mamba-7B's sizes:
     forward and backward through the real mamba_inner_fn, so the scan sees its real layouts."""
@@ -271,6 +298,13 @@ def record(family: str, dtype_name: str, seqlen: int) -> list[tuple[str, JITFunc
                 scan_prefill(dtype, seqlen)
                 for i in range(n, len(rec.launches)):
                     rec.launches[i] = (f"prefill {rec.launches[i][0]}", *rec.launches[i][1:])
+            with triton_on(scan_if), sweep_scan(rec), sweep_seq(rec):  # FASTPATH_SSCAN_FWD=seq
+                for name, site in (("train", scan_training), ("prefill", scan_prefill)):
+                    n = len(rec.launches)
+                    site(dtype, seqlen)
+                    for i in range(n, len(rec.launches)):
+                        rec.launches[i] = (f"seq-{name} {rec.launches[i][0]}",
+                                           *rec.launches[i][1:])
         elif family == "state_update":
             with triton_on(scan_if):
                 state_update(rec, dtype)

@@ -31,6 +31,9 @@ from fastpath.kernels.selective_scan.scan_fwd import LOG2E, blocking, channel_bl
 # (BLOCK_D, num_warps): channels per program and warps. At N = 16, (32, 4) holds 4 state
 # elements a thread and gives B * D / 32 programs (256 at D = 8192, B = 1).
 SEQ_CONFIG = (32, 4)
+# alternatives timed by benchmarks/selective_scan.py (sweep phase) and compiled by
+# benchmarks/kernel_compile_check.py
+SEQ_SWEEP = ((32, 4), (16, 2), (32, 2), (64, 4), (64, 8), (128, 4), (128, 8))
 
 
 @triton.jit
