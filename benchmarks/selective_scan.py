@@ -7,20 +7,24 @@ delta_softplus, B/C shared (batch, N, L), laid out as transformers 5.17 passes t
 (B, L, N) views, delta contiguous); cases (B, L) = (1, 4096) and (8, 4096).
 Peers (each skipped with its reason when it cannot run; each capped by --time-cap seconds):
 - ours:        fastpath.kernels.selective_scan.interface.selective_scan_fn
+- ours-seq:    the same with FASTPATH_SSCAN_FWD=seq (the time-sequential forward,
+               kernels/selective_scan/scan_fwd_seq.py; fwd phase only: its backward is ours)
 - loop:        transformers' torch fallback `mamba_selective_scan` (its Python loop over L)
 - pscan:       the same function with use_mambapy=True (mambapy's pscan, when importable)
 - assoc_scan:  torch._higher_order_ops.associative_scan over (exp(dA), dB u) as transformers
                combines them, eager, combine_mode="generic" (transformers itself takes this
                branch only under torch.compile)
 - compile:     torch.compile of the loop fallback, in a child process killed after --time-cap
-Phases: fwd and fwdbwd (ms, median of CUDA-event timed calls), update (the decode step at
-B = 64 vs transformers' torch step), sweep (our tile configs at the first case), copy (the
-device's copy bandwidth, measured first). For our forward the JSON also has `copy_frac`: the
-mandatory bytes (read u, delta, B, C, z; write y) over our time, as a fraction of the measured
-copy bandwidth. The JSON is rewritten after every measurement.
+Phases: fwd and fwdbwd (ms, median of CUDA-event timed calls after one untimed warm-up call, so
+Triton's compilation never lands in a timing row), update (the decode step at B = 64 vs
+transformers' torch step), sweep (our tile configs at the first case), seqsweep (the seq
+forward's SEQ_SWEEP configs at every case), copy (the device's copy bandwidth, measured
+first). For our forwards the JSON also has `copy_frac`: the mandatory bytes (read u, delta, B,
+C, z; write y) over our time, as a fraction of the measured copy bandwidth. The JSON is rewritten after every measurement.
 
-usage: python benchmarks/selective_scan.py --out DIR [--phases copy,fwd,fwdbwd,update,sweep]
-           [--cases 1x4096,8x4096] [--peers ours,loop,pscan,assoc_scan,compile]
+usage: python benchmarks/selective_scan.py --out DIR
+           [--phases copy,fwd,fwdbwd,update,sweep,seqsweep] [--cases 1x4096,8x4096]
+           [--peers ours,ours-seq,loop,pscan,assoc_scan,compile]
            [--time-cap 20] [--smoke]
 --smoke: tiny shapes, runs on CPU under TRITON_INTERPRET=1 (checks the script, no timing claims).
 """
@@ -41,13 +45,19 @@ from pathlib import Path
 
 import torch
 
-from fastpath.kernels.selective_scan import scan_bwd, scan_fwd
-from fastpath.kernels.selective_scan.interface import selective_scan_fn, selective_state_update
+from fastpath.kernels.selective_scan import scan_bwd, scan_fwd, scan_fwd_seq
+from fastpath.kernels.selective_scan.interface import (
+    FWD_ENV,
+    selective_scan_fn,
+    selective_state_update,
+)
 
 DIM, N = 8192, 16
 SMOKE_DIM = 16
 SMOKE_SWEEP = ((8, 8, 4, True), (16, 8, 2, False))
-PEERS = ("ours", "loop", "pscan", "assoc_scan", "compile")
+SMOKE_SEQ_SWEEP = ((8, 2), (16, 4))
+PEERS = ("ours", "ours-seq", "loop", "pscan", "assoc_scan", "compile")
+OURS = ("ours", "ours-seq")
 SWEEP = scan_bwd.SWEEP_CONFIGS
 
 
@@ -61,15 +71,26 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fn: Callable[[], object], device: torch.device, cap: float) -> dict:
-    """Median ms of repeated calls after one warm call; fewer repeats when a call is slow, and
-    only the warm call when it alone eats the cap."""
+def wall(fn: Callable[[], object], device: torch.device) -> float:
     start = time.perf_counter()
     fn()
     sync(device)
-    first = time.perf_counter() - start
+    return time.perf_counter() - start
+
+
+def timed(fn: Callable[[], object], device: torch.device, cap: float) -> dict:
+    """Median ms of repeated calls. One untimed warm-up call comes first (Triton compiles at a
+    kernel's first call: the H200 run once reported 3588 ms for a 1x4096 forward that way); then
+    one call decides how many repeats fit the cap, and a call that alone eats half the cap is the
+    only one timed."""
+    warm = wall(fn, device)
+    if warm > cap:
+        return {"skipped": f"the warm-up call took {warm:.1f} s, over the {cap:.0f} s cap",
+                "warmup_s": warm}
+    first = wall(fn, device)
     if first > cap / 2:
-        return {"ms": first * 1e3, "reps": 1, "note": "one call (slow); includes warm-up"}
+        return {"ms": first * 1e3, "reps": 1, "warmup_s": warm,
+                "note": "one call after the warm-up (slow)"}
     reps = max(3, min(50, int(cap / 4 / max(first, 1e-6))))
     times = []
     for _ in range(reps):
@@ -84,7 +105,7 @@ def timed(fn: Callable[[], object], device: torch.device, cap: float) -> dict:
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
-    return {"ms": statistics.median(times), "reps": reps}
+    return {"ms": statistics.median(times), "reps": reps, "warmup_s": warm}
 
 
 def copy_bandwidth(device: torch.device, smoke: bool) -> float:
@@ -139,6 +160,8 @@ def peer_fn(name: str) -> Callable[[dict], torch.Tensor]:
     kw = {"delta_softplus": True}
     if name == "ours":
         return lambda t: selective_scan_fn(**t, **kw)
+    if name == "ours-seq":
+        return lambda t: with_env(FWD_ENV, "seq", lambda: selective_scan_fn(**t, **kw))
     if name == "loop":
         fn = transformers_scan()
         return lambda t: fn(t["u"], t["delta"], t["A"], t["B"], t["C"], D=t["D"], z=t["z"],
@@ -162,6 +185,19 @@ def peer_fn(name: str) -> Callable[[dict], torch.Tensor]:
             raise Skip(f"torch._higher_order_ops.associative_scan not importable ({exc})") from exc
         return lambda t: assoc_scan(associative_scan, t)
     raise Skip(f"unknown peer {name}")
+
+
+def with_env(name: str, value: str, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """fn() with the environment variable set (the interface reads it at every call)."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        return fn()
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
 
 
 def assoc_scan(associative_scan, t: dict) -> torch.Tensor:
@@ -258,6 +294,8 @@ def measure(name: str, phase: str, batch: int, length: int, dim: int, device: to
             compile_gave_up = f"not tried: {res.get('skipped') or res.get('error')} at {batch}x{length} {phase}"
             return {**row, **res}
         return {**row, **res}
+    if name == "ours-seq" and phase != "fwd":
+        return {**row, "skipped": "fwd phase only (its backward is ours')"}
     try:
         fn = peer_fn(name)
         t = make_inputs(batch, length, dim, device, grad=phase == "fwdbwd")
@@ -265,7 +303,7 @@ def measure(name: str, phase: str, batch: int, length: int, dim: int, device: to
         with torch.no_grad() if phase == "fwd" else torch.enable_grad():
             res = timed(step, device, cap)
         row.update(res)
-        if name == "ours" and phase == "fwd":
+        if name in OURS and phase == "fwd" and "ms" in res:
             row["mandatory_bytes"] = mandatory_bytes(t)
             row["gbps"] = row["mandatory_bytes"] / (row["ms"] / 1e3) / 1e9
     except Skip as exc:
@@ -303,7 +341,7 @@ def update_rows(device: torch.device, dim: int, cap: float) -> list[dict]:
     ):
         res = timed(call, device, cap)
         rows.append({"phase": "update", "case": f"{batch}x1", "dim": dim, "peer": name,
-                     "us": res["ms"] * 1e3, "reps": res["reps"]})
+                     **({"us": res["ms"] * 1e3, "reps": res["reps"]} if "ms" in res else res)})
     return rows
 
 
@@ -322,9 +360,32 @@ def sweep_rows(batch: int, length: int, dim: int, device: torch.device, cap: flo
             bwd = timed(lambda cfg=cfg: scan_bwd.selective_scan_bwd_triton(dout, None, *args,
                                                                            config=cfg),
                         device, cap)
-            row.update(fwd_ms=fwd["ms"], bwd_ms=bwd["ms"])
-            if copy_bw:
+            row.update(fwd_ms=fwd.get("ms"), bwd_ms=bwd.get("ms"))
+            if copy_bw and "ms" in fwd:
                 row["copy_frac"] = mandatory_bytes(t) / (fwd["ms"] / 1e3) / copy_bw
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        rows.append(row)
+    return rows
+
+
+def seq_sweep_rows(batch: int, length: int, dim: int, device: torch.device, cap: float,
+                   copy_bw: float | None, configs: tuple) -> list[dict]:
+    """The seq forward (scan_fwd_seq) at each (BLOCK_D, num_warps) config."""
+    t = make_inputs(batch, length, dim, device, grad=False)
+    args = (t["u"], t["delta"], t["A"], t["B"][:, None], t["C"][:, None], t["D"], t["z"],
+            t["delta_bias"], True)
+    rows = []
+    for cfg in configs:
+        row = {"phase": "seqsweep", "case": f"{batch}x{length}", "dim": dim, "config": list(cfg)}
+        try:
+            res = timed(lambda cfg=cfg: scan_fwd_seq.selective_scan_fwd_seq_triton(
+                *args, config=cfg), device, cap)
+            row.update(res)
+            if "ms" in res:
+                row["gbps"] = mandatory_bytes(t) / (res["ms"] / 1e3) / 1e9
+                if copy_bw:
+                    row["copy_frac"] = row["gbps"] * 1e9 / copy_bw
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         rows.append(row)
@@ -334,7 +395,7 @@ def sweep_rows(batch: int, length: int, dim: int, device: torch.device, cap: flo
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="output directory (selective_scan.json)")
-    ap.add_argument("--phases", default="copy,fwd,fwdbwd,update,sweep")
+    ap.add_argument("--phases", default="copy,fwd,fwdbwd,update,sweep,seqsweep")
     ap.add_argument("--cases", default="1x4096,8x4096", help="BxL list")
     ap.add_argument("--peers", default=",".join(PEERS))
     ap.add_argument("--time-cap", type=float, default=10.0, help="seconds per peer and case")
@@ -365,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__, "triton": triton.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
             "dim": dim, "N": N, "dtype": "bfloat16", "smoke": args.smoke,
-            "fwd_config": list(scan_fwd.FWD_CONFIG), "bwd_config": list(scan_bwd.BWD_CONFIG)}
+            "fwd_config": list(scan_fwd.FWD_CONFIG), "bwd_config": list(scan_bwd.BWD_CONFIG),
+            "seq_config": list(scan_fwd_seq.SEQ_CONFIG)}
     rec = Recorder(out_dir, meta)
     start = time.perf_counter()
     copy_bw = None
@@ -393,6 +455,12 @@ def main(argv: list[str] | None = None) -> int:
         for row in sweep_rows(batch, length, dim, device, min(args.time_cap, 4.0), copy_bw,
                               configs):
             rec.add(row)
+    if "seqsweep" in phases:
+        configs = SMOKE_SEQ_SWEEP if args.smoke else scan_fwd_seq.SEQ_SWEEP
+        for batch, length in cases:
+            for row in seq_sweep_rows(batch, length, dim, device, min(args.time_cap, 4.0),
+                                      copy_bw, configs):
+                rec.add(row)
     rec.data["meta"]["wall_s"] = time.perf_counter() - start
     rec.flush()
     return 0
