@@ -5,7 +5,9 @@ an H200 (Triton 3.6) it reached about 2% of copy bandwidth at Falcon-Mamba-7B sh
 A scan of a first-order recurrence needs no parallel prefix when there are enough independent
 channels to fill the machine: each program here owns (one batch row, BLOCK_D channels of one B/C
 group) and carries its state h (BLOCK_D, N) in float32 registers through all L steps, so every
-state element costs one exp2 and two FMAs per step and no shuffles along time.
+state element costs one exp2 and two FMAs per step and no shuffles along time. (At N = 16 the
+exp2s alone, B*D*L*N of them on the SFU at about 16/clk/SM, bound an H200 at roughly 1 ms for
+(8, 4096) at D = 8192: about half of copy bandwidth over the mandatory bytes.)
 
 Per step t: delta'_t = softplus(delta + bias) (float32), dA = exp2(delta'_t * A * log2(e)),
   h = dA * h + (delta'_t u_t) B_t,   y_t = sum_n h C_t + D u_t,   out_t = y_t * silu(z_t)
@@ -28,12 +30,12 @@ from torch import Tensor
 
 from fastpath.kernels.selective_scan.scan_fwd import LOG2E, blocking, channel_block, softplus
 
-# (BLOCK_D, num_warps): channels per program and warps. At N = 16, (32, 4) holds 4 state
-# elements a thread and gives B * D / 32 programs (256 at D = 8192, B = 1).
-SEQ_CONFIG = (32, 4)
+# (BLOCK_D, num_warps): channels per program and warps. BLOCK_D = 32 * num_warps gives one
+# channel (N states) per thread: B * D / 32 warps in all (256 at D = 8192, B = 1).
+SEQ_CONFIG = (32, 1)
 # alternatives timed by benchmarks/selective_scan.py (sweep phase) and compiled by
 # benchmarks/kernel_compile_check.py
-SEQ_SWEEP = ((32, 4), (16, 2), (32, 2), (64, 4), (64, 8), (128, 4), (128, 8))
+SEQ_SWEEP = ((32, 1), (16, 1), (64, 2), (128, 4), (32, 2), (64, 4), (64, 1))
 
 
 @triton.jit
@@ -54,7 +56,9 @@ def _step_loads(U, DELTA, Z, B, C, t, L, u_row, d_row, z_row, B_row, C_row, offs
     return u, dt, z, Bt, Ct
 
 
-@triton.jit
+# A and LAST unspecialised (no 16-byte alignment promise): with it, Triton would vectorise their
+# accesses four channels a thread and spread N across lanes, shuffling the sum over N every step.
+@triton.jit(do_not_specialize=["A", "LAST"])
 def _fwd_seq_kernel(
     U, DELTA, A, B, C, D, Z, DBIAS, OUT, LAST,
     L, dim, N, dim_per_group, n_blocks,
@@ -76,8 +80,11 @@ def _fwd_seq_kernel(
     g, offs_d, md = channel_block(tl.program_id(0), dim_per_group, n_blocks, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
     mn = offs_n < N
-    mdn = md[:, None] & mn[None, :]
-    A2 = tl.load(A + offs_d[:, None] * s_ad + offs_n[None, :] * s_an, mask=mdn,
+    # state tiles are (N, BLOCK_D): channels along the fast axis, so Triton's default layout puts
+    # lanes on channels and a thread holds all N states of its channel(s): the sum over N stays
+    # in registers and softplus/sigmoid (per channel) run once per channel, not once per lane
+    mdn = mn[:, None] & md[None, :]
+    A2 = tl.load(A + offs_n[:, None] * s_an + offs_d[None, :] * s_ad, mask=mdn,
                  other=0.0).to(tl.float32) * LOG2E
     if HAS_D:
         Dv = tl.load(D + offs_d, mask=md, other=0.0).to(tl.float32)
@@ -89,7 +96,7 @@ def _fwd_seq_kernel(
     o_row = b * s_ob
     B_row = b * s_Bb + g * s_Bg
     C_row = b * s_Cb + g * s_Cg
-    h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+    h = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     u, dt, z, Bt, Ct = _step_loads(U, DELTA, Z, B, C, 0, L, u_row, d_row, z_row, B_row, C_row,
                                    offs_d, md, offs_n, mn, s_ud, s_ul, s_dd, s_dl, s_zd, s_zl,
                                    s_Bn, s_Bl, s_Cn, s_Cl, HAS_Z)
@@ -106,9 +113,9 @@ def _fwd_seq_kernel(
         if SOFTPLUS:
             d = softplus(d)
         d = tl.where(md, d, 0.0)
-        dA = tl.exp2(d[:, None] * A2)
-        h = dA * h + (d * uf)[:, None] * Bt.to(tl.float32)[None, :]
-        y = tl.sum(h * Ct.to(tl.float32)[None, :], axis=1)
+        dA = tl.exp2(d[None, :] * A2)
+        h = dA * h + (d * uf)[None, :] * Bt.to(tl.float32)[:, None]
+        y = tl.sum(h * Ct.to(tl.float32)[:, None], axis=0)
         if HAS_D:
             y += Dv * uf
         if HAS_Z:
@@ -116,7 +123,7 @@ def _fwd_seq_kernel(
             y = y * zf * tl.sigmoid(zf)
         tl.store(OUT + o_row + offs_d * s_od + t * s_ol, y.to(OUT.dtype.element_ty), mask=md)
         u, dt, z, Bt, Ct = u_n, dt_n, z_n, B_n, C_n
-    tl.store(LAST + (b * dim + offs_d[:, None]) * N + offs_n[None, :], h, mask=mdn)
+    tl.store(LAST + (b * N + offs_n[:, None]) * dim + offs_d[None, :], h, mask=mdn)
 
 
 def selective_scan_fwd_seq_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
@@ -129,9 +136,13 @@ def selective_scan_fwd_seq_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tensor
     batch, dim, length = u.shape
     groups, nstate = B.shape[1], B.shape[2]
     out = torch.empty(u.shape, dtype=u.dtype, device=u.device)
-    last = torch.empty((batch, dim, A.shape[1]), dtype=torch.float32, device=u.device)
     if not out.numel():
-        return out, last
+        return out, torch.empty((batch, dim, A.shape[1]), dtype=torch.float32, device=u.device)
+    # A and the last state travel channel-fastest, (N, dim) and (batch, N, dim): every 2-D access
+    # then runs along channels, so Triton lays the (N, BLOCK_D) state tiles out with lanes on
+    # channels (an N-fastest access would make it put lanes on N and shuffle every step)
+    A = A.t().contiguous()
+    last = torch.empty((batch, A.shape[0], dim), dtype=torch.float32, device=u.device)
     block_d, warps = config or SEQ_CONFIG
     dim_per_group = dim // groups
     block_d = blocking(dim_per_group, block_d)
@@ -142,9 +153,9 @@ def selective_scan_fwd_seq_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tensor
         u, delta, A, B, C, dummy if D is None else D, dummy if z is None else z,
         dummy if delta_bias is None else delta_bias, out, last,
         length, dim, nstate, dim_per_group, n_blocks,
-        *u.stride(), *delta.stride(), *A.stride(), *B.stride(), *C.stride(), *zs, *out.stride(),
+        *u.stride(), *delta.stride(), A.stride(1), A.stride(0), *B.stride(), *C.stride(), *zs, *out.stride(),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DBIAS=delta_bias is not None,
         SOFTPLUS=bool(delta_softplus), BLOCK_D=block_d,
         BLOCK_N=triton.next_power_of_2(nstate), num_warps=warps,
     )
-    return out, last
+    return out, last.transpose(1, 2).contiguous()
