@@ -126,9 +126,15 @@ def train_with_labels(model: Any, ids: Any, settings: Any) -> tuple[Callable[[],
     """Forward + backward of the next-token loss computed inside the model (labels=ids; the model
     shifts them), so a fused linear cross-entropy patched into the model's forward runs."""
 
+    from fastpath.routing.liger_route import next_token_loss
+
     def run() -> None:
         model.zero_grad(set_to_none=True)
-        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        # skip_logits: Liger's fused linear cross-entropy runs only when asked in eval mode too
+        loss = next_token_loss(model, ids)
+        if loss is None:  # Liger's loss forward is not in place
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
     return run, None, ids.numel()
 
 
@@ -326,7 +332,7 @@ def child(config: str, args: argparse.Namespace) -> dict[str, Any]:
         phase["other_split"] = other_split(attributed_kernels(list(prof.events()), cpu=args.smoke),
                                            args.steps, args.top)
         if liger and name == "train":
-            phase["loss"] = "model(input_ids, labels=input_ids).loss"
+            phase["loss"] = "model(input_ids, labels=input_ids, skip_logits=True).loss (Liger's fused loss)"
         out["phases"][name] = phase
     return out
 
