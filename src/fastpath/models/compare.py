@@ -59,6 +59,8 @@ class TensorDiff:
     ok: bool
     flags: list[str] = field(default_factory=list)
     kind: str = ""  # layer type ("linear_attention", "conv", ...) for decoder layers
+    fast_vs_fp32: float | None = None  # set when an fp32 run of the reference judged it
+    ref_vs_fp32: float | None = None
 
 
 @dataclass
@@ -181,6 +183,37 @@ def compare_grads(fast: dict[str, Any], ref: dict[str, Any], tol: Tolerance,
             fast_o, ref_o = _rel(g_fast, g_o), _rel(g_ref, g_o)
             ok = ok or (finite and fast_o <= ORACLE_SLACK * ref_o + 1e-6)
         out.append(GradDiff(name, rel, ok, fast_o, ref_o))
+    return out
+
+
+def _worst_token(x: Any, exact: Any) -> float:
+    """The largest per-token relative distance of `x` from `exact` (both [..., T, H])."""
+    import torch
+
+    diff = torch.linalg.vector_norm(x.detach().float() - exact, dim=-1)
+    return float((diff / torch.linalg.vector_norm(exact, dim=-1).clamp_min(1e-30)).max())
+
+
+def judge_by_oracle(diffs: list[TensorDiff], fast: list[Any], ref: list[Any], oracle: list[Any]) -> list[TensorDiff]:
+    """Re-judge the hidden states (and logits) beyond the limit against an fp32 run.
+
+    Why: in bf16 both paths round differently and, through a stack of recurrent layers with random
+    weights, the difference grows layer by layer (H200, session 7: a 4-layer Mamba-2.8B reached 8.9%
+    at the logits). A fixed limit cannot tell whose rounding that is; the fp32 run can. A tensor
+    passes when the fast path is no further from the fp32 run than ORACLE_SLACK x the reference is,
+    in the whole tensor and in its worst token: the rule verify already applies to gradients and to
+    decode. Flagged tensors (NaN, zeros, constant rows) and shape mismatches are never rescued."""
+    out = []
+    for d, f, r, o in zip(diffs, fast, ref, oracle, strict=True):
+        if d.ok or d.flags or d.rel != d.rel or d.rel == float("inf") or o is None:
+            out.append(d)
+            continue
+        o32 = o.detach().float()
+        fast_o, ref_o = _rel(f, o32), _rel(r, o32)
+        ok = (fast_o <= ORACLE_SLACK * ref_o + 1e-6
+              and _worst_token(f, o32) <= ORACLE_SLACK * _worst_token(r, o32) + 1e-6)
+        out.append(TensorDiff(d.name, d.rel, d.token_rel_max, d.token_rel_mean, ok, d.flags, d.kind,
+                              fast_o, ref_o))
     return out
 
 

@@ -19,6 +19,7 @@ from fastpath.models.compare import (
     compare,
     compare_grads,
     judge_by_noise,
+    judge_by_oracle,
 )
 from fastpath.models.moe_pin import PinReport, TopkPin
 from fastpath.models.paths import hidden_compiled_peers
@@ -313,6 +314,15 @@ def _fp32_oracle_grads(model: Any, inputs: Inputs) -> dict[str, Any]:
     return grads
 
 
+def _fp32_oracle_outputs(model: Any, inputs: Inputs, pins: _Pins) -> PathRun:
+    """Hidden states and logits of an fp32 copy on the reference path (no gradients), with the
+    reference's MoE choices replayed so a near-tied router does not pick other experts."""
+    with _fp32_copy(model) as oracle, pins.forward.replaying(PinReport()):
+        run = run_path(oracle, inputs, packed_reference=True, backward=False)
+        del oracle
+    return run
+
+
 def _fp32_oracle_decode_logits(model: Any, prompt: Any, tokens: Any) -> list[Any] | None:
     """Per-step fp32 logits of an fp32 copy of `model` (active = reference path) fed the prompt
     and the reference's greedy tokens in one teacher-forced forward: the same logits a cached
@@ -550,6 +560,13 @@ def verify_model(
         diffs.append(compare(name, f, r, tol))
         diffs[-1].kind = kind
     logits = compare("logits", fast.logits, ref.logits, tol)
+    if built.dtype != torch.float32 and not all(d.ok for d in [*diffs, logits]):
+        # Only now (it costs an fp32 copy): whose rounding is it (models/compare.judge_by_oracle)?
+        say("hidden states beyond the limit: fp32 run of the reference path")
+        oracle_run = _fp32_oracle_outputs(model, inputs, pins)
+        diffs = judge_by_oracle(diffs, fast.hidden, ref.hidden, oracle_run.hidden)
+        logits = judge_by_oracle([logits], [fast.logits], [ref.logits], [oracle_run.logits])[0]
+        del oracle_run
     grads = compare_grads(fast.grads, ref.grads, tol, oracle_grads) if backward else None
     beyond = [g.name for g in grads or [] if not g.ok and g.rel == g.rel and g.rel != float("inf")]
     if beyond and built.dtype == torch.float32 and ref.grads is not None:
