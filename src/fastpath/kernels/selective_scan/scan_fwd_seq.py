@@ -126,6 +126,15 @@ def _fwd_seq_kernel(
     tl.store(LAST + (b * N + offs_n[:, None]) * dim + offs_d[None, :], h, mask=mdn)
 
 
+def n_fastest(M: Tensor) -> Tensor:
+    """B or C (batch, G, N, L) with N the contiguous axis: each step then reads its N values as
+    a few vector loads instead of N scalar ones (transformers' prefill passes (B, N, L)
+    contiguous). A copy of batch*G*L*N elements; stride-0 (time-invariant) inputs stay views."""
+    if M.stride(2) == 1 or M.stride(3) == 0 or M.shape[2] == 1:
+        return M
+    return M.transpose(2, 3).contiguous().transpose(2, 3)
+
+
 def selective_scan_fwd_seq_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
                                   D: Tensor | None, z: Tensor | None, delta_bias: Tensor | None,
                                   delta_softplus: bool,
@@ -142,6 +151,7 @@ def selective_scan_fwd_seq_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tensor
     # then runs along channels, so Triton lays the (N, BLOCK_D) state tiles out with lanes on
     # channels (an N-fastest access would make it put lanes on N and shuffle every step)
     A = A.t().contiguous()
+    B, C = n_fastest(B), n_fastest(C)
     last = torch.empty((batch, A.shape[0], dim), dtype=torch.float32, device=u.device)
     block_d, warps = config or SEQ_CONFIG
     dim_per_group = dim // groups
