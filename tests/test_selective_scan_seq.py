@@ -21,7 +21,7 @@ from fastpath.kernels.dispatch import use_triton
 from fastpath.kernels.selective_scan.interface import FWD_ENV, fwd_kernel, selective_scan_fn
 from fastpath.kernels.selective_scan.naive import selective_scan_ref
 from fastpath.kernels.selective_scan.scan_fwd import selective_scan_fwd_triton
-from fastpath.kernels.selective_scan.scan_fwd_seq import selective_scan_fwd_seq_triton
+from fastpath.kernels.selective_scan.scan_fwd_seq import SEQ_SWEEP, selective_scan_fwd_seq_triton
 
 pytestmark = pytest.mark.skipif(
     not use_triton(torch.empty(0)), reason="needs CUDA or TRITON_INTERPRET=1"
@@ -155,3 +155,35 @@ def test_env_dispatch(monkeypatch):
     monkeypatch.setenv(FWD_ENV, "parallel")
     with pytest.raises(UsageError, match="FASTPATH_SSCAN_FWD='parallel'"):
         selective_scan_fn(**t, delta_softplus=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cfg", SEQ_SWEEP)
+def test_seq_gpu_falcon_shapes(cfg):
+    """Compiled for the device at Falcon-Mamba-7B's width (D = 8192, N = 16), bf16, the layouts
+    transformers passes (u, z channel-last views; B/C (B, N, L) views and contiguous): every
+    SEQ_SWEEP config equals the float64 reference and the chunked kernel."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+    batch, dim, nstate, length = 2, 8192, 16, 512
+    bf = torch.bfloat16
+
+    def r(*s, scale=1.0, dtype=bf):
+        return (torch.randn(*s, generator=g, device="cuda") * scale).to(dtype)
+
+    for contiguous_bc in (False, True):
+        Bv, Cv = (r(batch, length, nstate).transpose(1, 2) for _ in "BC")
+        if contiguous_bc:
+            Bv, Cv = Bv.contiguous(), Cv.contiguous()
+        t = {"u": r(batch, length, dim).transpose(1, 2), "delta": r(batch, dim, length) - 1.0,
+             "A": -torch.exp(r(dim, nstate, scale=0.5, dtype=torch.float32)),
+             "B": Bv[:, None], "C": Cv[:, None], "D": r(dim, dtype=torch.float32),
+             "z": r(batch, length, dim).transpose(1, 2),
+             "delta_bias": r(dim, scale=0.3, dtype=torch.float32)}
+        args = (t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], t["z"], t["delta_bias"], True)
+        out, last = selective_scan_fwd_seq_triton(*args, config=cfg)
+        out2, last2 = selective_scan_fwd_triton(*args)
+        ref_out, ref_last = selective_scan_ref(*(a.double() for a in args[:8]),
+                                               delta_softplus=True, return_last_state=True)
+        assert rel_err(out, ref_out) < 2e-2 and rel_err(last, ref_last) < 1e-4
+        assert rel_err(out, out2) < 1e-2 and rel_err(last, last2) < 1e-5
