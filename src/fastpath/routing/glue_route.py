@@ -154,8 +154,9 @@ def make_gdn_forward(original: Callable[..., Any], module: ModuleType, *, force:
         if (cache_params is not None or any(v is not None for k, v in kwargs.items() if k not in _INERT_KWARGS)
                 or getattr(self.conv1d, "_hf_hook", None) is not None
                 or not (force or _usable(hidden_states, interpreter))):
-            return original(self, hidden_states, cache_params=cache_params, attention_mask=attention_mask,
-                            **kwargs)
+            if cache_params is not None:  # 5.25 renamed it `cache` (deprecate_kwarg maps the old name, and
+                kwargs["cache_params"] = cache_params  # an explicit None would clobber `cache`)
+            return original(self, hidden_states, attention_mask=attention_mask, **kwargs)
         hidden_states = module.apply_mask_to_padding_states(hidden_states, attention_mask)
         batch, seq_len, _ = hidden_states.shape
         mixed_qkv = self.in_proj_qkv(hidden_states).transpose(1, 2)
@@ -196,9 +197,13 @@ def make_attention_forward(original: Callable[..., Any], module: ModuleType, *,
 
     def forward(self: Any, hidden_states: Any, position_embeddings: Any, attention_mask: Any = None,
                 past_key_values: Any = None, **kwargs: Any) -> Any:
-        if past_key_values is not None or not (force or _usable(hidden_states, interpreter)):
-            return original(self, hidden_states, position_embeddings, attention_mask,
-                            past_key_values=past_key_values, **kwargs)
+        # the KV cache: `past_key_values` up to 5.24, `cache` from 5.25 (a cached call keeps the
+        # original forward, which updates the cache)
+        if (past_key_values is not None or kwargs.get("cache") is not None
+                or not (force or _usable(hidden_states, interpreter))):
+            if past_key_values is not None:
+                kwargs["past_key_values"] = past_key_values
+            return original(self, hidden_states, position_embeddings, attention_mask, **kwargs)
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
         query, gate = torch.chunk(self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim * 2), 2, dim=-1)
