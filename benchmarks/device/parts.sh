@@ -198,7 +198,7 @@ part_mamba() {
     --mamba-src "$msrc" --out "$w/mamba"
 }
 part_capture() {
-  run capture 200 python3 benchmarks/capture_speed.py --out "$w/capture" --rows "${CAPTURE_ROWS:-48}"
+  run capture "${CAPTURE_TIMEOUT:-200}" python3 benchmarks/capture_speed.py --out "$w/capture" --rows "${CAPTURE_ROWS:-48}"
 }
 part_gdnnorm() {
   run gdnnorm 90 python3 benchmarks/gdn_norm_gpu.py --out "$w/gdn_norm.json"
