@@ -12,9 +12,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from fastpath.errors import UsageError  # noqa: E402
-from fastpath.model_source import load_config  # noqa: E402
-from fastpath.models.build import transformers_config  # noqa: E402
+from fastpath.errors import UsageError
+from fastpath.model_source import load_config
+from fastpath.models.build import transformers_config
 
 
 @pytest.mark.parametrize(("preset", "layers", "enough", "kind"),
