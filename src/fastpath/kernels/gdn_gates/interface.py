@@ -21,21 +21,12 @@ from torch import Tensor
 from fastpath.kernels.counters import CALLS
 from fastpath.kernels.dispatch import TRITON_DTYPES, use_triton, warn_fallback
 from fastpath.kernels.gdn_gates import naive
+from fastpath.kernels.layout import as_rows as _rows
 
 MAX_HEADS = 2048  # one program holds a row block across every head
 FAMILY = "gdn_gates"
 
 
-def _rows(t: Tensor) -> Tensor:
-    """t as a (rows, last) view with unit column stride (a copy only when no such view exists)."""
-    if t.dim() == 0:
-        t = t.reshape(1)
-    if t.stride(-1) != 1:
-        t = t.contiguous()
-    try:
-        return t.view(-1, t.shape[-1])
-    except RuntimeError:
-        return t.reshape(-1, t.shape[-1])
 
 
 def _check(a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor) -> None:

@@ -16,21 +16,12 @@ from torch import Tensor
 
 from fastpath.kernels.counters import CALLS
 from fastpath.kernels.dispatch import TRITON_DTYPES, use_triton, warn_fallback
+from fastpath.kernels.layout import as_rows as _rows
 from fastpath.kernels.sigmoid_gate import naive
 
 FAMILY = "sigmoid_gate"
 
 
-def _rows(t: Tensor) -> Tensor:
-    """t as a (rows, width) view with unit column stride (a copy only when no such view exists)."""
-    if t.dim() == 0:
-        t = t.reshape(1)
-    if t.stride(-1) != 1:
-        t = t.contiguous()
-    try:
-        return t.view(-1, t.shape[-1])
-    except RuntimeError:
-        return t.reshape(-1, t.shape[-1])
 
 
 def _check(x: Tensor, gate: Tensor) -> None:
