@@ -24,8 +24,13 @@ def _kernel_modules() -> list[str]:
 
 
 def _jit_functions(module) -> list:
+    """The module's own @triton.jit functions: JITFunction, or InterpretedFunction under
+    TRITON_INTERPRET=1 (how CI runs); both keep the Python function as `.fn`."""
+    kinds = tuple(k for k in (getattr(triton.runtime.jit, "JITFunction", None),
+                              getattr(getattr(triton.runtime, "interpreter", None), "InterpretedFunction", None))
+                  if k is not None)
     return [v for v in vars(module).values()
-            if isinstance(v, triton.runtime.jit.JITFunction) and v.__module__ == module.__name__]
+            if isinstance(v, kinds) and getattr(getattr(v, "fn", None), "__module__", None) == module.__name__]
 
 
 @pytest.mark.parametrize("name", _kernel_modules())
