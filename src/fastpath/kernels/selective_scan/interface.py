@@ -13,7 +13,8 @@ top of them (same names, argument order and return conventions):
 Ops (namespace "fastpath"), one place that validates, dispatches (Triton or the float reference)
 and defines autograd:
 - selective_scan_fwd(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)
-      -> (out, last_state)   B/C already (batch, G, N, L); last_state empty when not asked
+      -> (out, last_state)   B/C each (dim, N) or (batch, G, N, L); last_state empty when not
+      asked
 - selective_scan_bwd(dout, dlast_state, [u, delta, A, B, C, D, z, delta_bias], delta_softplus)
       -> [du, ddelta, dA, dB, dC, dD, dz, ddelta_bias]   (empty tensors for absent inputs)
 Semantics and the float64 spec: naive.py. Unlike mamba_ssm, a gradient flowing into last_state
@@ -60,9 +61,20 @@ def triton_unsupported(u: Tensor, A: Tensor, *tensors: Tensor | None) -> str | N
     for t in (u, A, *tensors):
         if t is not None and t.dtype not in TRITON_DTYPES:
             return f"dtype {t.dtype} (the kernels take float32/float16/bfloat16)"
-    if u.numel() >= 2**31:
-        return "a tensor with >= 2**31 elements"
+    for t in (u, A, *tensors):
+        if t is not None and element_span(t) >= 2**31:
+            return "a tensor spanning >= 2**31 elements (the kernels index in int32)"
     return None
+
+
+def element_span(t: Tensor) -> int:
+    """One past the farthest element a kernel reaches from t's data pointer through its strides
+    (its numel when contiguous; more for a view into a larger buffer): the kernels' offsets
+    are int32 products of indices and strides, so this must stay below 2**31."""
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride(),
+                                                                     strict=True))
 
 
 def _use_triton(op: str, u: Tensor, A: Tensor, *tensors: Tensor | None) -> bool:
@@ -244,14 +256,11 @@ def check_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Ten
         raise ValueError(f"delta_bias must be ({dim},), got {tuple(delta_bias.shape)}")
 
 
-def _grouped(M: Tensor, batch: int, length: int) -> Tensor:
-    """B or C as (batch, G, N, L) without copying: (batch, N, L) gets a group axis, a
-    time-invariant (dim, N) becomes dim groups repeated along batch and time (stride 0)."""
-    if M.dim() == 3:
-        return M.unsqueeze(1)
-    if M.dim() == 2:
-        return M[None, :, :, None].expand(batch, M.shape[0], M.shape[1], length)
-    return M
+def _grouped(M: Tensor) -> Tensor:
+    """B or C as the ops take it, without copying: (batch, N, L) gets a group axis; a
+    time-invariant (dim, N) and a grouped (batch, G, N, L) pass as they are (the kernels read
+    each of B and C in its own layout: scan_fwd.bc_layout)."""
+    return M.unsqueeze(1) if M.dim() == 3 else M
 
 
 def selective_scan_fn(
@@ -279,9 +288,7 @@ def selective_scan_fn(
         CALLS["ss_fwd:reference"] += 1
         return reference.selective_scan_ref(u, delta, A, B, C, D, z, delta_bias, delta_softplus,
                                             return_last_state)
-    batch, _, length = u.shape
-    out, last = selective_scan_fwd(u, delta, A, _grouped(B, batch, length),
-                                   _grouped(C, batch, length), D, z, delta_bias,
+    out, last = selective_scan_fwd(u, delta, A, _grouped(B), _grouped(C), D, z, delta_bias,
                                    bool(delta_softplus), bool(return_last_state))
     return (out, last) if return_last_state else out
 

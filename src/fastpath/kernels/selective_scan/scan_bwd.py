@@ -32,14 +32,21 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.kernels.selective_scan.scan_fwd import (
     LOG2E,
-    blocking,
+    BCLayout,
+    bc_fixed,
+    bc_layout,
+    bc_programs,
+    bc_row,
+    bc_tile,
     channel_block,
     chunk_states,
     default_config,
     first_order,
     load_delta,
+    store_rounded,
 )
 
 # (BLOCK_D, T, num_warps, flip): the chunk length is a power of two (tl.flip); flip=False runs
@@ -67,7 +74,7 @@ def reverse_first_order(a, x, FLIP: tl.constexpr):
 def _bwd_kernel(
     U, DELTA, A, B, C, D, Z, DBIAS, DOUT, DLAST, STATES,
     DU, DDELTA, DZ, DA, DDV, DDB, DB, DC,
-    L, dim, N, dim_per_group, n_blocks, n_chunks,
+    L, dim, N, dim_per_group, dpg_B, dpg_C, n_blocks, n_chunks,
     s_ub, s_ud, s_ul,
     s_db, s_dd, s_dl,
     s_ad, s_an,
@@ -82,6 +89,9 @@ def _bwd_kernel(
     HAS_DLAST: tl.constexpr,
     SOFTPLUS: tl.constexpr,
     FLIP: tl.constexpr,
+    B_VAR: tl.constexpr,
+    C_VAR: tl.constexpr,
+    RNE: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     T: tl.constexpr,
@@ -98,12 +108,19 @@ def _bwd_kernel(
     A2 = Areal * LOG2E
     if HAS_D:
         Dv = tl.load(D + offs_d, mask=md, other=0.0).to(tl.float32)
+    Bfix = bc_fixed(B, offs_d, offs_n, mdn, s_Bg, s_Bn, B_VAR)
+    Cfix = bc_fixed(C, offs_d, offs_n, mdn, s_Cg, s_Cn, C_VAR)
+    B_row = bc_row(b, g, dim_per_group, dpg_B, s_Bb, s_Bg)
+    C_row = bc_row(b, g, dim_per_group, dpg_C, s_Cb, s_Cg)
     state_rows = (b * dim + offs_d[:, None]) * N + offs_n[None, :]
     if HAS_DLAST:
         gnext = tl.load(DLAST + state_rows, mask=mdn, other=0.0).to(tl.float32)
     else:
         gnext = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
     dA = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+    # time-invariant B / C: their gradients summed over this row's steps here (float32)
+    dBfix = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+    dCfix = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
     dD = tl.zeros((BLOCK_D,), dtype=tl.float32)
     dbias = tl.zeros((BLOCK_D,), dtype=tl.float32)
     first = (tl.arange(0, T) == 0)[None, None, :]
@@ -120,47 +137,52 @@ def _bwd_kernel(
                          s_dd, s_dl, HAS_DBIAS, SOFTPLUS)
         u = tl.load(U + b * s_ub + offs_d[:, None] * s_ud + offs_t[None, :] * s_ul, mask=mdt,
                     other=0.0).to(tl.float32)
-        Bt = tl.load(B + b * s_Bb + g * s_Bg + offs_n[:, None] * s_Bn + offs_t[None, :] * s_Bl,
-                     mask=mnt, other=0.0).to(tl.float32)
-        Ct = tl.load(C + b * s_Cb + g * s_Cg + offs_n[:, None] * s_Cn + offs_t[None, :] * s_Cl,
-                     mask=mnt, other=0.0).to(tl.float32)
+        Bt = bc_tile(B, Bfix, B_row, offs_n, offs_t, mnt, s_Bn, s_Bl, B_VAR)
+        Ct = bc_tile(C, Cfix, C_row, offs_n, offs_t, mnt, s_Cn, s_Cl, C_VAR)
         dout = tl.load(DOUT + b * s_gb + offs_d[:, None] * s_gd + offs_t[None, :] * s_gl,
                        mask=mdt, other=0.0).to(tl.float32)
         h_in = tl.load(STATES + ((b * n_chunks + c) * dim + offs_d[:, None]) * N
                        + offs_n[None, :], mask=mdn, other=0.0)
         a = tl.exp2(dt[:, None, :] * A2[:, :, None])
         dtu = dt * u
-        x = dtu[:, None, :] * Bt[None, :, :]
+        x = dtu[:, None, :] * Bt
         acum, xs = tl.associative_scan((a, x), axis=2, combine_fn=first_order)
         hs = acum * h_in[:, :, None] + xs
         dy = dout
         if HAS_Z:
             zv = tl.load(Z + b * s_zb + offs_d[:, None] * s_zd + offs_t[None, :] * s_zl,
                          mask=mdt, other=0.0).to(tl.float32)
-            y = tl.sum(hs * Ct[None, :, :], axis=1)
+            y = tl.sum(hs * Ct, axis=1)
             if HAS_D:
                 y += Dv[:, None] * u
             sz = tl.sigmoid(zv)
             dz = dout * y * sz * (1.0 + zv * (1.0 - sz))
-            tl.store(DZ + b * s_ob + offs_d[:, None] * s_od + offs_t[None, :] * s_ol,
-                     dz.to(DZ.dtype.element_ty), mask=mdt)
+            store_rounded(DZ + b * s_ob + offs_d[:, None] * s_od + offs_t[None, :] * s_ol, dz,
+                          mdt, RNE)
             dy = dout * zv * sz
         an = tl.exp2(dtn[:, None, :] * A2[:, :, None])
-        pa, gl = reverse_first_order(an, Ct[None, :, :] * dy[:, None, :], FLIP)
+        pa, gl = reverse_first_order(an, Ct * dy[:, None, :], FLIP)
         gs = gl + pa * gnext[:, :, None]
         gnext = tl.sum(tl.where(first, gs, 0.0), axis=2)
         w = gs * (hs - x)
         dA += tl.sum(w * dt[:, None, :], axis=2)
-        gB = tl.sum(gs * Bt[None, :, :], axis=1)
+        gB = tl.sum(gs * Bt, axis=1)
         ddt = tl.sum(w * Areal[:, :, None], axis=1) + u * gB
         du = dt * gB
         if HAS_D:
             du += Dv[:, None] * dy
             dD += tl.sum(tl.where(mdt, dy * u, 0.0), axis=1)
-        tl.store(DB + (part + offs_n[:, None]) * L + offs_t[None, :],
-                 tl.sum(gs * dtu[:, None, :], axis=0), mask=mnt)
-        tl.store(DC + (part + offs_n[:, None]) * L + offs_t[None, :],
-                 tl.sum(hs * dy[:, None, :], axis=0), mask=mnt)
+        # dy and dtu are 0 at masked steps and channels: nothing past L or dim is summed
+        if B_VAR:
+            tl.store(DB + (part + offs_n[:, None]) * L + offs_t[None, :],
+                     tl.sum(gs * dtu[:, None, :], axis=0), mask=mnt)
+        else:
+            dBfix += tl.sum(gs * dtu[:, None, :], axis=2)
+        if C_VAR:
+            tl.store(DC + (part + offs_n[:, None]) * L + offs_t[None, :],
+                     tl.sum(hs * dy[:, None, :], axis=0), mask=mnt)
+        else:
+            dCfix += tl.sum(hs * dy[:, None, :], axis=2)
         if SOFTPLUS:
             v = tl.load(DELTA + b * s_db + offs_d[:, None] * s_dd + offs_t[None, :] * s_dl,
                         mask=mdt, other=0.0).to(tl.float32)
@@ -169,13 +191,36 @@ def _bwd_kernel(
             ddt = tl.where(v <= 20.0, ddt * tl.sigmoid(v), ddt)
         ddt = tl.where(mdt, ddt, 0.0)
         dbias += tl.sum(ddt, axis=1)
-        tl.store(DU + b * s_ob + offs_d[:, None] * s_od + offs_t[None, :] * s_ol,
-                 du.to(DU.dtype.element_ty), mask=mdt)
-        tl.store(DDELTA + b * s_ob + offs_d[:, None] * s_od + offs_t[None, :] * s_ol,
-                 ddt.to(DDELTA.dtype.element_ty), mask=mdt)
+        store_rounded(DU + b * s_ob + offs_d[:, None] * s_od + offs_t[None, :] * s_ol, du, mdt,
+                      RNE)
+        store_rounded(DDELTA + b * s_ob + offs_d[:, None] * s_od + offs_t[None, :] * s_ol, ddt,
+                      mdt, RNE)
     tl.store(DA + state_rows, dA, mask=mdn)
+    if not B_VAR:
+        tl.store(DB + state_rows, dBfix, mask=mdn)
+    if not C_VAR:
+        tl.store(DC + state_rows, dCfix, mask=mdn)
     tl.store(DDV + b * dim + offs_d, dD, mask=md)
     tl.store(DDB + b * dim + offs_d, dbias, mask=md)
+
+
+def _bc_grad_buffer(layout: BCLayout, batch: int, dim: int, nstate: int, length: int,
+                    n_blocks: int, prog_groups: int) -> Tensor:
+    """float32 partials of dB or dC: per (batch, program group, block) rows of (N, L) when
+    time-varying, (batch, dim, N) sums when time-invariant."""
+    f32 = dict(dtype=torch.float32, device=layout.tensor.device)
+    if layout.variable:
+        return torch.empty((batch, prog_groups, n_blocks, nstate, length), **f32)
+    return torch.empty((batch, dim, nstate), **f32)
+
+
+def _bc_grad(part: Tensor, layout: BCLayout, given: Tensor) -> Tensor:
+    """The partials reduced (float32, one sum each) to the given B or C's shape."""
+    if not layout.variable:
+        return part.sum(0)
+    batch, _, _, nstate, length = part.shape
+    grad = part.view(batch, layout.groups, -1, nstate, length).sum(2)
+    return grad.view(given.shape)
 
 
 def selective_scan_bwd_triton(
@@ -184,15 +229,16 @@ def selective_scan_bwd_triton(
     delta_softplus: bool, config: tuple[int, int, int, bool] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None]:
     """Gradients (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias); du, ddelta, dz in u's dtype
-    (contiguous (batch, dim, L)), dB/dC (batch, G, N, L) and dA/dD/ddelta_bias float32."""
+    (contiguous (batch, dim, L)), dB/dC float32 in B's/C's shape, dA/dD/ddelta_bias float32.
+    B/C each (dim, N), (batch, N, L) or (batch, G, N, L), any strides."""
     block_d, chunk, warps, flip = config or default_config(BWD_CONFIG)
     batch, dim, length = u.shape
-    groups, nstate = B.shape[1], B.shape[2]
-    dim_per_group = dim // groups
-    block_d = blocking(dim_per_group, block_d)
+    nstate = A.shape[1]
+    Bl, Cl = bc_layout(B), bc_layout(C)
+    prog_groups, dim_per_group, block_d = bc_programs(dim, Bl, Cl, block_d)
     n_blocks = triton.cdiv(dim_per_group, block_d)
     n_chunks = triton.cdiv(length, chunk)
-    states = chunk_states(u, delta, A, B, delta_bias, delta_softplus, chunk,
+    states = chunk_states(u, delta, A, B, C, delta_bias, delta_softplus, chunk,
                           (block_d, chunk, warps))
     f32 = dict(dtype=torch.float32, device=u.device)
     du = torch.empty(u.shape, dtype=u.dtype, device=u.device)
@@ -201,23 +247,26 @@ def selective_scan_bwd_triton(
     dA = torch.empty((batch, dim, nstate), **f32)
     dD = torch.empty((batch, dim), **f32)
     dbias = torch.empty((batch, dim), **f32)
-    dB = torch.empty((batch, groups, n_blocks, nstate, length), **f32)
-    dC = torch.empty((batch, groups, n_blocks, nstate, length), **f32)
+    dB = _bc_grad_buffer(Bl, batch, dim, nstate, length, n_blocks, prog_groups)
+    dC = _bc_grad_buffer(Cl, batch, dim, nstate, length, n_blocks, prog_groups)
     zs = z.stride() if z is not None else (0, 0, 0)
     dummy = u
-    _bwd_kernel[(groups * n_blocks, batch)](
-        u, delta, A, B, C, dummy if D is None else D, dummy if z is None else z,
-        dummy if delta_bias is None else delta_bias, dout, dummy if dlast is None else dlast.contiguous(),
+    _bwd_kernel[(prog_groups * n_blocks, batch)](
+        u, delta, A, Bl.tensor, Cl.tensor, dummy if D is None else D, dummy if z is None else z,
+        dummy if delta_bias is None else delta_bias, dout,
+        dummy if dlast is None else dlast.contiguous(),
         states, du, ddelta, du if dz is None else dz, dA, dD, dbias, dB, dC,
-        length, dim, nstate, dim_per_group, n_blocks, n_chunks,
-        *u.stride(), *delta.stride(), *A.stride(), *B.stride(), *C.stride(), *zs,
+        length, dim, nstate, dim_per_group, dim // Bl.groups, dim // Cl.groups, n_blocks,
+        n_chunks,
+        *u.stride(), *delta.stride(), *A.stride(), *Bl.strides, *Cl.strides, *zs,
         *dout.stride(), *du.stride(),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DBIAS=delta_bias is not None,
         HAS_DLAST=dlast is not None, SOFTPLUS=bool(delta_softplus), FLIP=bool(flip),
+        B_VAR=Bl.variable, C_VAR=Cl.variable, RNE=triton_interpreter_on(),
         BLOCK_D=block_d, BLOCK_N=triton.next_power_of_2(nstate), T=chunk, num_warps=warps,
     )
     return (
-        du, ddelta, dA.sum(0), dB.sum(2), dC.sum(2),
+        du, ddelta, dA.sum(0), _bc_grad(dB, Bl, B), _bc_grad(dC, Cl, C),
         dD.sum(0) if D is not None else None, dz,
         dbias.sum(0) if delta_bias is not None else None,
     )

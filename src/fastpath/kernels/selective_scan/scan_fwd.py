@@ -19,6 +19,11 @@ the chunk's running product of decays only shrinks). One exp2 per (t, d, n) stat
 the same count as a sequential loop: at N = 16 the SFU's exp throughput, not memory, is the
 ceiling on an H100/H200 class GPU (about 4e12 exp/s: B*D*L*N exps).
 
+Layouts. B and C are read in place, each in its own layout (bc_layout): time-varying
+(batch, G, N, L) -- G = 1 for transformers' (batch, N, L) -- or time-invariant (dim, N), loaded once
+per program as a (BLOCK_D, N) tile. A program's channels never straddle a group of B or of C
+(programs are laid out over lcm(G_B, G_C) channel groups), so each loads one group's rows.
+
 Memory. Reads u, delta, z once and B, C once per channel block; writes out once; nothing of size
 (L, N) per channel is materialised. With SAVE_STATES (the backward's first phase) the state
 entering each chunk is written, float32 (batch, n_chunks, dim, N): 1/T of the state traffic, and
@@ -26,6 +31,9 @@ the output is not written. Strides are taken as given (transformers passes trans
 """
 
 from __future__ import annotations
+
+import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -54,8 +62,14 @@ def default_config(config: tuple[int, ...]) -> tuple[int, ...]:
 
 @triton.jit
 def softplus(v):
-    """log(1 + e^v) in float32; identity above 20 (as mamba_ssm and torch's threshold)."""
-    return tl.where(v <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(v, 20.0))), v)
+    """log(1 + e^v) in float32; identity above 20 (as mamba_ssm and torch's threshold).
+    log(1 + e) in float32 keeps only e's high bits (relative error ~eps/e: 1e-3 at v = -10,
+    where trained dt biases put delta), so below e = 1/16 it takes log1p's series instead
+    (truncation error < e^7/7: float32-exact)."""
+    e = tl.exp(tl.minimum(v, 20.0))
+    series = e * (1.0 - e * (0.5 - e * (0.3333333333333333 - e * (0.25 - e * (
+        0.2 - e * 0.16666666666666666)))))
+    return tl.where(v > 20.0, v, tl.where(e < 0.0625, series, tl.log(1.0 + e)))
 
 
 @triton.jit
@@ -80,16 +94,60 @@ def load_delta(DELTA, DBIAS, row, offs_d, md, offs_t, mt, s_dd, s_dl,
 
 @triton.jit
 def channel_block(pid, dim_per_group, n_blocks, BLOCK_D: tl.constexpr):
-    """(group, the block's channels, their mask) of program `pid` along the channel axis."""
+    """(channel group, the block's channels, their mask) of program `pid` along the channel axis.
+    Groups here are the programs' groups (bc_programs): no B or C group boundary inside one."""
     g = pid // n_blocks
     local = (pid % n_blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
     return g, g * dim_per_group + local, local < dim_per_group
 
 
 @triton.jit
+def bc_fixed(M, offs_d, offs_n, mdn, s_d, s_n, VAR: tl.constexpr):
+    """A time-invariant B or C, (dim, N), as a (BLOCK_D, BLOCK_N, 1) float32 tile (0 where masked);
+    a time-varying one needs nothing here (0.0, never read)."""
+    if VAR:
+        return 0.0
+    else:
+        return tl.load(M + offs_d[:, None] * s_d + offs_n[None, :] * s_n, mask=mdn,
+                       other=0.0).to(tl.float32)[:, :, None]
+
+
+@triton.jit
+def bc_row(b, g, dim_per_group, dpg_M, s_b, s_g):
+    """Element offset of batch row b, in a time-varying B or C, of the group that program
+    group g's channels read (int64: b is)."""
+    return b * s_b + ((g * dim_per_group) // dpg_M) * s_g
+
+
+@triton.jit
+def bc_tile(M, fixed, row, offs_n, offs_t, mnt, s_n, s_l, VAR: tl.constexpr):
+    """B_t or C_t over the chunk as a tile broadcasting against (BLOCK_D, BLOCK_N, T): the
+    group's (1, N, T) rows when time-varying, else the (BLOCK_D, N, 1) per-channel tile."""
+    if VAR:
+        return tl.load(M + row + offs_n[:, None] * s_n + offs_t[None, :] * s_l, mask=mnt,
+                       other=0.0).to(tl.float32)[None, :, :]
+    else:
+        return fixed
+
+
+@triton.jit
+def store_rounded(ptrs, v, mask, RNE: tl.constexpr):
+    """Store float32 `v` in the pointee dtype. GPUs round to nearest even; Triton's CPU
+    interpreter truncates float32 -> bfloat16 (its create_fp_trunc drops the low bits:
+    triton/runtime/interpreter.py), which doubles the rounding error the tests measure, so with
+    RNE (set only under the interpreter) the rounding is done by hand, bit for bit the GPU's."""
+    if RNE and ptrs.dtype.element_ty == tl.bfloat16:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits += 0x7FFF + ((bits >> 16) & 1)
+        tl.store(ptrs, (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+    else:
+        tl.store(ptrs, v.to(ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _fwd_kernel(
     U, DELTA, A, B, C, D, Z, DBIAS, OUT, LAST, STATES,
-    L, dim, N, dim_per_group, n_blocks, n_chunks,
+    L, dim, N, dim_per_group, dpg_B, dpg_C, n_blocks, n_chunks,
     s_ub, s_ud, s_ul,
     s_db, s_dd, s_dl,
     s_ad, s_an,
@@ -102,6 +160,9 @@ def _fwd_kernel(
     HAS_DBIAS: tl.constexpr,
     SOFTPLUS: tl.constexpr,
     SAVE_STATES: tl.constexpr,
+    B_VAR: tl.constexpr,
+    C_VAR: tl.constexpr,
+    RNE: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     T: tl.constexpr,
@@ -115,6 +176,11 @@ def _fwd_kernel(
                  other=0.0).to(tl.float32) * LOG2E
     if HAS_D:
         Dv = tl.load(D + offs_d, mask=md, other=0.0).to(tl.float32)
+    # time-invariant B / C: one (BLOCK_D, N) tile each (s_Bg / s_Cg are their channel strides)
+    Bfix = bc_fixed(B, offs_d, offs_n, mdn, s_Bg, s_Bn, B_VAR)
+    Cfix = bc_fixed(C, offs_d, offs_n, mdn, s_Cg, s_Cn, C_VAR)
+    B_row = bc_row(b, g, dim_per_group, dpg_B, s_Bb, s_Bg)
+    C_row = bc_row(b, g, dim_per_group, dpg_C, s_Cb, s_Cg)
     h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
     last = (tl.arange(0, T) == T - 1)[None, None, :]
     for c in range(n_chunks):
@@ -129,27 +195,52 @@ def _fwd_kernel(
                         HAS_DBIAS, SOFTPLUS)
         u = tl.load(U + b * s_ub + offs_d[:, None] * s_ud + offs_t[None, :] * s_ul, mask=mdt,
                     other=0.0).to(tl.float32)
-        Bt = tl.load(B + b * s_Bb + g * s_Bg + offs_n[:, None] * s_Bn + offs_t[None, :] * s_Bl,
-                     mask=mnt, other=0.0).to(tl.float32)
+        Bt = bc_tile(B, Bfix, B_row, offs_n, offs_t, mnt, s_Bn, s_Bl, B_VAR)
         a = tl.exp2(dt[:, None, :] * A2[:, :, None])
-        x = (dt * u)[:, None, :] * Bt[None, :, :]
+        x = (dt * u)[:, None, :] * Bt
         acum, xs = tl.associative_scan((a, x), axis=2, combine_fn=first_order)
         hs = acum * h[:, :, None] + xs
         h = tl.sum(tl.where(last, hs, 0.0), axis=2)
         if not SAVE_STATES:
-            Ct = tl.load(C + b * s_Cb + g * s_Cg + offs_n[:, None] * s_Cn
-                         + offs_t[None, :] * s_Cl, mask=mnt, other=0.0).to(tl.float32)
-            y = tl.sum(hs * Ct[None, :, :], axis=1)
+            Ct = bc_tile(C, Cfix, C_row, offs_n, offs_t, mnt, s_Cn, s_Cl, C_VAR)
+            y = tl.sum(hs * Ct, axis=1)
             if HAS_D:
                 y += Dv[:, None] * u
             if HAS_Z:
                 zv = tl.load(Z + b * s_zb + offs_d[:, None] * s_zd + offs_t[None, :] * s_zl,
                              mask=mdt, other=0.0).to(tl.float32)
                 y = y * zv * tl.sigmoid(zv)
-            tl.store(OUT + b * s_ob + offs_d[:, None] * s_od + offs_t[None, :] * s_ol,
-                     y.to(OUT.dtype.element_ty), mask=mdt)
+            store_rounded(OUT + b * s_ob + offs_d[:, None] * s_od + offs_t[None, :] * s_ol, y,
+                          mdt, RNE)
     if not SAVE_STATES:
         tl.store(LAST + (b * dim + offs_d[:, None]) * N + offs_n[None, :], h, mask=mdn)
+
+
+class BCLayout(NamedTuple):
+    """How the kernels read B or C: `variable` (batch, G, N, L) or time-invariant (dim, N);
+    strides (batch, group, N, L), the group stride being the channel stride when invariant."""
+
+    tensor: Tensor
+    variable: bool
+    groups: int
+    strides: tuple[int, int, int, int]
+
+
+def bc_layout(M: Tensor) -> BCLayout:
+    """B or C as mamba_ssm accepts them: (dim, N), (batch, N, L) or (batch, G, N, L); no copy."""
+    if M.dim() == 2:
+        return BCLayout(M, False, 1, (0, M.stride(0), M.stride(1), 0))
+    if M.dim() == 3:
+        M = M.unsqueeze(1)
+    return BCLayout(M, True, M.shape[1], tuple(M.stride()))
+
+
+def bc_programs(dim: int, Bl: BCLayout, Cl: BCLayout, block_d: int) -> tuple[int, int, int]:
+    """(program groups, channels per program group, BLOCK_D): programs tile lcm(G_B, G_C)
+    channel groups so that no program straddles a group of B or of C."""
+    groups = math.lcm(Bl.groups, Cl.groups)
+    dim_per_group = dim // groups
+    return groups, dim_per_group, blocking(dim_per_group, block_d)
 
 
 def blocking(dim_per_group: int, block_d: int) -> int:
@@ -163,10 +254,10 @@ def launch_fwd(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Ten
                config: tuple[int, int, int]) -> None:
     """One forward launch: (out, last) written, or with `states` given only the chunk states."""
     batch, dim, length = u.shape
-    groups, nstate = B.shape[1], B.shape[2]
-    dim_per_group = dim // groups
+    Bl, Cl = bc_layout(B), bc_layout(C)
+    nstate = A.shape[1]
     block_d, chunk, warps = config
-    block_d = blocking(dim_per_group, block_d)
+    groups, dim_per_group, block_d = bc_programs(dim, Bl, Cl, block_d)
     n_blocks = triton.cdiv(dim_per_group, block_d)
     n_chunks = triton.cdiv(length, chunk)
     save = states is not None
@@ -175,13 +266,15 @@ def launch_fwd(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Ten
     os_ = o.stride() if out is not None else (0, 0, 0)
     zs = z.stride() if z is not None else (0, 0, 0)
     _fwd_kernel[(groups * n_blocks, batch)](
-        u, delta, A, B, C, dummy if D is None else D, dummy if z is None else z,
+        u, delta, A, Bl.tensor, Cl.tensor, dummy if D is None else D, dummy if z is None else z,
         dummy if delta_bias is None else delta_bias, o,
         dummy if last is None else last, dummy if states is None else states,
-        length, dim, nstate, dim_per_group, n_blocks, n_chunks,
-        *u.stride(), *delta.stride(), *A.stride(), *B.stride(), *C.stride(), *zs, *os_,
+        length, dim, nstate, dim_per_group, dim // Bl.groups, dim // Cl.groups, n_blocks,
+        n_chunks,
+        *u.stride(), *delta.stride(), *A.stride(), *Bl.strides, *Cl.strides, *zs, *os_,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DBIAS=delta_bias is not None,
-        SOFTPLUS=bool(delta_softplus), SAVE_STATES=save, BLOCK_D=block_d,
+        SOFTPLUS=bool(delta_softplus), SAVE_STATES=save, B_VAR=Bl.variable, C_VAR=Cl.variable,
+        RNE=triton_interpreter_on(), BLOCK_D=block_d,
         BLOCK_N=triton.next_power_of_2(nstate), T=chunk, num_warps=warps,
     )
 
@@ -192,7 +285,7 @@ def selective_scan_fwd_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C:
                               config: tuple[int, int, int] | None = None
                               ) -> tuple[Tensor, Tensor]:
     """(out in u's dtype, contiguous (batch, dim, L); last_state float32 (batch, dim, N)).
-    B/C are (batch, G, N, L) (any strides, stride 0 included)."""
+    B/C each (dim, N), (batch, N, L) or (batch, G, N, L), any strides (stride 0 included)."""
     batch, dim, _ = u.shape
     out = torch.empty(u.shape, dtype=u.dtype, device=u.device)
     last = torch.empty((batch, dim, A.shape[1]), dtype=torch.float32, device=u.device)
@@ -202,13 +295,15 @@ def selective_scan_fwd_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C:
     return out, last
 
 
-def chunk_states(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, delta_bias: Tensor | None,
-                 delta_softplus: bool, chunk: int, config: tuple[int, int, int]) -> Tensor:
-    """The float32 state entering each chunk of `chunk` steps: (batch, n_chunks, dim, N)."""
+def chunk_states(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                 delta_bias: Tensor | None, delta_softplus: bool, chunk: int,
+                 config: tuple[int, int, int]) -> Tensor:
+    """The float32 state entering each chunk of `chunk` steps: (batch, n_chunks, dim, N).
+    C is not read; it is passed so the programs tile the channels as the backward's do."""
     batch, dim, length = u.shape
     n_chunks = triton.cdiv(length, chunk)
     states = torch.empty((batch, n_chunks, dim, A.shape[1]), dtype=torch.float32,
                          device=u.device)
-    launch_fwd(u, delta, A, B, B, None, None, delta_bias, delta_softplus, None, None, states,
+    launch_fwd(u, delta, A, B, C, None, None, delta_bias, delta_softplus, None, None, states,
                (config[0], chunk, config[2]))
     return states

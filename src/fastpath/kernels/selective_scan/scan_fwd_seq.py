@@ -28,7 +28,16 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fastpath.kernels.selective_scan.scan_fwd import LOG2E, blocking, channel_block, softplus
+from fastpath.kernels.dispatch import triton_interpreter_on
+from fastpath.kernels.selective_scan.scan_fwd import (
+    LOG2E,
+    bc_layout,
+    bc_programs,
+    bc_row,
+    channel_block,
+    softplus,
+    store_rounded,
+)
 
 # (BLOCK_D, num_warps): channels per program and warps. BLOCK_D = 32 * num_warps gives one
 # channel (N states) per thread: B * D / 32 warps in all (256 at D = 8192, B = 1).
@@ -41,8 +50,9 @@ SEQ_SWEEP = ((32, 1), (16, 1), (64, 2), (128, 4), (32, 2), (64, 4), (64, 1))
 @triton.jit
 def _step_loads(U, DELTA, Z, B, C, t, L, u_row, d_row, z_row, B_row, C_row, offs_d, md, offs_n,
                 mn, s_ud, s_ul, s_dd, s_dl, s_zd, s_zl, s_Bn, s_Bl, s_Cn, s_Cl,
-                HAS_Z: tl.constexpr):
-    """The raw inputs of step t (zeros past L): u, delta, z (BLOCK_D,), B, C (BLOCK_N,)."""
+                HAS_Z: tl.constexpr, B_VAR: tl.constexpr, C_VAR: tl.constexpr):
+    """The raw inputs of step t (zeros past L): u, delta, z (BLOCK_D,), B, C (BLOCK_N,) (zeros
+    for a time-invariant one, never read: its tile is loaded once, outside the loop)."""
     mdt = md & ((offs_d * 0 + t) < L)  # tensor masks: the interpreter's t is a Python int
     mnt = mn & ((offs_n * 0 + t) < L)
     u = tl.load(U + u_row + offs_d * s_ud + t * s_ul, mask=mdt, other=0.0)
@@ -51,9 +61,34 @@ def _step_loads(U, DELTA, Z, B, C, t, L, u_row, d_row, z_row, B_row, C_row, offs
         z = tl.load(Z + z_row + offs_d * s_zd + t * s_zl, mask=mdt, other=0.0)
     else:
         z = u
-    Bt = tl.load(B + B_row + offs_n * s_Bn + t * s_Bl, mask=mnt, other=0.0)
-    Ct = tl.load(C + C_row + offs_n * s_Cn + t * s_Cl, mask=mnt, other=0.0)
+    if B_VAR:
+        Bt = tl.load(B + B_row + offs_n * s_Bn + t * s_Bl, mask=mnt, other=0.0)
+    else:
+        Bt = offs_n.to(tl.float32) * 0.0  # a tensor: loop-carried values keep their type
+    if C_VAR:
+        Ct = tl.load(C + C_row + offs_n * s_Cn + t * s_Cl, mask=mnt, other=0.0)
+    else:
+        Ct = offs_n.to(tl.float32) * 0.0
     return u, dt, z, Bt, Ct
+
+
+@triton.jit
+def _bc_step(M, fixed, VAR: tl.constexpr):
+    """B_t / C_t as an (N, BLOCK_D)-broadcastable float32 tile."""
+    if VAR:
+        return M.to(tl.float32)[:, None]
+    else:
+        return fixed
+
+
+@triton.jit
+def _bc_fixed_t(M, offs_d, offs_n, mdn, s_d, s_n, VAR: tl.constexpr):
+    """A time-invariant (dim, N) B or C as an (N, BLOCK_D) float32 tile (0.0 when varying)."""
+    if VAR:
+        return 0.0
+    else:
+        return tl.load(M + offs_n[:, None] * s_n + offs_d[None, :] * s_d, mask=mdn,
+                       other=0.0).to(tl.float32)
 
 
 # A and LAST unspecialised (no 16-byte alignment promise): with it, Triton would vectorise their
@@ -61,7 +96,7 @@ def _step_loads(U, DELTA, Z, B, C, t, L, u_row, d_row, z_row, B_row, C_row, offs
 @triton.jit(do_not_specialize=["A", "LAST"])
 def _fwd_seq_kernel(
     U, DELTA, A, B, C, D, Z, DBIAS, OUT, LAST,
-    L, dim, N, dim_per_group, n_blocks,
+    L, dim, N, dim_per_group, dpg_B, dpg_C, n_blocks,
     s_ub, s_ud, s_ul,
     s_db, s_dd, s_dl,
     s_ad, s_an,
@@ -73,6 +108,9 @@ def _fwd_seq_kernel(
     HAS_Z: tl.constexpr,
     HAS_DBIAS: tl.constexpr,
     SOFTPLUS: tl.constexpr,
+    B_VAR: tl.constexpr,
+    C_VAR: tl.constexpr,
+    RNE: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -90,22 +128,24 @@ def _fwd_seq_kernel(
         Dv = tl.load(D + offs_d, mask=md, other=0.0).to(tl.float32)
     if HAS_DBIAS:
         bias = tl.load(DBIAS + offs_d, mask=md, other=0.0).to(tl.float32)
+    Bfix = _bc_fixed_t(B, offs_d, offs_n, mdn, s_Bg, s_Bn, B_VAR)
+    Cfix = _bc_fixed_t(C, offs_d, offs_n, mdn, s_Cg, s_Cn, C_VAR)
     u_row = b * s_ub
     d_row = b * s_db
     z_row = b * s_zb
     o_row = b * s_ob
-    B_row = b * s_Bb + g * s_Bg
-    C_row = b * s_Cb + g * s_Cg
+    B_row = bc_row(b, g, dim_per_group, dpg_B, s_Bb, s_Bg)
+    C_row = bc_row(b, g, dim_per_group, dpg_C, s_Cb, s_Cg)
     h = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     u, dt, z, Bt, Ct = _step_loads(U, DELTA, Z, B, C, 0, L, u_row, d_row, z_row, B_row, C_row,
                                    offs_d, md, offs_n, mn, s_ud, s_ul, s_dd, s_dl, s_zd, s_zl,
-                                   s_Bn, s_Bl, s_Cn, s_Cl, HAS_Z)
+                                   s_Bn, s_Bl, s_Cn, s_Cl, HAS_Z, B_VAR, C_VAR)
     for t in range(L):
         # next step's loads first (masked off past L): their latency hides behind this step
         u_n, dt_n, z_n, B_n, C_n = _step_loads(U, DELTA, Z, B, C, t + 1, L, u_row, d_row, z_row,
                                                B_row, C_row, offs_d, md, offs_n, mn, s_ud, s_ul,
                                                s_dd, s_dl, s_zd, s_zl, s_Bn, s_Bl, s_Cn, s_Cl,
-                                               HAS_Z)
+                                               HAS_Z, B_VAR, C_VAR)
         uf = u.to(tl.float32)
         d = dt.to(tl.float32)
         if HAS_DBIAS:
@@ -114,25 +154,25 @@ def _fwd_seq_kernel(
             d = softplus(d)
         d = tl.where(md, d, 0.0)
         dA = tl.exp2(d[None, :] * A2)
-        h = dA * h + (d * uf)[None, :] * Bt.to(tl.float32)[:, None]
-        y = tl.sum(h * Ct.to(tl.float32)[:, None], axis=0)
+        h = dA * h + (d * uf)[None, :] * _bc_step(Bt, Bfix, B_VAR)
+        y = tl.sum(h * _bc_step(Ct, Cfix, C_VAR), axis=0)
         if HAS_D:
             y += Dv * uf
         if HAS_Z:
             zf = z.to(tl.float32)
             y = y * zf * tl.sigmoid(zf)
-        tl.store(OUT + o_row + offs_d * s_od + t * s_ol, y.to(OUT.dtype.element_ty), mask=md)
+        store_rounded(OUT + o_row + offs_d * s_od + t * s_ol, y, md, RNE)
         u, dt, z, Bt, Ct = u_n, dt_n, z_n, B_n, C_n
     tl.store(LAST + (b * N + offs_n[:, None]) * dim + offs_d[None, :], h, mask=mdn)
 
 
 def n_fastest(M: Tensor) -> Tensor:
-    """B or C (batch, G, N, L) with N the contiguous axis: each step then reads its N values as
-    a few vector loads instead of N scalar ones (transformers' prefill passes (B, N, L)
-    contiguous). A copy of batch*G*L*N elements; stride-0 (time-invariant) inputs stay views."""
-    if M.stride(2) == 1 or M.stride(3) == 0 or M.shape[2] == 1:
+    """B or C with N the contiguous axis: each step then reads its N values as a few vector
+    loads instead of N scalar ones (transformers' prefill passes (B, N, L) contiguous). A copy
+    of batch*G*L*N elements; time-invariant (dim, N) and stride-0-in-time inputs stay views."""
+    if M.dim() == 2 or M.stride(-2) == 1 or M.stride(-1) == 0 or M.shape[-2] == 1:
         return M
-    return M.transpose(2, 3).contiguous().transpose(2, 3)
+    return M.transpose(-2, -1).contiguous().transpose(-2, -1)
 
 
 def selective_scan_fwd_seq_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
@@ -141,31 +181,33 @@ def selective_scan_fwd_seq_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tensor
                                   config: tuple[int, int] | None = None
                                   ) -> tuple[Tensor, Tensor]:
     """Same contract as scan_fwd.selective_scan_fwd_triton: (out in u's dtype, contiguous
-    (batch, dim, L); last_state float32 (batch, dim, N)); B/C (batch, G, N, L), any strides."""
+    (batch, dim, L); last_state float32 (batch, dim, N)); B/C each (dim, N), (batch, N, L) or
+    (batch, G, N, L), any strides."""
     batch, dim, length = u.shape
-    groups, nstate = B.shape[1], B.shape[2]
+    nstate = A.shape[1]
     out = torch.empty(u.shape, dtype=u.dtype, device=u.device)
     if not out.numel():
-        return out, torch.empty((batch, dim, A.shape[1]), dtype=torch.float32, device=u.device)
+        return out, torch.empty((batch, dim, nstate), dtype=torch.float32, device=u.device)
     # A and the last state travel channel-fastest, (N, dim) and (batch, N, dim): every 2-D access
     # then runs along channels, so Triton lays the (N, BLOCK_D) state tiles out with lanes on
     # channels (an N-fastest access would make it put lanes on N and shuffle every step)
     A = A.t().contiguous()
-    B, C = n_fastest(B), n_fastest(C)
-    last = torch.empty((batch, A.shape[0], dim), dtype=torch.float32, device=u.device)
+    Bl, Cl = bc_layout(n_fastest(B)), bc_layout(n_fastest(C))
+    last = torch.empty((batch, nstate, dim), dtype=torch.float32, device=u.device)
     block_d, warps = config or SEQ_CONFIG
-    dim_per_group = dim // groups
-    block_d = blocking(dim_per_group, block_d)
+    groups, dim_per_group, block_d = bc_programs(dim, Bl, Cl, block_d)
     n_blocks = triton.cdiv(dim_per_group, block_d)
     dummy = u
     zs = z.stride() if z is not None else (0, 0, 0)
     _fwd_seq_kernel[(groups * n_blocks, batch)](
-        u, delta, A, B, C, dummy if D is None else D, dummy if z is None else z,
+        u, delta, A, Bl.tensor, Cl.tensor, dummy if D is None else D, dummy if z is None else z,
         dummy if delta_bias is None else delta_bias, out, last,
-        length, dim, nstate, dim_per_group, n_blocks,
-        *u.stride(), *delta.stride(), A.stride(1), A.stride(0), *B.stride(), *C.stride(), *zs, *out.stride(),
+        length, dim, nstate, dim_per_group, dim // Bl.groups, dim // Cl.groups, n_blocks,
+        *u.stride(), *delta.stride(), A.stride(1), A.stride(0), *Bl.strides, *Cl.strides, *zs,
+        *out.stride(),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DBIAS=delta_bias is not None,
-        SOFTPLUS=bool(delta_softplus), BLOCK_D=block_d,
+        SOFTPLUS=bool(delta_softplus), B_VAR=Bl.variable, C_VAR=Cl.variable,
+        RNE=triton_interpreter_on(), BLOCK_D=block_d,
         BLOCK_N=triton.next_power_of_2(nstate), num_warps=warps,
     )
     return out, last.transpose(1, 2).contiguous()
