@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import cache
 from types import ModuleType
@@ -20,6 +21,12 @@ from fastpath.routing import glue_route, mamba1_route, mamba_route, norm_route
 from fastpath.routing.conv_route import FASTPATH_ROUTE_ATTR
 from fastpath.routing.fla_route import DQKWG_IMPL
 from fastpath.routing.fla_route import ROUTE_ATTR as GDN_ROUTE_ATTR
+from fastpath.routing.hub_kernels import (
+    hub_kernel_state,
+    hub_layer_name,
+    kernels_func_inner,
+    unwrap,
+)
 from fastpath.routing.modeling_patch import FAST_PATH_INPUTS
 
 CONV_OPS = ("causal_conv1d_fn", "causal_conv1d_update")
@@ -32,6 +39,9 @@ MAMBA_SSM_NAMES = ("selective_state_update", "selective_scan_fn", "mamba_inner_f
 # 5.25 `_PACKAGE_SUPPORTED_DEVICES`
 PACKAGE_DEVICES = {"causal_conv1d": ("cuda",), "fla": ("cuda", "xpu", "mlu", "npu"), "mamba_ssm": ("cuda",)}
 
+
+# whether the model being explained was kernelized (transformers 5.25 sets `_use_kernels`)
+_KERNELIZED: ContextVar[bool] = ContextVar("fastpath_explain_kernelized", default=False)
 
 DEFAULT_WIDTH = 100  # columns when there is no terminal to ask (notebooks, pipes)
 _HEAD = ("layer", "layer_type", "op", "impl", "fast")
@@ -133,6 +143,14 @@ def _blocks(cells: list[list[str]], width: int) -> list[str]:
 
 
 def explain_model(model: Any) -> Explanation:
+    token = _KERNELIZED.set(bool(getattr(model, "_use_kernels", False)))
+    try:
+        return _explain_model(model)
+    finally:
+        _KERNELIZED.reset(token)
+
+
+def _explain_model(model: Any) -> Explanation:
     out = Explanation()
     for name, layer in model.named_modules():
         cls = type(layer)
@@ -243,7 +261,7 @@ def _ops_of_class(cls: type) -> tuple[str, ...]:
         for gname, value in vars(module).items():
             routed = hasattr(value, GDN_ROUTE_ATTR)  # a hub-fallback op enable() routed (Kimi's KDA)
             if gname in CONV_OPS or gname in {g for _, g in GDN_OPS.values()} or not (
-                    routed or _is_hub_fallback(value)):
+                    routed or _is_hub_fallback(unwrap(value))):
                 continue
             if gname in mamba_globals.values() or gname in mamba1_globals.values():
                 continue
@@ -261,6 +279,7 @@ def _helpers_source(module: ModuleType, src: str, depth: int = 2) -> str:
     for _ in range(depth):
         found = ""
         for name, value in vars(module).items():
+            value = unwrap(value)  # 5.25 + `kernels`: helpers are Hub-kernel modules too
             if name in seen or not inspect.isfunction(value) or _is_hub_fallback(value):
                 continue
             if getattr(value, "__module__", None) != module.__name__ or f"{name}(" not in frontier:
@@ -348,6 +367,9 @@ def _resolve(op: str, layer: Any, module: ModuleType, device: str) -> tuple[str,
 def _classify(value: Any, device: str, package: str | None) -> tuple[str, bool]:
     if value is None:
         return "torch", False
+    layer_name = hub_layer_name(value)
+    if layer_name is not None:  # 5.25 + `kernels`: a Hub-kernel wrapper fastpath did not unwrap
+        return _classify_hub_wrapper(value, layer_name, device, package)
     route = getattr(value, FASTPATH_ROUTE_ATTR, None)
     if route is not None:
         impl = getattr(value, "__fastpath_impl__", None)
@@ -378,6 +400,17 @@ def _classify(value: Any, device: str, package: str | None) -> tuple[str, bool]:
     return _classify_plain(value, device)
 
 
+def _classify_hub_wrapper(value: Any, layer_name: str, device: str, package: str | None) -> tuple[str, bool]:
+    """A kernelized model runs the Hub kernel on CUDA (fast when it is in the local cache, else it
+    downloads at its first call and falls back to torch offline); otherwise the wrapped function
+    runs, classified as such."""
+    state = hub_kernel_state(layer_name) if device == "cuda" and _KERNELIZED.get() else None
+    if state is not None:
+        return state, " cached at " in state
+    impl, fast = _classify(kernels_func_inner(value), device, package)
+    return impl, fast
+
+
 def _classify_plain(value: Any, device: str) -> tuple[str, bool]:
     mod = getattr(value, "__module__", "") or ""
     if mod.startswith("fastpath."):
@@ -392,6 +425,7 @@ def _classify_plain(value: Any, device: str) -> tuple[str, bool]:
 
 
 def _is_hub_fallback(value: Any) -> bool:
+    """transformers' use_kernel_func_from_hub_with_fallback closure (itself, not a Func around it)."""
     code = getattr(value, "__code__", None)
     return bool(code is not None and "implementation" in code.co_freevars
                 and "is_new_implementation" in code.co_freevars)

@@ -1,6 +1,6 @@
 """The Qwen3.5 glue nobody else fuses -> fastpath's Triton ops, where it computes the same function.
 
-What is routed (issue 27: after FLA's gated delta rule, fastpath's conv, FLA's gated norm and
+What is routed (after FLA's gated delta rule, fastpath's conv, FLA's gated norm and
 Liger's RMSNorm / SwiGLU / fused cross-entropy, these are the eager pieces left in a layer):
 * GatedDeltaNet gates: ``g = -exp(A_log) * softplus(a + dt_bias)`` (float32) and
   ``beta = sigmoid(b)``: ~7 elementwise kernels forward and ~12 backward in transformers, one
@@ -121,8 +121,10 @@ def candidates(module: ModuleType) -> list[tuple[type, str]]:
             continue
         src = _source(obj.__dict__["forward"])
         if obj.__name__.endswith("GatedDeltaNet"):
-            if all(s in src for s in ("self.in_proj_a(", "self.in_proj_b(", "softplus", "causal_conv1d_fn(",
-                                      "torch_chunk_gated_delta_rule(")) and "self.causal_conv1d_fn" not in src:
+            conv = "causal_conv1d_forward(" in src or "causal_conv1d_fn(" in src  # 5.25 / 5.15-5.24
+            if conv and all(s in src for s in ("self.in_proj_a(", "self.in_proj_b(", "softplus",
+                                               "torch_chunk_gated_delta_rule(")) \
+                    and "self.causal_conv1d_fn" not in src:
                 found.append((obj, OP_GATES))
         elif obj.__name__.endswith("Attention") and "Vision" not in obj.__name__:
             if all(s in src for s in ("torch.sigmoid(gate)", "torch.chunk(", "get_interface(",
@@ -147,7 +149,11 @@ def make_gdn_forward(original: Callable[..., Any], module: ModuleType, *, force:
     from fastpath.kernels.gdn_gates.interface import gdn_gates
 
     interpreter = triton_interpreter_on()
-    repeat_heads = "repeat_interleave" in _source(original)  # <= 5.22; 5.23+ passes grouped heads
+    source = _source(original)
+    repeat_heads = "repeat_interleave" in source  # <= 5.22; 5.23+ passes grouped heads
+    # 5.25 calls the conv through the kernelizable helper `causal_conv1d_forward(conv1d, x, cache,
+    # layer_idx, ...)`, which (no cache) calls the module's causal_conv1d_fn; call what it calls
+    conv_helper = "causal_conv1d_forward(" in source
 
     def forward(self: Any, hidden_states: Any, cache_params: Any = None, attention_mask: Any = None,
                 **kwargs: Any) -> Any:
@@ -163,8 +169,13 @@ def make_gdn_forward(original: Callable[..., Any], module: ModuleType, *, force:
         z = self.in_proj_z(hidden_states)
         b = self.in_proj_b(hidden_states)
         a = self.in_proj_a(hidden_states)
-        mixed_qkv = module.causal_conv1d_fn(mixed_qkv, self.conv1d.weight.squeeze(1), self.conv1d.bias,
-                                            activation=self.activation, **kwargs).transpose(1, 2)
+        if conv_helper:
+            mixed_qkv = module.causal_conv1d_forward(self.conv1d, mixed_qkv, None, self.layer_idx,
+                                                     activation=self.activation, **kwargs)
+        else:
+            mixed_qkv = module.causal_conv1d_fn(mixed_qkv, self.conv1d.weight.squeeze(1), self.conv1d.bias,
+                                                activation=self.activation, **kwargs)
+        mixed_qkv = mixed_qkv.transpose(1, 2)
         query, key, value = torch.split(mixed_qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         query = query.reshape(batch, seq_len, -1, self.head_k_dim)
         key = key.reshape(batch, seq_len, -1, self.head_k_dim)

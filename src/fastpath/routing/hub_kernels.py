@@ -1,4 +1,4 @@
-"""transformers' hub-kernel machinery: keep it from downloading, and feed it fastpath offline.
+"""transformers' hub-kernel machinery: keep it from downloading, see through it, feed it fastpath.
 
 * 5.0-5.14 mamba-family layers call `lazy_load_kernel("causal-conv1d")`; with the `kernels`
   package installed that tries only the Hub (and raises air-gapped, through 5.12 regardless of
@@ -7,6 +7,15 @@
   USE_HUB_KERNELS is false: kernelize() would try to download a Hub kernel for each mapped layer.
   enable() sets USE_HUB_KERNELS=0 (read at call time in 5.25; at import in 5.14-5.24) unless the
   user set it, so loading stays offline and on fastpath's routes.
+* 5.25 with `kernels` installed: every `use_kernel_func_from_hub_with_fallback` op (and helpers
+  such as `causal_conv1d_forward`) is a module global that is no longer a function but an instance
+  of a `kernels` `Func` nn.Module wrapping transformers' fallback closure (kernels
+  `use_kernel_forward_from_hub` applied to a function: src/kernels/_internals/layer/layer.py,
+  `_create_func_module`, kernels 0.19.1); `kernelize()` maps that instance to a Hub kernel. With
+  `FASTPATH_HUB_KERNELS=route` (the default) enable() puts the wrapped function back as the
+  module global (recorded, undone exactly), so every route sees the shape 5.15-5.24 have and
+  fastpath wins where its kernel applies; `keep` leaves those globals (and USE_HUB_KERNELS) alone
+  so a kernelized model keeps its Hub kernels.
 """
 
 from __future__ import annotations
@@ -21,6 +30,108 @@ from fastpath.routing.patch_registry import PatchRegistry
 
 HUB_MODULE = "transformers.integrations.hub_kernels"
 ENV = hub_kernels_env.ENV
+#: enable(hub_kernels=...) / FASTPATH_HUB_KERNELS: "route" ops to fastpath, or "keep" Hub kernels
+MODE_ENV = "FASTPATH_HUB_KERNELS"
+MODES = ("route", "keep")
+
+
+def route_mode(requested: str | None = None) -> str:
+    """enable(hub_kernels=...) if given, else FASTPATH_HUB_KERNELS, else "route"; validated."""
+    mode = requested if requested is not None else (os.environ.get(MODE_ENV, "").strip().lower() or "route")
+    if mode not in MODES:
+        from fastpath.errors import UsageError
+
+        raise UsageError(f"hub_kernels / {MODE_ENV}={mode!r}: expected one of {', '.join(MODES)}")
+    return mode
+
+
+def kernels_func_inner(value: Any) -> Any:
+    """The function a `kernels` Func module instance wraps (5.25 + `kernels`), else None.
+
+    kernels' Func.forward calls the Hub kernel kernelize() chose for it, else the closure variable
+    `func`: transformers' own wrapper (or plain helper) it was built from."""
+    cls = type(value)
+    # kernels gives the class the wrapped function's __module__: recognise it by shape instead
+    if not (hasattr(cls, "kernel_layer_name") and cls.__qualname__.endswith("_create_func_module.<locals>.Func")):
+        return None
+    forward = cls.__dict__.get("forward")
+    code = getattr(forward, "__code__", None)
+    if code is None or "func" not in code.co_freevars:
+        return None
+    cell = dict(zip(code.co_freevars, forward.__closure__ or (), strict=False))["func"]
+    try:
+        inner = cell.cell_contents
+    except ValueError:
+        return None
+    return inner if callable(inner) else None
+
+
+def hub_layer_name(value: Any) -> str | None:
+    """The kernel mapping name a `kernels` Func instance answers to (e.g. "chunk_gated_delta_rule")."""
+    if kernels_func_inner(value) is None:
+        return None
+    name = getattr(type(value), "kernel_layer_name", None)
+    return name if isinstance(name, str) else None
+
+
+# transformers 5.25 `_build_kernel_mapping` (src/transformers/integrations/hub_kernels.py): the Hub
+# repo of each mapped op on CUDA, for when the mapping itself cannot be read
+_REPO_OF = {**dict.fromkeys(("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda",
+                             "fused_recurrent_kda", "RMSNormGated"), "kernels-community/fla"),
+            **dict.fromkeys(("causal_conv1d_fn", "causal_conv1d_update", "mamba_chunk_scan_combined",
+                             "mamba_split_conv1d_scan_combined", "mamba_inner_fn", "selective_scan_fn",
+                             "selective_state_update"), "kernels-community/mamba-ssm")}
+
+
+def hub_repo(layer_name: str) -> str | None:
+    """The Hub repo transformers' kernel mapping sends `layer_name` to on CUDA, else None."""
+    hub = sys.modules.get(HUB_MODULE)
+    getter = getattr(hub, "get_kernel_mapping_transformers", None)
+    try:
+        entry = getter().get(layer_name) if callable(getter) else None
+    except Exception:
+        entry = None
+    for device, repo in (entry or {}).items():
+        if str(getattr(device, "type", device)) != "cuda":
+            continue
+        repos = list(repo.values()) if isinstance(repo, dict) else [repo]
+        repo_id = next((getattr(r, "_repo_id", None) for r in repos if getattr(r, "_repo_id", None)), None)
+        if isinstance(repo_id, str):
+            return repo_id
+    return _REPO_OF.get(layer_name) if entry is None else None
+
+
+def hub_kernel_state(layer_name: str) -> str | None:
+    """How a kernelized model would run `layer_name`: "hub kernel REPO cached at DIR" or "hub kernel
+    REPO (downloads at first call; offline: torch fallback)"; None when nothing is mapped for CUDA."""
+    repo = hub_repo(layer_name)
+    if repo is None:
+        return None
+    cached = hub_kernels_env.cached_kernel_repo(repo)
+    if cached is not None:
+        return f"hub kernel {repo} cached at {cached}"
+    return f"hub kernel {repo} (downloads at first call; offline: torch fallback)"
+
+
+def unwrap(value: Any) -> Any:
+    """`value`, seen through a `kernels` Func instance: what runs when no Hub kernel is mapped."""
+    inner = kernels_func_inner(value)
+    return value if inner is None else inner
+
+
+def unwrap_module_globals(module: ModuleType, reg: PatchRegistry) -> list[str]:
+    """Replace every `kernels` Func module global of a modeling module by the function it wraps
+    (recorded in `reg`). Returns the names replaced. transformers' forwards look these globals up
+    at call time, so the layer then calls transformers' fallback wrapper, which fastpath's routes
+    replace like on 5.15-5.24; a kernelized model's Hub mapping (keyed by the Func instance) no
+    longer applies to them."""
+    names = []
+    for name, value in list(vars(module).items()):
+        inner = kernels_func_inner(value)
+        if inner is not None and getattr(inner, "__module__", None) == module.__name__:
+            reg.set_attr(module, name, inner)
+            names.append(name)
+    return names
 
 
 def conv_route_module(conv_fn: Any, conv_update: Any) -> ModuleType:

@@ -70,6 +70,7 @@ from types import ModuleType
 from typing import Any
 
 from fastpath.routing import mamba_route
+from fastpath.routing.hub_kernels import kernels_func_inner, unwrap
 from fastpath.routing.mamba_route import MambaStatus
 from fastpath.routing.patch_registry import PatchRegistry
 
@@ -243,6 +244,7 @@ def seed_lazy_kernel_mapping(hub: ModuleType, reg: PatchRegistry, mamba2_routed:
 
 # ------------------------------------------------------------------ reading transformers' modules
 def _hub_func_name(value: Any) -> str | None:
+    value = unwrap(value)  # 5.25 + `kernels`: the Hub-kernel module wraps transformers' closure
     code = getattr(value, "__code__", None)
     if code is None or "func_name" not in code.co_freevars or "is_new_implementation" not in code.co_freevars:
         return None
@@ -298,6 +300,8 @@ def patch_module(module: ModuleType, conv_fn: Any, conv_update: Any, conv_module
         torch_fn = None
         if not legacy:
             current = g.get(gname)
+            if kernels_func_inner(current) is not None:  # enable(hub_kernels="keep"): the Hub kernel stays
+                continue
             torch_fn = getattr(current, "__fastpath_torch_fn__", None) or \
                 mamba_route._closure_value(current, "torch_function")
         reg.set_attr(module, gname, _MAKERS[op](torch_fn))

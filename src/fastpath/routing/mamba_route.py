@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from fastpath.routing.hub_kernels import kernels_func_inner, unwrap
 from fastpath.routing.patch_registry import PatchRegistry
 
 MAMBA_OPS = ("mamba_chunk_scan_combined", "selective_state_update", "mamba_split_conv1d_scan_combined")
@@ -205,6 +206,7 @@ def hub_op_of(value: Any) -> str | None:
     route = getattr(value, ROUTE_ATTR, None)
     if isinstance(route, str):
         return route
+    value = unwrap(value)  # 5.25 + `kernels`: the Hub-kernel module wraps transformers' closure
     code = getattr(value, "__code__", None)
     if code is None or "func_name" not in code.co_freevars or "is_new_implementation" not in code.co_freevars:
         return None
@@ -276,6 +278,8 @@ def patch_module(module: ModuleType, conv_fn: Any, conv_update: Any, reg: PatchR
         torch_fn = None
         if not legacy:
             current = g.get(gname)
+            if kernels_func_inner(current) is not None:  # enable(hub_kernels="keep"): the Hub kernel stays
+                continue
             torch_fn = getattr(current, "__fastpath_torch_fn__", None) or _closure_value(current, "torch_function")
         reg.set_attr(module, gname, _MAKERS[op](torch_fn))
     if legacy:

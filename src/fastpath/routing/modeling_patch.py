@@ -31,6 +31,7 @@ from typing import Any
 
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.routing import fla_route, norm_route
+from fastpath.routing.hub_kernels import kernels_func_inner
 from fastpath.routing.patch_registry import PatchRegistry
 
 # names a <=5.14 module-level `is_fast_path_available = all((...))` can be built from
@@ -89,7 +90,8 @@ def patch_module(module: ModuleType, routes: Routes, reg: PatchRegistry) -> None
     """Point one modeling module's causal_conv1d (and gated delta rule) hooks at fastpath."""
     g = module.__dict__
     for name, route in (("causal_conv1d_fn", routes.conv_fn), ("causal_conv1d_update", routes.conv_update)):
-        if name in g:
+        # a `kernels` Func still here means enable(hub_kernels="keep"): the Hub kernel stays
+        if name in g and kernels_func_inner(g[name]) is None:
             reg.set_attr(module, name, route)
     if "_causal_conv1d_cache" in g:  # 4.57 mamba / falcon_mamba lazy loader
         reg.set_attr(module, "_causal_conv1d_cache", (routes.conv_update, routes.conv_fn))

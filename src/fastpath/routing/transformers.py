@@ -25,11 +25,11 @@ from fastpath.routing import (
     conv_route,
     fla_route,
     glue_route,
-    hub_kernels,
     mamba1_route,
     mamba_route,
     norm_route,
 )
+from fastpath.routing import hub_kernels as hub_route
 from fastpath.routing.explain import Explanation, explain_model
 from fastpath.routing.modeling_patch import (
     ModelingImportHook,
@@ -66,6 +66,8 @@ class EnableReport:
     gated_norm_reason: str = ""
     glue: str = "torch"                 # GatedDeltaNet gates + attention output gate: glue_route.IMPL | "torch"
     glue_reason: str = ""
+    hub_kernels: str = "route"          # 5.25 + `kernels` Func globals: hub_route.MODES
+    hub_globals: int = 0                # how many such globals enable() put back to transformers' function
     modules_patched: list[str] = field(default_factory=list)
     modules_pending: list[str] = field(default_factory=list)   # patched when imported
     layers_patched: int = 0
@@ -90,6 +92,13 @@ class EnableReport:
                   (f"gated RMSNorm -> {self.gated_norm} ({self.gated_norm_reason})", "  "),
                   (f"Mamba-2 SSD ops -> {self.mamba_ssd}", "  "),
                   (f"Mamba-1 scan ops -> {self.mamba1_scan}", "  ")]
+        if self.hub_kernels == "keep":
+            lines.append((f"Hub-kernel wrappers -> kept ({hub_route.MODE_ENV}=keep): on transformers "
+                          "5.25 with `kernels`, the ops it wraps stay Hub kernels (kernelized models) "
+                          "or transformers' own path; fastpath routes only the rest", "  "))
+        elif self.hub_globals:
+            lines.append((f"Hub-kernel wrappers -> routed to fastpath ({self.hub_globals} module globals; "
+                          f"{hub_route.MODE_ENV}=keep keeps Hub kernels)", "  "))
         return "\n".join(wrapped for text, indent in lines
                          for wrapped in _wrap(text, width, indent))
 
@@ -114,6 +123,7 @@ class _State:
     hook: ModelingImportHook
     report: EnableReport
     fla: fla_route.FlaStatus
+    hub_mode: str = "route"
 
 
 _LOCK = threading.RLock()
@@ -133,6 +143,7 @@ def enable(
     lift_device_gate: bool = False,
     mamba_ssm: str = "auto",
     glue: bool = True,
+    hub_kernels: str | None = None,
 ) -> EnableReport:
     """Route transformers' causal_conv1d (and, when safe, the gated delta rule) to fastpath.
 
@@ -148,6 +159,10 @@ def enable(
     routes them to fastpath unless a working mamba_ssm is installed, "fastpath" always, "off" never.
     glue: route the Qwen3.5 GatedDeltaNet gates and attention output gate to fastpath's fused
     ops where a probe shows the same function (routing/glue_route.py); FASTPATH_GLUE=off too.
+    hub_kernels: transformers 5.25 with `kernels` installed wraps each op in a Hub-kernel module
+    (routing/hub_kernels.py). "route" (default; FASTPATH_HUB_KERNELS) sees through the wrappers
+    and routes every op to fastpath, offline; "keep" leaves them and USE_HUB_KERNELS alone, so a
+    model kernelized by from_pretrained(use_kernels=True) keeps its Hub kernels.
     Calling enable() again replaces the previous routing (disable() first, then enable).
     """
     global _STATE
@@ -158,6 +173,7 @@ def enable(
         raise UsageError(f"mamba_ssm must be one of {mamba_route.MODES}, got {mamba_ssm!r}")
     if lift_device_gate and not triton_interpreter_on():
         raise UsageError("lift_device_gate=True is a testing option and needs TRITON_INTERPRET=1")
+    hub_mode = hub_route.route_mode(hub_kernels)
     with _LOCK:
         if _STATE is not None:
             disable()
@@ -189,7 +205,7 @@ def enable(
         routes = Routes(
             conv_fn=conv_fn,
             conv_update=conv_update,
-            conv_module=hub_kernels.conv_route_module(conv_fn, conv_update),
+            conv_module=hub_route.conv_route_module(conv_fn, conv_update),
             make_gdn=make_gdn,
             make_kda=make_kda,
             lift_device_gate=lift_device_gate,
@@ -211,22 +227,25 @@ def enable(
             gated_norm_reason=norm.reason,
             glue=glue_status.impl,
             glue_reason=glue_status.reason,
+            hub_kernels=hub_mode,
         )
         routes.notes = report.notes  # norm classes left alone, also those of modules imported later
         if mamba_ssm != "auto" or not mamba.route:
             report.notes.append(f"Mamba-2 SSD ops: {mamba.reason}")
         if mamba_ssm != "auto" or not mamba1.route:
             report.notes.append(f"Mamba-1 selective scan ops: {mamba1.reason}")
-        targets = set(discover_modeling_modules()) | {hub_kernels.HUB_MODULE}
+        targets = set(discover_modeling_modules()) | {hub_route.HUB_MODULE}
 
         def on_loaded(module: Any) -> None:
-            if module.__name__ == hub_kernels.HUB_MODULE:
-                hub_kernels.seed_lazy_kernel_mapping(module, routes.conv_module, reg)
+            if module.__name__ == hub_route.HUB_MODULE:
+                hub_route.seed_lazy_kernel_mapping(module, routes.conv_module, reg)
                 if mamba.route:
                     mamba_route.seed_lazy_kernel_mapping(module, reg)
                 if mamba1.route:
                     mamba1_route.seed_lazy_kernel_mapping(module, reg, mamba.route)
             else:
+                if hub_mode == "route":  # 5.25 + `kernels`: see through the Hub-kernel wrappers first
+                    report.hub_globals += len(hub_route.unwrap_module_globals(module, reg))
                 # before patch_module: it recomputes a <=5.14 `is_fast_path_available` from these
                 if mamba.route and mamba_route.patch_module(module, conv_fn, conv_update, reg) \
                         and lift_device_gate:
@@ -243,7 +262,13 @@ def enable(
 
         hook = ModelingImportHook(targets, on_loaded)
         try:
-            report.notes.append(hub_kernels.disable_hub_downloads(env))
+            if hub_mode == "route":
+                report.notes.append(hub_route.disable_hub_downloads(env))
+            else:
+                report.notes.append(f"{hub_route.MODE_ENV}=keep: Hub-kernel wrappers and "
+                                    f"{hub_route.ENV} left as they are; a model loaded with "
+                                    "use_kernels=True downloads Hub kernels at its first call "
+                                    "(offline: torch fallback)")
             reg.set_attr(norm_route, "ACTIVE", norm)  # what explain() says of an unrouted norm
             reg.set_attr(glue_route, "ACTIVE", glue_status)
             if norm.route and triton_interpreter_on():
@@ -253,7 +278,7 @@ def enable(
             for name in sorted(targets):
                 module = sys.modules.get(name)
                 if module is None:
-                    if name != hub_kernels.HUB_MODULE:
+                    if name != hub_route.HUB_MODULE:
                         report.modules_pending.append(name)
                     continue
                 on_loaded(module)
@@ -265,13 +290,13 @@ def enable(
             if hook in sys.meta_path:
                 sys.meta_path.remove(hook)
             reg.undo()
-            hub_kernels.restore_env(env)
+            hub_route.restore_env(env)
             if fla.chunk_impl == fla_route.DQKWG_IMPL:
                 fla_route.undo_dqkwg_route()
             raise
-        if hub_kernels.kernels_installed():
-            report.notes.append("`kernels` is installed: fastpath's routes are module globals, which "
-                                "Hub kernelize() does not replace while USE_HUB_KERNELS=0")
+        if hub_route.kernels_installed() and hub_mode == "route":
+            report.notes.append("`kernels` is installed: fastpath's routes replace transformers' "
+                                "Hub-kernel wrappers; kernelize() maps none of them")
         if version_note:
             report.notes.append(version_note)
         if lift_device_gate:
@@ -280,7 +305,7 @@ def enable(
             report.notes.append(f"FLA #640 here: {fla.reason}. Real fix: {fla_route.REMEDY_640}")
         elif fla.chunk_impl == "fla-fwd+torch-bwd":
             warnings.warn(f"fastpath: {fla.reason}", RuntimeWarning, stacklevel=2)
-        _STATE = _State(reg, env, routes, hook, report, fla)
+        _STATE = _State(reg, env, routes, hook, report, fla, hub_mode)
         if warn:
             print(report.summary(), file=sys.stderr)
         return report
@@ -301,14 +326,15 @@ def suspended() -> Iterator[None]:
             dqkwg = state.fla.chunk_impl == fla_route.DQKWG_IMPL
             if dqkwg:
                 fla_route.undo_dqkwg_route()
-            hub_kernels.restore_env(state.env)
+            hub_route.restore_env(state.env)
     try:
         yield
     finally:
         # resume only the state that was suspended: a disable() or enable() inside wins
         if resume is not None and state is not None and _STATE is state:
             with _LOCK:
-                hub_kernels.disable_hub_downloads(state.env)
+                if state.hub_mode == "route":
+                    hub_route.disable_hub_downloads(state.env)
                 if dqkwg:
                     fla_route.use_dqkwg_route(state.fla)
                 resume()
@@ -333,7 +359,7 @@ def disable() -> None:
             unroute_layers_built_while_enabled(set(state.report.modules_patched))
         if state.fla.chunk_impl == fla_route.DQKWG_IMPL:
             fla_route.undo_dqkwg_route()
-        hub_kernels.restore_env(state.env)
+        hub_route.restore_env(state.env)
         _STATE = None
         if state.registry.kept:  # e.g. Liger Kernel patched over a route after enable()
             warnings.warn(f"fastpath.disable(): {', '.join(state.registry.kept)} changed after enable() "
