@@ -365,7 +365,9 @@ def selective_state_update(
     Returns out (batch, dim) in x's dtype. The 4-D (with heads) form is mamba_ssm's Mamba-2 call;
     fastpath.kernels.ssd.state_update takes it. The Triton kernel is the one the Mamba-2 update
     uses (kernels/ssd/state_update.py) with a single head of `dim` rows and full (dim, N) A.
-    A negative state_batch_indices entry marks a padding row: output 0, no state touched.
+    A negative state_batch_indices entry marks a padding row: output 0, no state touched; so
+    does one past the pool (the kernel never indexes outside `state`; no host-side check, which
+    would sync the device every token).
     """
     _check_update(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices)
     Bg = B if B.dim() == 3 else B[:, None]
@@ -398,7 +400,7 @@ def _update_reference(state, x, dt, A, Bg, Cg, D, z, dt_bias, dt_softplus, idx) 
     groups = Bg.shape[1]
     Bc = Bg.repeat_interleave(dim // groups, dim=1)  # (batch, dim, N)
     Cc = Cg.repeat_interleave(dim // groups, dim=1)
-    keep = None if idx is None else (idx >= 0).nonzero().flatten()
+    keep = None if idx is None else ((idx >= 0) & (idx < state.shape[0])).nonzero().flatten()
     if keep is not None and keep.numel() < x.shape[0]:
         out = torch.zeros_like(x)
         pick = lambda t: None if t is None else t[keep]  # noqa: E731
@@ -456,9 +458,10 @@ def mamba_inner_fn(
     dim = xz.shape[1] // 2
     rank = delta_proj_weight.shape[1]
     nstate = A.shape[-1] * (2 if A.is_complex() else 1)
-    if x_proj_weight.dim() != 2 or x_proj_weight.shape[1] != dim or x_proj_weight.shape[0] < rank:
-        raise ValueError(f"x_proj_weight must be (dt_rank + 2*dstate, {dim}), got "
-                         f"{tuple(x_proj_weight.shape)}")
+    rows = rank + nstate * ((B is None) + (C is None))  # x_proj makes only the varying B/C
+    if x_proj_weight.dim() != 2 or tuple(x_proj_weight.shape) != (rows, dim):
+        raise ValueError(f"x_proj_weight must be (dt_rank + dstate per time-varying B/C = "
+                         f"{rows}, {dim}), got {tuple(x_proj_weight.shape)}")
     weight = conv1d_weight.reshape(conv1d_weight.shape[0], conv1d_weight.shape[-1])
     x, z = xz.chunk(2, dim=1)
     x, _ = conv_fwd(x, weight, conv1d_bias, None, None, False, True)

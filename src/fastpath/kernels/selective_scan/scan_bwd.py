@@ -46,6 +46,7 @@ from fastpath.kernels.selective_scan.scan_fwd import (
     default_config,
     first_order,
     load_delta,
+    per_channel,
     store_rounded,
 )
 
@@ -236,6 +237,7 @@ def selective_scan_bwd_triton(
     nstate = A.shape[1]
     Bl, Cl = bc_layout(B), bc_layout(C)
     prog_groups, dim_per_group, block_d = bc_programs(dim, Bl, Cl, block_d)
+    D, delta_bias = per_channel(D), per_channel(delta_bias)
     n_blocks = triton.cdiv(dim_per_group, block_d)
     n_chunks = triton.cdiv(length, chunk)
     states = chunk_states(u, delta, A, B, C, delta_bias, delta_softplus, chunk,

@@ -243,6 +243,12 @@ def bc_programs(dim: int, Bl: BCLayout, Cl: BCLayout, block_d: int) -> tuple[int
     return groups, dim_per_group, blocking(dim_per_group, block_d)
 
 
+def per_channel(t: Tensor | None) -> Tensor | None:
+    """D or delta_bias (dim,) contiguous: the kernels read them at unit stride (a stride-0
+    expand of one value, or a strided slice, is copied: dim elements)."""
+    return None if t is None else t.contiguous()
+
+
 def blocking(dim_per_group: int, block_d: int) -> int:
     """BLOCK_D no wider than a group's channels (a program never straddles two groups)."""
     return max(1, min(block_d, triton.next_power_of_2(dim_per_group)))
@@ -257,6 +263,7 @@ def launch_fwd(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Ten
     Bl, Cl = bc_layout(B), bc_layout(C)
     nstate = A.shape[1]
     block_d, chunk, warps = config
+    D, delta_bias = per_channel(D), per_channel(delta_bias)
     groups, dim_per_group, block_d = bc_programs(dim, Bl, Cl, block_d)
     n_blocks = triton.cdiv(dim_per_group, block_d)
     n_chunks = triton.cdiv(length, chunk)

@@ -35,6 +35,7 @@ from fastpath.kernels.selective_scan.scan_fwd import (
     bc_programs,
     bc_row,
     channel_block,
+    per_channel,
     softplus,
     store_rounded,
 )
@@ -192,6 +193,7 @@ def selective_scan_fwd_seq_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tensor
     # then runs along channels, so Triton lays the (N, BLOCK_D) state tiles out with lanes on
     # channels (an N-fastest access would make it put lanes on N and shuffle every step)
     A = A.t().contiguous()
+    D, delta_bias = per_channel(D), per_channel(delta_bias)
     Bl, Cl = bc_layout(n_fastest(B)), bc_layout(n_fastest(C))
     last = torch.empty((batch, nstate, dim), dtype=torch.float32, device=u.device)
     block_d, warps = config or SEQ_CONFIG

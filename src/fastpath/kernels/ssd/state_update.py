@@ -12,7 +12,9 @@ reads one scalar per head instead (TIE_HDIM), so the per-head case costs one exp
 Math per (b, h, p, n), fp32: dt' = softplus?(dt + dt_bias); state = state * exp(A dt') + dt' B x;
 out = sum_n state C + D x, times silu(z). The state is updated in place, in its own dtype; the
 output uses the fp32 state. `state_batch_indices[b]` picks the state row of a pooled cache; a
-negative entry marks a padding row: its output is 0 and no state is touched.
+negative entry marks a padding row: its output is 0 and no state is touched. So does an entry
+past the pool (>= state.shape[0]): checking the indices on the host would cost a device sync
+every token, and the kernel never reads or writes outside the state it was given.
 
 One program owns (one batch row, one head, BLOCK_P rows of dim) x all of dstate: it reads its
 state tile once and writes it once, so the op runs at memory speed; B and C are loaded once per
@@ -35,14 +37,18 @@ MAX_DSTATE = 256  # one program holds a (BLOCK_P, dstate) fp32 tile in registers
 
 @triton.jit
 def _softplus(v):
-    # log(1 + e^v), exact enough in fp32 for v <= 20; identity above (as torch's threshold=20)
-    return tl.where(v <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(v, 20.0))), v)
+    """log(1 + e^v) in fp32, identity above 20 (torch's threshold). Below e^v = 1/16 log1p's
+    series: log(1 + e) in fp32 loses e's low bits (7e-4 relative at v = -11)."""
+    e = tl.exp(tl.minimum(v, 20.0))
+    series = e * (1.0 - e * (0.5 - e * (0.3333333333333333 - e * (0.25 - e * (
+        0.2 - e * 0.16666666666666666)))))
+    return tl.where(v > 20.0, v, tl.where(e < 0.0625, series, tl.log(1.0 + e)))
 
 
 @triton.jit
 def _state_update_kernel(
     STATE, X, DT, DT_BIAS, A, B, C, D, Z, OUT, IDX,
-    P, N, HEADS_PER_GROUP,
+    P, N, HEADS_PER_GROUP, POOL,
     s_sb, s_sh, s_sp, s_sn,
     s_xb, s_xh, s_xp,
     s_tb, s_th, s_tp,
@@ -74,8 +80,9 @@ def _state_update_kernel(
     live = mp
     if HAS_IDX:
         row = tl.load(IDX + b).to(tl.int64)
-        live = mp & ((tl.zeros((BLOCK_P,), dtype=tl.int64) + row) >= 0)
-        row = tl.maximum(row, 0)
+        rows = tl.zeros((BLOCK_P,), dtype=tl.int64) + row
+        live = mp & (rows >= 0) & (rows < POOL)  # padding (< 0) and past-the-pool rows: no-ops
+        row = tl.minimum(tl.maximum(row, 0), POOL - 1)
     tile = live[:, None] & mn[None, :]
     state_ptrs = STATE + row * s_sb + h * s_sh + offs_p[:, None] * s_sp + offs_n[None, :] * s_sn
     state = tl.load(state_ptrs, mask=tile, other=0.0).to(tl.float32)
@@ -174,7 +181,7 @@ def selective_state_update_triton(
         (triton.cdiv(dim, block_p), batch, nheads),
         (state, x, dt, x if bias is None else bias, A, B, C, x if Dv is None else Dv,
          x if z is None else z, out, x if state_batch_indices is None else state_batch_indices,
-         dim, dstate, nheads // ngroups,
+         dim, dstate, nheads // ngroups, state.shape[0],
          ss[0], ss[1], ss[2], ss[3], xs[0], xs[1], xs[2], ts[0], ts[1], ts[2], bs[0], bs[1],
          As[0], As[1], As[2], Bs[0], Bs[1], Bs[2], Cs[0], Cs[1], Cs[2], ds[0], ds[1],
          zs[0], zs[1], zs[2], os_[0], os_[1], os_[2]),
@@ -265,10 +272,12 @@ def _reference(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_in
     """The float64 spec (kernels/ssd/naive.py), in place on `state` like the kernel."""
     from fastpath.kernels.ssd.naive import selective_state_update_ref
 
-    if state_batch_indices is None or bool((state_batch_indices >= 0).all()):
+    live = None if state_batch_indices is None else (
+        (state_batch_indices >= 0) & (state_batch_indices < state.shape[0]))
+    if live is None or bool(live.all()):
         return selective_state_update_ref(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias,
                                           dt_softplus=dt_softplus, state_batch_indices=state_batch_indices)
-    keep = (state_batch_indices >= 0).nonzero().flatten()  # padding rows: output 0, no state touched
+    keep = live.nonzero().flatten()  # padding / past-the-pool rows: output 0, no state touched
     out = torch.zeros_like(x)
     out[keep] = selective_state_update_ref(
         state, x[keep], dt[keep], A, B[keep], C[keep], D=D, z=None if z is None else z[keep],
