@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from fastpath.doctor.diagnosis import VERDICT_EXIT
+
 
 def _doctor(*args, timeout=120):
     return subprocess.run([sys.executable, "-m", "fastpath", "doctor", *args],
@@ -40,8 +42,9 @@ def test_local_doctor_json_on_this_machine():
     r = _doctor("--json", "--model", "qwen3.5-27b")
     report = json.loads(r.stdout)
     assert report["schema_version"] == 1
-    assert report["verdict"] in ("fast", "slow", "unknown")
-    assert r.returncode == report["exit_code"]
+    assert report["verdict"] in ("fast", "slow", "blocked", "unknown")
+    assert r.returncode == report["exit_code"] == VERDICT_EXIT[report["verdict"]]
+    assert report["headline"].startswith(report["verdict"].upper() + ":")
     assert report["model"]["layers_total"] == 64
     facts = report["facts"]
     assert facts["schema"] == "fastpath.facts/1"
@@ -49,15 +52,13 @@ def test_local_doctor_json_on_this_machine():
     for c in facts["nvcc_candidates"]:
         assert {"path", "version", "found_by", "major_matches_torch"} <= set(c)
     if not facts["gpus"] and not (facts.get("torch") or {}).get("cuda_available"):
-        assert report["verdict"] == "unknown" and "--gpu" in report["headline"]
-        blocking = [f for f in report["findings"] if f["severity"] == "error"]
-        assert r.returncode == (1 if blocking else 0)
+        assert report["verdict"] in ("blocked", "unknown") and "--gpu" in report["headline"]
 
 
 def test_local_doctor_text_leads_with_verdict():
     r = _doctor("--model", "lfm2")
     first = r.stdout.splitlines()[0]
-    assert first.split(":")[0] in ("FAST", "SLOW", "UNKNOWN")
+    assert first.split(":")[0] in ("FAST", "SLOW", "BLOCKED", "UNKNOWN")
     assert "Model plan" in r.stdout and "nvcc candidates" in r.stdout
 
 

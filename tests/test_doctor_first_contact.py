@@ -113,7 +113,7 @@ def test_fleets_exit_1_for_a_blocked_target_and_say_so(tmp_path: Path) -> None:
                     extra_env={"COLUMNS": "80"})
     out = proc.stdout.decode()
     assert proc.returncode == 1, out + proc.stderr.decode()
-    assert "verdict: unknown" in out  # not slow (no GPU to judge), but blocked on any GPU
+    assert "verdict: blocked" in out  # no GPU to judge, but blocked on any GPU
     assert " ".join(out.split()).endswith("exit status 1: a target is slow or blocked (its fixes: "
                                           "fastpath doctor --on PREFIX); the doctor ran fine")
     help_text = " ".join(fastpath("doctor", "--help", extra_env={"COLUMNS": "80"}).stdout.decode().split())

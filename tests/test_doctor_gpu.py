@@ -57,8 +57,8 @@ def test_same_environment_without_gpu_reports_blockers_and_needs(tmp_path):
     env = _cpu_builder(tmp_path)
     r = _doctor(env, "--json", "--model", "qwen3.5-27b")
     report = json.loads(r.stdout)
-    assert report["verdict"] == "unknown" and r.returncode == 1
-    assert "--gpu" in report["headline"]
+    assert report["verdict"] == "blocked" and r.returncode == 1
+    assert report["headline"].startswith("BLOCKED: on any GPU") and "--gpu" in report["headline"]
     assert any(f["id"] == "causal-conv1d-missing" and f["severity"] == "error"
                for f in report["findings"])
     needs = {r["op"]: r["with_fastpath_needs"] for t in report["model"]["layer_types"]
@@ -139,7 +139,7 @@ def test_no_gpu_extension_built_for_no_gpu_torch_supports():
         "so_files": [{"path": "/site/causal_conv1d_cuda.so", "sass": ["sm_70"], "ptx": []}]}
     d = diagnose(facts, "qwen3.5-27b")
     (f,) = [f for f in d.findings if f.id == "extension-missing-arch"]
-    assert d.verdict == "unknown" and d.exit_code == 1
+    assert d.verdict == "blocked" and d.exit_code == 1
     assert "runs on none of the GPUs torch 2.11.0+cu128 is built for" in f.detail
     facts["packages"]["causal-conv1d"]["so_files"][0]["sass"] = ["sm_70", "sm_90"]
     assert "extension-missing-arch" not in [f.id for f in diagnose(facts, "qwen3.5-27b").findings]

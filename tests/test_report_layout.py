@@ -62,7 +62,7 @@ def test_piped_report_honours_columns():
     env = dict(os.environ, COLUMNS="70", FASTPATH_PROBE_SKIP="imports,rpm")
     r = subprocess.run([sys.executable, "-m", "fastpath", "doctor", "--model", "qwen3.5-27b"],
                        capture_output=True, text=True, env=env, timeout=120)
-    assert r.stdout.startswith(("FAST", "SLOW", "UNKNOWN"))
+    assert r.stdout.startswith(("FAST", "SLOW", "BLOCKED", "UNKNOWN"))
     assert all(len(line.rstrip()) <= 70 or _one_token(line) for line in r.stdout.splitlines())
     assert max(len(line.rstrip()) for line in r.stdout.splitlines()) > 60  # it used the width
 

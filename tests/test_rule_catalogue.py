@@ -55,6 +55,16 @@ def _set(facts: dict, path: str, value) -> dict:
     return facts
 
 
+def _hub(facts: dict, variant: str) -> dict:
+    """transformers 5.25 + kernels with a Hub cache holding `variant` of both repos."""
+    from test_doctor_verdict import hub_cache_facts
+
+    _pkg(_set(facts, "packages.transformers.version", "5.25.0"), "kernels", ok=True,
+         version="0.19.1")
+    facts["hub_kernels"] = hub_cache_facts(variant)
+    return facts
+
+
 def _both(fire: Callable[[dict], dict], quiet: Callable[[dict], dict],
           model: str | None = "qwen3.5-27b") -> tuple[Fixture, Fixture]:
     return (lambda f: (fire(f), model)), (lambda f: (quiet(f), model))
@@ -121,6 +131,15 @@ CASES: dict[str, tuple[Fixture, Fixture]] = {
                        version="0.10.0"),
         lambda f: _set(_pkg(_set(f, "packages.transformers.version", "5.25.0"), "kernels",
                             ok=True, version="0.10.0"), "env.USE_HUB_KERNELS", "0")),
+    "hub-kernel-cached": _both(
+        lambda f: _hub(f, "torch211-cxx11-cu128-x86_64-linux"),
+        lambda f: _hub(f, "torch210-cxx11-cu128-x86_64-linux")),
+    "mamba-ssm-cuda-scan-missing": _both(
+        lambda f: _set(_pkg(f, "mamba-ssm", ok=True, version="2.3.3"),
+                       "packages.mamba-ssm.extension_modules", {"selective_scan_cuda": None}),
+        lambda f: _set(_pkg(f, "mamba-ssm", ok=True, version="2.3.3"),
+                       "packages.mamba-ssm.extension_modules", {"selective_scan_cuda": "/s.so"}),
+        model="falcon-mamba-7b"),
     "mamba-kernels-hub-only": _both(
         lambda f: _pkg(_set(f, "packages.transformers.version", "5.10.0"), "kernels", ok=True,
                        version="0.10.0"),

@@ -105,22 +105,22 @@ def test_no_gpu_still_reports_package_blockers_and_suggests_gpu():
     facts["gpus"] = []
     facts["torch"]["cuda_available"] = False
     d = diagnose(facts, "qwen3.5-27b")
-    assert d.verdict == "unknown" and d.exit_code == 1  # causal-conv1d is missing on any GPU
+    assert d.verdict == "blocked" and d.exit_code == 1  # causal-conv1d is missing on any GPU
     assert "no-gpu" in _ids(d.findings)
     assert _by_id(d, "causal-conv1d-missing").severity == "error"
-    assert d.headline.startswith("UNKNOWN") and "--gpu" in d.headline
+    assert d.headline.startswith("BLOCKED: on any GPU") and "--gpu" in d.headline
     conv = [r for t in d.model_plan["layer_types"] for r in t["ops"] if r["op"] == "causal_conv1d_fn"]
     assert conv and all(r["with_fastpath_needs"] == "needs a GPU" for r in conv)
 
 
-def test_no_gpu_and_nothing_missing_is_unknown_exit_0():
+def test_no_gpu_and_nothing_missing_is_unknown_exit_3():
     facts = seed_facts()
     facts["gpus"] = []
     facts["torch"]["cuda_available"] = False
     facts["packages"]["causal-conv1d"] = {"version": "1.6.1", "import": {"ok": True}, "so_files": []}
     d = diagnose(facts, "qwen3.5-27b")
-    assert d.verdict == "unknown" and d.exit_code == 0, _ids(d.findings)
-    assert "--gpu" in d.headline
+    assert d.verdict == "unknown" and d.exit_code == 3, _ids(d.findings)
+    assert d.headline.startswith("UNKNOWN") and "--gpu" in d.headline and "exit status 3" in d.headline
 
 
 def test_nvcc_major_mismatch_and_ptxas_wheel():
@@ -300,7 +300,7 @@ def test_partial_facts_from_the_sh_probe_do_not_crash():
              "nvcc_candidates": [{"path": "/usr/bin/nvcc", "version": "12.0.140", "major": 12,
                                   "kind": "nvcc", "found_by": ["PATH"]}]}
     d = diagnose(facts, "qwen3.5-27b")
-    assert d.verdict in ("slow", "unknown")
+    assert d.verdict in ("slow", "blocked", "unknown")
     assert d.model_plan["transformers"] is None and d.model_plan["by_version"]
     assert d.to_json()["schema_version"] == 1
 
@@ -308,12 +308,12 @@ def test_partial_facts_from_the_sh_probe_do_not_crash():
 @pytest.mark.parametrize("model", ["qwen3.5-27b", "mamba2", "lfm2", None])
 def test_no_gpu_blocks_only_on_package_level_findings(model):
     """Without a GPU, what blocks is what would block on every GPU: here causal-conv1d (and
-    mamba-ssm for mamba2) are missing, so exit 1 with the verdict still unknown."""
+    mamba-ssm for mamba2) are missing, so the verdict is "blocked" (exit 1)."""
     facts = seed_facts()
     facts["gpus"] = []
     facts["torch"].update(cuda_available=False)
     d = diagnose(facts, model)
-    assert d.verdict == "unknown" and d.exit_code == 1
+    assert d.verdict == "blocked" and d.exit_code == 1
     blocking = {f.id for f in d.findings if f.severity == "error"}
     assert blocking <= {"causal-conv1d-missing", "mamba-needs-mamba-ssm"}, blocking
 

@@ -105,3 +105,15 @@ def speculators_zero_centred_norm(version: str | None, model_type: str | None) -
     if model_type is None:
         return "EAGLE-3 for all of them; DFlash for qwen3_5_moe and qwen3_next"
     return "EAGLE-3 and DFlash"
+
+
+MAMBA_PR_977 = "https://github.com/state-spaces/mamba/pull/977"
+
+
+def mamba1_cuda_scan_missing(mamba_ssm_imports: bool, selective_scan_cuda: bool | None) -> bool:
+    """True where an installed mamba_ssm imports without its `selective_scan_cuda` extension: since
+    state-spaces/mamba#977 (main, unreleased) the Mamba-1 CUDA scan is built only with
+    MAMBA_KEEP_CUDA_BUILD=TRUE, the package root no longer needs it, and `selective_scan_fn` /
+    `mamba_inner_fn` raise when called. transformers still picks them: the package imports.
+    `selective_scan_cuda` None: unknown (not probed), never claimed."""
+    return mamba_ssm_imports and selective_scan_cuda is False

@@ -19,11 +19,15 @@ from fastpath.doctor.remote import arrived, parse_facts, positive_int, positive_
 from fastpath.errors import FastpathError, TargetError, UsageError
 
 EXIT_CODES_HELP = (
-    "exit status: 0 fast, or nothing to fix; 1 slow, or a blocking finding (also on a host "
-    "without a GPU: a missing kernel package blocks every GPU); 2 bad usage or bad input; 3 could "
-    "not diagnose (unreachable, timed out, probe failed, no facts). Fleets (--hosts): 1 if any "
-    "target is slow or blocked, else 3 if any could not be diagnosed, else 0. --json prints exactly one JSON "
-    "document on stdout, also when the target could not be diagnosed."
+    "exit status (the verdict decides it): 0 FAST: every op of every layer runs a fast kernel, as "
+    "loaded and after fastpath.enable() (a Hub kernel only when already in the local cache), and "
+    "nothing blocks; 1 SLOW: something is slow or blocks on the GPU here or assumed with --gpu; "
+    "1 BLOCKED: no GPU here, but something blocks on any GPU (a missing kernel package, a CPU "
+    "torch, a Hub kernel not in the cache); 2 bad usage or bad input; 3 could not diagnose: "
+    "UNKNOWN (no GPU here, none assumed and nothing blocks; --gpu judges for one), or the target "
+    "was unreachable, timed out, the probe failed or sent no facts. Fleets (--hosts): 1 if any target is slow or blocked, else 3 "
+    "if any could not be diagnosed, else 0. --json prints exactly one JSON document on stdout "
+    "(its verdict and exit_code are the headline's), also when the target could not be diagnosed."
 )
 
 

@@ -212,6 +212,35 @@ class FactsView:
         value = self.env.get(hub_kernels_env.ENV)
         return None if value is None else str(value)
 
+    @property
+    def hub_offline(self) -> bool:
+        """HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE put huggingface_hub (and `kernels`) offline."""
+        return hub_kernels_env.hub_offline({k: str(v) for k, v in self.env.items()})
+
+    @property
+    def hub_cache(self) -> dict[str, Any]:
+        """The probe's listing of the `kernels` Hub cache ({} where it was not probed)."""
+        return _dict(self.raw.get("hub_kernels"))
+
+    @property
+    def hub_variant_env(self) -> dict[str, Any]:
+        """What `kernels` matches a build variant against: torch major.minor, its C++ ABI and
+        CUDA, the Python version and `<cpu>-<os>` (kernels/_internals/variants.py)."""
+        def mm(text: Any) -> Version | None:
+            v = parse_version(str(text).split("+")[0]) if text else None
+            return Version(f"{v.major}.{v.minor}") if v is not None else None
+        host = _dict(self.raw.get("host"))
+        return {"torch": mm(self.torch_version), "cxx11": self.torch.get("cxx11_abi"),
+                "cuda": mm(self.torch_cuda), "python": mm(host.get("python")),
+                "platform": f"{host.get('arch')}-linux" if host.get("arch") else None}
+
+    def extension_module(self, dist: str, name: str) -> bool | None:
+        """An extension module of `dist` is installed (True/False), None when not probed."""
+        mods = self.package(dist).get("extension_modules")
+        if not isinstance(mods, dict) or name not in mods:
+            return None
+        return mods[name] is not None
+
     # --- CUDA toolchain -------------------------------------------------------------------------
     @property
     def nvcc_candidates(self) -> list[dict[str, Any]]:

@@ -190,7 +190,11 @@ SCHEMA: dict[str, Any] = {
                    "source": str},
     "gcc": {"version": str, "path": str, "source": str},
     "packages": ("map", {"version": str, "module": str, "source": str, "import": _IMPORT,
-                         "so_files": ("list", _SO)}),
+                         "so_files": ("list", _SO), "extension_modules": ("map", str)}),
+    "hub_kernels": {"cache_dir": str, "how": str, "source": str,
+                    "repos": ("map", {"path": str, "refs": ("map", str),
+                                      "snapshots": ("map", ("map", {"metadata": bool,
+                                                                    "backend": "any"}))})},
 }
 
 

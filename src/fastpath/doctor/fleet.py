@@ -239,7 +239,8 @@ def fleet_json(results: list[TargetResult], exit_code: int) -> dict[str, Any]:
 FLEET_EXIT_MEANING = {
     0: "every target fast, or nothing to fix",
     1: "a target is slow or blocked (its fixes: fastpath doctor --on PREFIX); the doctor ran fine",
-    3: "a target could not be diagnosed (its line above says why); none is slow or blocked",
+    3: ("a target could not be diagnosed (unreachable, failed, or no GPU to judge: its line above "
+        "says why); none is slow or blocked"),
 }
 
 
@@ -251,7 +252,8 @@ def render_table(results: list[TargetResult], console: Any, exit_code: int | Non
 
     rows = [key_facts(r) for r in results]
     outliers = majority_outliers(rows, [r.status == "ok" for r in results])
-    verdict_style = {"fast": "green", "slow": "bold red", "unknown": "yellow"}
+    verdict_style = {"fast": "green", "slow": "bold red", "blocked": "bold red",
+                     "unknown": "yellow"}
     cells: list[list[str]] = []
     styles: list[dict[int, str]] = []
     for r, row, odd in zip(results, rows, outliers, strict=True):
@@ -365,11 +367,13 @@ def _diagnose_all(results: list[TargetResult], model: str | None, assumed: Any =
 
 def fleet_exit_code(results: list[TargetResult]) -> int:
     """1 if any target is slow or blocked (a blocking finding, also without a GPU), else 3 if
-    any could not be diagnosed, else 0 (the single-target codes, combined)."""
+    any could not be diagnosed (unreachable, failed, or "unknown": no GPU to judge), else 0 (the
+    single-target codes, combined)."""
     if any(r.status == "ok" and r.diagnosis is not None and r.diagnosis.exit_code == 1
            for r in results):
         return 1
-    if any(r.status != "ok" or r.diagnosis is None for r in results):
+    if any(r.status != "ok" or r.diagnosis is None or r.diagnosis.exit_code == 3
+           for r in results):
         return 3
     return 0
 

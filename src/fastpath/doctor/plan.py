@@ -9,8 +9,12 @@ at v4.57.6, src/transformers/integrations/hub_kernels.py at v5.14.0, v5.15.0 and
   `lazy_load_kernel`: with `kernels` installed only the hub is tried.
 - 5.15+: `use_kernel_func_from_hub_with_fallback` imports the package once; no CUDA check.
 - 5.25+: `kernels` is a dependency and from_pretrained defaults to use_kernels=True (hub
-  downloads) unless USE_HUB_KERNELS=0.
+  downloads) unless USE_HUB_KERNELS=0. A Hub kernel counts as fast only when a build for this
+  environment is already in the local cache (fastpath.doctor.hub_kernels decides).
 Mamba-style families are all-or-nothing: one missing op sends every op to the torch path.
+An op is `fast` when it runs a fast kernel as transformers loads the model, `with_fastpath_fast`
+when it does after fastpath.enable(); `device_bound` / `with_fastpath_device_bound` mark a slow op
+whose only reason is that no GPU is here (the doctor then cannot judge it).
 """
 
 from __future__ import annotations
@@ -21,14 +25,27 @@ from packaging.version import Version
 
 from fastpath.doctor.facts import FactsView, view
 from fastpath.doctor.families import Family, Op, family_for
+from fastpath.doctor.hub_kernels import (
+    CACHED,
+    HUB_MAPPED_525,
+    OFFLINE_NO_BUILD,
+    hub_status,
+    hub_status_for_op,
+)
 from fastpath.errors import UsageError
-from fastpath.known_issues import parse_version
+from fastpath.known_issues import MAMBA_PR_977, mamba1_cuda_scan_missing, parse_version
 from fastpath.model_source import text_config
 
 FAST = "fast-kernel"
 HUB = "hub-kernel"
 FALLBACK = "torch-fallback"
 UNSUPPORTED = "unsupported"
+RAISES = "raises-when-called"
+# Why an op is slow when the only reason is that no GPU is here (or assumed).
+NEEDS_GPU = "needs a GPU"
+NO_CUDA_DEVICE = "torch sees no CUDA device (is_*_available() needs it)"
+# Mamba-1 ops that call mamba_ssm's selective_scan_cuda extension.
+MAMBA1_CUDA_SCAN_OPS = ("selective_scan_fn", "mamba_inner_fn")
 
 # Representative releases for "what would each transformers range do" (no transformers here).
 VERSION_RANGES: tuple[tuple[str, str], ...] = (
@@ -39,11 +56,6 @@ VERSION_RANGES: tuple[tuple[str, str], ...] = (
     (">=5.25", "5.25.0"),
 )
 
-# transformers 5.25 `_build_kernel_mapping()`: functions kernelize swaps for hub kernels.
-HUB_MAPPED_525 = {"causal_conv1d_fn": "kernels-community/mamba-ssm",
-                  "causal_conv1d_update": "kernels-community/mamba-ssm",
-                  "chunk_gated_delta_rule": "kernels-community/fla",
-                  "fused_recurrent_gated_delta_rule": "kernels-community/fla"}
 # <= 5.14 Mamba family: lazy_load_kernel("causal-conv1d") -> _HUB_KERNEL_MAPPING
 HUB_CAUSAL_CONV1D_514 = "kernels-community/causal-conv1d"
 
@@ -63,6 +75,22 @@ def hub_kernel_525(op: Op, tv: Version, fv: FactsView, hub_on: bool) -> bool:
             and op.name in HUB_MAPPED_525)
 
 
+def _hub_row(op: Op, fv: FactsView) -> dict[str, Any] | None:
+    """The row of a Hub-kernelized op (None when, offline, the cached version has no build here:
+    kernelize then keeps transformers' own path, resolved below)."""
+    st = hub_status_for_op(fv, op.name)
+    if st is None or st.state == OFFLINE_NO_BUILD:
+        return None
+    return {"impl": HUB, "reason": st.label, "hub": st.to_json()}
+
+
+def mamba1_scan_raises(op: Op, fv: FactsView) -> bool:
+    """transformers picks mamba_ssm's Mamba-1 scan for `op`, which raises when called: the
+    package imports without its selective_scan_cuda extension (known_issues decides)."""
+    return op.name in MAMBA1_CUDA_SCAN_OPS and op.dist == "mamba-ssm" and mamba1_cuda_scan_missing(
+        fv.package_ok("mamba-ssm"), fv.extension_module("mamba-ssm", "selective_scan_cuda"))
+
+
 def resolve_op(op: Op, fam: Family, tv: Version, fv: FactsView) -> dict[str, Any]:
     """Which implementation transformers `tv` picks for `op` on this host (before all-or-nothing)."""
     ok = fv.package_ok(op.dist)
@@ -71,17 +99,23 @@ def resolve_op(op: Op, fam: Family, tv: Version, fv: FactsView) -> dict[str, Any
     hub_on = fv.hub_kernels_enabled
     mamba_style = fam.all_or_nothing
     if hub_kernel_525(op, tv, fv, hub_on):
-        return {"impl": HUB, "reason": f"5.25 defaults use_kernels=True: downloads "
-                f"{HUB_MAPPED_525[op.name]} (fails air-gapped unless USE_HUB_KERNELS=0)"}
+        row = _hub_row(op, fv)
+        if row is not None:
+            return row
+    if ok and mamba1_scan_raises(op, fv):
+        return {"impl": RAISES, "reason": "mamba_ssm imports without its selective_scan_cuda "
+                f"extension: {op.name} raises when called ({MAMBA_PR_977})"}
     if tv < Version("5.15"):
         if mamba_style and op.dist == "causal-conv1d" and kernels and tv >= Version("5.0") and (
                 hub_on or tv < Version("5.14")):
-            return {"impl": HUB, "reason": "lazy_load_kernel('causal-conv1d') with `kernels` "
-                    f"installed tries only {HUB_CAUSAL_CONV1D_514} (local package ignored)"}
+            st = hub_status(fv, HUB_CAUSAL_CONV1D_514, None)
+            return {"impl": HUB, "hub": st.to_json(), "reason": "lazy_load_kernel('causal-conv1d') "
+                    f"with `kernels` installed tries only {HUB_CAUSAL_CONV1D_514} (local package "
+                    f"ignored): {st.label}"}
         if not ok:
             return {"impl": FALLBACK, "reason": f"{op.module} not importable"}
         if cuda is False:
-            return {"impl": FALLBACK, "reason": "torch sees no CUDA device (is_*_available() needs it)"}
+            return {"impl": FALLBACK, "reason": NO_CUDA_DEVICE, "device_bound": not fv.gpu_present}
         if tv < Version("5.0") and op.dist == "causal-conv1d" and not fv.package_version(op.dist):
             return {"impl": FALLBACK, "reason": "4.57 needs causal-conv1d dist metadata"}
         return {"impl": FAST, "reason": f"{op.module} imports"}
@@ -92,7 +126,7 @@ def resolve_op(op: Op, fam: Family, tv: Version, fv: FactsView) -> dict[str, Any
 
 def _needs_a_device(fv: FactsView) -> str:
     if not fv.gpu_present:
-        return "needs a GPU"
+        return NEEDS_GPU
     if not fv.torch_cuda:
         return "needs a CUDA build of torch"
     if fv.torch_arch_covered is False:
@@ -110,9 +144,13 @@ def after_enable(op: Op, impl: str, tv: Version, fv: FactsView) -> tuple[str, st
     patches every modeling module); the other ops fastpath routes (families.Op.fastpath: the
     Mamba-2 ones) go there unless their package works (routing/mamba_route.py, mamba_ssm="auto")."""
     if hub_kernel_525(op, tv, fv, fv.hub_kernels_after_enable):
-        return HUB, None, "hub"
+        row = _hub_row(op, fv)
+        if row is not None:
+            return HUB, None if row["hub"]["state"] == CACHED else row["reason"], "hub"
     if impl == HUB:  # the Hub kernel is off after enable(): transformers imports the package
         impl = FAST if fv.package_ok(op.dist) else FALLBACK
+        if impl == FAST and mamba1_scan_raises(op, fv):
+            impl = RAISES
     if op.fastpath and (op.dist == "causal-conv1d" or impl != FAST):
         if fv.fastpath_route_available and fv.gpu_present and fv.torch_arch_covered is not False:
             return "fastpath-triton", None, "fastpath"
@@ -152,23 +190,32 @@ def plan_for_version(config: dict[str, Any], fam: Family, tv: Version,
         rows = [dict(op=op.name, dist=op.dist, **resolve_op(op, fam, tv, fv)) for op in ops]
         if fam.all_or_nothing and any(r["impl"] == FALLBACK for r in rows):
             missing = sorted({r["dist"] for r in rows if r["impl"] == FALLBACK})
+            bound = all(r.get("device_bound") for r in rows if r["impl"] == FALLBACK)
             for r in rows:
-                if r["impl"] != FALLBACK:
-                    r["impl"] = FALLBACK
+                if r["impl"] not in (FALLBACK, HUB):  # a Hub kernel is not in the package gate
+                    r["impl"], r["device_bound"] = FALLBACK, bound
                     r["reason"] = f"all-or-nothing fast path: {', '.join(missing)} missing"
         for r, op in zip(rows, ops, strict=True):
-            r["fast"] = r["impl"] in (FAST, HUB)
+            r["fast"] = r["impl"] == FAST or (
+                r["impl"] == HUB and (r.get("hub") or {}).get("state") == CACHED)
+            r["device_bound"] = bool(r.get("device_bound")) and not r["fast"]
             r["with_fastpath"], r["with_fastpath_needs"], r["with_fastpath_by"] = after_enable(
                 op, r["impl"], tv, fv)
+            r["with_fastpath_device_bound"] = r["with_fastpath_needs"] == NEEDS_GPU
         if fam.all_or_nothing and any(r["with_fastpath"] == FALLBACK for r in rows):
-            missing = sorted({r["with_fastpath_needs"] for r in rows
-                              if r["with_fastpath"] == FALLBACK and r["with_fastpath_needs"]})
+            failing = [r for r in rows if r["with_fastpath"] == FALLBACK and r["with_fastpath_needs"]]
+            missing = sorted({r["with_fastpath_needs"] for r in failing})
+            bound = all(r["with_fastpath_device_bound"] for r in failing)
             for r in rows:
-                if r["with_fastpath"] not in (FAST, FALLBACK):
+                if r["with_fastpath"] not in (FAST, FALLBACK, HUB):
                     r["with_fastpath"], r["with_fastpath_by"] = FALLBACK, "torch"
                     r["with_fastpath_needs"] = "all-or-nothing: " + "; ".join(missing)
+                    r["with_fastpath_device_bound"] = bound
+        for r in rows:
+            r["with_fastpath_fast"] = r["with_fastpath_needs"] is None
         out_types.append({"layer_type": lt, "count": n, "ops": rows,
-                          "slow": any(not r["fast"] for r in rows)})
+                          "slow": any(not r["fast"] for r in rows),
+                          "slow_with_fastpath": any(not r["with_fastpath_fast"] for r in rows)})
     total = len(layers)
     slow = sum(t["count"] for t in out_types if t["slow"])
     summary = []
@@ -177,10 +224,13 @@ def plan_for_version(config: dict[str, Any], fam: Family, tv: Version,
             if r["impl"] == FALLBACK:
                 summary.append(f"{t['count']} of {total} layers take the torch fallback for "
                                f"{r['op']} ({r['reason']})")
+            elif r["impl"] == RAISES:
+                summary.append(f"{t['count']} of {total} layers call {r['op']}, which raises "
+                               f"({r['reason']})")
             elif r["impl"] == HUB:
-                summary.append(f"{t['count']} of {total} layers use a hub kernel for {r['op']}")
-    slow_after = sum(t["count"] for t in out_types
-                     if any(r["with_fastpath"] == FALLBACK for r in t["ops"]))
+                summary.append(f"{t['count']} of {total} layers use a hub kernel for {r['op']}: "
+                               f"{r['reason']}")
+    slow_after = sum(t["count"] for t in out_types if t["slow_with_fastpath"])
     return {"transformers": str(tv), "supported": True, "layers_total": total,
             "layers_slow": slow, "layers_slow_with_fastpath": slow_after,
             "layer_types": out_types, "summary": summary}

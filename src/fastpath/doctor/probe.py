@@ -34,6 +34,13 @@ Facts schema ("fastpath.facts/1"; every fact says where it came from in `source`
            dists: causal-conv1d, flash-linear-attention, fla-core, mamba-ssm, flash-attn, kernels,
            tilelang, transformers, torch, triton, fastpath-kit, liger-kernel (torch/triton .so
            files are not scanned: huge; fastpath-kit and liger-kernel: dist-info only).
+           mamba-ssm also has extension_modules: {"selective_scan_cuda": path | null} (its
+           Mamba-1 CUDA scan; null where the package was installed without it).
+  hub_kernels: {cache_dir, how, source,
+           repos: {"kernels-community/fla": {path, refs: {"v3": commit},
+                   snapshots: {commit: {variant: {metadata: bool, backend: {...} | null}}}}}}
+           # the `kernels` library's Hub cache (KERNELS_CACHE, else HF_HUB_CACHE, else
+           # HF_HOME/hub): what transformers' hub kernels can load without the network
 
 Knobs (for tests and unusual hosts; the defaults probe the real machine):
   FASTPATH_PROBE_ROOT            prefix for system paths (/usr/local/cuda*, /opt, /usr/bin, /etc,
@@ -1364,6 +1371,104 @@ def static_import(dist_name, module, dists, links, opts):
     return out
 
 
+# At most this many repos, commits per repo and variants per commit are listed.
+HUB_CACHE_MAX = 64
+
+
+def hub_cache_dir(env):
+    """(dir, how): where the `kernels` library keeps Hub kernels (kernels/_internals/hf_hub.py
+    `_get_cache_dir`: KERNELS_CACHE, else huggingface_hub's HF_HUB_CACHE: HF_HUB_CACHE, else
+    HUGGINGFACE_HUB_CACHE, else $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else
+    ~/.cache/huggingface/hub)."""
+    def expand(path):
+        home = env.get("HOME") or os.path.expanduser("~")
+        if path == "~" or path.startswith("~/"):
+            path = home + path[1:]
+        return os.path.expandvars(path)
+    for name in ("KERNELS_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if env.get(name):
+            return expand(env[name]), name
+    if env.get("HF_HOME"):
+        return os.path.join(expand(env["HF_HOME"]), "hub"), "HF_HOME/hub"
+    xdg = env.get("XDG_CACHE_HOME") or "~/.cache"
+    how = "XDG_CACHE_HOME/huggingface/hub" if env.get("XDG_CACHE_HOME") else \
+        "~/.cache/huggingface/hub (default)"
+    return os.path.join(expand(xdg), "huggingface", "hub"), how
+
+
+def _read_small_json(path, limit=1 << 20):
+    try:
+        return json.loads(read_text_capped(path, limit))
+    except (OSError, ValueError):
+        return None
+
+
+def probe_hub_kernel_cache(opts):
+    """Which Hub kernel builds are already on disk: every `kernels--OWNER--NAME` repo in the cache
+    with its refs (v3 -> commit, as `kernels` records them) and, per cached commit, the build
+    variants under build/ (whether each has metadata.json, and its `backend` entry). Reads
+    files only: nothing is downloaded or imported."""
+    cache, how = hub_cache_dir(opts.env)
+    out = {"cache_dir": cache, "how": how, "repos": {},
+           "source": "directory listing of %s (%s)" % (cache, how)}
+    try:
+        entries = sorted(os.listdir(cache))
+    except OSError:
+        return out
+    for entry in entries:
+        if len(out["repos"]) >= HUB_CACHE_MAX:
+            break
+        if not entry.startswith("kernels--") or entry.count("--") < 2:
+            continue
+        owner, name = entry[len("kernels--"):].split("--", 1)
+        repo_dir = os.path.join(cache, entry)
+        repo = {"path": repo_dir, "refs": {}, "snapshots": {}}
+        refs_dir = os.path.join(repo_dir, "refs")
+        for ref in sorted(os.listdir(refs_dir))[:HUB_CACHE_MAX] if os.path.isdir(refs_dir) else []:
+            try:
+                repo["refs"][ref] = read_text_capped(os.path.join(refs_dir, ref), 256).strip()
+            except OSError:
+                continue
+        snaps = os.path.join(repo_dir, "snapshots")
+        for commit in sorted(os.listdir(snaps))[:HUB_CACHE_MAX] if os.path.isdir(snaps) else []:
+            build = os.path.join(snaps, commit, "build")
+            variants = {}
+            for variant in sorted(os.listdir(build))[:HUB_CACHE_MAX] if os.path.isdir(build) else []:
+                vdir = os.path.join(build, variant)
+                if not os.path.isdir(vdir):
+                    continue
+                meta = os.path.join(vdir, "metadata.json")
+                data = _read_small_json(meta) if os.path.isfile(meta) else None
+                backend = data.get("backend") if isinstance(data, dict) else None
+                variants[variant] = {"metadata": os.path.isfile(meta),
+                                     "backend": backend if isinstance(backend, dict) else None}
+            repo["snapshots"][commit] = variants
+        out["repos"]["%s/%s" % (owner, name)] = repo
+    return out
+
+
+def mamba_ssm_extensions(dist, opts):
+    """{"selective_scan_cuda": path | None}: the Mamba-1 CUDA scan extension of an installed
+    mamba-ssm, from its RECORD, its site directory, or (this Python only) the import system,
+    without importing it. state-spaces/mamba#977 made it opt-in (MAMBA_KEEP_CUDA_BUILD=TRUE)."""
+    name = "selective_scan_cuda"
+    for path in compiled_files(dist):
+        if os.path.basename(path).startswith(name + "."):
+            return {name: path}
+    hits = sorted(glob.glob(os.path.join(dist.site, name + ".*.so")))
+    if hits:
+        return {name: hits[0]}
+    if not opts.custom_site_packages:
+        import importlib.util
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None:
+            return {name: spec.origin or name}
+    return {name: None}
+
+
 def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None, timeout=None):
     """Gather every fact; never raises for a failed probe (it lands in probe.errors)."""
     started = time.time()
@@ -1557,8 +1662,11 @@ def collect(env=None, root=None, dpkg_status=None, site_packages=None, skip=None
                 entry["so_files"] = [so_f[p].result() for p in compiled_files(dist) if p in so_f]
             else:
                 entry["so_files"] = []
+            if dist_name == "mamba-ssm" and dist is not None:
+                entry["extension_modules"] = guard("packages", mamba_ssm_extensions, dist, opts)
             packages[dist_name] = entry
         facts["packages"] = packages
+        facts["hub_kernels"] = guard("hub_kernels", probe_hub_kernel_cache, opts)
     finally:
         pool.shutdown(wait=False)
     if opts.timeout_error:

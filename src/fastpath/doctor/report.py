@@ -16,7 +16,8 @@ from typing import Any
 from fastpath.doctor.facts import FactsView
 from fastpath.doctor.plan import range_start
 
-VERDICT_STYLE = {"fast": "bold green", "slow": "bold red", "unknown": "bold yellow"}
+VERDICT_STYLE = {"fast": "bold green", "slow": "bold red", "blocked": "bold red",
+                 "unknown": "bold yellow"}
 SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
 _GAP = 2  # spaces between table columns
 _CODE_OR_WORD = re.compile(r"`[^`]*`[^\s`]*|\S+")
@@ -220,7 +221,14 @@ def _after_enable(r: dict[str, Any]) -> str:
     needs = r.get("with_fastpath_needs")
     if r.get("with_fastpath_by") == "fastpath" and needs:
         return f"fastpath (torch reference: {needs})"
+    if r.get("with_fastpath_by") == "hub":  # the Hub state's own words (hub_kernels_env)
+        return str(needs) if needs else hub_label(r)
     return f"{impl}: {needs}" if needs else impl
+
+
+def hub_label(r: dict[str, Any]) -> str:
+    """A row's Hub kernel state as every report words it (`label` of hub_kernels.HubStatus)."""
+    return str((r.get("hub") or {}).get("label") or r.get("reason") or "hub kernel")
 
 
 def _plan_section(console: Any, plan: dict[str, Any]) -> None:
@@ -323,19 +331,21 @@ def render(diagnosis: Any, console: Any) -> None:
         style=VERDICT_STYLE.get(diagnosis.verdict, "bold"))
 
 
+# What each verdict's exit status means (the verdict decides the code: diagnosis.VERDICT_EXIT).
+EXIT_MEANING = {
+    "fast": "fast path, nothing to fix",
+    "slow": "slow path found (the fixes are above); the doctor itself ran fine",
+    "blocked": ("blocked on any GPU (the fixes are above); the doctor itself ran fine; "
+                "judge for your GPU with --gpu"),
+    "unknown": ("no GPU here to judge and nothing blocks on any GPU: could not diagnose a kernel "
+                "path (--gpu judges for one)"),
+}
+
+
 def exit_meaning(code: int, verdict: str) -> str:
     """The report's last line: what its exit status means, so that a 1 after a healthy-looking
     run reads as "slow path found", not as "the doctor broke" (fastpath doctor --help has all)."""
-    if code == 1 and verdict == "slow":
-        what = "slow path found (the fixes are above); the doctor itself ran fine"
-    elif code == 1:
-        what = ("blocked on any GPU (the fixes are above); the doctor itself ran fine; "
-                "judge for your GPU with --gpu")
-    elif verdict == "fast":
-        what = "fast path, nothing to fix"
-    else:
-        what = "nothing blocks on any GPU; no GPU here to judge (--gpu judges for one)"
-    return f"exit status {code}: {what}"
+    return f"exit status {code}: {EXIT_MEANING.get(verdict, 'see fastpath doctor --help')}"
 
 
 def render_text(diagnosis: Any, width: int = 80) -> str:

@@ -16,14 +16,26 @@ from packaging.version import InvalidVersion, Version
 
 from fastpath.doctor.facts import FactsView, view
 from fastpath.doctor.gpu_models import AssumedGpu
-from fastpath.doctor.plan import FALLBACK, INSTALL
+from fastpath.doctor.hub_kernels import (
+    CACHED,
+    FLA_REPO,
+    HUB_MAPPED_525,
+    OFFLINE_MISSING,
+    OFFLINE_NO_BUILD,
+    TRANSFORMERS_HUB_SOURCE,
+    HubStatus,
+    hub_status,
+)
+from fastpath.doctor.plan import FALLBACK, INSTALL, MAMBA1_CUDA_SCAN_OPS, hub_kernel_525
 from fastpath.doctor.probe import arch_runs_on
 from fastpath.known_issues import (
+    MAMBA_PR_977,
     SPECULATORS_NORM_SOURCES,
     ZERO_CENTRED_FINAL_NORM,
     dao_sm103_nvcc13,
     fla_640,
     host_gcc_unsupported,
+    mamba1_cuda_scan_missing,
     speculators_zero_centred_norm,
 )
 from fastpath.liger_families import MEASURED_EFFECT as LIGER_EFFECT
@@ -253,6 +265,8 @@ def check_conv_missing(ctx: Context) -> dict | None:
         return None  # import failures with a cause have their own rules
     if ctx.plan is not None and not ctx.conv_slow_layers:
         return None  # the plan has causal_conv1d elsewhere (a Hub kernel): no torch fallback
+    if ctx.plan is None and _hub_serves(ctx, "causal_conv1d_fn"):
+        return None  # transformers >= 5.25 sends it to a Hub kernel (hub rules say which state)
     if ctx.plan is not None:
         what = (f"{ctx.conv_slow_layers} of {ctx.plan['layers_total']} layers of "
                 f"{ctx.plan['model']} take the torch fallback for causal_conv1d_fn/_update")
@@ -435,14 +449,81 @@ def check_silent_fallback(ctx: Context) -> dict | None:
     return {"v": str(v)}
 
 
+def _hub_serves(ctx: Context, op_name: str) -> HubStatus | None:
+    """The Hub kernel transformers (>= 5.25, `kernels` installed, Hub kernels on) loads for
+    `op_name` here, None when it does not (or when, offline, its cached version has no build here
+    and transformers keeps its own path)."""
+    from fastpath.doctor.families import Op
+
+    tv = ctx.version("transformers")
+    op = Op(op_name, "", "")
+    if tv is None or not hub_kernel_525(op, tv, ctx, ctx.hub_kernels_enabled):
+        return None
+    st = hub_status(ctx, *HUB_MAPPED_525[op_name])
+    return None if st.state == OFFLINE_NO_BUILD else st
+
+
+def hub_statuses(ctx: Context) -> list[HubStatus]:
+    """The Hub repos transformers would load here: the model plan's (as loaded), or without
+    --model both that hybrid models use (kernels-community/fla and kernels-community/mamba-ssm)."""
+    if ctx.plan is not None:
+        names = [r["op"] for t in ctx.plan.get("layer_types") or [] for r in t["ops"]
+                 if r.get("impl") == "hub-kernel" and r.get("hub") and r["op"] in HUB_MAPPED_525]
+    else:
+        names = ["chunk_gated_delta_rule", "causal_conv1d_fn"]
+    seen: dict[str, HubStatus] = {}
+    for name in names:
+        st = _hub_serves(ctx, name)
+        if st is not None:
+            seen.setdefault(st.repo, st)
+    return list(seen.values())
+
+
 def check_hub_default(ctx: Context) -> dict | None:
-    v = ctx.version("transformers")
-    env = ctx.env
-    if v is None or v < Version("5.25") or not ctx.package_ok("kernels"):
+    missing = [st for st in hub_statuses(ctx) if st.state != CACHED]
+    if not missing:
         return None
-    if not ctx.hub_kernels_enabled:
+    offline = any(st.state == OFFLINE_MISSING for st in missing)
+    where = ctx.hub_cache.get("cache_dir") or "the Hub cache (not probed)"
+    return {"v": str(ctx.version("transformers")), "cache": where,
+            "states": "; ".join(f"{st.label} [{st.detail}]" for st in missing),
+            "then": ("HF_HUB_OFFLINE is set: from_pretrained onto a GPU raises ValueError (kernels "
+                     "finds no cached version and kernelize does not catch it)" if offline else
+                     "from_pretrained onto a GPU downloads them (an air-gapped host without "
+                     "HF_HUB_OFFLINE=1 stalls on the network, with it raises ValueError)"),
+            "repos": missing}
+
+
+def hub_predownload(ctx: Context) -> str | None:
+    """Pre-download the missing builds, online, with this very torch/CUDA (kernels picks the build
+    for the environment it runs in and records the version ref, which offline loading needs)."""
+    params = check_hub_default(ctx)
+    if params is None:
         return None
-    return {"v": str(v), "offline": env.get("HF_HUB_OFFLINE", "unset")}
+    calls = "; ".join(f"kernels.get_kernel('{st.repo}', version={st.version})"
+                      for st in params["repos"] if st.version is not None)
+    if not calls:
+        return None
+    return (f"Or pre-download them while online, in this environment: `python -c \"import kernels; "
+            f"{calls}\"`; then HF_HUB_OFFLINE=1 loads them from {params['cache']}.")
+
+
+def hub_fastpath_route(ctx: Context) -> str:
+    fla = any(st.repo == FLA_REPO for st in (check_hub_default(ctx) or {}).get("repos", []))
+    needs = (" The FLA ops (gated delta rule, KDA) then come from the fla package: "
+             f"{'fla-core is installed' if ctx.package_ok('flash-linear-attention') else '`pip install fla-core`'}."
+             if fla else "")
+    return ("`fastpath.enable()` before from_pretrained (or `fastpath run -- python train.py`) "
+            "routes around Hub kernels: it sets USE_HUB_KERNELS=0 unless you set it, and routes "
+            "causal_conv1d and the Mamba ops to fastpath's Triton kernels." + needs)
+
+
+def check_hub_cached(ctx: Context) -> dict | None:
+    cached = [st for st in hub_statuses(ctx) if st.state == CACHED]
+    if not cached:
+        return None
+    return {"v": str(ctx.version("transformers")),
+            "states": "; ".join(f"{st.label} ({st.detail})" for st in cached)}
 
 
 def check_mamba_kernels_hub_only(ctx: Context) -> dict | None:
@@ -515,13 +596,36 @@ def mamba_fastpath_route(ctx: Context) -> str | None:
 def check_fla_missing(ctx: Context) -> dict | None:
     if ctx.plan is None:
         return None
-    slow = [(t["count"], r["op"]) for t in ctx.plan.get("layer_types", []) for r in t["ops"]
-            if r["dist"] == "flash-linear-attention" and r["impl"] == FALLBACK
+    slow = [(t["count"], r["op"], r["impl"] == FALLBACK) for t in ctx.plan.get("layer_types", [])
+            for r in t["ops"]
+            if r["dist"] == "flash-linear-attention" and FALLBACK in (r["impl"], r["with_fastpath"])
             and not ctx.package_ok("flash-linear-attention")]
     if not slow:
         return None
+    when = "" if any(now for *_, now in slow) else (
+        " after fastpath.enable() (it turns transformers' Hub kernels off; as loaded they come "
+        "from kernels-community/fla)")
     return {"n": slow[0][0], "total": ctx.plan["layers_total"],
-            "ops": ", ".join(sorted({op for _, op in slow}))}
+            "ops": ", ".join(sorted({op for _, op, _ in slow})), "when": when}
+
+
+def check_mamba_scan_missing(ctx: Context) -> dict | None:
+    ext = ctx.extension_module("mamba-ssm", "selective_scan_cuda")
+    if not mamba1_cuda_scan_missing(ctx.package_ok("mamba-ssm"), ext):
+        return None
+    if ctx.plan is not None and not any(r["op"] in MAMBA1_CUDA_SCAN_OPS
+                                        for t in ctx.plan.get("layer_types") or [] for r in t["ops"]):
+        return None  # this model does not call the Mamba-1 scan
+    where = (f"{ctx.plan['layers_total']} layers of {ctx.plan['model']} call" if ctx.plan
+             else "Mamba-1 models (mamba, falcon_mamba, jamba, zamba) call")
+    return {"v": ctx.package_version("mamba-ssm") or "?", "where": where}
+
+
+def mamba1_fastpath_route(ctx: Context) -> str | None:
+    if not (ctx.fastpath_route_available or ctx.needs_cuda_torch_first):
+        return None
+    return _compiler_free(ctx, "Mamba-1 selective scan, state update and causal_conv1d",
+                          ", no mamba_ssm CUDA build")
 
 
 def check_conv_wheel(ctx: Context) -> dict | None:
@@ -595,7 +699,7 @@ RULES: tuple[Rule, ...] = (
          "https://github.com/Dao-AILab/causal-conv1d/issues/103", fastpath_first=True),
     Rule("fla-missing", "error", "FLA (`import fla`) is not importable: torch GatedDeltaNet",
          check_fla_missing,
-         "{n} of {total} layers run {ops} in PyTorch.",
+         "{n} of {total} layers run {ops} in PyTorch{when}.",
          (FLA_REMEDY,),
          "https://github.com/fla-org/flash-linear-attention#installation"),
     Rule("mamba-needs-mamba-ssm", "error", "Mamba fast path also needs mamba_ssm",
@@ -690,13 +794,34 @@ RULES: tuple[Rule, ...] = (
          ("Check the model: `fastpath doctor --model ...` or `fastpath.assert_fast(model)`; or "
           "upgrade to transformers >= 5.17 to see the warning.",),
          "https://github.com/huggingface/transformers/blob/v5.15.0/src/transformers/integrations/hub_kernels.py"),
-    Rule("transformers-hub-kernels-default", "warning",
-         "transformers >= 5.25 downloads hub kernels by default", check_hub_default,
-         "transformers {v} with `kernels` installed defaults from_pretrained(use_kernels=True): "
-         "mapped layers fetch kernels-community repos; air-gapped hosts fail or stall "
-         "(HF_HUB_OFFLINE={offline}).",
-         ("`export USE_HUB_KERNELS=0` (and `HF_HUB_OFFLINE=1` without network).",),
-         "https://github.com/huggingface/transformers/blob/v5.25.0/src/transformers/modeling_utils.py"),
+    Rule("transformers-hub-kernels-default", "error",
+         "transformers >= 5.25 loads Hub kernels that are not in the local cache",
+         check_hub_default,
+         "transformers {v} with `kernels` installed defaults from_pretrained(use_kernels=True) and "
+         "sends these ops to Hub kernels: {states}. Then: {then}. Without Hub kernels "
+         "(USE_HUB_KERNELS=0) transformers uses the installed package, else its torch fallback, "
+         "where packed inputs (cu_seqlens / seq_idx) raise ValueError.",
+         (hub_fastpath_route, hub_predownload,
+          "`export USE_HUB_KERNELS=0` (transformers then imports the installed packages; "
+          "`HF_HUB_OFFLINE=1` too on a host without network)."),
+         TRANSFORMERS_HUB_SOURCE),
+    Rule("hub-kernel-cached", "info", "Hub kernels load from the local cache",
+         check_hub_cached,
+         "transformers {v}: {states}; HF_HUB_OFFLINE=1 loads them without the network.",
+         ("Nothing to install. fastpath.enable() turns Hub kernels off unless USE_HUB_KERNELS is "
+          "set: `export USE_HUB_KERNELS=1` before it keeps these cached ones.",),
+         "https://github.com/huggingface/kernels/blob/main/src/kernels/_internals/resolver.py"),
+    Rule("mamba-ssm-cuda-scan-missing", "error",
+         "mamba_ssm imports without its Mamba-1 CUDA scan: selective_scan_fn raises when called",
+         check_mamba_scan_missing,
+         "mamba_ssm {v} has no selective_scan_cuda extension (since state-spaces/mamba#977 it is "
+         "built only with MAMBA_KEEP_CUDA_BUILD=TRUE) but still imports, so transformers picks "
+         "its selective_scan_fn / mamba_inner_fn: {where} them, and they raise when called.",
+         (mamba1_fastpath_route,
+          "Or reinstall mamba_ssm with its CUDA scan: `MAMBA_KEEP_CUDA_BUILD=TRUE pip install "
+          "--no-build-isolation --force-reinstall --no-cache-dir mamba-ssm` (needs nvcc matching "
+          "torch's CUDA)."),
+         MAMBA_PR_977),
     Rule("mamba-kernels-hub-only", "warning",
          "Mamba layers load causal-conv1d from the hub only", check_mamba_kernels_hub_only,
          "transformers {v}: with `kernels` installed, lazy_load_kernel('causal-conv1d') never "
