@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# mamba_ssm's own op tests against fastpath's functions on the GPU (tests/peer; its conftest.py
+# says how the harness swaps the functions under test and widens the grids).
+#
+#   bash benchmarks/device/peer.sh OUTDIR        (from the repo root; carry .carry)
+#
+# Where the upstream files come from: state-spaces/mamba (https://github.com/state-spaces/mamba),
+# tests/ops/test_selective_scan.py, tests/ops/triton/test_selective_state_update.py and
+# tests/ops/triton/test_ssd.py at tag v2.3.2.post1, commit a14b1dff0454a3bc27d9eb31355dc01e4b2490ec
+# (byte-identical at main e9594ce, 2026-07-23). The PyPI sdist mamba_ssm-2.3.2.post1.tar.gz ships
+# no tests/, so benchmarks/device/pack_peer_tests.sh packs them (and mamba_ssm/ of the same commit,
+# and an einops wheel) into the git-ignored .carry/mamba_peer before the call; .carry/mamba_peer/
+# UPSTREAM names the commit. mamba_ssm itself is imported from the sdist parts.sh unpacks
+# (.dev/mamba/mamba_ssm-2.3.2.post1) when it is there, else from .carry/mamba_peer.
+#
+# Environment (parts.sh's conventions: PYTHONPATH holds src and .dev/site; set here when unset):
+#   PEER_GRIDS            comma list, run in order (default "default,wide")
+#   PEER_DEFAULT_TIMEOUT  seconds for the file-as-written grid (default 180), PEER_DEFAULT_SHARDS (4)
+#   PEER_WIDE_TIMEOUT     seconds for the widened grid (default 360), PEER_WIDE_SHARDS (12)
+#   PEER_K                an extra pytest -k expression (default none)
+#   PEER_RESUME=1         continue the previous call's grids on this (still warm) machine: cases
+#                         already finished are not run again and the counts cover every call;
+#                         default 0 starts afresh. The state lives in .dev/peer (PEER_STATE).
+# Each grid runs as SHARDS pytest processes sharing the GPU (PEER_SHARD=i/n); a process cut by its
+# limit gets SIGINT, so pytest still writes its JUnit XML for the cases it finished. A case that
+# loses the CUDA context (illegal memory access) stops its own process (named in its log).
+# Output: OUTDIR/peer/<grid>_<call>_<i>.{xml,txt} (every call's), OUTDIR/peer/summary.json,
+# counts printed at the end.
+set -uo pipefail
+out=${1:?usage: peer.sh OUTDIR}
+root=$PWD
+dir="$out/peer"; mkdir -p "$dir"
+export PYTHONUNBUFFERED=1 USE_HUB_KERNELS=0 HF_HUB_OFFLINE=1
+export PYTHONPATH=${PYTHONPATH:-$root/src:$root/.dev/site}
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$root/.dev/triton-cache}
+export MAMBA_PEER_TESTS=${MAMBA_PEER_TESTS:-$root/.carry/mamba_peer}
+if [ -z "${MAMBA_SRC:-}" ]; then
+  MAMBA_SRC=$MAMBA_PEER_TESTS
+  [ -d .dev/mamba/mamba_ssm-2.3.2.post1/mamba_ssm ] && MAMBA_SRC=$root/.dev/mamba/mamba_ssm-2.3.2.post1
+fi
+export MAMBA_SRC
+if ! python3 -c "import einops" 2>/dev/null; then
+  whl=$(ls "$MAMBA_PEER_TESTS"/einops-*.whl .carry/whl/einops-*.whl 2>/dev/null | head -1)
+  [ -n "$whl" ] && python3 -m pip install -q --no-deps --target .dev/site "$whl"
+fi
+echo "peer: tests $(cat "$MAMBA_PEER_TESTS/UPSTREAM" 2>/dev/null || echo "$MAMBA_PEER_TESTS (no UPSTREAM)")"
+echo "peer: mamba_ssm from $MAMBA_SRC"
+t0=$(date +%s)
+state=${PEER_STATE:-$root/.dev/peer}
+[ "${PEER_RESUME:-0}" = 1 ] || rm -rf "$state"
+mkdir -p "$state"
+call=$(date +%s)
+
+run_grid() {  # run_grid GRID LIMIT SHARDS
+  local grid=$1 limit=$2 n=$3 pids="" i
+  PEER_GRID=$grid python3 -m pytest tests/peer -m gpu -q -p no:cacheprovider --collect-only \
+    ${PEER_K:+-k "$PEER_K"} > "$dir/${grid}_collect.txt" 2>&1
+  touch "$state/${grid}_done.txt"
+  echo "== peer $grid: $(tail -1 "$dir/${grid}_collect.txt"), $(wc -l < "$state/${grid}_done.txt") done before;" \
+    "$n processes, limit $limit s, at $(( $(date +%s) - t0 )) s"
+  for (( i = 0; i < n; i++ )); do
+    PEER_GRID=$grid PEER_SHARD=$i/$n PEER_DONE="$state/${grid}_done.txt" timeout -s INT -k 30 "$limit" \
+      python3 -m pytest tests/peer -m gpu -q -p no:cacheprovider --tb=short -rfE \
+      ${PEER_K:+-k "$PEER_K"} --junitxml="$state/${grid}_${call}_$i.xml" > "$state/${grid}_${call}_$i.txt" 2>&1 &
+    pids="$pids $!"
+  done
+  wait $pids
+  cp "$state/${grid}"_*_*.xml "$state/${grid}"_*_*.txt "$dir"/ 2>/dev/null
+  grep -h "lost the CUDA context\|KeyboardInterrupt\|^ERROR " "$state/${grid}_${call}"_*.txt | sort | uniq -c | head -20
+}
+
+IFS=, read -ra grids <<< "${PEER_GRIDS:-default,wide}"
+for grid in "${grids[@]}"; do
+  case $grid in
+    default) run_grid default "${PEER_DEFAULT_TIMEOUT:-180}" "${PEER_DEFAULT_SHARDS:-4}" ;;
+    wide) run_grid wide "${PEER_WIDE_TIMEOUT:-360}" "${PEER_WIDE_SHARDS:-12}" ;;
+    *) echo "== peer: unknown grid '$grid' (default, wide)" ;;
+  esac
+done
+
+python3 - "$dir" "${grids[@]}" <<'EOF'
+"""Counts per grid and per upstream test function from the JUnit XML; expected counts from
+--collect-only (a case missing from the XML did not run: its process hit its limit or stopped)."""
+import collections, glob, json, re, sys
+import xml.etree.ElementTree as ET
+
+folder, grids = sys.argv[1], sys.argv[2:]
+summary = {}
+for grid in grids:
+    counts = collections.Counter()
+    per_test = collections.defaultdict(collections.Counter)
+    failures = []
+    for path in sorted(glob.glob(f"{folder}/{grid}_[0-9]*_[0-9]*.xml")):
+        for case in ET.parse(path).getroot().iter("testcase"):
+            name = case.get("name", "")
+            suite = case.get("classname", "").removeprefix("tests.peer.test_mamba_ssm_suites.")
+            test = f"{suite}::{name.split('[')[0]}"
+            kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
+            kind = {"failure": "failed", "error": "error", "skipped": "skipped"}.get(
+                kinds[0] if kinds else "", "passed")
+            counts[kind] += 1
+            per_test[test][kind] += 1
+            if kind in ("failed", "error"):
+                message = case.find(kinds[0]).get("message", "")[:160]
+                failures.append(f"{test}[{name.split('[', 1)[-1]} {message}")
+    try:
+        text = open(f"{folder}/{grid}_collect.txt").read()
+        expected = int(re.findall(r"(\d+)(?:/\d+)? tests? collected", text)[-1])
+    except (OSError, IndexError, ValueError):
+        expected = None
+    ran = sum(counts.values())
+    summary[grid] = {"expected": expected, "ran": ran, **counts,
+                     "not_run": None if expected is None else expected - ran,
+                     "per_test": {t: dict(c) for t, c in sorted(per_test.items())},
+                     "failures": failures}
+    print(f"peer {grid}: {expected} collected, {ran} ran: {counts['passed']} passed, "
+          f"{counts['failed']} failed, {counts['error']} errors, {counts['skipped']} skipped"
+          + (f", {expected - ran} NOT RUN" if expected is not None and expected > ran else ""))
+    for test, c in sorted(per_test.items()):
+        print(f"  {test}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))
+    for line in failures[:15]:
+        print(f"  FAIL {line}")
+json.dump(summary, open(f"{folder}/summary.json", "w"), indent=1)
+EOF
+echo "== peer end at $(( $(date +%s) - t0 )) s"
