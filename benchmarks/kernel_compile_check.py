@@ -1,26 +1,43 @@
-"""Compile fastpath's newer Triton kernels for a GPU target on a machine WITHOUT a GPU, exactly as
-their launchers would on the device, and report per kernel and config: ok or the compile error,
-registers, spill bytes (ptxas -v), stack and shared memory.
+"""Compile every fastpath Triton kernel for GPU targets on a machine WITHOUT a GPU, exactly as
+their launchers would on the device, and report per arch, kernel and config: ok or the compile
+error, registers, spill bytes (ptxas -v), stack and shared memory.
 
 Why: CPU tests run Triton's interpreter, which accepts kernels the GPU compiler refuses (a plain
 float global read from a jit function passed every CPU test and failed on the H200, Triton 3.6).
-Device time is scarce, so every new kernel is compiled here first, for sm_90, under the device's
+Device time is scarce and there is no Blackwell to borrow, so every kernel is compiled here for
+sm_90 (H100/H200), sm_100 (B200/GB200) and sm_120 (RTX 50xx / RTX PRO 6000), under the device's
 Triton (3.6, from a venv) and the CI's (3.9).
 
-How: the real launch sites run on CPU tensors with Falcon-Mamba shapes (d_inner 8192, N 16,
-one group; GatedDeltaNet/sigmoid-gate shapes of Qwen3-Next/Qwen3.5), with `JITFunction.run`
-replaced by a recorder: every `kernel[grid](...)` is captured with its real arguments (dtypes,
-strides, alignment, constexprs, num_warps), then specialised by Triton's own binder (the same
-ints-equal-to-1 and divisible-by-16 rules as on the device) and compiled with
+How: the real launch sites run on CPU tensors with real model shapes (Falcon-Mamba-7B for the
+Mamba-1 scan and update; Nemotron-H-8B and Mamba-2 2.7B for the SSD scan, its split conv and its
+decode step; Qwen3-Next / Qwen3.5 for the conv, GatedDeltaNet gates and sigmoid gate), with
+`JITFunction.run` replaced by a recorder: every `kernel[grid](...)` is captured with its real
+arguments (dtypes, strides, alignment, constexprs, num_warps); an autotuned kernel is captured
+once per config. Each launch is specialised by Triton's own binder (the same ints-equal-to-1 and
+divisible-by-16 rules as on the device) and compiled with
 `triton.compile(ASTSource, target=GPUTarget("cuda", arch, 32))` and Triton's bundled ptxas. The
 launchers' later torch work runs on the uninitialised CPU outputs (meaningless, never checked).
-Covered: selective_scan (forward default + sweep configs, backward default + every SWEEP config,
-flip and reverse-scan adjoints, via mamba_inner_fn's training layout and transformers' prefill
-layout; the time-sequential forward of FASTPATH_SSCAN_FWD=seq at every scan_fwd_seq.SEQ_SWEEP
-config, same two layouts), the Mamba-1 decode step (kernels/ssd/state_update.py), gdn_gates, sigmoid_gate.
 
-usage: python benchmarks/kernel_compile_check.py [--arch 90] [--dtype bf16 fp32]
-       [--only selective_scan state_update gdn_gates sigmoid_gate] [--seqlen 256] [--out FILE.json]
+A compile error is a failure; so is shared memory above the arch's per-block opt-in limit (Triton
+raises OutOfResources when it loads such a kernel), except for one config of an autotuned kernel
+(the autotuner skips it) as long as another config of the same launch fits. Limits (bytes):
+sm_90 / sm_100 232448, sm_120 101376, from CCCL's arch_traits
+(https://github.com/NVIDIA/cccl/blob/main/libcudacxx/include/cuda/__device/arch_traits.h).
+
+Covered: causal_conv1d (tile and channel-last row kernels, forward and backward, widths 2-4,
+seq_idx, initial states, the decode update, its one-token step, varlen states), ssd (every kernel
+of the chunked scan forward and backward, through mamba_split_conv1d_scan_combined's training
+call and mamba_chunk_scan_combined's prefill with initial states and varlen states; the Mamba-2
+decode step), selective_scan (forward default + sweep configs, backward default + every SWEEP
+config, flip and reverse-scan adjoints, via mamba_inner_fn's training layout and transformers'
+prefill layout; the time-sequential forward of FASTPATH_SSCAN_FWD=seq at every
+scan_fwd_seq.SEQ_SWEEP config), the Mamba-1 decode step, gdn_gates, sigmoid_gate.
+--quick keeps a representative subset per family (the CI test's): default configs, one shape
+each, of an autotuned kernel only the configs with the most pipeline stages (the most shared
+memory).
+
+usage: python benchmarks/kernel_compile_check.py [--arch 90 100 120] [--dtype bf16 fp32]
+       [--only FAMILY ...] [--seqlen 256] [--quick] [--jobs N] [--out FILE.json]
 Exit 1 if any compile fails.
 """
 
@@ -30,8 +47,10 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,47 +59,86 @@ from collections.abc import Callable, Iterator
 os.environ.pop("TRITON_INTERPRET", None)  # compile real kernels, not the interpreter's stand-ins
 # a fresh cache: every kernel goes through ptxas, whose log gives the spill counts
 os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="fastpath-compile-check-"))
+os.environ["TRITON_ALWAYS_COMPILE"] = "1"  # and even a warm cache would skip ptxas
 
 import torch
 import triton
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
+from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
+from fastpath.kernels.causal_conv1d import interface as conv_if
 from fastpath.kernels.gdn_gates import interface as gates_if
 from fastpath.kernels.selective_scan import interface as scan_if
 from fastpath.kernels.selective_scan import scan_bwd, scan_fwd, scan_fwd_seq
 from fastpath.kernels.sigmoid_gate import interface as gate_if
+from fastpath.kernels.ssd import interface as ssd_if
+from fastpath.kernels.ssd import split_conv_scan as ssd_split
+from fastpath.kernels.ssd import state_update as ssd_update
 
-FAMILIES = ("selective_scan", "state_update", "gdn_gates", "sigmoid_gate")
+FAMILIES = ("causal_conv1d", "ssd", "selective_scan", "state_update", "gdn_gates", "sigmoid_gate")
+ARCHS = (90, 100, 120)
+# cudaDevAttrMaxSharedMemoryPerBlockOptin per arch (what Triton checks at load): CCCL arch_traits
+SHARED_LIMIT = {90: 232448, 100: 232448, 103: 232448, 120: 101376, 121: 101376}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Falcon-Mamba-7B (tiiuae/falcon-mamba-7b config.json): hidden 4096, d_inner 8192, d_state 16,
 # dt_rank 256, conv 4; B/C/dt RMSNorm (falcon_mamba_inner_fn)
 FM = {"hidden": 4096, "dim": 8192, "nstate": 16, "rank": 256, "conv": 4}
+# Mamba-2 mixers: Nemotron-H-8B (nvidia/Nemotron-H-8B-Base-8K: 128 heads of 64, 8 groups, N 128,
+# chunk 128) and Mamba-2 2.7B (state-spaces/mamba2-2.7b: 80 heads of 64, 1 group, N 128, chunk 256)
+SSD = {"nemotron-h-8b": {"heads": 128, "headdim": 64, "groups": 8, "nstate": 128, "chunk": 128},
+       "mamba2-2.7b": {"heads": 80, "headdim": 64, "groups": 1, "nstate": 128, "chunk": 256}}
+# GatedDeltaNet conv channels: Qwen3-Next-80B (2*16*128 + 32*128) and Qwen3.5-27B (2*16*128 + 48*128)
+CONV_DIMS = (8192, 10240)
 
 
 # ---------------------------------------------------------------- capture and compile
 class Recorder:
-    """Replaces JITFunction.run while active: each launch is recorded with a label, not run."""
+    """Replaces JITFunction.run (and Autotuner.run: one launch per config) while active: each
+    launch is recorded with a label and, for autotuned ones, the id of its config group."""
 
-    def __init__(self) -> None:
-        self.launches: list[tuple[str, JITFunction, tuple, dict]] = []
+    def __init__(self, deepest_only: bool = False) -> None:
+        self.launches: list[tuple[str, JITFunction, tuple, dict, int | None]] = []
         self.label = ""
+        self._groups = 0
+        self.deepest_only = deepest_only  # autotuned: only the configs with the most stages
 
     @contextlib.contextmanager
     def active(self) -> Iterator[Recorder]:
-        original = JITFunction.run
+        original, original_tuned = JITFunction.run, Autotuner.run
 
         def record(fn, *args, grid, warmup, **kwargs):
-            self.launches.append((self.label, fn, args, dict(kwargs)))
-            return None
+            self.launches.append((self.label, fn, args, dict(kwargs), None))
 
-        JITFunction.run = record
+        def record_tuned(tuner, *args, grid, warmup, **kwargs):
+            self._groups += 1
+            configs = tuner.configs
+            if self.deepest_only:  # the most shared memory, the likeliest to hit a limit
+                deepest = max(c.num_stages for c in configs)
+                configs = [c for c in configs if c.num_stages == deepest]
+            for cfg in configs:
+                extra = cfg.all_kwargs()
+                label = f"{self.label} [w{cfg.num_warps} s{cfg.num_stages}]".strip()
+                self.launches.append((label, tuner.fn, args, {**kwargs, **extra}, self._groups))
+
+        JITFunction.run, Autotuner.run = record, record_tuned
         try:
             yield self
         finally:
-            JITFunction.run = original
+            JITFunction.run, Autotuner.run = original, original_tuned
+
+    @contextlib.contextmanager
+    def prefixed(self, prefix: str) -> Iterator[None]:
+        """Launches recorded inside get `prefix` in front of their labels."""
+        start = len(self.launches)
+        try:
+            yield
+        finally:
+            for i in range(start, len(self.launches)):
+                label, *rest = self.launches[i]
+                self.launches[i] = (f"{prefix} {label}".strip(), *rest)
 
 
 _PTXAS_REGS = re.compile(r"Used (\d+) registers")
@@ -94,6 +152,28 @@ def _ptxas_numbers(log: str) -> dict[str, int]:
     if m := _PTXAS_FRAME.search(log):
         out.update(stack_bytes=int(m[1]), spill_store_bytes=int(m[2]), spill_load_bytes=int(m[3]))
     return out
+
+
+def ptxas_for(arch: int) -> tuple[str, str]:
+    """(path, first version line) of the ptxas Triton runs for `arch` (Triton 3.6+ picks
+    ptxas-blackwell for some archs)."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        try:
+            tool = get_ptxas(arch)
+        except TypeError:  # an older Triton: one ptxas for every arch
+            tool = get_ptxas()
+        path = tool.path
+    except Exception:
+        path = knobs.nvidia.ptxas.path
+    try:
+        text = subprocess.run([path, "--version"], capture_output=True, text=True,
+                              timeout=60).stdout
+        version = next((ln for ln in text.splitlines() if "release" in ln), text.strip())
+    except Exception as exc:
+        version = f"(could not run: {exc})"
+    return path, version.strip()
 
 
 def specialise(fn: JITFunction, args: tuple, kwargs: dict, backend):
@@ -146,33 +226,33 @@ def triton_on(*modules) -> Iterator[None]:
             m.use_triton = s
 
 
-def _fwd_configs() -> list[tuple[int, int, int]]:
+def _fwd_configs(quick: bool) -> list[tuple[int, int, int]]:
     out = [scan_fwd.FWD_CONFIG]
-    for c in scan_bwd.SWEEP_CONFIGS[:3]:  # scan_bwd: "fwd uses the first 3"
+    for c in (() if quick else scan_bwd.SWEEP_CONFIGS[:3]):  # scan_bwd: "fwd uses the first 3"
         if tuple(c[:3]) not in out:
             out.append(tuple(c[:3]))
     return out
 
 
-def _bwd_configs() -> list[tuple[int, int, int, bool]]:
+def _bwd_configs(quick: bool) -> list[tuple[int, int, int, bool]]:
     out = [scan_bwd.BWD_CONFIG]
-    out += [c for c in scan_bwd.SWEEP_CONFIGS if c not in out]
+    out += [c for c in (() if quick else scan_bwd.SWEEP_CONFIGS) if c not in out]
     return out
 
 
 @contextlib.contextmanager
-def sweep_scan(rec: Recorder) -> Iterator[None]:
+def sweep_scan(rec: Recorder, quick: bool) -> Iterator[None]:
     """The interface's calls of the Triton scan run once per config (each launch labelled)."""
     fwd, bwd = scan_fwd.selective_scan_fwd_triton, scan_bwd.selective_scan_bwd_triton
 
     def fwd_all(*args, **kwargs):
-        for cfg in _fwd_configs():
+        for cfg in _fwd_configs(quick):
             rec.label = f"fwd {cfg}"
             result = fwd(*args, **{**kwargs, "config": cfg})
         return result
 
     def bwd_all(*args, **kwargs):
-        for cfg in _bwd_configs():
+        for cfg in _bwd_configs(quick):
             rec.label = f"bwd {cfg}"
             result = bwd(*args, **{**kwargs, "config": cfg})
         return result
@@ -185,14 +265,15 @@ def sweep_scan(rec: Recorder) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def sweep_seq(rec: Recorder) -> Iterator[None]:
+def sweep_seq(rec: Recorder, quick: bool) -> Iterator[None]:
     """FASTPATH_SSCAN_FWD=seq while active; the interface's seq forward runs once per
     scan_fwd_seq.SEQ_SWEEP config (each launch labelled). The backward's chunk states still come
     from the chunked kernel (covered by the default pass)."""
     fwd = scan_fwd_seq.selective_scan_fwd_seq_triton
+    configs = (scan_fwd_seq.SEQ_CONFIG,) if quick else scan_fwd_seq.SEQ_SWEEP
 
     def fwd_all(*args, **kwargs):
-        for cfg in scan_fwd_seq.SEQ_SWEEP:
+        for cfg in configs:
             rec.label = f"fwd-seq {cfg}"
             result = fwd(*args, **{**kwargs, "config": cfg})
         return result
@@ -239,157 +320,394 @@ def scan_prefill(dtype: torch.dtype, seqlen: int) -> None:
                               return_last_state=True)
 
 
-def state_update(rec: Recorder, dtype: torch.dtype) -> None:
+def selective_scan(rec: Recorder, dtype: torch.dtype, seqlen: int, quick: bool) -> None:
+    """The chunked forward/backward at their configs through both layouts, then the
+    time-sequential forward (FASTPATH_SSCAN_FWD=seq) at its configs."""
+    with triton_on(scan_if), sweep_scan(rec, quick):
+        with rec.prefixed("train"):
+            scan_training(dtype, seqlen)
+        if not quick:
+            with rec.prefixed("prefill"):
+                scan_prefill(dtype, seqlen)
+    with triton_on(scan_if), sweep_scan(rec, True), sweep_seq(rec, quick):
+        sites = (("prefill", scan_prefill),) if quick else (("train", scan_training),
+                                                           ("prefill", scan_prefill))
+        for name, site in sites:
+            with rec.prefixed(f"seq-{name}"):
+                site(dtype, seqlen)
+
+
+def state_update(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
     """transformers' Mamba-1 decode step: selective_state_update(ssm_state, x[..., 0],
     dt[..., 0], A, B[:, 0], C[:, 0], D, z[..., 0], dt_bias, dt_softplus=True), state in the
-    model dtype; batch 1 and a pooled cache with state_batch_indices."""
+    model dtype; batch 1 and a pooled cache with state_batch_indices. Then Mamba2Mixer's decode
+    step (Nemotron-H-8B): x (batch, H, P), dt / A / D / dt_bias expanded over P (stride 0)."""
     dim, n = FM["dim"], FM["nstate"]
-    for batch, pooled in ((1, False), (4, True)):
-        rec.label = f"decode batch {batch}" + (" pooled" if pooled else "")
+    for batch, pooled in ((1, False),) if quick else ((1, False), (4, True)):
+        rec.label = f"mamba1 decode batch {batch}" + (" pooled" if pooled else "")
         state = torch.randn(8 if pooled else batch, dim, n, dtype=dtype)
         col = lambda rows=batch: torch.randn(rows, dim, 1, dtype=dtype)[..., 0]  # noqa: E731
         BC = lambda rows=batch: torch.randn(rows, 1, n, dtype=dtype)[:, 0]  # noqa: E731
         idx = torch.arange(batch, dtype=torch.int32) if pooled else None
-        scan_if.selective_state_update(state, col(), col(), -torch.rand(dim, n), BC(), BC(),
-                                       torch.randn(dim), col(), torch.randn(dim),
-                                       dt_softplus=True, state_batch_indices=idx)
+        with triton_on(scan_if):
+            scan_if.selective_state_update(state, col(), col(), -torch.rand(dim, n), BC(), BC(),
+                                           torch.randn(dim), col(), torch.randn(dim),
+                                           dt_softplus=True, state_batch_indices=idx)
+    if quick:
+        return
+    cfg = SSD["nemotron-h-8b"]
+    h, p, g, n = cfg["heads"], cfg["headdim"], cfg["groups"], cfg["nstate"]
+    for batch in (1, 8):
+        rec.label = f"mamba2 decode batch {batch}"
+        state = torch.randn(batch, h, p, n, dtype=dtype)
+        x = torch.randn(batch, h * p, dtype=dtype).view(batch, h, p)
+        dt = torch.randn(batch, h, dtype=dtype)[:, :, None].expand(batch, h, p)
+        A = (-torch.rand(h))[:, None, None].expand(h, p, n).to(torch.float32)
+        D, dt_bias = (torch.randn(h)[:, None].expand(h, p) for _ in "Db")
+        Bm, Cm = (torch.randn(batch, g, n, dtype=dtype) for _ in "BC")
+        with triton_on(ssd_update):
+            ssd_update.selective_state_update(state, x, dt, A, Bm, Cm, D, z=None,
+                                              dt_bias=dt_bias, dt_softplus=True)
 
 
-def gdn_gates(rec: Recorder, dtype: torch.dtype) -> None:
+def causal_conv1d(rec: Recorder, dtype: torch.dtype, seqlen: int, quick: bool) -> None:
+    """The conv's forward/backward as transformers' GatedDeltaNet / Mamba layers call it: x
+    (batch, dim, L) contiguous (tile kernels) or a transposed (batch, L, dim) projection
+    (channel-last row kernels), weight (dim, width), bias; Mamba-2's seq_idx and initial states;
+    the decode update (one token; two with a circular cache) and varlen states."""
+    cases = [(4, True, True, False, False)]  # width, silu, bias, seq_idx, initial states
+    if not quick:
+        cases += [(4, True, False, True, False), (4, True, True, False, True),
+                  (3, False, True, False, False), (2, True, False, False, False)]
+    dims = CONV_DIMS[:1] if quick else CONV_DIMS
+    with triton_on(conv_if):
+        for dim in dims:
+            for layout in ("contiguous", "channel-last"):
+                for width, silu, has_bias, has_seq, has_init in cases:
+                    if has_init and layout == "contiguous" and quick:
+                        continue
+                    rec.label = (f"D={dim} {layout} W={width}" + (" silu" if silu else "")
+                                 + (" bias" if has_bias else "") + (" seq_idx" if has_seq else "")
+                                 + (" init" if has_init else ""))
+                    if layout == "contiguous":
+                        x = torch.randn(1, dim, seqlen, dtype=dtype)
+                    else:
+                        x = torch.randn(1, seqlen, dim, dtype=dtype).transpose(1, 2)
+                    weight = torch.randn(dim, width, dtype=dtype)
+                    bias = torch.randn(dim, dtype=dtype) if has_bias else None
+                    seq_idx = (torch.arange(seqlen, dtype=torch.int32)[None] // (seqlen // 2)
+                               if has_seq else None)
+                    init = (torch.randn(1, width - 1, dim, dtype=dtype).transpose(1, 2)
+                            if has_init else None)
+                    out, final = conv_if.fwd_impl(x, weight, bias, seq_idx, init, has_init, silu)
+                    dx = torch.empty_like(x)
+                    conv_if.bwd_impl(x, weight, bias, torch.randn_like(out).transpose(1, 2)
+                                     .contiguous().transpose(1, 2) if layout != "contiguous"
+                                     else torch.randn_like(out), seq_idx, init,
+                                     torch.randn_like(final) if has_init else None, dx, silu,
+                                     has_init)
+            # decode: one token (the step kernel), with a pooled cache; two tokens, circular
+            for batch, tokens, circular, pooled in ((1, 1, False, False), (8, 1, False, True),
+                                                    (4, 2, True, False)):
+                if quick and batch != 1:
+                    continue
+                rec.label = f"D={dim} update batch {batch} tokens {tokens}" + (
+                    " circular" if circular else "") + (" pooled" if pooled else "")
+                x = torch.randn(batch, dim, tokens, dtype=dtype)
+                state = torch.randn(16 if pooled else batch, dim, 3, dtype=dtype)
+                seqlens = torch.full((batch,), 5, dtype=torch.int32) if circular else None
+                idx = torch.arange(batch, dtype=torch.int32) if pooled else None
+                conv_if.update_impl(x, state, torch.randn(dim, 4, dtype=dtype),
+                                    torch.randn(dim, dtype=dtype), True, seqlens, idx)
+            if not quick:
+                rec.label = f"D={dim} varlen states"
+                x = torch.randn(1, seqlen, dim, dtype=dtype).transpose(1, 2)[0]
+                cu = torch.tensor([0, seqlen // 3, seqlen], dtype=torch.int32)
+                conv_if.varlen_states(x, cu, 3)
+
+
+def ssd(rec: Recorder, dtype: torch.dtype, seqlen: int, quick: bool) -> None:
+    """Mamba-2: transformers' Mamba2Mixer training call (mamba_split_conv1d_scan_combined, its
+    conv included, forward and backward, norm and out_proj outside) and the prefill call
+    (mamba_chunk_scan_combined with dt_softplus, dt_limit, z and the final states); then initial
+    states with seq_idx, and varlen states (packed sequences, cu_seqlens)."""
+    models = ("nemotron-h-8b",) if quick else tuple(SSD)
+    with triton_on(conv_if, ssd_if):
+        for model in models:
+            cfg = SSD[model]
+            h, p, g, n, q = (cfg[k] for k in ("heads", "headdim", "groups", "nstate", "chunk"))
+            length = max(seqlen, 2 * q)
+            dim = h * p
+            mk = lambda *s, dt=dtype: (torch.randn(*s, dtype=dt) * 0.1).requires_grad_()  # noqa: E731
+            A = (-torch.rand(h) - 0.5).requires_grad_()
+            with rec.prefixed(f"{model} train"):
+                zxbcdt = mk(1, length, 2 * dim + 2 * g * n + h)
+                out = ssd_split.mamba_split_conv1d_scan_combined(
+                    zxbcdt, mk(dim + 2 * g * n, 4), mk(dim + 2 * g * n), mk(h, dt=torch.float32),
+                    A, mk(h, dt=torch.float32), q, dt_limit=(0.0, math.inf), activation="silu",
+                    headdim=p, ngroups=g,
+                )
+                out.float().sum().backward()
+            if quick:
+                continue
+            x = torch.randn(1, length, h, p, dtype=dtype)
+            dt = torch.randn(1, length, h, dtype=dtype)
+            Bm, Cm = (torch.randn(1, length, g, n, dtype=dtype) for _ in "BC")
+            with rec.prefixed(f"{model} prefill"):
+                ssd_if.mamba_chunk_scan_combined(
+                    x, dt, A.detach(), Bm, Cm, q, D=torch.randn(h), z=torch.randn_like(x),
+                    dt_bias=torch.randn(h), dt_softplus=True, dt_limit=(0.0, 100.0),
+                    return_final_states=True)
+            with rec.prefixed(f"{model} init+seq_idx+varlen"):
+                seq_idx = (torch.arange(length, dtype=torch.int32)[None] >= length // 3).int()
+                cu = torch.tensor([0, length // 3, length], dtype=torch.int32)
+                ssd_if.mamba_chunk_scan_combined(
+                    x, dt, A.detach(), Bm, Cm, q, D=torch.randn(h, p), dt_bias=torch.randn(h),
+                    initial_states=torch.randn(1, h, p, n), seq_idx=seq_idx, cu_seqlens=cu,
+                    dt_softplus=True, return_final_states=True, return_varlen_states=True)
+
+
+def gdn_gates(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
     """GatedDeltaNet gates: a, b (batch, L, heads) (contiguous, and views of one (.., 2*heads)
     projection), A_log/dt_bias in the model dtype; every backward (dg, dbeta) presence."""
     rows = 512
-    for heads in (16, 32, 48, 64):  # Qwen3-Next / Qwen3.5 value-head counts
+    for heads in (32,) if quick else (16, 32, 48, 64):  # Qwen3-Next / Qwen3.5 value-head counts
         ba = torch.randn(1, rows, 2 * heads, dtype=dtype)
         for how, a, b in (("views", ba[..., :heads], ba[..., heads:]),
                           ("contiguous", torch.randn(1, rows, heads, dtype=dtype),
                            torch.randn(1, rows, heads, dtype=dtype))):
             rec.label = f"heads {heads} {how}"
             a_log, dt_bias = torch.randn(heads, dtype=dtype), torch.randn(heads, dtype=dtype)
-            gates_if.fwd_impl(a, b, a_log, dt_bias)
-            dg, dbeta = torch.randn(1, rows, heads), torch.randn(1, rows, heads, dtype=dtype)
-            for pair in ((dg, dbeta), (dg, None), (None, dbeta)):
-                gates_if.bwd_impl(a, b, a_log, dt_bias, *pair)
+            with triton_on(gates_if):
+                gates_if.fwd_impl(a, b, a_log, dt_bias)
+                dg, dbeta = torch.randn(1, rows, heads), torch.randn(1, rows, heads, dtype=dtype)
+                for pair in ((dg, dbeta), (dg, None), (None, dbeta)):
+                    gates_if.bwd_impl(a, b, a_log, dt_bias, *pair)
 
 
-def sigmoid_gate(rec: Recorder, dtype: torch.dtype) -> None:
+def sigmoid_gate(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
     """Qwen3-Next-style output gate: x (batch, L, width) contiguous, the gate a strided view of
     q_proj's (.., heads, 2*head_dim) output; widths of 16 and 24 heads of 256, and 32 x 128."""
     rows = 512
-    for heads, hd in ((16, 256), (24, 256), (32, 128)):
+    for heads, hd in ((16, 256),) if quick else ((16, 256), (24, 256), (32, 128)):
         rec.label = f"{heads} heads x {hd}"
         q = torch.randn(1, rows, heads, 2 * hd, dtype=dtype)
         gate = q[..., hd:].reshape(1, rows, heads * hd)
         x = torch.randn(1, rows, heads * hd, dtype=dtype)
-        gate_if.fwd_impl(x, gate)
-        gate_if.bwd_impl(x, gate, torch.randn(1, rows, heads * hd, dtype=dtype))
+        with triton_on(gate_if):
+            gate_if.fwd_impl(x, gate)
+            gate_if.bwd_impl(x, gate, torch.randn(1, rows, heads * hd, dtype=dtype))
 
 
-def record(family: str, dtype_name: str, seqlen: int) -> list[tuple[str, JITFunction, tuple, dict]]:
-    rec = Recorder()
+def record(family: str, dtype_name: str, seqlen: int, quick: bool = False) -> list[tuple]:
+    """Every launch of one family's sites: (label, JITFunction, args, kwargs, tune group)."""
+    rec = Recorder(deepest_only=quick)
     dtype = DTYPES[dtype_name]
     with rec.active():
-        if family == "selective_scan":
-            with triton_on(scan_if), sweep_scan(rec):
-                scan_training(dtype, seqlen)
-                for i, launch in enumerate(rec.launches):
-                    rec.launches[i] = (f"train {launch[0]}", *launch[1:])
-                n = len(rec.launches)
-                scan_prefill(dtype, seqlen)
-                for i in range(n, len(rec.launches)):
-                    rec.launches[i] = (f"prefill {rec.launches[i][0]}", *rec.launches[i][1:])
-            with triton_on(scan_if), sweep_scan(rec), sweep_seq(rec):  # FASTPATH_SSCAN_FWD=seq
-                for name, site in (("train", scan_training), ("prefill", scan_prefill)):
-                    n = len(rec.launches)
-                    site(dtype, seqlen)
-                    for i in range(n, len(rec.launches)):
-                        rec.launches[i] = (f"seq-{name} {rec.launches[i][0]}",
-                                           *rec.launches[i][1:])
+        if family == "causal_conv1d":
+            causal_conv1d(rec, dtype, seqlen, quick)
+        elif family == "ssd":
+            ssd(rec, dtype, seqlen, quick)
+        elif family == "selective_scan":
+            selective_scan(rec, dtype, seqlen, quick)
         elif family == "state_update":
-            with triton_on(scan_if):
-                state_update(rec, dtype)
+            state_update(rec, dtype, quick)
         elif family == "gdn_gates":
-            with triton_on(gates_if):
-                gdn_gates(rec, dtype)
+            gdn_gates(rec, dtype, quick)
         elif family == "sigmoid_gate":
-            with triton_on(gate_if):
-                sigmoid_gate(rec, dtype)
+            sigmoid_gate(rec, dtype, quick)
     return rec.launches
 
 
-def run(families: list[str], dtypes: list[str], arch: int, seqlen: int,
-        emit: Callable[[dict], None]) -> None:
+_NUMBERS = ("regs", "spill_store_bytes", "spill_load_bytes", "stack_bytes", "shared_bytes")
+_DONE: dict[tuple, dict] = {}  # (arch, specialisation key) -> the row that compiled it
+
+
+def _over_limit(row: dict, arch: int) -> bool:
+    return row.get("shared_bytes", 0) > SHARED_LIMIT.get(arch, SHARED_LIMIT[120])
+
+
+def compile_all(launches: list[tuple], family: str, dtype_name: str, arch: int,
+                emit: Callable[[dict], None]) -> None:
+    """Compile each distinct specialisation of `launches` for `arch`; emit a row per binary."""
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
-    seen: set = set()
+    seen: dict = {}
+    groups: dict[int, list[dict]] = {}
+    for label, fn, args, kwargs, group in launches:
+        row = {"arch": arch, "family": family, "dtype": dtype_name, "case": label,
+               "kernel": fn.__name__, "num_warps": kwargs.get("num_warps", 4),
+               "num_stages": kwargs.get("num_stages", 3)}
+        if group is not None:
+            row["autotuned"] = True
+        try:
+            signature, constexprs, attrs, options, key = specialise(fn, args, kwargs, backend)
+        except Exception as exc:
+            row["ok"] = False
+            row["error"] = f"binding: {type(exc).__name__}: {exc}"[:600]
+            emit(row)
+            continue
+        if key in seen:  # the same binary as an earlier row
+            if group is not None:
+                groups.setdefault(group, []).append(seen[key])
+            continue
+        row.update(_describe(fn, signature, constexprs))
+        earlier = _DONE.get((arch, key))
+        if earlier is not None:  # compiled for another family (the SSD's conv): its numbers
+            row.update({k: earlier[k] for k in (*_NUMBERS, "ok", "error") if k in earlier})
+            row["same_binary_as"] = f"{earlier['family']} {earlier['dtype']} {earlier['case']}"
+        else:
+            try:
+                row.update(compile_launch(fn, signature, constexprs, attrs, options, target))
+                row["ok"] = True
+            except Exception as exc:
+                row["ok"] = False
+                row["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+            _DONE[(arch, key)] = row
+        seen[key] = row
+        if row["ok"] and _over_limit(row, arch):
+            limit = SHARED_LIMIT.get(arch, SHARED_LIMIT[120])
+            why = (f"needs {row['shared_bytes']} bytes of shared memory, sm_{arch} allows {limit} "
+                   "per block")
+            if group is None:
+                row["ok"] = False
+                row["error"] = f"OutOfResources at load: {why}"
+            else:
+                row["over_shared_limit"] = why + " (the autotuner skips this config)"
+        if group is not None:
+            groups.setdefault(group, []).append(row)
+        emit(row)
+    for members in groups.values():
+        if not any(r.get("ok") and not _over_limit(r, arch) for r in members):
+            first = members[0]
+            emit({"arch": arch, "family": family, "dtype": dtype_name, "case": first["case"],
+                  "kernel": first["kernel"], "ok": False,
+                  "error": "no config of this autotuned launch compiles and fits in shared memory"})
+
+
+def run(families: list[str], dtypes: list[str], archs: list[int], seqlen: int, quick: bool,
+        emit: Callable[[dict], None]) -> None:
     for family in families:
         for dtype_name in dtypes:
             try:
-                launches = record(family, dtype_name, seqlen)
+                launches = record(family, dtype_name, seqlen, quick)
             except Exception as exc:  # a launcher that fails on CPU: say so, go on
-                row = {"family": family, "dtype": dtype_name, "kernel": "(launch site)",
-                       "error": f"{type(exc).__name__}: {exc}"[:600]}
-                emit(row)
+                for arch in archs:
+                    emit({"arch": arch, "family": family, "dtype": dtype_name, "ok": False,
+                          "kernel": "(launch site)", "error": f"{type(exc).__name__}: {exc}"[:600]})
                 continue
             if not launches:
-                row = {"family": family, "dtype": dtype_name, "kernel": "(launch site)",
-                       "error": "no Triton launch recorded (the interface fell back?)"}
-                emit(row)
-            for label, fn, args, kwargs in launches:
-                row = {"family": family, "dtype": dtype_name, "case": label, "kernel": fn.__name__,
-                       "num_warps": kwargs.get("num_warps", 4)}
-                try:
-                    signature, constexprs, attrs, options, key = specialise(fn, args, kwargs, backend)
-                except Exception as exc:
-                    row["error"] = f"binding: {type(exc).__name__}: {exc}"[:600]
-                    emit(row)
-                    continue
-                if key in seen:  # the same binary as an earlier row
-                    continue
-                seen.add(key)
-                row.update(_describe(fn, signature, constexprs))
-                try:
-                    row.update(compile_launch(fn, signature, constexprs, attrs, options, target))
-                    row["ok"] = True
-                except Exception as exc:
-                    row["ok"] = False
-                    row["error"] = f"{type(exc).__name__}: {exc}"[:2000]
-                emit(row)
+                for arch in archs:
+                    emit({"arch": arch, "family": family, "dtype": dtype_name, "ok": False,
+                          "kernel": "(launch site)",
+                          "error": "no Triton launch recorded (the interface fell back?)"})
+                continue
+            for arch in archs:
+                compile_all(launches, family, dtype_name, arch, emit)
+
+
+def summarise(rows: list[dict], archs: list[int]) -> dict:
+    """Per arch: binaries compiled / failed, max registers, rows with spills, max shared memory."""
+    out = {}
+    for arch in archs:
+        mine = [r for r in rows if r.get("arch") == arch]
+        ok = [r for r in mine if r.get("ok")]
+        out[str(arch)] = {
+            "compiled": len(ok), "failed": sum(1 for r in mine if "error" in r),
+            "max_regs": max((r.get("regs", 0) for r in ok), default=0),
+            "spilling": sum(1 for r in ok if r.get("spill_store_bytes", 0)),
+            "max_spill_store_bytes": max((r.get("spill_store_bytes", 0) for r in ok), default=0),
+            "max_shared_bytes": max((r.get("shared_bytes", 0) for r in ok), default=0),
+            "over_shared_limit_autotuned": sum(1 for r in ok if "over_shared_limit" in r),
+        }
+    return out
+
+
+def _in_parallel(args: argparse.Namespace, argv_rest: list[str]) -> list[dict]:
+    """One child process per arch (ptxas and Triton's passes use one core each)."""
+    procs, outs = [], []
+    pending = list(args.arch)
+    running: list[tuple[subprocess.Popen, str]] = []
+    while pending or running:
+        while pending and len(running) < args.jobs:
+            arch = pending.pop(0)
+            out = tempfile.mktemp(prefix=f"compile-sm{arch}-", suffix=".json")
+            env = {**os.environ,
+                   "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="fastpath-compile-check-")}
+            proc = subprocess.Popen([sys.executable, __file__, "--arch", str(arch), "--jobs", "1",
+                                     "--out", out, *argv_rest], env=env)
+            running.append((proc, out))
+            procs.append(proc)
+            outs.append(out)
+        proc, out = running[0]
+        proc.wait()
+        running.pop(0)
+    rows = []
+    for out in outs:
+        try:
+            with open(out) as f:
+                rows += json.load(f)["rows"]
+        except (OSError, ValueError) as exc:
+            rows.append({"arch": None, "family": "(child)", "kernel": "(child)", "ok": False,
+                         "error": f"no result from {out}: {exc}"})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", type=int, default=90, help="CUDA compute capability (90 = H100/H200)")
+    ap.add_argument("--arch", type=int, nargs="+", default=list(ARCHS),
+                    help="CUDA compute capabilities (90 = H100/H200, 100 = B200, 120 = RTX 50xx)")
     ap.add_argument("--dtype", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES))
     ap.add_argument("--only", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     ap.add_argument("--seqlen", type=int, default=256,
                     help="prefill/training length (a multiple of 16 as usual; only specialisation "
                          "depends on it)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a representative subset per family: default configs, one shape each")
+    ap.add_argument("--jobs", type=int, default=min(3, os.cpu_count() or 1),
+                    help="archs compiled in parallel (one process each)")
     ap.add_argument("--out", default=None, help="write the rows as JSON here (rewritten per row)")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
-    header = {"arch": args.arch, "triton": triton.__version__, "torch": torch.__version__,
-              "seqlen": args.seqlen, "shapes": FM}
+    header = {"archs": args.arch, "triton": triton.__version__, "torch": torch.__version__,
+              "ptxas": {str(a): dict(zip(("path", "version"), ptxas_for(a), strict=True))
+                        for a in args.arch},
+              "shared_limit_bytes": {str(a): SHARED_LIMIT.get(a) for a in args.arch},
+              "seqlen": args.seqlen, "quick": args.quick, "dtypes": args.dtype,
+              "shapes": {"falcon_mamba": FM, "ssd": SSD, "conv_dims": CONV_DIMS}}
     rows: list[dict] = []
+    started = time.time()
+
+    def write() -> None:
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({**header, "summary": summarise(rows, args.arch),
+                           "wall_s": round(time.time() - started, 1), "rows": rows}, f, indent=1)
 
     def emit(row: dict) -> None:
         rows.append(row)
-        brief = {k: row[k] for k in ("family", "dtype", "case", "kernel", "num_warps", "ok", "regs",
-                                     "spill_store_bytes", "spill_load_bytes", "stack_bytes",
-                                     "shared_bytes", "compile_s") if k in row}
-        brief["constexprs"] = row.get("constexprs")
+        brief = {k: row[k] for k in ("arch", "family", "dtype", "case", "kernel", "num_warps",
+                                     "num_stages", "ok", "regs", "spill_store_bytes",
+                                     "spill_load_bytes", "stack_bytes", "shared_bytes",
+                                     "compile_s") if k in row}
         print(json.dumps(brief), flush=True)
         if "error" in row:
             print("  ERROR: " + row["error"].replace("\n", "\n  "), flush=True)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({**header, "rows": rows}, f, indent=1)
+        write()
 
-    print(json.dumps(header), flush=True)
-    run(args.only, args.dtype, args.arch, args.seqlen, emit)
+    print(json.dumps({k: header[k] for k in ("archs", "triton", "torch", "ptxas")}), flush=True)
+    if len(args.arch) > 1 and args.jobs > 1:
+        rest = ["--dtype", *args.dtype, "--only", *args.only, "--seqlen", str(args.seqlen)]
+        rows += _in_parallel(args, rest + (["--quick"] if args.quick else []))
+        write()
+    else:
+        run(args.only, args.dtype, args.arch, args.seqlen, args.quick, emit)
+    summary = summarise(rows, args.arch)
+    for arch, s in summary.items():
+        print(f"sm_{arch}: {s['compiled']} compiled, {s['failed']} failed, max {s['max_regs']} "
+              f"registers, {s['spilling']} spilling (max {s['max_spill_store_bytes']} bytes), "
+              f"max shared {s['max_shared_bytes']} bytes (Triton {triton.__version__})", flush=True)
     failed = [r for r in rows if "error" in r]
-    print(f"{len(rows) - len(failed)} compiled, {len(failed)} failed (Triton {triton.__version__}, "
-          f"sm_{args.arch})", flush=True)
     return 1 if failed else 0
 
 
