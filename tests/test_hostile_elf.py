@@ -147,7 +147,8 @@ def test_local_doctor_survives_crafted_site_packages(tmp_path: Path) -> None:
     os.mkfifo(site / "trap.egg-info")
     proc = fastpath("doctor", "--probe", "static", "--json", timeout=120, extra_env={
         "FASTPATH_PROBE_SITE_PACKAGES": str(site), "FASTPATH_PROBE_SKIP": "nvidia-smi,rpm"})
-    assert proc.returncode in (0, 1), proc.stderr.decode()[-3000:]
     report = json.loads(proc.stdout)
+    # no GPU here: UNKNOWN (3) or BLOCKED (1) are verdicts; an "error" document would be a crash
+    assert report["verdict"] != "error" and proc.returncode in (0, 1, 3), proc.stderr.decode()[-3000:]
     so_files = report["facts"]["packages"]["causal-conv1d"]["so_files"]
     assert len(so_files) == 2 and all(s["error"].startswith("could not read") for s in so_files)

@@ -64,13 +64,19 @@ def _fake_mamba_ssm(tmp_path: Path, working: bool) -> None:
         (pkg / "__init__.py").write_text("import selective_scan_cuda\n")
 
 
-@pytest.mark.parametrize("working", [False, True])
-def test_mamba_ssm_detection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, working: bool) -> None:
-    _fake_mamba_ssm(tmp_path, working)
+@pytest.mark.parametrize("working", [False, True, "no-extension"])
+def test_mamba_ssm_detection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, working: bool | str) -> None:
+    _fake_mamba_ssm(tmp_path, bool(working))
+    if working is True:  # a build with its compiled Mamba-1 scan
+        (tmp_path / "selective_scan_cuda.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
     status = mamba1_route.detect_mamba1("auto")
-    if working:
+    if working is True:
         assert (status.route, status.impl) == (False, "mamba_ssm") and "kept" in status.reason
+    elif working == "no-extension":
+        # state-spaces/mamba#977: the package imports, its selective_scan_fn raises when called
+        assert (status.route, status.impl) == (True, "fastpath"), status
+        assert "selective_scan_cuda" in status.reason and "mamba/pull/977" in status.reason
     else:
         assert (status.route, status.impl) == (True, "fastpath")
         assert "do not import" in status.reason and "selective_scan_cuda" in status.reason
@@ -82,6 +88,7 @@ def test_kept_mamba_ssm_leaves_the_wrappers_alone(tmp_path: Path, monkeypatch: p
     module = sys.modules[MAMBA]
     before = dict(vars(module))
     _fake_mamba_ssm(tmp_path, True)
+    (tmp_path / "selective_scan_cuda.py").write_text("")  # its compiled Mamba-1 scan
     monkeypatch.syspath_prepend(str(tmp_path))
     report = fastpath.enable(warn=False)
     assert report.mamba1_scan == "mamba_ssm"

@@ -38,6 +38,13 @@
 #   profile   benchmarks/gdn_layer_profile.py (one Qwen3.5 GDN layer under torch.profiler)
 #   mprofile  benchmarks/model_profile.py (8-layer Qwen3.5: GPU time per kernel family, the split of
 #             elementwise/other; MPROFILE_CONFIGS, default fastpath,fastpath+liger)
+#   peer      mamba_ssm's own op test files against fastpath's functions (benchmarks/device/peer.sh;
+#             carry .carry/mamba_peer, packed by benchmarks/device/pack_peer_tests.sh; PEER_GRIDS)
+#   memcheck  compute-sanitizer memcheck over every GPU test group, small shapes
+#             (benchmarks/device/memcheck.sh)
+#   hub       transformers 5.25 + kernels 0.19.1 (carried in .carry/tf525) offline on the GPU:
+#             explain() before/after enable(), a training step, from_pretrained with Hub kernels on
+#             (benchmarks/hub_wrappers_gpu.py)
 #   wait      collect the background tests and sweep
 # Everything lands in OUT/w, packed into OUT/results.tgz at the end; the log is OUT/log.txt.
 set -uo pipefail
@@ -210,6 +217,20 @@ part_mprofile() {
   dao_ready
   run mprofile 240 env PYTHONPATH="$PYTHONPATH$dao_path" python3 benchmarks/model_profile.py \
     --out "$w/mprofile" --configs "${MPROFILE_CONFIGS:-fastpath,fastpath+liger}"
+}
+
+part_peer() {
+  run peer "${PEER_TIMEOUT:-560}" env MAMBA_SRC="$msrc" bash benchmarks/device/peer.sh "$w"
+}
+part_memcheck() {
+  run memcheck "${MEMCHECK_TIMEOUT:-420}" bash benchmarks/device/memcheck.sh "$w/memcheck"
+}
+part_hub() {  # its own site dir: transformers 5.25 must not shadow 5.17 for the other parts
+  local site=/tmp/tf525site
+  [ -d "$site/transformers" ] || python3 -m pip install -q --no-index --no-deps --no-compile \
+    --target "$site" .carry/tf525/*.whl
+  run hub "${HUB_TIMEOUT:-240}" env -u USE_HUB_KERNELS PYTHONPATH="$site:$PYTHONPATH" HF_HUB_OFFLINE=1 \
+    python3 benchmarks/hub_wrappers_gpu.py --out "$w/hub_wrappers.json"
 }
 
 IFS=, read -ra order <<< "$parts"

@@ -197,8 +197,9 @@ def test_cli_on_with_model_uses_the_targets_facts(
                     "HF_TOKEN=hunter2")
     )
     run = _cli("--on", prefix, "--model", "qwen3.5-27b", "--json")
-    assert run.returncode in (0, 1), run.stderr
     report = json.loads(run.stdout)
+    # the target has no GPU: a verdict (3 is UNKNOWN: nothing blocks, no GPU to judge), not an error
+    assert report["verdict"] != "error" and run.returncode in (0, 1, 3), run.stderr
     facts = report["facts"]
     assert facts["probe"]["kind"] == "python" and "127.0.0.1" in facts["probe"]["target"]
     assert facts["packages"]["transformers"]["version"] == "4.57.1"
@@ -208,8 +209,8 @@ def test_cli_on_with_model_uses_the_targets_facts(
     # a target without python: still a report, the plan says what it could not know
     prefix = shlex.join(sshd.prefix("env", "-i", f"PATH={no_python_bin}"))
     run = _cli("--on", prefix, "--model", "qwen3.5-27b")
-    assert run.returncode in (0, 1), run.stderr
-    assert "Traceback" not in run.stderr
+    assert run.returncode in (0, 1, 3), run.stderr
+    assert not run.stdout.startswith("ERROR") and "Traceback" not in run.stderr
     assert "no python on target" in run.stdout
 
 

@@ -401,12 +401,12 @@ def _classify(value: Any, device: str, package: str | None) -> tuple[str, bool]:
 
 
 def _classify_hub_wrapper(value: Any, layer_name: str, device: str, package: str | None) -> tuple[str, bool]:
-    """A kernelized model runs the Hub kernel on CUDA (fast when it is in the local cache, else it
-    downloads at its first call and falls back to torch offline); otherwise the wrapped function
-    runs, classified as such."""
+    """A kernelized model runs the Hub kernel on CUDA (fast when it is in the local cache; else it
+    was downloaded at from_pretrained, which raises offline); otherwise the wrapped function runs,
+    classified as such."""
     state = hub_kernel_state(layer_name) if device == "cuda" and _KERNELIZED.get() else None
     if state is not None:
-        return state, " cached at " in state
+        return state, state.startswith("hub kernel cached at ")
     impl, fast = _classify(kernels_func_inner(value), device, package)
     return impl, fast
 

@@ -163,6 +163,7 @@ def make_gdn_forward(original: Callable[..., Any], module: ModuleType, *, force:
             if cache_params is not None:  # 5.25 renamed it `cache` (deprecate_kwarg maps the old name, and
                 kwargs["cache_params"] = cache_params  # an explicit None would clobber `cache`)
             return original(self, hidden_states, attention_mask=attention_mask, **kwargs)
+        kwargs.pop("cache", None)  # 5.25's name for the cache: None here, and a named parameter there
         hidden_states = module.apply_mask_to_padding_states(hidden_states, attention_mask)
         batch, seq_len, _ = hidden_states.shape
         mixed_qkv = self.in_proj_qkv(hidden_states).transpose(1, 2)

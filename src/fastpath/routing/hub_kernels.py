@@ -102,15 +102,18 @@ def hub_repo(layer_name: str) -> str | None:
 
 
 def hub_kernel_state(layer_name: str) -> str | None:
-    """How a kernelized model would run `layer_name`: "hub kernel REPO cached at DIR" or "hub kernel
-    REPO (downloads at first call; offline: torch fallback)"; None when nothing is mapped for CUDA."""
+    """How a kernelized model runs `layer_name` on CUDA, in hub_kernels_env's words (the doctor's):
+    cached, to be downloaded at from_pretrained, or (offline, nothing cached) a load that raises.
+    None when transformers maps nothing to it for CUDA."""
     repo = hub_repo(layer_name)
     if repo is None:
         return None
     cached = hub_kernels_env.cached_kernel_repo(repo)
     if cached is not None:
-        return f"hub kernel {repo} cached at {cached}"
-    return f"hub kernel {repo} (downloads at first call; offline: torch fallback)"
+        return hub_kernels_env.hub_cached_label(cached)
+    if hub_kernels_env.hub_offline(dict(os.environ)):
+        return hub_kernels_env.hub_offline_missing_label(repo)
+    return hub_kernels_env.hub_download_label(repo)
 
 
 def unwrap(value: Any) -> Any:

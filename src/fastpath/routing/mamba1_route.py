@@ -69,6 +69,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from fastpath.known_issues import mamba1_cuda_scan_missing
 from fastpath.routing import mamba_route
 from fastpath.routing.hub_kernels import kernels_func_inner, unwrap
 from fastpath.routing.mamba_route import MambaStatus
@@ -96,6 +97,11 @@ def detect_mamba1(mode: str) -> MambaStatus:
     except Exception as exc:  # needs its compiled selective_scan_cuda extension
         return MambaStatus(True, "fastpath", f"mamba_ssm is installed but its Mamba-1 ops do not import "
                            f"({type(exc).__name__}: {str(exc)[:120]})")
+    extension = importlib.util.find_spec("selective_scan_cuda") is not None
+    if mamba1_cuda_scan_missing(True, extension):
+        return MambaStatus(True, "fastpath", "mamba_ssm imports without its selective_scan_cuda extension "
+                           "(opt-in since https://github.com/state-spaces/mamba/pull/977): its "
+                           "selective_scan_fn / mamba_inner_fn raise when called, so fastpath routes them")
     return MambaStatus(False, "mamba_ssm", "mamba_ssm's Mamba-1 ops import: kept "
                        "(enable(mamba_ssm='fastpath') routes to fastpath instead)")
 

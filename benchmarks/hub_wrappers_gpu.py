@@ -1,0 +1,125 @@
+"""transformers >= 5.25 with `kernels` installed, on a GPU, offline: what each op runs before and
+after fastpath.enable(), and what from_pretrained does with Hub kernels on (its default).
+
+Per tiny random model (Qwen3.5, Qwen3-Next, Nemotron-H, Falcon-Mamba; bf16 on CUDA):
+  * explain() rows before enable() and after it;
+  * one forward + backward after enable(): kernel-call counters (fastpath's entry points), loss and
+    logits against the same model with fastpath disabled;
+  * save_pretrained, then from_pretrained(dir) with HF_HUB_OFFLINE=1 and USE_HUB_KERNELS as the
+    user left it, with and without enable(): loaded or the exception, and the explain() rows.
+Writes one JSON document (--out). Run by benchmarks/device/parts.sh (part `hub`) with transformers
+5.25 + kernels 0.19.1 carried as wheels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+FAMILIES = ("qwen3_5_text", "qwen3_next", "nemotron_h", "falcon_mamba")
+
+
+def _rows(model: Any) -> list[dict[str, Any]]:
+    import fastpath
+
+    return [{k: r[k] for k in ("layer", "op", "impl", "fast")} for r in fastpath.explain(model).rows]
+
+
+def _step(model: Any, ids: Any) -> tuple[float, Any]:
+    model.zero_grad(set_to_none=True)
+    out = model(ids, labels=ids, use_cache=False)
+    out.loss.backward()
+    return float(out.loss), out.logits.detach().float()
+
+
+def family(model_type: str, device: str) -> dict[str, Any]:
+    import torch
+
+    import fastpath
+    from fastpath.kernels.counters import CALLS, reset
+    from matrix_worker import build
+
+    res: dict[str, Any] = {}
+    model = build(model_type).to(device, torch.bfloat16)
+    ids = torch.randint(3, 64, (2, 64), generator=torch.Generator().manual_seed(0)).to(device)
+    res["explain_before"] = _rows(model)
+    ref_loss, ref_logits = _step(model, ids)
+    reset()
+    report = fastpath.enable(warn=False)
+    try:
+        res["enable"] = str(report)
+        res["explain_after"] = _rows(model)
+        loss, logits = _step(model, ids)
+        res["calls"] = dict(CALLS)
+        res["loss"], res["ref_loss"] = loss, ref_loss
+        res["logits_rel"] = float((logits - ref_logits).norm() / ref_logits.norm())
+        with tempfile.TemporaryDirectory() as tmp:
+            model.save_pretrained(tmp)
+            res["load_enabled"] = _load(tmp, device)
+            fastpath.disable()
+            res["load_plain"] = _load(tmp, device)
+    finally:
+        fastpath.disable()
+    return res
+
+
+def _load(path: str, device: str) -> dict[str, Any]:
+    """from_pretrained onto the GPU, offline, Hub kernels as transformers defaults them."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        placed = {"device_map": device} if device != "cpu" else {}  # (device_map needs accelerate)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, **placed)
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {str(exc)[:400]}"}
+    return {"kernelized": bool(getattr(model, "_use_kernels", False)), "explain": _rows(model)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="JSON file to write")
+    ap.add_argument("--device", default="cuda", help="cuda (the point); cpu only to try the script")
+    args = ap.parse_args()
+    import torch
+    import transformers
+
+    doc: dict[str, Any] = {"transformers": transformers.__version__, "torch": torch.__version__,
+                           "env": {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "USE_HUB_KERNELS")},
+                           "families": {}}
+    try:
+        import kernels
+
+        doc["kernels"] = getattr(kernels, "__version__", "?")
+    except Exception as exc:
+        doc["kernels"] = f"not importable: {exc}"
+    for model_type in FAMILIES:
+        try:
+            doc["families"][model_type] = family(model_type, args.device)
+        except Exception as exc:
+            doc["families"][model_type] = {"error": f"{type(exc).__name__}: {exc}",
+                                           "traceback": traceback.format_exc()[-2000:]}
+        Path(args.out).write_text(json.dumps(doc, indent=1))
+        res = doc["families"][model_type]
+        slow = [f"{r['op']}: {r['impl']}" for r in res.get("explain_after", []) if not r["fast"]]
+        calls = res.get('calls')
+        print(f"{model_type}: {res.get('error') or f'{len(slow)} slow after enable(); calls {calls}'}")
+        for line in slow:
+            print(f"  slow: {line}")
+        for key in ("load_enabled", "load_plain"):
+            if key in res:
+                print(f"  {key}: {res[key].get('error') or 'loaded, kernelized=' + str(res[key]['kernelized'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
