@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -70,6 +71,13 @@ def test_the_eta_after_resume_counts_only_this_runs_rows(capsys):
     assert line.startswith("fastpath capture: 95/100 rows") and line.endswith("ETA 0m10s"), line
 
 
+def test_resume_command_carries_the_environment_the_run_needed():
+    args = build_parser().parse_args(["capture", "lfm2.json", "rows.jsonl", "--out", "caps/q", "--device", "cpu"])
+    line = resume_command(args, {"TRITON_INTERPRET": "1", "PYTHONPATH": "/opt/fla site"})
+    assert line == ("TRITON_INTERPRET=1 PYTHONPATH='/opt/fla site' fastpath capture lfm2.json rows.jsonl "
+                    "--out caps/q --device cpu --resume")
+
+
 def test_resume_command_is_what_was_typed_plus_resume():
     args = build_parser().parse_args(["capture", "qwen3.5-27b", "my data.jsonl", "--out", "caps/q", "--max-len",
                                       "2048", "--allow-slow", "--layers", "2,30,61"])
@@ -106,11 +114,15 @@ def test_ctrl_c_names_the_resume_command(tmp_path, capsys):
         pytest.fail(f"capture ended before Ctrl-C: {capsys.readouterr().err[-2000:]}")
     err = capsys.readouterr().err
     assert code == 130, err
-    assert "fastpath capture: interrupted; every row file in --out is complete\n" in err
+    said = " ".join(err[err.index("fastpath capture: interrupted"):].split())
+    assert re.search(r"interrupted while capturing; [1-9][0-9]* of 40 rows in --out \S+, every row file complete "
+                     r"\(written by atomic rename\)\. Continue with:", said), said
     resume = err.strip().splitlines()[-1].strip()
-    assert resume.startswith("fastpath capture ") and resume.endswith(" --resume")
-    assert f"--out {out}" in resume and "--batch-tokens 16" in resume and "--dtype fp32" in resume
+    env, command = resume.split("fastpath capture ", 1)
+    assert ("TRITON_INTERPRET=1" in env.split()) == triton_interpreter_on(), resume  # what the run needed
+    assert command.endswith(" --resume")
+    assert f"--out {out}" in command and "--batch-tokens 16" in command and "--dtype fp32" in command
     # ... and that command continues the capture
-    assert main(resume.split()[1:]) == 0
+    assert main(["capture", *command.split()]) == 0
     summary = json.loads((out / "capture_summary.json").read_text())
     assert summary["rows"] == 40

@@ -282,6 +282,54 @@ def test_check_client_specforge_matches_and_names_the_missing_index(python, targ
     assert _by_path(record["with_client_target"])["TargetHead"]["ok"]
 
 
+# --- the check runs by itself: a user who does not know the norm bug will not ask for it ----------
+
+
+def _capture_cli(python: Path, model_dir: Path, data: Path, out: Path) -> subprocess.CompletedProcess:
+    return _run(python, "-m", "fastpath", "capture", str(model_dir), str(data), "--out", str(out), "--format",
+                "speculators", "--dtype", "fp32", "--device", "cpu", "--layers", ",".join(map(str, AUX)),
+                "--batch-tokens", "128", "--check-every", "0", "--allow-slow", "--reference-path")
+
+
+@pytest.mark.parametrize("python", SPECULATORS)
+def test_a_speculators_capture_checks_the_client_without_being_asked(python, targets, data, tmp_path):
+    out = tmp_path / "hs"
+    proc = _capture_cli(python, targets["qwen3_5"], data, out)
+    assert proc.returncode == 0, proc.stderr[-3000:]  # the capture stands; the mismatch is a warning
+    assert "checking what speculators trains against" in proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and "1 + w" in warnings[0] and "--client-target" in warnings[0], proc.stderr[-3000:]
+    record = json.loads((out / "capture_summary.json").read_text())["client_checks"]["speculators"]
+    assert not _by_path(record["model"])["EAGLE-3 verifier_norm"]["ok"]
+
+
+def test_without_speculators_a_capture_says_once_that_the_check_exists(targets, data, tmp_path):
+    if _installed("speculators"):
+        pytest.skip("speculators is importable in this Python (the check runs instead)")
+    proc = _capture_cli(Path(sys.executable), targets["qwen3_5"], data, tmp_path / "hs")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    notes = [line for line in proc.stderr.splitlines() if "--check-client speculators" in line]
+    assert len(notes) == 1, proc.stderr[-3000:]
+    assert "speculators is not installed in this Python" in notes[0] and "--system-site-packages" in notes[0]
+    assert "client_checks" not in json.loads((tmp_path / "hs" / "capture_summary.json").read_text())
+
+
+@pytest.mark.parametrize("client", ["speculators", "specforge"])
+def test_the_install_hint_names_a_side_venv_and_never_touches_this_transformers(client, targets):
+    from fastpath.capture.clients import require_client
+
+    if _installed(client):
+        pytest.skip(f"{client} is importable in this Python")
+    with pytest.raises(UsageError) as err:
+        require_client(client, targets["qwen3_5"])
+    text = str(err.value)
+    assert "\n" not in text  # one line
+    assert "Do not pip install it into this Python" in text and "-m venv --system-site-packages" in text
+    assert f"--check-client {client}" in text and "transformers" in text
+    # the pip command it gives runs in the side venv only
+    assert f"~/.venvs/{client}/bin/pip install" in text and f"(pip install {client})" not in text
+
+
 # --- refusals before any work, and the divergence measure ------------------------------------------
 
 

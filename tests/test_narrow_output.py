@@ -165,3 +165,41 @@ def test_enable_summary_in_a_fresh_interpreter_fits() -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.startswith("fastpath enabled"), proc.stderr
     assert_fits(proc.stderr)
+
+
+def test_verify_at_80_columns_keeps_layer_types_and_route_lines_whole(tmp_path: Path) -> None:
+    """`fastpath verify` on a tiny Qwen3.5 at COLUMNS=80: its table cut the layer types
+    ("linear_at…", "full_atte…") and the route of 7 ops ran on as one paragraph whose
+    continuation lines started at column 0. Now every line fits, every type and route word is
+    whole, and each op has its own line with its continuation indented under it."""
+    import json
+
+    config = {"model_type": "qwen3_5_text", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2,
+              "linear_num_value_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+              "linear_conv_kernel_dim": 4, "vocab_size": 64, "layer_types": ["linear_attention", "full_attention"]}
+    source = tmp_path / "qwen.json"
+    source.write_text(json.dumps(config))
+    save = tmp_path / "r.json"
+    proc = fastpath("verify", str(source), "--device", "cpu", "--seq-len", "8", "--batch", "1",
+                    "--decode-tokens", "0", "--save", str(save), timeout=600, extra_env={"COLUMNS": str(WIDTH)})
+    out = proc.stdout.decode()
+    assert proc.returncode in (0, 3), proc.stderr.decode()[-3000:]
+    assert_fits(out)
+    doc = json.loads(save.read_text())
+    rows = [*doc["reference_explain"], *doc["explain"]]
+    assert_whole(out, "linear_attention", "full_attention",
+                 *(w for r in rows if "op" in r for w in f"{r['op']}: {r['impl']}".split()))
+    lines = out.splitlines()
+    for head in ("reference path:", "fast path:"):
+        at = lines.index(head)
+        block = []
+        for line in lines[at + 1:]:
+            if not line.startswith("  "):
+                break
+            block.append(line)
+        heads = [line for line in block if not line.startswith("   ")]
+        assert heads and all(re.match(r"  \S+: ", line) for line in heads), block  # a line per op ...
+        assert all(line.startswith("      ") for line in block if line not in heads)  # ... continuations indented
+        assert len(heads) == len({f"{r['op']}: {r['impl']}" for r in (doc["reference_explain"] if head.startswith(
+            "reference") else doc["explain"]) if "op" in r}), block

@@ -66,10 +66,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
+# The environment a capture's run depends on, carried into the line that continues it: without
+# TRITON_INTERPRET=1 a CPU capture refuses its own --resume (the fast path needs the interpreter),
+# without CUDA_VISIBLE_DEVICES it lands on other GPUs, without PYTHONPATH it may not find fla.
+RESUME_ENV = ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET", "PYTHONPATH", "HF_HUB_OFFLINE", "USE_HUB_KERNELS",
+              "FASTPATH_HUB_KERNELS")
+
+
 def main(args: argparse.Namespace) -> int:
+    import os
+
+    from fastpath.capture.distributed import world_from_env
     from fastpath.extras import require
 
+    env = {name: os.environ[name] for name in RESUME_ENV if name in os.environ}  # before fastpath sets any
     require("capture")  # before any work: one line naming the pip install, exit 2
+    if not args.quiet and world_from_env().is_main:  # the imports alone take seconds
+        print("fastpath capture: starting: importing torch and transformers, then checking MODEL, DATA and --out",
+              file=sys.stderr, flush=True)
     from fastpath.capture.run import CaptureOptions, run_capture
 
     opts = CaptureOptions(
@@ -82,6 +96,7 @@ def main(args: argparse.Namespace) -> int:
         write_threads=args.write_threads, progress=not args.quiet,
         check_client=getattr(args, "check_client", None), client_target=getattr(args, "client_target", None),
     )
+    opts.setup_interrupt_text = lambda: interrupted_text(args, opts.status, env)
     if opts.check_every < 0:
         raise UsageError("--check-every must be >= 0")
     if args.data is None:  # --check-client on the finished capture in --out
@@ -89,22 +104,20 @@ def main(args: argparse.Namespace) -> int:
 
         record = check_existing_capture(opts)
         return 0 if record.get("ok") or record.get("ok_with_client_target") else 1
-    from fastpath.capture.distributed import world_from_env
-
     try:
         result = run_capture(opts)
     except KeyboardInterrupt:
         if world_from_env().is_main:
-            print(interrupted_text(args), file=sys.stderr)
+            print(interrupted_text(args, opts.status, env), file=sys.stderr)
         return 130
     if world_from_env().is_main:
         print(summary_text(result, args.format, world_from_env().size), file=sys.stdout)
     return 0
 
 
-def resume_command(args: argparse.Namespace) -> str:
-    """The command that continues this capture: what was typed (options at their defaults left
-    out), plus --resume."""
+def resume_command(args: argparse.Namespace, env: dict[str, str] | None = None) -> str:
+    """The command that continues this capture: the environment it ran with (`env`, RESUME_ENV's
+    variables that were set), what was typed (options at their defaults left out), plus --resume."""
     import shlex
 
     parser = argparse.ArgumentParser(add_help=False)
@@ -118,13 +131,18 @@ def resume_command(args: argparse.Namespace) -> str:
             continue
         flag = action.option_strings[-1]
         words += [flag] if isinstance(action, argparse._StoreTrueAction) else [flag, str(value)]
-    return shlex.join([*words, "--resume"])
+    prefix = [f"{name}={shlex.quote(value)}" for name, value in (env or {}).items()]
+    return " ".join([*prefix, shlex.join([*words, "--resume"])])
 
 
-def interrupted_text(args: argparse.Namespace) -> str:
-    """Ctrl-C: what is on disk and the exact command that continues from it."""
-    return ("fastpath capture: interrupted; every row file in --out is complete\n"
-            f"(written by atomic rename). Continue with:\n  {resume_command(args)}")
+def interrupted_text(args: argparse.Namespace, status: Any = None, env: dict[str, str] | None = None) -> str:
+    """Ctrl-C: when, what is on disk ("0 of 40 rows ..."), and the exact command (with the
+    environment the run needed) that continues from it."""
+    if status is None:
+        when, kept = "", "every row file in --out is complete (written by atomic rename)"
+    else:
+        when, kept = f" {status.stage}", status.kept()
+    return f"fastpath capture: interrupted{when}; {kept}. Continue with:\n  {resume_command(args, env)}"
 
 
 def summary_text(result: object, layout: str, processes: int, width: int | None = None) -> str:

@@ -79,13 +79,39 @@ def installed_version(client: str) -> str | None:
         return None
 
 
+# What `pip install CLIENT` would do to this Python (the clients' own metadata, Requires-Dist):
+# speculators 0.9.0 pins transformers>=5.0.0,<=5.19.0 (and torch<=2.14.1, torchvision, torchaudio);
+# specforge 0.2.0 pins torch==2.11.0, transformers==5.8.1. Installed beside the user's stack, either
+# replaces their transformers (a downgrade for 5.20+), so the hint names a side venv instead: it
+# sees this Python's packages (--system-site-packages), and whatever the client pins lands in the
+# venv only. SpecForge's readers and TargetHead import none of its pinned stack
+# (scripts/setup_clients.sh), so it goes in with --no-deps plus what they import.
+_CLIENT_PINS = {"speculators": "speculators 0.9.0 requires transformers<=5.19.0",
+                "specforge": "specforge 0.2.0 requires torch==2.11.0 and transformers==5.8.1"}
+_CLIENT_INSTALL = {"speculators": "pip install speculators",
+                   "specforge": "pip install --no-deps specforge && ~/.venvs/specforge/bin/pip install datasets "
+                                "pydantic tqdm pyyaml psutil"}
+
+
+def side_venv_hint(client: str) -> str:
+    """How to get `client` without touching this Python's transformers / torch (one sentence)."""
+    import sys
+
+    venv = f"~/.venvs/{client}"
+    return (f"Do not pip install it into this Python ({_CLIENT_PINS[client]}: pip may replace the ones you train "
+            "with); use a side "
+            f"venv that sees this Python's packages: {sys.executable} -m venv --system-site-packages {venv} && "
+            f"{venv}/bin/{_CLIENT_INSTALL[client]}, then run {venv}/bin/python -m fastpath capture MODEL --out DIR "
+            f"--check-client {client} on the finished capture")
+
+
 def require_client(client: str, model_dir: Path | None) -> None:
     """One-line refusals before any work: an unknown or missing client, or no model directory."""
     if client not in CLIENTS:
         raise UsageError(f"--check-client must be one of {', '.join(CLIENTS)}, got {client!r}")
     if installed_version(client) is None:
-        raise UsageError(f"--check-client {client}: {client} is not installed in this Python "
-                         f"(pip install {client}); the check runs the client's own code")
+        raise UsageError(f"--check-client {client}: {client} is not installed in this Python; the check runs the "
+                         f"client's own code. {side_venv_hint(client)}")
     if model_dir is None:
         raise UsageError(f"--check-client {client} needs MODEL to be a local model directory: the client "
                          "reads the target's lm_head and final norm from one")

@@ -16,7 +16,6 @@ sync (status all-reduces and, sharded, the padding forwards) and other (the rest
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
 import time
@@ -27,12 +26,14 @@ from typing import Any
 from fastpath.capture import distributed
 from fastpath.capture.checks import batch_problems, row_problems, token_norms
 from fastpath.capture.data import load_rows, load_tokenizer
+from fastpath.capture.interrupts import ExitAtFirstInterrupt
 from fastpath.capture.layers import capture_hooks, decoder_parts, norm_convention, parse_layers
 from fastpath.capture.packing import batches_for_rank, make_batches
 from fastpath.capture.recheck import recheck_rows
 from fastpath.capture.staging import RowWrites, slot_bytes
 from fastpath.capture.writers import SUMMARY_NAME, atomic_json, make_writer, remove_stale_temps
 from fastpath.errors import FastpathError, UsageError, first_line
+from fastpath.out_paths import probe_dir
 
 STATE_DIR = ".capture"  # per-rank records and the settings a resume must match
 SETTINGS_KEYS = ("model", "data", "data_sha256", "format", "max_len", "batch_tokens", "layers", "dtype", "seed",
@@ -55,6 +56,29 @@ def file_sha256(path: str | Path) -> str:
 
 class CaptureCheckError(FastpathError):
     """A captured row failed its checks: the run stops, naming the row."""
+
+
+@dataclass
+class CaptureStatus:
+    """Where a capture stands, filled in as it goes: what an interrupt says was kept."""
+
+    stage: str = "while starting"
+    rows: int | None = None  # rows in DATA, once read
+    out: Path | None = None
+    writer: Any = None
+
+    def kept(self) -> str:
+        """'12 of 40 rows are in --out DIR ...' (the files on disk, counted now)."""
+        out = self.out
+        if out is None or self.writer is None:
+            return "nothing written"
+        if self.rows is None:
+            touched = out.is_dir() and any(out.iterdir())
+            return f"--out {out} {'left as it was' if touched else 'not written to'} (DATA not read yet)"
+        done = sum(1 for i in range(self.rows) if self.writer.is_done(i)) if out.is_dir() else 0
+        if done == 0:
+            return f"0 of {self.rows} rows in --out {out}: nothing captured yet"
+        return (f"{done} of {self.rows} rows in --out {out}, every row file complete (written by atomic rename)")
 
 
 @dataclass
@@ -87,6 +111,14 @@ class CaptureOptions:
     enable_kwargs: dict[str, Any] = field(default_factory=dict)
     check_client: str | None = None  # speculators | specforge: rebuild its training targets (capture.clients)
     client_target: str | None = None  # write MODEL as that client should read it here, and check it
+    # with --format speculators and MODEL a directory: run speculators' check without --check-client
+    # when speculators is importable (a user who does not know its norm bug will not ask), else say
+    # once that the check exists
+    auto_check_client: bool = True
+    status: CaptureStatus = field(default_factory=CaptureStatus)
+    # the CLI: a callable giving the message for a Ctrl-C before anything is written; the first
+    # SIGINT then ends the process at once (interrupts.ExitAtFirstInterrupt)
+    setup_interrupt_text: Any = None
     on_model: Any = None  # callable(model) after loading (tests inject faults through it)
     prebuilt: Any = None  # a BuiltModel from _load_target to reuse (benchmarks: one build, several runs)
 
@@ -120,12 +152,8 @@ def _check_out(out: Path, resume: bool) -> bool:
     is not a capture. True when there is a capture to resume."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a directory")
-    if not out.exists():
-        parent = next(p for p in out.absolute().parents if p.exists())
-        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-            raise UsageError(f"cannot create --out {out}: {parent} is not a writable directory")
-        return False
-    if not any(out.iterdir()):
+    probe_dir(out, "--out")  # tried for real: root passes every permission check, /proc refuses mkdir
+    if not out.exists() or not any(out.iterdir()):
         return False
     if not resume:
         raise UsageError(f"--out {out} is not empty; pass --resume to continue a capture there")
@@ -280,22 +308,54 @@ def check_client_options(opts: CaptureOptions) -> None:
                              f"--format is {opts.format}")
 
 
+AUTO_CLIENTS = {"speculators": "speculators"}  # --format -> the client checked without --check-client
+
+
+def _auto_client_check(opts: CaptureOptions, out: Path, writer: Any, model: Any, aux_ids: list[int],
+                       say: Any) -> dict[str, Any] | None:
+    """Without --check-client: the check of the format's client when it is importable here (its
+    record, also in capture_summary.json), else one line saying that the check exists. Never
+    fails the capture: the rows are on disk; a check that cannot run is one warning."""
+    import importlib.util
+
+    client = AUTO_CLIENTS.get(opts.format)
+    if client is None or not opts.auto_check_client or opts.prebuilt is not None:
+        return None
+    if _model_dir(opts.model) is None:
+        return None  # random weights: no checkpoint a client would train against
+    if importlib.util.find_spec(client) is None:
+        from fastpath.capture.clients import side_venv_hint
+
+        say(f"note: {client} is not installed in this Python, so what it trains against was not checked; "
+            f"`--check-client {client}` does (speculators <= 0.9.0 trains EAGLE-3 against the wrong final norm "
+            f"for Qwen3.5 / Qwen3-Next). {side_venv_hint(client)}")
+        return None
+    say(f"checking what {client} trains against ({client} is installed; this check runs whenever it is)")
+    try:
+        return {client: client_check(opts, out, writer, model, aux_ids, say, client=client)}
+    except Exception as exc:  # the client's own code: its failure is a warning, the capture stands
+        say(f"WARNING: the {client} check could not run ({first_line(exc, with_type=True)}); run "
+            f"`fastpath capture MODEL --out {out} --check-client {client}` to see it alone")
+        return None
+
+
 def client_check(opts: CaptureOptions, out: Path, writer: Any, model: Any, aux_ids: list[int],
-                 say: Any) -> dict[str, Any]:
+                 say: Any, client: str | None = None) -> dict[str, Any]:
     """capture.clients.check_client for this capture; the record also lands in capture_summary.json."""
     from fastpath.capture.clients import check_client
     from fastpath.capture.layers import decoder_parts, norm_convention
 
     norm = decoder_parts(model).norm
     model_dir = _model_dir(opts.model)
-    assert opts.check_client is not None and model_dir is not None  # check_client_options
-    record = check_client(opts.check_client, out=out, model=model, model_dir=model_dir, writer=writer,
+    client = client or opts.check_client
+    assert client is not None and model_dir is not None  # check_client_options
+    record = check_client(client, out=out, model=model, model_dir=model_dir, writer=writer,
                           aux_ids=aux_ids, convention=norm_convention(norm),
                           eps=float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))),
                           client_target=Path(opts.client_target) if opts.client_target else None, say=say)
     summary_path = out / SUMMARY_NAME
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    summary.setdefault("client_checks", {})[opts.check_client] = record
+    summary.setdefault("client_checks", {})[client] = record
     atomic_json(summary_path, summary)
     return record
 
@@ -356,9 +416,13 @@ def run_capture(opts: CaptureOptions) -> CaptureResult:
     shard = _shard_mode(opts, world, device)
     out = Path(opts.out).expanduser()
     writer = make_writer(opts.format, out)
+    opts.status.out, opts.status.writer = out, writer
     active, owned = distributed.init(world, device)
+    guard = ExitAtFirstInterrupt(opts.setup_interrupt_text if world.is_main else (lambda: ""),
+                                 active=opts.setup_interrupt_text is not None)
     try:
-        return _run(opts, world, device, shard, out, writer, active, TOLERANCES, dtype_label)
+        with guard:
+            return _run(opts, world, device, shard, out, writer, active, TOLERANCES, dtype_label, guard)
     finally:
         from fastpath.routing import transformers as routes
 
@@ -410,10 +474,11 @@ def _staging(opts: CaptureOptions, writer: Any, rows: list[Any], todo: list[int]
 
 
 def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str, out: Path, writer: Any,
-         active: bool, tolerances: dict[str, Any], dtype_label: Any) -> CaptureResult:
+         active: bool, tolerances: dict[str, Any], dtype_label: Any, guard: ExitAtFirstInterrupt) -> CaptureResult:
     import torch
 
     say = lambda msg: _say(world, opts.progress, msg)  # noqa: E731
+    status = opts.status
     # What the user typed (layers, tokenizer, every data row) is checked from the config alone,
     # before the weights load: a large checkpoint takes minutes, on every rank.
     resuming = _check_out(out, opts.resume)
@@ -421,10 +486,19 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str
         raise UsageError("--reference-path runs the torch fallback: it needs --allow-slow")
     shape = _target_shape(opts)
     parse_layers(opts.layers, shape.num_layers, opts.layer_convention)
+    status.stage = "while reading DATA"
+    from fastpath.models.sizing import human_bytes
+
+    size = Path(opts.data).stat().st_size if Path(opts.data).is_file() else 0
+    say(f"reading {opts.data} ({human_bytes(size)}" + (", tokenizing every conversation)" if shape.tokenizer else ")"))
     tokenizer = load_tokenizer(shape.tokenizer) if shape.tokenizer else None
     loaded = load_rows(opts.data, tokenizer, opts.max_len, shape.vocab_size)
     rows = loaded.rows
-    say(f"loading {opts.model}" + (" on rank 0's host, to shard with FSDP2" if shard == "fsdp" else ""))
+    status.rows = len(rows)
+    status.stage = "while building the model"
+    say(f"{len(rows)} rows; loading {opts.model}" + (" on rank 0's host, to shard with FSDP2" if shard == "fsdp" else "")
+        + ("" if opts.prebuilt is not None or _model_dir(opts.model) is not None
+           else ": random weights initialised on the host first (minutes for a full-size preset)"))
     # Sharded, only rank 0 loads the weights (on the host); the other ranks build the model on
     # the meta device and receive their shards from it (distributed.shard_decoder), so the host
     # holds one copy of the checkpoint however many processes run.
@@ -452,7 +526,10 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str
     with distributed.unsharded_root(parts):  # both read the final norm's and the embeddings' weights
         convention = norm_convention(parts.norm)
         norms = token_norms(model.get_input_embeddings()).to(device)
+    status.stage = "while checking the fast path"
     path_label, on_fast = _gate_fast_path(model, opts)  # before DIR is touched: a refusal leaves it as it was
+    guard.close()  # from here on --out is written: Ctrl-C stops between batches, keeping every finished row
+    status.stage = "while capturing"
     _prepare_out(out, resuming, settings)
     distributed.barrier(active)
     if world.is_main:
@@ -538,12 +615,17 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str
             finish_error = exc
     if distributed.any_failed(finish_error is not None, device, active):
         raise finish_error or FastpathError("rank 0 could not write the dataset index (see its message)")
+    status.stage = "while checking the client"
     if opts.check_client and world.is_main:
         if shard == "fsdp":
             say(f"--check-client {opts.check_client}: not run under FSDP (one process forwards alone); run "
                 f"`fastpath capture MODEL --out {out} --check-client {opts.check_client}` afterwards")
         else:
             summary["client_checks"] = {opts.check_client: client_check(opts, out, writer, model, aux_ids, say)}
+    elif world.is_main and shard != "fsdp":
+        auto = _auto_client_check(opts, out, writer, model, aux_ids, say)
+        if auto is not None:
+            summary["client_checks"] = auto
     return CaptureResult(out, len(rows), written, len(done), tokens, seconds, checked, path_label, summary,
                          shard, timings)
 

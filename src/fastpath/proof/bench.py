@@ -89,6 +89,14 @@ def _run_worker(spec: ConfigSpec, settings: BenchSettings, workdir: Path, on_pro
     return json.loads(result_path.read_text())
 
 
+def skip_reason(spec: ConfigSpec, device: str) -> str | None:
+    """Why configuration `spec` cannot run here (decided before any worker), or None."""
+    if spec.needs_cuda and not device.startswith("cuda"):
+        return "needs a CUDA device"
+    missing = [m for m in spec.requires if importlib.util.find_spec(m) is None]
+    return f"not installed: {', '.join(missing)}" if missing else None
+
+
 def preflight(settings: BenchSettings, configs: list[str], check_memory: bool = True) -> Any:
     """UsageError for bad settings, config names or model source, or a job that will not fit in
     memory: one line, before any worker. Returns the job's size (models/sizing.py) or None."""
@@ -98,6 +106,11 @@ def preflight(settings: BenchSettings, configs: list[str], check_memory: bool = 
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
         raise UsageError(f"unknown config {unknown[0]!r}; configs: {', '.join(CONFIGS)}")
+    skips = {c: skip_reason(CONFIGS[c], settings.device) for c in configs}
+    if all(skips.values()):  # a run of skips only used to exit 0 and draw an empty chart
+        raise UsageError("nothing to measure here: every configuration would be skipped ("
+                         + "; ".join(f"{c}: {why}" for c, why in skips.items())
+                         + f"); nothing written. Configs: {', '.join(CONFIGS)}")
     from fastpath.models.build import plan_job
 
     plan = plan_job(settings.source, layers=settings.layers, dtype=settings.dtype, device=settings.device)
@@ -133,6 +146,8 @@ def assemble(settings: BenchSettings, results: list[dict[str, Any]], size: Any, 
 
 
 STILL_RUNNING = "the others had not run when this file was written"
+OUTPUT_NAMES = ("bench.json", "bench.md", "bench.png")
+DEFAULT_OUT = "fastpath-bench"
 
 
 def run_bench(settings: BenchSettings, configs: list[str], *, timeout: float | None = None,
@@ -149,10 +164,9 @@ def run_bench(settings: BenchSettings, configs: list[str], *, timeout: float | N
     with tempfile.TemporaryDirectory(prefix="fastpath-bench-") as tmp:
         for name in configs:
             spec = CONFIGS[name]
-            if spec.needs_cuda and not settings.device.startswith("cuda"):
-                results.append({"config": name, "label": spec.label, "skipped": "needs a CUDA device"})
-            elif missing := [m for m in spec.requires if importlib.util.find_spec(m) is None]:
-                results.append({"config": name, "label": spec.label, "skipped": f"not installed: {', '.join(missing)}"})
+            skipped = skip_reason(spec, settings.device)
+            if skipped:
+                results.append({"config": name, "label": spec.label, "skipped": skipped})
             else:
                 results.append(_run_worker(spec, settings, Path(tmp),
                                            lambda ph, n=name: (progress or (lambda *_: None))(n, ph), timeout))
@@ -213,7 +227,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                         help=f"comma list of {', '.join(CONFIGS)} (default: {','.join(DEFAULT_CONFIGS)})")
     parser.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs")
-    parser.add_argument("--out", default="fastpath-bench", help="directory for bench.json, bench.md, bench.png")
+    parser.add_argument("--out", default=None, metavar="DIR", help=(
+        f"directory for bench.json, bench.md, bench.png (default: {DEFAULT_OUT}, or the next free {DEFAULT_OUT}-N "
+        "when it holds an earlier run); a DIR given here that holds an earlier run's files needs --force"))
+    parser.add_argument("--force", action="store_true", help="let --out DIR replace an earlier run's files")
     parser.add_argument("--compare", metavar="PREVIOUS.json", default=None, help="show the change against an earlier bench.json")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per configuration (default 3600)")
     parser.add_argument("--json", action="store_true", help="print the result JSON on stdout (files are written too)")
@@ -275,10 +292,16 @@ def main(args: argparse.Namespace) -> int:
     require("bench")  # before any work: torch and transformers
     no_chart = requirement_error("chart")  # matplotlib: only the PNG depends on it
     from fastpath.models.dtypes import resolve_device, resolve_dtype
-    from fastpath.proof.out_paths import check_out_dir
+    from fastpath.out_paths import check_out_dir, free_dir
 
-    out = Path(args.out).expanduser()
-    check_out_dir(out, "--out", OUTPUT_NAMES)  # before any work: a bad --out used to cost the whole run
+    if args.out is None:  # the default folder never replaces an earlier run: the next free name
+        out = free_dir(Path(DEFAULT_OUT), OUTPUT_NAMES)
+        if out != Path(DEFAULT_OUT):
+            print(f"fastpath bench: {DEFAULT_OUT}/ holds an earlier run; this one goes to {out}/", file=sys.stderr)
+    else:
+        out = Path(args.out).expanduser()
+    # before any work: a bad --out used to cost the whole run
+    check_out_dir(out, "--out", OUTPUT_NAMES, force=args.force or args.out is None)
     device = str(resolve_device(args.device))
     phases = default_phases(device) if args.phases is None else tuple(p.strip() for p in args.phases.split(",") if p.strip())
     settings = BenchSettings(
@@ -329,7 +352,6 @@ def main(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-OUTPUT_NAMES = ("bench.json", "bench.md", "bench.png")
 
 
 def _interrupted(doc: dict[str, Any] | None, out: Path, signum: int) -> int:

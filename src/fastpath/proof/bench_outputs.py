@@ -198,19 +198,38 @@ def _facts(doc: dict[str, Any]) -> list[str]:
     s = doc["settings"]
     env = doc.get("environment") or {}
     model = doc.get("model") or {}
+    def shown(value: Any, missing: str = "?") -> str:  # never a raw None in a report
+        return missing if value is None or value == "" else str(value)
+
+    if model:
+        types = ", ".join(sorted(set(model.get("layer_types") or [])))
+        described = (f"model: {shown(model.get('class'))}, {shown(model.get('layers'))} layers"
+                     + (f" ({types})" if types else "")
+                     + (f", {human_count(model['parameters'])} parameters" if model.get("parameters") else ""))
+    else:
+        described = "model: not built (no configuration ran)"
     facts = [
-        f"model: {model.get('class', '?')}, {model.get('layers', '?')} layers "
-        f"({', '.join(sorted(set(model.get('layer_types', []))))}), {human_count(model.get('parameters', 0))} parameters, "
-        f"{s['dtype']}, batch {s['batch']} x seq-len {s['seq_len']}, decode {s['decode_tokens']} tokens",
-        f"machine: {env.get('gpu') or env.get('cpu', '?')} ({env.get('host', '?')}); torch {env.get('torch')}, "
-        f"triton {env.get('triton')}, transformers {env.get('transformers')}, CUDA {env.get('cuda')}",
-        f"timing: median of {s['repeats']} after {s['warmup']} warm-up runs "
-        f"({'CUDA events' if str(s['device']).startswith('cuda') else 'perf_counter'}); {doc['created']}",
+        f"{described}, {s['dtype']}, batch {s['batch']} x seq-len {s['seq_len']}, decode {s['decode_tokens']} tokens",
+        (f"machine: {shown(env.get('gpu') or env.get('cpu'))} ({shown(env.get('host'))}); torch "
+         f"{shown(env.get('torch'))}, triton {shown(env.get('triton'), 'not installed')}, transformers "
+         f"{shown(env.get('transformers'))}, CUDA {shown(env.get('cuda'), 'none')}") if env
+        else "machine: not recorded (no configuration ran)",
+        f"timing: {timing_caption(s)} ({'CUDA events' if str(s['device']).startswith('cuda') else 'perf_counter'}); "
+        f"{doc['created']}",
     ]
     partial = doc.get("partial")
     if partial:
         facts.append(f"PARTIAL: {partial['done']} of {partial['total']} configurations measured; {partial['why']}")
     return facts
+
+
+def timing_caption(settings: dict[str, Any]) -> str:
+    """How each number was timed; one repeat says so (there is no spread to show)."""
+    repeats, warmup = int(settings.get("repeats") or 0), int(settings.get("warmup") or 0)
+    after = f"after {warmup} warm-up run{'' if warmup == 1 else 's'}"
+    if repeats == 1:
+        return f"one timed run per phase {after} (--repeats 1: a single sample, no spread measured)"
+    return f"median of {repeats} timed runs {after}"
 
 
 def _memory(r: dict[str, Any], phases: list[str]) -> str:
@@ -345,15 +364,20 @@ def chart(doc: dict[str, Any], path: Path) -> None:
     colors = {"reference": "#9e9e9e", "fastpath": "#1f77b4", "fla": "#2ca02c", "fla+dao": "#ff7f0e"}
     fig, axes = plt.subplots(1, len(phases), figsize=(4.2 * len(phases), 4.2), squeeze=False)
     for ax, phase in zip(axes[0], phases, strict=True):
-        names, values, skipped = [], [], []
+        names, values, skipped, spreads = [], [], [], []
         for r in configs:
             value = r["phases"].get(phase, {}).get("tokens_per_s")
             names.append(r["config"])
             values.append(value or 0.0)
             skipped.append("skipped" in r["phases"].get(phase, {}))
-        bars = ax.bar(names, values, color=[colors.get(n, "#2ca02c") for n in names])
+            spreads.append(_spread(r["phases"].get(phase, {})) or (0.0, 0.0))
+        errors = None
+        if any(b or a for b, a in spreads):
+            errors = [[max(b, 0.0) for b, _ in spreads], [max(a, 0.0) for _, a in spreads]]
+        bars = ax.bar(names, values, color=[colors.get(n, "#2ca02c") for n in names], yerr=errors,
+                      capsize=4 if errors else 0)
         base = tokens_per_s(doc, "reference", phase)
-        for bar, name, value, skip in zip(bars, names, values, skipped, strict=True):
+        for bar, name, value, skip, (_, above) in zip(bars, names, values, skipped, spreads, strict=True):
             label = _fmt_rate(value) if value else ("skipped" if skip else "error")
             if not_timing_data(doc, name):
                 label += "\ninterpreter:\nnot timing data"
@@ -361,19 +385,38 @@ def chart(doc: dict[str, Any], path: Path) -> None:
                 label += "\nsame impl.\nas reference"
             elif base and value and name != "reference":
                 label += f"\n{value / base:.2f}x"
-            ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                        ha="center", va="bottom", fontsize=8)
+            ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height() + max(above, 0.0)),
+                        ha="center", va="bottom", fontsize=8)  # above the whisker
         ax.set_title(phase_label(phase))
         ax.set_ylabel("tokens/s")
         ax.margins(y=0.2)
     s = doc["settings"]
     env = doc.get("environment") or {}
     where = env.get("gpu") or f"CPU{' (Triton interpreter)' if env.get('triton_interpret') == '1' else ''}"
-    fig.suptitle(f"{s['source']}" + (f" ({s['layers']} layers)" if s.get("layers") else "")
-                 + f", {s['dtype']}, B={s['batch']}, L={s['seq_len']}, {where}", fontsize=10)
+    title = (f"{s['source']}" + (f" ({s['layers']} layers)" if s.get("layers") else "")
+             + f", {s['dtype']}, B={s['batch']}, L={s['seq_len']}, {where}")
+    caption = chart_caption(s)
+    fig.suptitle(f"{title}\n{caption}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata={"Title": title, "Description": caption})
     plt.close(fig)
+
+
+def chart_caption(settings: dict[str, Any]) -> str:
+    """The chart's second title line: what a bar is, and what its whisker is (min-max of the
+    timed runs), or that there is none (one repeat: a bar is one sample)."""
+    if int(settings.get("repeats") or 0) == 1:
+        return "bars: " + timing_caption(settings) + "; no error bars"
+    return "bars: " + timing_caption(settings) + "; whiskers: fastest and slowest run"
+
+
+def _spread(entry: dict[str, Any]) -> tuple[float, float] | None:
+    """(below, above) the bar's tokens/s for the slowest and fastest timed run, or None."""
+    samples = [t for t in entry.get("samples_s") or [] if isinstance(t, (int, float)) and t > 0]
+    value, tokens = entry.get("tokens_per_s"), entry.get("tokens_per_call")
+    if len(samples) < 2 or not value or not tokens:
+        return None
+    return value - tokens / max(samples), tokens / min(samples) - value
 
 
 def write_tables(doc: dict[str, Any], out_dir: Path, comparison: list[dict[str, Any]] | None) -> dict[str, Path]:
@@ -394,7 +437,13 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, comparison: list[dict[str,
     """bench.json and bench.md always, first; bench.png when `draw_chart` (matplotlib importable).
     Returns the paths written and, when there is no chart, why (one line)."""
     paths = write_tables(doc, out_dir, comparison)
+    stale = out_dir / "bench.png"  # an earlier run's (--force): never left beside these numbers
+    if not any(isinstance(e, dict) and e.get("tokens_per_s") for r in doc.get("configs", [])
+               for e in (r.get("phases") or {}).values()):
+        stale.unlink(missing_ok=True)
+        return paths, "no configuration measured anything (see the notes in bench.md)"
     if not draw_chart:
+        stale.unlink(missing_ok=True)
         return paths, 'matplotlib is not installed; run: pip install "fastpath-kit[bench]"'
     try:
         chart(doc, out_dir / "bench.png")

@@ -242,8 +242,6 @@ def _explain_rows(model: Any) -> list[dict[str, Any]]:
     return [dict(r) if isinstance(r, dict) else dict(vars(r)) for r in rows]
 
 
-# Ops that must see cu_seqlens to keep packed sequences apart. transformers' torch fallbacks take
-
 # Model types whose linear-attention layers run a gated delta rule (or KDA) through FLA; packed
 # sequences need FLA's cu_seqlens there (transformers' torch fallbacks ignore it, <=5.17 silently,
 # 5.21+ raise). The Mamba-2 / conv families take seq_idx in fastpath's own kernels.
@@ -254,9 +252,16 @@ _FLA_PACKED_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qw
 def packed_unverifiable(config: Any, device: Any, backward: bool, gated_delta_rule: str = "auto") -> str | None:
     """Why `--packed` cannot be checked on this model here (one line), or None when it can.
 
-    Decided from the config and what is installed, before anything is built: the fast path would
-    either raise (fastpath refuses cu_seqlens on the torch fallback) or mix the sequences.
+    Decided from the config, the device and what is installed, before anything is built: the fast
+    path would either raise (fastpath refuses cu_seqlens on the torch fallback) or mix the
+    sequences. The device comes first: on a CPU, installing fla-core would not help. While the
+    model is built, verify hides FLA from transformers (models/paths.hidden_compiled_peers), so
+    an installed FLA is then found on the path without importing it, and its import and GPU
+    checks wait for the second call, once the model is built.
     """
+    import importlib.machinery
+    import sys
+
     from fastpath.models.build import layer_types
     from fastpath.routing.fla_route import detect_fla
 
@@ -266,11 +271,22 @@ def packed_unverifiable(config: Any, device: Any, backward: bool, gated_delta_ru
     if model_type != "kimi_linear" and "linear_attention" not in layer_types(config):
         return None  # a cut that kept only attention layers
     what = f"--packed on {model_type}: packed sequences need FLA's gated delta rule (cu_seqlens)"
+    hidden = "fla" in sys.modules and sys.modules["fla"] is None
+    installed = importlib.machinery.PathFinder.find_spec("fla") is not None if hidden else None
+    if getattr(device, "type", str(device)) != "cuda":
+        if hidden:
+            have = "installed" if installed else "not installed either"
+        else:
+            status = detect_fla(gated_delta_rule)
+            have = "installed" if status.route else f"not usable either: {status.reason}"
+        return f"{what}, whose kernels run on CUDA tensors only (device here: {device}; fla-core is {have})"
+    if hidden:
+        if installed:
+            return None  # imported and checked once the model is built
+        return f"{what}; fla is not installed: pip install fla-core (pure Python, Triton kernels)"
     status = detect_fla(gated_delta_rule)
     if not status.route:
         return f"{what}; {status.reason}"
-    if getattr(device, "type", str(device)) != "cuda":
-        return f"{what}, which runs on CUDA tensors only (device here: {device})"
     if backward and status.chunk_impl == "fla-fwd+torch-bwd":
         return f"{what} and its backward, which FLA refuses here: {status.reason}"
     return None
@@ -491,6 +507,11 @@ def verify_model(
                 tell("note: " + size.defaults_note())
         say(_build_description(plan, dtype, seed))
         built = build_model(source, layers=layers, dtype=dtype, device=device, seed=seed)
+    if packed:  # FLA importable again: its import and GPU checks, before either path runs
+        why = packed_unverifiable(plan.config, plan.device, backward,
+                                  str((enable_kwargs or {}).get("gated_delta_rule", "auto")))
+        if why is not None:
+            raise CannotVerify(why)
     if size is not None and size.defaults_note():
         built.notes.append(size.defaults_note())
     tol = TOLERANCES[dtype_label(built.dtype)]

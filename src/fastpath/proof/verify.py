@@ -36,7 +36,6 @@ from fastpath.proof.verdict import (
     NOT_VERIFIED_LINE,
     CannotVerify,
     VerifyResult,
-    route_summary,
 )
 
 SAVE_NAME = "fastpath-verify.json"  # the file `--save DIR` writes inside DIR
@@ -44,22 +43,90 @@ SAVE_NAME = "fastpath-verify.json"  # the file `--save DIR` writes inside DIR
 # Rendering and CLI
 
 
-def render(result: VerifyResult) -> Any:
-    """A rich renderable: per-layer table, then the verdict."""
-    from rich.console import Group
+def route_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """'op: impl xN' per op and implementation, in the order explain() lists them."""
+    counts: dict[tuple[str, str], int] = {}
+    for r in rows:
+        if "op" in r:
+            impl = r.get("impl")
+            key = (str(r["op"]), str(impl) if impl is not None else "not reported")
+            counts[key] = counts.get(key, 0) + 1
+        elif "error" in r:
+            counts[(str(r["error"]), "")] = 1
+    if not counts:
+        return ["no causal_conv1d / gated-delta-rule layers found"]
+    return [f"{op}: {impl} x{n}" if impl else op for (op, impl), n in counts.items()]
+
+
+def _wrapped(head: str, items: list[str], width: int) -> list[str]:
+    """`head` on its own line and one item per line under it, each wrapped at word boundaries to
+    `width` with its continuation indented further (the route of 5 ops was one 600-column run)."""
+    import textwrap
+
+    lines = [head]
+    for item in items:
+        lines += textwrap.wrap(item, width, initial_indent="  ", subsequent_indent="      ",
+                               break_long_words=False, break_on_hyphens=False) or ["  "]
+    return lines
+
+
+def _check_text(diff: Any) -> str:
+    mark = "ok" if diff.ok else "MISMATCH"
+    if diff.ok and diff.fast_vs_fp32 is not None:
+        mark = "ok (fp32)"  # beyond the limit, no further from fp32 than the reference
+    return mark + (": " + ", ".join(diff.flags) if diff.flags else "")
+
+
+def _table(result: VerifyResult, width: int) -> Any:
+    """The per-output table, within `width` columns. Layer types and numbers are never cut
+    ("linear_at…" at 80 columns): every column's width is set here (rich crops a table whose
+    columns cannot shrink enough); output names and flags wrap at spaces; where the types are
+    too long for a column of their own, each goes under its output's name."""
     from rich.table import Table
     from rich.text import Text
 
     tol = result.tolerance
+    rows = [*result.layers, result.logits]
+    kinds = max((len(d.kind or "") for d in rows), default=0)
+    names = max(len(d.name) for d in rows)
+    checks = [_check_text(d) for d in rows]
+    check_need = max(9, *(len(c) for c in checks))  # "MISMATCH:" / "ok (fp32)" whole
+    numbers = (8, 9, 9)  # "2.51e-08"; the headers' "token rel"
+    own_column = 10 + max(kinds, 4) + sum(numbers) + 9 + 6 * 2 + 7 <= width
+    if own_column:
+        fixed = max(kinds, 4) + sum(numbers) + 6 * 2 + 7
+        output = min(names, max(10, width - fixed - check_need))
+    else:
+        fixed = sum(numbers) + 5 * 2 + 6
+        output = max(kinds, 10, min(names, width - fixed - check_need))
+    check = max(9, min(check_need, width - fixed - output))
     table = Table(title=f"fast vs reference, {result.dtype}, limits: rel {tol.rel:g}, token {tol.token_rel:g}")
-    for col in ("output", "type", "rel error", "max token rel", "mean token rel", "flags", ""):
-        table.add_column(col, justify="right" if "rel" in col else "left")
-    for diff in [*result.layers, result.logits]:
-        mark = "[green]ok[/]" if diff.ok else "[red]MISMATCH[/]"
-        if diff.ok and diff.fast_vs_fp32 is not None:
-            mark = "[green]ok (fp32)[/]"  # beyond the limit, no further from fp32 than the reference
-        table.add_row(diff.name, diff.kind, f"{diff.rel:.2e}", f"{diff.token_rel_max:.2e}",
-                      f"{diff.token_rel_mean:.2e}", ", ".join(diff.flags), mark)
+    table.add_column("output" if own_column else "output\ntype", overflow="fold", width=output)
+    if own_column:
+        table.add_column("type", no_wrap=True, width=max(kinds, 4))
+    for col, w in zip(("rel\nerror", "max\ntoken rel", "mean\ntoken rel"), numbers, strict=True):
+        table.add_column(col, justify="right", no_wrap=True, width=w)
+    table.add_column("check", overflow="fold", width=check)
+    for diff, text in zip(rows, checks, strict=True):
+        mark = Text(text, style="green" if diff.ok else "red")
+        values = (f"{diff.rel:.2e}", f"{diff.token_rel_max:.2e}", f"{diff.token_rel_mean:.2e}")
+        if own_column:
+            table.add_row(diff.name, diff.kind or "", *values, mark)
+        else:
+            table.add_row(diff.name + (f"\n{diff.kind}" if diff.kind else ""), *values, mark)
+    return table
+
+
+def render(result: VerifyResult, width: int | None = None) -> Any:
+    """A rich renderable: per-layer table, then the verdict. `width`: the terminal's columns
+    (the route lines are wrapped to it; default: the terminal's)."""
+    import shutil
+
+    from rich.console import Group
+    from rich.text import Text
+
+    width = width or shutil.get_terminal_size().columns
+    tol = result.tolerance
     lines: list[Any] = [Text(f"model: {result.model['source']} ({result.model['class']}, "
                              f"{result.model['layers']} layers, {result.dtype}, {result.model['device']})")]
     if result.sizing:
@@ -74,12 +141,10 @@ def render(result: VerifyResult) -> Any:
     shape = f"batch {result.batch} x seq-len {result.seq_len}"
     if result.packed:
         shape += f", packed into one row as sequences of {result.segments} (reference: each on its own)"
-    lines += [
-        Text(f"inputs: {shape}"),
-        Text(f"reference path: {route_summary(result.reference_explain)}", style="dim"),
-        Text(f"fast path: {route_summary(result.explain)}", style="dim"),
-        table,
-    ]
+    lines.append(Text(f"inputs: {shape}"))
+    for head, rows in (("reference path:", result.reference_explain), ("fast path:", result.explain)):
+        lines += [Text(line, style="dim") for line in _wrapped(head, route_lines(rows), width)]
+    lines.append(_table(result, width))
     rescued = [d for d in [*result.layers, result.logits] if d.ok and d.fast_vs_fp32 is not None]
     if rescued:
         worst = max(rescued, key=lambda d: d.rel)
@@ -144,8 +209,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "vs the reference, both with Liger; needs liger-kernel and a CUDA device)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     parser.add_argument("--save", metavar="PATH", default=None,
-                        help=f"also write the result JSON to PATH (a directory: PATH/{SAVE_NAME})")
+                        help=f"also write the result JSON to PATH (default: not saved); a directory: "
+                             f"PATH/{SAVE_NAME}, or the next free {SAVE_NAME.replace('.json', '-N.json')} "
+                             "there; an existing file only with --force")
+    parser.add_argument("--force", action="store_true", help="let --save replace an existing file")
     parser.epilog = "exit status: 0 PASS, 1 FAIL, 2 bad input or a job that does not fit in memory, 3 NOT VERIFIED"
+
+
+def _refuse_liger_off_cuda(args: argparse.Namespace, dtype: str) -> None:
+    """`--liger` on a CPU, TRITON_INTERPRET=1 or not: one line before any work. Liger Kernel's
+    kernels are Triton GPU kernels; under the interpreter (triton 3.9) they raise at their first
+    call ("'float' object has no attribute 'to'": the interpreter passes float arguments as Python
+    floats, triton/runtime/interpreter.py `_implicit_cvt`), which cost the build and the reference
+    path's setup before exit 1. A family Liger has no patch for is said first (a different fix)."""
+    from fastpath.errors import UsageError
+    from fastpath.models.build import plan_job
+    from fastpath.routing.liger_route import check_usable
+
+    plan = plan_job(args.model, layers=args.layers, dtype=dtype, device=args.device)
+    if plan.device.type == "cuda":
+        return
+    check_usable(getattr(plan.config, "model_type", None), plan.device)  # the family; CUDA without the interpreter
+    raise UsageError(f"--liger needs a CUDA device (here: {plan.device}): Liger Kernel's Triton kernels do not "
+                     "run on CPU tensors, not under TRITON_INTERPRET=1 either")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -160,10 +246,12 @@ def main(args: argparse.Namespace) -> int:
 
     save = None
     if args.save:  # checked before any work: a bad path used to cost the whole run
-        from fastpath.proof.out_paths import resolve_save_file
+        from fastpath.out_paths import resolve_save_file
 
-        save = resolve_save_file(args.save, "--save", SAVE_NAME)
+        save = resolve_save_file(args.save, "--save", SAVE_NAME, force=args.force)
     dtype = resolve_dtype(args.dtype, args.device)
+    if args.liger:
+        _refuse_liger_off_cuda(args, dtype)
     try:
         with Stages("verify") as stages:
             if save is not None and str(save) != args.save:
@@ -185,7 +273,8 @@ def main(args: argparse.Namespace) -> int:
         json.dump(result.to_json(), sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
     else:
-        Console().print(render(result))
+        console = Console()
+        console.print(render(result, console.width))
     if result.verdict == "NOT VERIFIED" and args.json:
         print(f"fastpath verify: {NOT_VERIFIED_LINE}; {NOT_VERIFIED_HINT}", file=sys.stderr)
     return result.exit_code
