@@ -236,6 +236,23 @@ def test_liger_imports_on_a_machine_without_cuda() -> None:
     assert proc.stdout.split() == ["True", "True"]
 
 
+def test_explain_never_calls_liger_fast_on_cpu_tensors() -> None:
+    """Liger's ops patched onto a CPU model are in place but cannot run there (its Triton kernels
+    need a GPU): explain() names them, says why, and does not count them fast."""
+    code = ("import sys; sys.path.insert(0, 'tests'); from matrix_worker import build; import fastpath, json; "
+            "from liger_kernel.transformers import apply_liger_kernel_to_qwen3_5 as apply; "
+            "m = build('qwen3_5_text'); apply(model=m); "
+            "print(json.dumps([r for r in fastpath.explain(m).rows if r['impl'].startswith('liger')]))")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=str(Path(__file__).resolve().parents[1]))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert rows, "no Liger row: the patch did not apply"
+    assert all(not r["fast"] and "need a GPU" in r["impl"] for r in rows), rows
+
+
 @pytest.mark.gpu
 def test_gpu_both_orders_every_family() -> None:  # pragma: no cover - device only
     """The same worker on CUDA tensors (no interpreter, no adaptations), fp32 with TF32 off."""

@@ -1,5 +1,10 @@
 """What `fastpath verify` concludes: the result document, the per-output names, the route checks,
-and the verdict (PASS / FAIL / NOT VERIFIED).
+and the verdict (PASS / SLOW / FAIL / NOT VERIFIED).
+
+PASS means both: the fast path computes the same function, and every op of it ran a fast kernel.
+SLOW is its own verdict (exit 4): the numbers agree, but some op ran slow code (a torch fallback,
+fastpath's torch reference, a Hub kernel that is not cached, FLA's route on CPU tensors); which
+ops and why come from explain() over the fast path and the kernel-call counters.
 
 Why NOT VERIFIED is its own verdict: on a CPU without the Triton interpreter (or with Triton
 lacking a backend) fastpath's kernels hand every call to their torch reference, so both sides run
@@ -19,11 +24,13 @@ CONV_OPS = ("fwd", "bwd", "update", "varlen_states")
 PASS = "PASS"
 FAIL = "FAIL"
 NOT_VERIFIED = "NOT VERIFIED"
+SLOW = "SLOW"
+SLOW_LINE = "SLOW: the fast path computes the same function, but not every op ran a fast kernel"
 NOT_VERIFIED_LINE = "NOT VERIFIED: the fast path ran the torch reference here"
 NOT_VERIFIED_HINT = ("run on a CUDA GPU, or set TRITON_INTERPRET=1 to run the Triton kernels on CPU "
                      "(a correctness check only; its timings mean nothing)")
 # Exit status per verdict (2 stays "bad input", from the CLI).
-EXIT_CODES = {PASS: 0, FAIL: 1, NOT_VERIFIED: 3}
+EXIT_CODES = {PASS: 0, FAIL: 1, NOT_VERIFIED: 3, SLOW: 4}
 
 
 class CannotVerify(FastpathError):
@@ -58,6 +65,25 @@ def not_verified_reason(fast_calls: dict[str, int]) -> str | None:
             f"({impls.get('triton', 0)} Triton calls, {impls.get('reference', 0)} reference calls)")
 
 
+def slow_ops(fast_calls: dict[str, int], explain_rows: list[dict[str, Any]]) -> list[str]:
+    """Why the fast path was not all fast kernels, one line per op (empty: every op was).
+
+    Two witnesses: explain() over the fast path's model (an op whose route is a torch fallback, a
+    Hub kernel that must be downloaded, FLA's route on CPU tensors, ...) and the counters (a
+    fastpath entry point that handed its call to its torch reference: complex A, a too-large
+    state, no Triton backend)."""
+    counts: dict[tuple[str, str], int] = {}
+    for r in explain_rows:
+        if "op" in r and not r.get("fast", True):
+            key = (str(r["op"]), str(r.get("impl")))
+            counts[key] = counts.get(key, 0) + 1
+    lines = [f"{op}: {impl} ({n} layer{'s' if n != 1 else ''})" for (op, impl), n in counts.items()]
+    fell = {k.partition(":")[0]: n for k, n in fast_calls.items() if n and k.endswith(":reference")}
+    lines += [f"{op}: fastpath's torch reference ran {n} call{'s' if n != 1 else ''}"
+              for op, n in sorted(fell.items())]
+    return lines
+
+
 @dataclass
 class VerifyResult:
     model: dict[str, Any]
@@ -85,14 +111,26 @@ class VerifyResult:
         return not_verified_reason(self.fast_calls)
 
     @property
+    def slow(self) -> list[str]:
+        """The fast path's ops that did not run a fast kernel (empty for PASS)."""
+        return slow_ops(self.fast_calls, self.explain)
+
+    @property
     def verdict(self) -> str:
         if self.problems:
             return FAIL
-        return NOT_VERIFIED if self.not_verified else PASS
+        if self.not_verified:
+            return NOT_VERIFIED
+        return SLOW if self.slow else PASS
+
+    @property
+    def matches(self) -> bool:
+        """The numbers agree (PASS or SLOW): the fast path computes the same function."""
+        return not self.problems
 
     @property
     def ok(self) -> bool:
-        """PASS: the numbers agree *and* the fast path executed fast kernels."""
+        """PASS: the numbers agree *and* every op of the fast path ran a fast kernel."""
         return self.verdict == PASS
 
     @property
@@ -115,6 +153,7 @@ class VerifyResult:
         data["ok"] = self.ok
         data["verdict"] = self.verdict
         data["not_verified"] = self.not_verified
+        data["slow_ops"] = self.slow
         data["first_divergence"] = self.first_divergence
         data["conv_kernel_calls"] = self.conv_kernel_calls
         return data

@@ -142,24 +142,30 @@ def explain_rows(model: Any) -> list[dict[str, Any]]:
         groups.setdefault((owner, op), []).append(child)
         impls.setdefault((owner, op), set()).add(fn.__qualname__.split(".")[0])
         owner_types[owner] = type(modules.get(owner, module)).__name__
+    # Liger's Triton kernels run on GPUs only: on another device an op is in place but not fast
+    device = next((p.device.type for p in model.parameters()), "cpu")
+    where = "" if device == "cuda" else f"; {device} tensors: Liger's Triton kernels need a GPU"
+    fast = device == "cuda"
     rows = [{"layer": owner, "layer_type": owner_types[owner], "op": op,
-             "impl": f"liger {'/'.join(sorted(impls[(owner, op)]))} ({', '.join(children)})", "fast": True}
+             "impl": f"liger {'/'.join(sorted(impls[(owner, op)]))} ({', '.join(children)}{where})",
+             "fast": fast}
             for (owner, op), children in groups.items()]
     home = sys.modules.get(type(model).__module__)
     rope = getattr(home, "apply_rotary_pos_emb", None) if home is not None else None
     if _from_liger(rope):
         rows.append({"layer": "<root>", "layer_type": type(model).__name__, "op": ROPE,
-                     "impl": f"liger {rope.__name__} ({type(model).__module__}.apply_rotary_pos_emb)",
-                     "fast": True})
+                     "impl": f"liger {rope.__name__} ({type(model).__module__}.apply_rotary_pos_emb{where})",
+                     "fast": fast})
     if fused_loss_in_place(model):
         rows.append({"layer": "<root>", "layer_type": type(model).__name__, "op": LM_LOSS,
-                     "impl": FUSED_LOSS, "fast": True})
+                     "impl": FUSED_LOSS + (f" ({where[2:]})" if where else ""), "fast": fast})
     else:
         import torch.nn.functional as F
 
         if _from_liger(F.cross_entropy):  # Liger's cross_entropy=True patches torch's own function
             rows.append({"layer": "<root>", "layer_type": type(model).__name__, "op": LM_LOSS,
-                         "impl": "liger cross-entropy (torch.nn.functional.cross_entropy)", "fast": True})
+                         "impl": f"liger cross-entropy (torch.nn.functional.cross_entropy{where})",
+                         "fast": fast})
     return rows
 
 
