@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNELS = 'pip install "fastpath-kit[kernels]"'
-BENCH = 'pip install "fastpath-kit[bench]"'
-CAPTURE = 'pip install "fastpath-kit[capture]"'
+# fastpath-kit is not on PyPI: the line names the checkout the venv was installed from (PEP 610)
+KERNELS = 'pip install "{checkout}[kernels]"'
+BENCH = 'pip install "{checkout}[bench]"'
+CAPTURE = 'pip install "{checkout}[capture]"'
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ def _one_line_exit_2(proc: subprocess.CompletedProcess[str], pip: str) -> str:
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert pip in lines[0], lines[0]
+    assert pip.format(checkout=proc.args[0].split("/venv/")[0] + "/checkout") in lines[0], lines[0]
     return lines[0]
 
 
@@ -72,7 +73,8 @@ def test_the_bare_install_has_no_torch_and_import_fastpath_stays_light(bare_venv
 
 def test_the_doctor_works_on_the_bare_install(bare_venv):
     proc = _run(bare_venv, "fastpath", "doctor", "--probe", "static", "--model", "qwen3.5-27b", "--json")
-    assert proc.returncode in (0, 1), proc.stderr  # 1: a slow path (no GPU here), never a crash
+    # 1: slow or blocked, 3: UNKNOWN (no GPU here, nothing blocks); never a crash
+    assert proc.returncode in (0, 1, 3), proc.stderr
     assert '"verdict"' in proc.stdout and "Traceback" not in proc.stderr
 
 

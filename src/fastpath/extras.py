@@ -42,7 +42,26 @@ class MissingDependency(UsageError, ModuleNotFoundError):
 
 
 def install_line(extra: str) -> str:
-    return f'pip install "{DIST}[{extra}]"'
+    """The pip line that adds `extra` to this installation. fastpath-kit is not on PyPI: an
+    install from a checkout (`pip install .`, `-e .`) records the folder in its PEP 610
+    direct_url.json, and the line names that folder; otherwise the distribution's name."""
+    return f'pip install "{_install_source()}[{extra}]"'
+
+
+def _install_source() -> str:
+    import json
+    from importlib import metadata
+    from urllib.parse import unquote, urlparse
+
+    try:
+        text = metadata.distribution(DIST).read_text("direct_url.json")
+        url = json.loads(text or "{}").get("url", "")
+    except Exception:
+        return DIST
+    parsed = urlparse(url)
+    if parsed.scheme == "file" and parsed.path:
+        return unquote(parsed.path)
+    return DIST
 
 
 def missing_modules(modules: tuple[str, ...]) -> list[str]:
