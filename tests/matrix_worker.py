@@ -109,6 +109,7 @@ def family_case(model_type: str, interp: bool, gen_tokens: int) -> dict[str, Any
     ids = torch.randint(3, 64, (2, 7), generator=torch.Generator().manual_seed(1))
     model = build(model_type)
     ref_logits, ref_gen = run_model(model, ids, gen_tokens)
+    ref_loss, ref_grads = train_step(model, ids)
     res["scale"] = float(ref_logits.abs().max())
     res["explain_before"] = fastpath.explain(model).rows
     reset()
@@ -119,6 +120,11 @@ def family_case(model_type: str, interp: bool, gen_tokens: int) -> dict[str, Any
         res["calls"] = calls()
         res["max_abs_diff"] = float((fast_logits - ref_logits).abs().max())
         res["gen_equal"] = fast_gen == ref_gen
+        fast_loss, fast_grads = train_step(model, ids)  # one training step: loss and every gradient
+        res["loss_diff"] = abs(fast_loss - ref_loss)
+        res["grad_diff"] = max((float((fast_grads[n] - g).abs().max()) / max(float(g.abs().max()), 1e-12)
+                                for n, g in ref_grads.items()), default=0.0)
+        res["grad_names_equal"] = set(fast_grads) == set(ref_grads)
         reset()
         model2 = build(model_type)  # built after enable()
         with torch.no_grad():
@@ -442,6 +448,19 @@ def mamba1_main(interp: bool, gen_tokens: int, wanted: list[str]) -> dict[str, A
     return out
 
 
+def _stack_versions() -> dict[str, str | None]:
+    """Installed versions of the packages that decide how transformers reaches each op."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: dict[str, str | None] = {}
+    for name in ("transformers", "kernels", "torch", "triton", "fla-core"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--families", default="", help="comma list of config model_types (default: all present)")
@@ -488,6 +507,7 @@ def main() -> int:
         "transformers": transformers.__version__,
         "torch": torch.__version__,
         "kernels_installed": __import__("importlib.util").util.find_spec("kernels") is not None,
+        "stack": _stack_versions(),
         "discovered": [m.split(".")[2] for m in mp.discover_modeling_modules()],
         "families": {},
     }

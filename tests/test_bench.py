@@ -186,7 +186,9 @@ def test_bench_without_matplotlib_or_the_interpreter_loses_nothing_and_claims_no
     assert proc.returncode == 0, proc.stderr
     assert "| config |" in proc.stdout and "| fastpath (" in proc.stdout  # the table, printed
     assert sorted(p.name for p in out.iterdir()) == ["bench.json", "bench.md"]
-    assert ('fastpath bench: no bench.png: matplotlib is not installed; run: pip install "fastpath-kit[bench]"'
+    from fastpath.extras import install_line
+
+    assert (f"fastpath bench: no bench.png: matplotlib is not installed; run: {install_line('bench')}"
             in proc.stderr.splitlines())
     assert "Traceback" not in proc.stderr
     doc = json.loads((out / "bench.json").read_text())

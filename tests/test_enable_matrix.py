@@ -1,5 +1,8 @@
 """fastpath.enable() across transformers 4.57.6 / 5.12.1 / 5.17.0 / 5.23.0 / 5.25.0 (side-by-side venvs
-from scripts/setup_transformers_matrix.sh, sharing the system CPU torch).
+from scripts/setup_transformers_matrix.sh, sharing the system CPU torch) and "default": the stack
+`pip install ".[kernels]"` resolves today plus fla-core, in a plain venv of its own
+(scripts/setup_default_stack.sh: transformers 5.25 + kernels 0.19.1 + torch 2.14 + Triton 3.8 on
+2026-12-04), where transformers reaches every op through Hub-kernel wrappers.
 
 Each version runs tests/matrix_worker.py in a subprocess (its own interpreter, its own transformers)
 and these tests assert on the JSON: for every family the version has, outputs with enable() match
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,7 +29,8 @@ from fastpath.doctor.families import CONV_MODEL_TYPES, family_for
 ROOT = Path(__file__).resolve().parents[1]
 VENVS = Path(os.environ.get("FASTPATH_VENVS", ROOT / ".venvs"))
 WORKER = ROOT / "tests" / "matrix_worker.py"
-VERSIONS = ["4.57.6", "5.12.1", "5.17.0", "5.23.0", "5.25.0"]
+VERSIONS = ["4.57.6", "5.12.1", "5.17.0", "5.23.0", "5.25.0", "default"]
+DEFAULT = "default"  # the venv of today's `pip install ".[kernels]"`: its release is read from it
 ATOL = 1e-4  # float32 tiny models; the kernels differ from F.conv1d by rounding only
 
 
@@ -84,8 +89,19 @@ def run_worker(version: str, *extra: str) -> dict[str, Any]:
     return json.loads(proc.stdout)
 
 
+@cache
+def release(version: str) -> str:
+    """The transformers release a matrix entry runs: the entry itself, or (DEFAULT) the version
+    installed in its venv, read from the dist-info folder without starting it."""
+    if version != DEFAULT:
+        return version
+    found = sorted((VENVS / f"tf-{DEFAULT}").glob("lib/python*/site-packages/transformers-*.dist-info"))
+    match = re.search(r"transformers-([0-9][^-]*)\.dist-info$", str(found[-1])) if found else None
+    return match.group(1) if match else "0.0"
+
+
 def _major_minor(version: str) -> tuple[int, int]:
-    major, minor = version.split(".")[:2]
+    major, minor = release(version).split(".")[:2]
     return int(major), int(minor)
 
 
@@ -96,7 +112,7 @@ def _kernel_calls(calls: dict[str, int], op: str) -> int:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_family_of_the_version_is_exercised(version: str) -> None:
     data = run_worker(version)
-    assert data["transformers"] == version
+    assert data["transformers"] == release(version)
     assert data["families"], "no hybrid family found"
     discovered = set(data["discovered"])
     for model_type in data["families"]:
@@ -121,6 +137,9 @@ def test_outputs_match_reference_and_kernels_ran(version: str) -> None:
         tol = ATOL * max(1.0, res["scale"])
         assert res["max_abs_diff"] <= tol, (model_type, res["max_abs_diff"])
         assert res["gen_equal"], f"{model_type}: greedy generate differs with enable()"
+        assert res["grad_names_equal"], f"{model_type}: a training step with enable() lost a gradient"
+        assert res["loss_diff"] <= tol and res["grad_diff"] <= 1e-3, (model_type, res["loss_diff"],
+                                                                      res["grad_diff"])
         assert res["after_build_diff"] <= tol, model_type
         assert res["disabled_diff"] == 0.0, f"{model_type}: disable() did not restore the reference"
         assert res["calls_after_disable"] == {}, f"{model_type}: kernels still called after disable()"
@@ -204,3 +223,49 @@ def test_offline_load_with_kernels_installed_525() -> None:
     assert off["diff"] <= ATOL
     assert _kernel_calls(off["calls"], "fwd") >= 1
     assert all(r["impl"].startswith("fastpath") for r in off["explain"] if r["op"].startswith("causal"))
+
+
+# ops explain() must list after enable() on today's stack, per family (CPU rows; every one routed)
+DEFAULT_STACK_OPS = {
+    "qwen3_5_text": {"causal_conv1d_fn", "causal_conv1d_update", "chunk_gated_delta_rule",
+                     "recurrent_gated_delta_rule", "gated_rmsnorm", "gdn_gates", "attn_output_gate"},
+    "qwen3_next": {"causal_conv1d_fn", "causal_conv1d_update", "chunk_gated_delta_rule",
+                   "recurrent_gated_delta_rule", "gated_rmsnorm", "attn_output_gate"},
+    "nemotron_h": {"causal_conv1d_fn", "causal_conv1d_update", "selective_state_update",
+                   "mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined"},
+    "falcon_mamba": {"causal_conv1d_fn", "causal_conv1d_update", "selective_state_update",
+                     "selective_scan_fn"},
+}
+
+
+def test_default_stack_is_todays_resolution_with_hub_wrappers() -> None:
+    """The leg runs what `pip install ".[kernels]"` resolves now: transformers >= 5.25 with the
+    `kernels` it requires (its ops behind Hub-kernel wrappers), plus fla-core."""
+    data = run_worker(DEFAULT)
+    stack = data["stack"]
+    assert _major_minor(DEFAULT) >= (5, 25), stack
+    assert data["kernels_installed"] and stack["kernels"], stack
+    assert stack["fla-core"], stack
+
+
+def test_default_stack_routes_every_op() -> None:
+    """With kernels + fla-core installed, enable() routes every op of the tiny Qwen3.5, Qwen3-Next,
+    Nemotron-H and Falcon-Mamba models: explain() shows no Hub-kernel and no torch-fallback row, the
+    gated delta rule is FLA's route (CUDA tensors; CPU tensors keep transformers' torch function),
+    and every op the family calls is listed. Before the wrappers were seen through, the delta rule
+    read `hub kernel (kernels._internals.layer.layer)` and no SSM op or gdn_gates was routed."""
+    data = run_worker(DEFAULT)
+    for model_type, want in DEFAULT_STACK_OPS.items():
+        res = data["families"].get(model_type)
+        assert res is not None and "error" not in res, (model_type, res)
+        for key in ("explain", "explain_after_build"):
+            rows = res[key]
+            assert want <= {r["op"] for r in rows}, (model_type, key, want - {r["op"] for r in rows})
+            for r in rows:
+                assert not r["impl"].startswith(("hub kernel", "torch fallback")), (model_type, r)
+                if r["op"].endswith("gated_delta_rule"):
+                    assert "FLA routed for CUDA" in r["impl"], (model_type, r)
+                else:
+                    assert r["fast"], (model_type, r)
+        before = {r["op"]: r["impl"] for r in res["explain_before"]}
+        assert all(i.startswith(("torch", "fastpath")) for i in before.values()), before

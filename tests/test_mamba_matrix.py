@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from fastpath.kernels.ssd import interface as ssd_interface
-from test_enable_matrix import VERSIONS, _python_for, _run
+from test_enable_matrix import VERSIONS, _major_minor, _python_for, _run, release
 
 MAMBA_OPS = ("mamba_chunk_scan_combined", "selective_state_update", "mamba_split_conv1d_scan_combined")
 TOL = 1e-4          # float32 tiny models, relative to the logits' scale
@@ -37,16 +37,14 @@ PACKED_SUPPORT = {"old": {"bamba", "granitemoehybrid"},
 def _packed_support(version: str) -> set[str]:
     if _old(version):
         return PACKED_SUPPORT["old"]
-    major, minor = (int(p) for p in version.split(".")[:2])
-    return PACKED_SUPPORT["5.25" if (major, minor) >= (5, 25) else "5.15"]
+    return PACKED_SUPPORT["5.25" if _major_minor(version) >= (5, 25) else "5.15"]
 TRITON_SCAN_VERSION = "5.17.0"
 _POOL = ThreadPoolExecutor(max_workers=max(1, min(len(VERSIONS), os.cpu_count() or 1)))
 _FUTURES: dict[str, Future] = {}
 
 
 def _old(version: str) -> bool:
-    major, minor = (int(p) for p in version.split(".")[:2])
-    return (major, minor) <= (5, 14)
+    return _major_minor(version) <= (5, 14)
 
 
 def _start(version: str) -> Future | None:
@@ -81,7 +79,7 @@ def _families(version: str) -> dict[str, Any]:
     data = run_worker(version)
     if os.environ.get("TRITON_INTERPRET") != "1" or not data["interp"]:
         pytest.skip("the Mamba-2 matrix runs the kernels under TRITON_INTERPRET=1")
-    assert data["transformers"] == version
+    assert data["transformers"] == release(version)
     return data
 
 

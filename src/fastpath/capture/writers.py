@@ -42,7 +42,9 @@ def need(module: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise UsageError(f"fastpath capture needs {module.split('.')[0]}: pip install 'fastpath-kit[capture]'") from None
+        from fastpath.extras import install_line
+
+        raise UsageError(f"fastpath capture needs {module.split('.')[0]}: {install_line('capture')}") from None
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:

@@ -19,7 +19,8 @@ fp32) with fastpath's, and a failure could not say whose it is; Liger's tests co
 
 This module is the command line and the rendering; the maths is in models/compare.py, running the
 two paths in proof/run_paths.py, the verdict in proof/verdict.py, the job's size in models/sizing.py.
-Exit status: 0 PASS, 1 FAIL, 2 bad input (or a job that will not fit), 3 NOT VERIFIED.
+Exit status: 0 PASS, 1 FAIL, 2 bad input (or a job that will not fit), 3 NOT VERIFIED, 4 SLOW (same
+function, but an op ran slow code: a torch fallback, a Hub kernel not cached, FLA on CPU tensors).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from fastpath.proof.run_paths import REFERENCES
 from fastpath.proof.verdict import (
     NOT_VERIFIED_HINT,
     NOT_VERIFIED_LINE,
+    SLOW,
+    SLOW_LINE,
     CannotVerify,
     VerifyResult,
 )
@@ -175,6 +178,9 @@ def render(result: VerifyResult, width: int | None = None) -> Any:
     lines.append(Text(f"fast path executed {result.conv_kernel_calls} conv kernel calls ({calls})"))
     if result.verdict == "PASS":
         lines.append(Text("PASS: the fast path computes the same function", style="bold green"))
+    elif result.verdict == SLOW:
+        lines.append(Text(SLOW_LINE, style="bold yellow"))
+        lines += [Text(f"  - {line}", style="yellow") for line in result.slow]
     elif result.verdict == "NOT VERIFIED":
         lines.append(Text(NOT_VERIFIED_LINE, style="bold yellow"))
         lines.append(Text(f"  - {result.not_verified}", style="yellow"))
@@ -213,7 +219,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"PATH/{SAVE_NAME}, or the next free {SAVE_NAME.replace('.json', '-N.json')} "
                              "there; an existing file only with --force")
     parser.add_argument("--force", action="store_true", help="let --save replace an existing file")
-    parser.epilog = "exit status: 0 PASS, 1 FAIL, 2 bad input or a job that does not fit in memory, 3 NOT VERIFIED"
+    parser.epilog = ("exit status: 0 PASS (same function, every op on a fast kernel), 1 FAIL, 2 bad input or "
+                     "a job that does not fit in memory, 3 NOT VERIFIED (the fast path ran torch code), "
+                     "4 SLOW (same function, but some op ran slow code; the lines above name them)")
 
 
 def _refuse_liger_off_cuda(args: argparse.Namespace, dtype: str) -> None:
