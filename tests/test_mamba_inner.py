@@ -126,3 +126,90 @@ def test_bad_xz_and_checkpoint_level_are_one_line_errors():
         call({**t, "xz": t["xz"][:, :-1]})
     with pytest.raises(ValueError, match="checkpoint_lvl"):
         call(t, checkpoint_lvl=2)
+
+
+# ---------------------------------------------------------------- mamba_ssm's B / C options
+def inner_case(var_b: bool, var_c: bool, complex_a: bool = False, seed: int = 11):
+    """mamba_ssm's test_mamba_inner_fn inputs at small sizes: x_proj makes only the varying B/C
+    (2 rows per state with complex A); conv weights, A, a time-invariant B/C, D, delta_bias
+    float64 here, lowered per call."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s, scale=1.0: torch.randn(*s, generator=g, dtype=torch.float64) * scale  # noqa: E731
+    per = N * (2 if complex_a else 1)
+    t = {
+        "xz": r(BATCH, 2 * DIM, LENGTH),
+        "conv_w": r(DIM, 1, 3, scale=0.5),
+        "conv_b": r(DIM, scale=0.2),
+        "x_proj": r(RANK + (var_b + var_c) * per, DIM, scale=0.4),
+        "dt_proj": r(DIM, RANK, scale=0.5),
+        "out_w": r(HIDDEN, DIM, scale=0.4),
+        "A": -(torch.rand(DIM, N, generator=g, dtype=torch.float64) * 0.5 + 0.1),
+        "D": r(DIM),
+        "delta_bias": r(DIM, scale=0.3),
+    }
+    if complex_a:
+        t["A"] = torch.complex(t["A"], r(DIM, N))
+    if not var_b:
+        t["B"] = torch.complex(r(DIM, N), r(DIM, N)) if complex_a else r(DIM, N)
+    if not var_c:
+        t["C"] = torch.complex(r(DIM, N), r(DIM, N)) if complex_a else r(DIM, N)
+    return t
+
+
+def inner(fn, t):
+    return fn(t["xz"], t["conv_w"], t["conv_b"], t["x_proj"], t["dt_proj"], t["out_w"], None,
+              t["A"], t.get("B"), t.get("C"), t["D"], delta_bias=t["delta_bias"],
+              delta_softplus=True)
+
+
+WEIGHTS32 = ("conv_w", "conv_b", "A", "B", "C", "D", "delta_bias")  # mamba_ssm's test dtypes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("var_b", "var_c"), [(False, True), (True, False), (False, False)])
+def test_time_invariant_b_or_c(var_b, var_c, dtype):
+    """A time-invariant (dim, N) B and/or C given to mamba_inner_fn (mamba_ssm's
+    is_variable_B/C = False): output and every gradient against float64 (these gave wrong
+    outputs and an out-of-bounds read through the scan)."""
+    t = inner_case(var_b, var_c)
+    low = {k: v.to(torch.float32 if k in WEIGHTS32 else dtype) for k, v in t.items()}
+    got_in = {k: v.clone().requires_grad_() for k, v in low.items()}
+    ref_in = {k: v.double().requires_grad_() for k, v in low.items()}
+    CALLS.clear()
+    got = inner(mamba_inner_fn, got_in)
+    assert CALLS[f"ss_fwd:{IMPL}"] == 1, dict(CALLS)
+    want = inner(mamba_inner_ref, ref_in)
+    tol = 1e-4 if dtype == torch.float32 else 4e-2
+    assert got.dtype == dtype and rel(got, want) < tol
+    dout = torch.randn(want.shape, generator=torch.Generator().manual_seed(3),
+                       dtype=torch.float64)
+    names = list(low)
+    gg = torch.autograd.grad((got.double() * dout).sum(), [got_in[k] for k in names])
+    rg = torch.autograd.grad((want * dout).sum(), [ref_in[k] for k in names])
+    for name, a, b in zip(names, gg, rg, strict=True):
+        assert a.dtype == low[name].dtype and rel(a, b) < 3 * tol, f"d{name}: {rel(a, b):.2e}"
+
+
+@pytest.mark.parametrize(("var_b", "var_c"), [(True, True), (False, True)])
+def test_complex_a_takes_the_reference_with_a_warning(var_b, var_c):
+    """mamba_ssm's wtype=complex64: the scan runs its reference (warned once), output equal to
+    the float64 composition."""
+    from fastpath.kernels import dispatch
+
+    t = inner_case(var_b, var_c, complex_a=True, seed=2)
+    low = {k: v.to(torch.complex64 if v.is_complex() else torch.float32) for k, v in t.items()}
+    dispatch._warn_once.cache_clear()
+    CALLS.clear()
+    with pytest.warns(RuntimeWarning, match="complex A"):
+        got = inner(mamba_inner_fn, low)
+    assert CALLS["ss_fwd:reference"] == 1, dict(CALLS)
+    want = inner(mamba_inner_ref, t)
+    assert rel(got, want) < 1e-4
+
+
+def test_x_proj_rows_must_match_the_varying_b_and_c():
+    t = inner_case(False, True)
+    t["x_proj"] = t["x_proj"][:-1]
+    with pytest.raises(ValueError, match="x_proj_weight must be") as info:
+        inner(mamba_inner_fn, t)
+    assert "\n" not in str(info.value)

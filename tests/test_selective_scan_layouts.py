@@ -22,12 +22,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fastpath.kernels.counters import CALLS
-from fastpath.kernels.dispatch import use_triton
+from fastpath.kernels.dispatch import triton_interpreter_on, use_triton
 from fastpath.kernels.selective_scan.interface import FWD_ENV, selective_scan_fn
 from fastpath.kernels.selective_scan.naive import selective_scan_ref
 
+# the kernels on CPU tensors under TRITON_INTERPRET=1, else compiled on the CUDA device
+DEVICE = "cpu" if triton_interpreter_on() or not torch.cuda.is_available() else "cuda"
 pytestmark = pytest.mark.skipif(
-    not use_triton(torch.empty(0)), reason="exercises the Triton kernels: needs CUDA or TRITON_INTERPRET=1"
+    not use_triton(torch.empty(0, device=DEVICE)),
+    reason="exercises the Triton kernels: needs CUDA or TRITON_INTERPRET=1",
 )
 # relative L2 distance allowed against float64, by input dtype (forward; gradients 2x)
 TOL = {torch.float32: 1e-4, torch.float16: 6e-3, torch.bfloat16: 3e-2}
@@ -50,7 +53,7 @@ def fenced(t: torch.Tensor, transpose: bool = False) -> torch.Tensor:
     if transpose and t.dim() >= 2:
         shape[-1], shape[-2] = shape[-2], shape[-1]
     n = t.numel()
-    buf = torch.full((3 * n + 8,), float("nan"), dtype=t.dtype)
+    buf = torch.full((3 * n + 8,), float("nan"), dtype=t.dtype, device=t.device)
     inner = buf[n + 4: 2 * n + 4].view(shape)
     view = inner.transpose(-1, -2) if transpose and t.dim() >= 2 else inner
     view.copy_(t)
@@ -87,7 +90,7 @@ def make(batch, dim, nstate, length, b_layout, c_layout, *, b_groups=2, c_groups
 def lowered(case: dict, dtype: torch.dtype) -> dict:
     """The inputs as the kernel sees them: varying tensors in `dtype`; A, D, delta_bias and a
     time-invariant B/C float32 (mamba_ssm's test draws those in its weight dtype)."""
-    return {k: v.to(torch.float32 if k in KEEP32 or v.dim() == 2 else dtype)
+    return {k: v.to(DEVICE).to(torch.float32 if k in KEEP32 or v.dim() == 2 else dtype)
             for k, v in case.items()}
 
 
@@ -110,7 +113,7 @@ def cotangents(out_shape, state_shape, dtype, seed=7):
     g = torch.Generator().manual_seed(seed)
     dout = torch.randn(out_shape, generator=g, dtype=torch.float64).to(dtype).double()
     dlast = torch.randn(state_shape, generator=g, dtype=torch.float64).float().double()
-    return dout, dlast
+    return dout.to(DEVICE), dlast.to(DEVICE)
 
 
 def check(case: dict, dtype: torch.dtype, *, opts=(True, True, True), softplus=True, last=True,
@@ -141,7 +144,7 @@ def check(case: dict, dtype: torch.dtype, *, opts=(True, True, True), softplus=T
     if last:
         assert state.dtype == torch.float32
         dist["last_state"] = (rel_err(state, rstate), rel_err(lstate, rstate))
-    for k, (fast, ref) in dist.items():
+    for k, (fast, _) in dist.items():
         assert fast < tol, f"{k}: {fast:.2e}"
     for k, grad in grads.items():
         assert grad.shape == low[k].shape and grad.dtype == low[k].dtype, k
@@ -200,6 +203,7 @@ def test_stride_zero_broadcast_inputs():
         "C": r(1, nstate, length), "D": r(1), "z": r(batch, dim, 1), "delta_bias": r(1),
         "A": -(torch.rand(dim, nstate, generator=g, dtype=torch.float64) + 0.2),
     }
+    base = {k: v.to(DEVICE) for k, v in base.items()}
     shapes = {"u": (batch, dim, length), "delta": (batch, dim, length),
               "B": (batch, nstate, length), "C": (batch, nstate, length), "D": (dim,),
               "z": (batch, dim, length), "delta_bias": (dim,)}
@@ -279,3 +283,20 @@ def test_low_precision_gradients_no_worse_than_the_reference(dtype, b_layout, c_
     worse = {k: f"{fast:.2e} vs reference {ref:.2e}" for k, (fast, ref) in dist.items()
              if fast > max(2 * ref, 1e-5)}
     assert not worse, worse
+
+
+# ---------------------------------------------------------------- on the GPU, mamba_ssm's sizes
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="compiled kernels on a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("c_layout", LAYOUTS)
+@pytest.mark.parametrize("b_layout", LAYOUTS)
+def test_gpu_every_layout_at_mamba_ssm_lengths(b_layout, c_layout, dtype):
+    """mamba_ssm's test sizes (batch 2, dim 4, dstate 8) at its longest length, and a wider
+    dim at an odd length, every layout pair, against float64 under the 2x rule."""
+    for dim, nstate, seqlen in ((4, 8, 4096), (64, 16, 1134)):
+        case = make(2, dim, nstate, seqlen, b_layout, c_layout, seed=seqlen + dim)
+        dist = check(case, dtype)
+        worse = {k: f"{fast:.2e} vs reference {ref:.2e}" for k, (fast, ref) in dist.items()
+                 if fast > max(2 * ref, 1e-5)}
+        assert not worse, (dim, seqlen, worse)

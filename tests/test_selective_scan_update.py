@@ -149,3 +149,26 @@ def test_bad_shapes_are_one_line_errors(change, message):
     with pytest.raises(ValueError, match=message) as info:
         selective_state_update(**t)
     assert "\n" not in str(info.value)
+
+
+def test_index_past_the_pool_is_a_no_op_not_an_out_of_bounds_access():
+    """A state_batch_indices entry >= the pool size is treated like a padding row (output 0, no
+    state touched) by the kernel and the reference alike: the kernel never reads or writes
+    outside `state` (checking on the host would sync the device every token). The pool is a
+    view into a NaN-filled buffer, so a stray read would show."""
+    t = inputs(3, 4, 3, torch.float32, seed=10)
+    t.pop("state")
+    buf = torch.full((7, 4, 3), float("nan"))
+    pool = buf[1:6]
+    pool.copy_(torch.randn(5, 4, 3))
+    before = buf.clone()
+    idx = torch.tensor([5, 2, 900])
+    out = selective_state_update(pool, **t, dt_softplus=True, state_batch_indices=idx)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out[0], torch.zeros(4)) and torch.equal(out[2], torch.zeros(4))
+    pick = {k: (v[1:2] if k in ("x", "dt", "z", "B", "C") else v) for k, v in t.items()}
+    want_out, want_state = expected(before[3:4], pick["x"], pick["dt"], pick["A"], pick["B"],
+                                    pick["C"], pick["D"], pick["z"], pick["dt_bias"], True)
+    assert rel(out[1:2], want_out) < 1e-5 and rel(pool[2:3], want_state) < 1e-5
+    changed = [i for i in range(7) if not torch.equal(buf[i].nan_to_num(), before[i].nan_to_num()) and i != 3]
+    assert changed == [], changed

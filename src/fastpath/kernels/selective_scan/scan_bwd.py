@@ -19,10 +19,11 @@ Two launches:
        dB_t (this block) = sum_d g_t delta'_t u_t     dC_t (this block) = sum_d h_t dy_t
        ddelta = d(delta') * sigmoid(delta + bias) under softplus (1 above 20); ddelta_bias = sum.
    dy = dout * silu(z) and dz = dout * y * silu'(z) with z; dy = dout without.
-Per-program partial sums (dA, dD, ddelta_bias per batch row; dB, dC per channel block) are float32
-buffers reduced by torch afterwards: deterministic, no atomics.
-Memory: the chunk states (1/T of the state size per step) plus the dB/dC partials,
-(batch, G, blocks, N, L) float32 each.
+Per-program partial sums (dA, dD, ddelta_bias per batch row; a time-varying dB/dC per channel
+block, (batch, program groups, blocks, N, L); a time-invariant dB/dC summed over the row's steps
+in registers, (batch, dim, N)) are float32 buffers reduced by torch afterwards, in float32, and
+cast to the input's dtype once: deterministic, no atomics, nothing rounded before it is summed.
+Memory: the chunk states (1/T of the state size per step) plus those partials.
 """
 
 from __future__ import annotations
