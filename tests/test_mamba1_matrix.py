@@ -115,8 +115,7 @@ def test_falcon_mamba_fused_op_follows_the_reference_path(version: str) -> None:
     """Falcon-Mamba's normed fused call is declined (5.15-5.24: transformers' unfused path runs on
     the routed ops) or composed from them (<=5.14); 5.25 no longer calls it."""
     rows = [r for r in _families(version)["falcon_mamba"]["explain"] if r["op"] == "mamba_inner_fn"]
-    major, minor = (int(p) for p in version.split(".")[:2])
-    if (major, minor) >= (5, 25):
+    if _major_minor(version) >= (5, 25):
         assert rows == []
     elif _old(version):
         assert rows and all(r["impl"].startswith("fastpath (torch reference") for r in rows), rows
