@@ -538,14 +538,19 @@ def test_bad_input_is_a_one_line_error(lfm2_config, tmp_path, capsys):
         ([str(good), "--out", str(tmp_path / "o6"), "--model-layers", "0"], "--model-layers must be a positive"),
         ([str(good), "--out", str(tmp_path / "o7"), "--reference-path"], "needs --allow-slow"),
         ([str(good), "--out", str(tmp_path / "o8"), "--dtype", "int8"], "unknown dtype 'int8'"),
-        ([str(good), "--out", str(good / "sub" / "dir")], "is not a writable directory"),
+        ([str(good), "--out", str(good / "sub" / "dir")], "good.jsonl is not a directory"),
     ]
+    # found only once the config / DATA are read: after the progress line saying that they are
+    read_first = ("bad.jsonl:2: not JSON", "outside the model's vocabulary", "outside this 4-layer model")
     for args, text in cases:
         code = main(["capture", lfm2_config, *args, "--device", "cpu",
                      *([] if "--layers" in args else ["--layers", "1,2,3"])])
-        err = capsys.readouterr().err
-        # one line, and before the weights load (progress is on: no "loading" line came first)
-        assert code == 2 and text in err and err.count("\n") == 1, (args, err)
+        lines = capsys.readouterr().err.splitlines()
+        # one error line, last, before the weights load (progress is on: no "loading" line came first);
+        # an option alone is refused before anything else is said
+        assert code == 2 and text in lines[-1] and lines[-1].startswith("fastpath capture: error: "), (args, lines)
+        assert not any("loading" in line or "error" in line for line in lines[:-1]), (args, lines)
+        assert len(lines) == 1 or (text in read_first and lines[0].startswith("fastpath capture: starting:")), lines
     assert (used / "notes.txt").read_text() == "mine" and len(list(used.iterdir())) == 1
     # and through the real entry point: argparse's own errors, no traceback
     proc = subprocess.run([sys.executable, "-m", "fastpath", "capture", lfm2_config, str(good), "--out",

@@ -184,7 +184,7 @@ def test_verify_at_80_columns_keeps_layer_types_and_route_lines_whole(tmp_path: 
     proc = fastpath("verify", str(source), "--device", "cpu", "--seq-len", "8", "--batch", "1",
                     "--decode-tokens", "0", "--save", str(save), timeout=600, extra_env={"COLUMNS": str(WIDTH)})
     out = proc.stdout.decode()
-    assert proc.returncode in (0, 3), proc.stderr.decode()[-3000:]
+    assert proc.returncode in (0, 3, 4), proc.stderr.decode()[-3000:]  # PASS, NOT VERIFIED, SLOW
     assert_fits(out)
     doc = json.loads(save.read_text())
     rows = [*doc["reference_explain"], *doc["explain"]]

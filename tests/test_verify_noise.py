@@ -62,7 +62,8 @@ def conv_backward_one_percent_off(x, weight, bias=None, seq_idx=None, initial_st
 def test_an_ill_conditioned_gradient_passes_against_the_references_own_rounding_noise(tiny):
     result = verify_model(tiny, dtype="fp32", seq_len=32, batch=2, backward=True, decode_tokens=0,
                           seed=ILL_CONDITIONED_SEED)
-    assert result.ok, result.problems
+    # the same function (no problem); whether every op ran a fast kernel is the verdict's business
+    assert not result.problems, result.problems
     judged = {g.name: g for g in result.grads or [] if g.noise is not None}
     assert "model.layers.0.linear_attn.dt_bias" in judged  # beyond 1e-3, so its noise was measured
     dt_bias = judged["model.layers.0.linear_attn.dt_bias"]

@@ -81,10 +81,7 @@ def main(args: argparse.Namespace) -> int:
 
     env = {name: os.environ[name] for name in RESUME_ENV if name in os.environ}  # before fastpath sets any
     require("capture")  # before any work: one line naming the pip install, exit 2
-    if not args.quiet and world_from_env().is_main:  # the imports alone take seconds
-        print("fastpath capture: starting: importing torch and transformers, then checking MODEL, DATA and --out",
-              file=sys.stderr, flush=True)
-    from fastpath.capture.run import CaptureOptions, run_capture
+    from fastpath.capture.run import CaptureOptions, check_options, run_capture
 
     opts = CaptureOptions(
         model=args.model, data=args.data, out=args.out, format=args.format, max_len=args.max_len,
@@ -99,6 +96,11 @@ def main(args: argparse.Namespace) -> int:
     opts.setup_interrupt_text = lambda: interrupted_text(args, opts.status, env)
     if opts.check_every < 0:
         raise UsageError("--check-every must be >= 0")
+    if args.data is not None:
+        check_options(opts)  # the options themselves: one line, before anything is said or imported
+    if not args.quiet and world_from_env().is_main:  # the imports alone take seconds
+        print("fastpath capture: starting: importing torch and transformers, then reading MODEL's config"
+              + (" and DATA" if args.data is not None else ""), file=sys.stderr, flush=True)
     if args.data is None:  # --check-client on the finished capture in --out
         from fastpath.capture.run import check_existing_capture
 

@@ -387,18 +387,18 @@ def check_existing_capture(opts: CaptureOptions) -> dict[str, Any]:
     return client_check(opts, out, make_writer(opts.format, out), built.model, list(settings["layers"]), say)
 
 
-def run_capture(opts: CaptureOptions) -> CaptureResult:
-    """Capture every row of opts.data into opts.out (see the package doc)."""
-    import torch
-
-    from fastpath.models.compare import TOLERANCES
-    from fastpath.models.dtypes import dtype_label, resolve_device, torch_dtype
+def check_options(opts: CaptureOptions) -> None:
+    """Every check that needs neither torch nor transformers (the imports alone take seconds):
+    one line, before the command says anything else. The rest (layers against the config, DATA's
+    rows) follows the progress line that says they are being read."""
+    from fastpath.models.dtypes import DTYPE_NAMES
 
     if opts.max_len < 2:
         raise UsageError("--max-len must be at least 2")
     if opts.batch_tokens < 1:
         raise UsageError("--batch-tokens must be positive")
-    torch_dtype(opts.dtype)  # an unknown name is a one-line error now, not after the load
+    if str(opts.dtype).strip().lower() not in DTYPE_NAMES:
+        raise UsageError(f"unknown dtype {opts.dtype!r}; use bf16, fp16 or fp32")
     if opts.model_layers is not None and opts.model_layers < 1:
         raise UsageError(f"--model-layers must be a positive integer, got {opts.model_layers}")
     if opts.check_every < 0:
@@ -407,6 +407,22 @@ def run_capture(opts: CaptureOptions) -> CaptureResult:
         raise UsageError("--recheck-tokens must be >= 0 (0: the whole row)")
     if opts.write_threads < 1 or (opts.write_slots is not None and opts.write_slots < 1):
         raise UsageError("--write-threads (and write_slots) must be at least 1")
+    if opts.reference_path and not opts.allow_slow:
+        raise UsageError("--reference-path runs the torch fallback: it needs --allow-slow")
+    if opts.data is not None and not Path(opts.data).is_file():
+        raise UsageError(f"data file {opts.data} does not exist")
+    _check_out(Path(opts.out).expanduser(), opts.resume)
+
+
+def run_capture(opts: CaptureOptions) -> CaptureResult:
+    """Capture every row of opts.data into opts.out (see the package doc)."""
+    import torch
+
+    from fastpath.models.compare import TOLERANCES
+    from fastpath.models.dtypes import dtype_label, resolve_device, torch_dtype
+
+    check_options(opts)
+    torch_dtype(opts.dtype)
     check_client_options(opts)
     world = distributed.world_from_env()
     device = resolve_device(opts.device)
