@@ -164,7 +164,10 @@ def test_outputs_match_reference_and_kernels_ran(version: str) -> None:
         # explain() must say what actually ran
         impls = {r["impl"] for r in conv_rows}
         if interp and impls == {"fastpath-triton (interpreter)"}:
-            assert set(res["calls"]) == {"fwd:triton", "update:triton"}, res["calls"]
+            conv = {k for k in res["calls"] if k.split(":")[0] in ("fwd", "bwd", "update")}
+            assert conv == {"fwd:triton", "update:triton"}, res["calls"]
+            # other kernels that ran (FLA's gated norm where fla-core is installed) ran fast ones
+            assert not any(k.endswith(":reference") for k in res["calls"]), res["calls"]
         else:  # no interpreter, or a layer the kernels hand to their reference (e.g. width > 4)
             assert all(i.startswith("fastpath (torch reference") for i in impls), impls
             assert set(res["calls"]) == {"fwd:reference", "update:reference"}, res["calls"]

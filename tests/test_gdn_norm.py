@@ -285,7 +285,7 @@ def test_route_across_transformers_versions(version: str) -> None:
 
 
 def _assert_verify_passed(res: dict) -> None:
-    assert res["ok"], res["problems"]
+    assert res["ok"] and res["verdict"] in ("PASS", "SLOW"), res["problems"]
     # 2 GatedDeltaNet layers x (forward + prefill + 2 cached decode steps) went through FLA's norm
     assert res["fast_calls"].get(f"{norm_route.OP}:fla", 0) >= 2 * 4, res["fast_calls"]
     assert f"{norm_route.OP}:fla" not in res["reference_calls"], res["reference_calls"]
@@ -515,7 +515,10 @@ def _worker_verify(dtype: str, device: str) -> dict:
                               device=device)
     finally:
         os.unlink(path)
-    return {"ok": result.ok, "problems": result.problems, "fast_calls": result.fast_calls,
+    # "ok": the same function; the verdict adds whether every op ran a fast kernel (SLOW on a CPU:
+    # FLA's delta rule runs on CUDA tensors only)
+    return {"ok": result.matches, "verdict": result.verdict, "problems": result.problems,
+            "fast_calls": result.fast_calls,
             "reference_calls": result.reference_calls,
             "layers": [(d.name, d.rel, d.token_rel_max) for d in result.layers]}
 

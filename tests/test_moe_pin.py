@@ -133,7 +133,7 @@ def test_packed_calls_are_regrouped_per_layer():
 @needs_kimi
 def test_bf16_moe_verify_passes_with_the_reference_choices_pinned(kimi):
     result = verify_model(kimi, dtype="bf16", seq_len=128, batch=1, backward=False, decode_tokens=3)
-    assert result.ok, result.problems
+    assert result.matches, result.problems  # SLOW on a CPU: KDA is FLA's, for CUDA tensors only
     note = next(n for n in result.model["notes"] if n.startswith("top-k (MoE routing) pinned"))
     assert "at 12 calls" in note  # 3 per router pass: the forward, the prefill, 2 decode steps
     moe = result.layers[2]
