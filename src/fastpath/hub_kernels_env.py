@@ -8,7 +8,7 @@ cased, is one of 1/ON/YES/TRUE (src/transformers/integrations/hub_kernels.py at 
 fastpath.enable() sets USE_HUB_KERNELS=0 when the user has not set it (so from_pretrained stays
 offline and on fastpath's routes) and keeps a value the user set. The doctor's plan asks
 `on_after_enable` what enable() will leave, and routing/hub_kernels.py asks `value_after_enable`
-what to set: the report and the routing cannot disagree (issue #24).
+what to set: the report and the routing cannot disagree.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ PATCH_FUNCTIONS: dict[str, str] = {
     "falcon_h1": "apply_liger_kernel_to_falcon_h1",
 }
 
-#: measured on the lent H200 (issue #27; 8-layer Qwen3.5-27B shape, bf16, B=1, L=4096, train step)
+#: measured on the H200 (BENCHMARKS.md; 8-layer Qwen3.5-27B shape, bf16, B=1, L=4096, train step)
 MEASURED_EFFECT = ("enable() + Liger: 21.05 GiB peak vs ~39 GiB for enable() alone (-46 %), "
                    "~15 % fewer tokens/s (16.4-16.6k vs 19.4-19.8k), same loss")
 SOURCE = "https://github.com/linkedin/Liger-Kernel/blob/main/src/liger_kernel/transformers/monkey_patch.py"

@@ -84,11 +84,6 @@ EXAMPLE_NAMES = ("V100", "T4", "A100", "A10G", "L4", "L40S", "RTX 4090", "H100",
                  "B200", "GB200", "B300", "RTX PRO 6000", "RTX 5090", "DGX Spark")
 
 
-def known_names() -> list[str]:
-    """Every product name `--gpu` accepts."""
-    return [n for names, _, _ in GPU_MODELS for n in names]
-
-
 def parse_gpu_spec(spec: str) -> AssumedGpu:
     """sm_120 / sm_90a / 12.0 / 120 / a product name -> AssumedGpu; anything else: UsageError."""
     text = (spec or "").strip()

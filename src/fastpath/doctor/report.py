@@ -277,12 +277,6 @@ def merged_range(first: str, last: str) -> str:
     return f"{start}-{end}"
 
 
-def ran_static(facts: dict[str, Any]) -> bool:
-    """The Python probe ran without imports (`--probe static`): its import verdicts are inferred
-    from files."""
-    return FactsView(facts).static_probe
-
-
 def _plain_view(diagnosis: Any) -> Any:
     """The diagnosis with every string that came from a target, a file or the environment (facts,
     model plan, findings' text, headline) made plain: control characters visible, long strings

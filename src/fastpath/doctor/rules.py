@@ -277,7 +277,7 @@ def check_conv_missing(ctx: Context) -> dict | None:
 
 def check_no_nvcc(ctx: Context) -> dict | None:
     """No nvcc, judged wherever a GPU is named (--gpu) or detected, or torch has CUDA: an image
-    builder with a CPU torch and --gpu must hear the no-nvcc story too (issue #24)."""
+    builder with a CPU torch and --gpu must hear the no-nvcc story too."""
     if ctx.nvccs or not (ctx.gpu_present or ctx.torch_cuda):
         return None
     opts = ctx.probe.get("options") or {}

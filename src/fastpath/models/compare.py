@@ -198,7 +198,7 @@ def judge_by_oracle(diffs: list[TensorDiff], fast: list[Any], ref: list[Any], or
     """Re-judge the hidden states (and logits) beyond the limit against an fp32 run.
 
     Why: in bf16 both paths round differently and, through a stack of recurrent layers with random
-    weights, the difference grows layer by layer (H200, session 7: a 4-layer Mamba-2.8B reached 8.9%
+    weights, the difference grows layer by layer (H200, BENCHMARKS.md: a 4-layer Mamba-2.8B reached 8.9%
     at the logits). A fixed limit cannot tell whose rounding that is; the fp32 run can. A tensor
     passes when the fast path is no further from the fp32 run than ORACLE_SLACK x the reference is,
     in the whole tensor and in its worst token: the rule verify already applies to gradients and to
@@ -217,7 +217,7 @@ def judge_by_oracle(diffs: list[TensorDiff], fast: list[Any], ref: list[Any], or
     return out
 
 
-# An fp32 gradient that sums many terms of both signs can be ill-conditioned: issue 24 measured
+# An fp32 gradient that sums many terms of both signs can be ill-conditioned: we measured
 # (tiny Qwen3.5, seq 32, CPU) A_log / dt_bias gradients of the *reference* path 1e-3 .. 1.2e-1
 # (relative) away from a float64 run whose gated delta rule was computed token by token in
 # float64, while the fast path differed from the reference by 1e-4 .. 1.5e-2: both paths equally

@@ -97,7 +97,7 @@ def load_previous(path: str) -> dict[str, Any]:
     return doc
 
 
-# What must match for two runs' tokens/s to be comparable (issue 24: an interpreter run against a
+# What must match for two runs' tokens/s to be comparable (an interpreter run against a
 # GPU run printed "+15587%"). Settings the user chose; then the machine the run measured.
 _SAME_SETTINGS = (("source", "model"), ("layers", "--layers"), ("batch", "--batch"), ("seq_len", "--seq-len"),
                   ("dtype", "--dtype"), ("decode_tokens", "--decode-tokens"))

@@ -280,10 +280,6 @@ def is_legacy_mamba1(module: ModuleType) -> bool:
     return "selective_scan_fn" in text and "cuda_kernels_forward" in text and _HUB_WRAPPER not in text
 
 
-def is_mamba1_module(module: ModuleType) -> bool:
-    return bool(op_globals(module))
-
-
 def _global_names(module: ModuleType) -> set[str]:
     """Names the module's functions declare `global` (5.0-5.14 __init__ rewrites them)."""
     names: set[str] = set()

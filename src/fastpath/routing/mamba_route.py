@@ -261,10 +261,6 @@ def _source(module: ModuleType) -> str:
         return ""
 
 
-def is_mamba2_module(module: ModuleType) -> bool:
-    return bool(op_globals(module))
-
-
 # ------------------------------------------------------------------ patching
 def patch_module(module: ModuleType, conv_fn: Any, conv_update: Any, reg: PatchRegistry) -> bool:
     """Point one modeling module's Mamba-2 ops at fastpath. Returns whether it is a Mamba-2 module.

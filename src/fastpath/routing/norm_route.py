@@ -30,7 +30,7 @@ the class). Both round the same real-number function; FLA's result is the nearer
 
 FASTPATH_FLA_NORM=auto|fla|torch (read by enable()): auto (the default) routes when FLA is
 importable, fla makes enable() fail if it is not, torch keeps transformers' eager norm. The route
-was opt-in until its GPU tests passed on the H200 (session 5: tests/test_gdn_norm.py -m gpu, the
+was opt-in until its GPU tests passed on the H200 (tests/test_gdn_norm.py -m gpu, the
 rounding check and a bf16 `verify` with the route, forward and backward; BENCHMARKS.md).
 """
 

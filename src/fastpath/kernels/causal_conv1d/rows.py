@@ -284,14 +284,6 @@ def _causal_conv1d_bwd_rows_kernel(
 
 
 # ------------------------------------------------------------------ launchers
-def rows_config(x: torch.Tensor, backward: bool) -> dict:
-    """BLOCK_D channels per program at 4 per thread (8-byte bf16 vectors: the H200 sweep of
-    2026-12-02 put 4/thread ahead of 8/thread, benchmarks/NOTES_causal_conv1d.md), and rows per
-    program halved from 64 (fwd) / 128 (bwd) down to 16 until >= 2048 programs fill the chip."""
-    batch, dim, seqlen = x.shape
-    return dict(_rows_config(batch, dim, seqlen, backward))
-
-
 @functools.lru_cache(maxsize=256)
 def _rows_config(batch: int, dim: int, seqlen: int, backward: bool) -> dict:
     block_d = min(512, next_pow2(dim))

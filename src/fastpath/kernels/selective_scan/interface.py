@@ -88,7 +88,8 @@ def _use_triton(op: str, u: Tensor, A: Tensor, *tensors: Tensor | None) -> bool:
 def fwd_kernel() -> str:
     """The forward kernel FASTPATH_SSCAN_FWD picks, read at every call: "chunked" (default, the
     associative-scan kernel of scan_fwd.py) or "seq" (scan_fwd_seq.py, time walked per program;
-    opt-in until the H200 numbers of issue #26 are in). Anything else is a UsageError."""
+    opt-in until mamba_ssm's own tests pass on it on a GPU: BENCHMARKS.md). Anything else is a
+    UsageError."""
     value = os.environ.get(FWD_ENV, "").strip().lower() or "chunked"
     if value not in FWD_KERNELS:
         raise UsageError(f"{FWD_ENV}={value!r}: expected one of {', '.join(FWD_KERNELS)}")

@@ -1,7 +1,7 @@
 """Triton forward of Mamba-1's selective scan that walks time step by step: our own kernel.
 
 Why. The chunked forward (scan_fwd.py) runs tl.associative_scan over (BLOCK_D, N, T) tiles; on
-an H200 (Triton 3.6) it reached about 2% of copy bandwidth at Falcon-Mamba-7B shapes (issue #26).
+an H200 (Triton 3.6) it reached about 2% of copy bandwidth at Falcon-Mamba-7B shapes (BENCHMARKS.md).
 A scan of a first-order recurrence needs no parallel prefix when there are enough independent
 channels to fill the machine: each program here owns (one batch row, BLOCK_D channels of one B/C
 group) and carries its state h (BLOCK_D, N) in float32 registers through all L steps, so every
