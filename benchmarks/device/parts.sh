@@ -17,7 +17,8 @@
 # PARTS (comma list, run in the order given):
 #   dao       build Dao's causal-conv1d in the background (wheel parts come back in OUT/dao)
 #   tests     GPU tests in the background (correctness only; `wait` or the end collects them);
-#             TESTS picks groups: conv, fla, ssd, capture, sscan (Mamba1 kernels), glue (GDN glue)
+#             TESTS picks groups: conv, fla, ssd, capture, sscan (Mamba1 kernels), layouts (every
+#             B/C layout of the Mamba-1 scan), glue (GDN glue)
 #   check     the TESTS groups in the foreground; a failure ends the call (every later part is
 #             skipped), so no device time goes to timing kernels that are wrong
 #   sweep     FLA #640 reproduction, all 48 cases: one process per tiling, in the background
@@ -118,7 +119,9 @@ part_tests() {
   MAMBA_SRC="$msrc" group ssd -m gpu tests/test_ssd_gpu.py tests/test_ssd_update.py \
     tests/test_mamba_split_conv_scan.py
   group capture -m gpu tests/test_capture_writes.py
-  group sscan -m gpu $(ls tests/test_selective_scan_gpu.py tests/test_mamba1_*gpu*.py 2>/dev/null)
+  group sscan -m gpu $(ls tests/test_selective_scan_gpu.py tests/test_mamba1_*gpu*.py tests/test_mamba_inner.py \
+    tests/test_selective_scan_update.py tests/test_selective_scan_seq.py 2>/dev/null)
+  group layouts tests/test_selective_scan_layouts.py  # every test, compiled on CUDA
   group glue -m gpu $(ls tests/test_glue*gpu*.py tests/test_liger_compose.py 2>/dev/null)
 }
 part_check() {  # foreground GPU tests; a failure spends no more device time on this call
