@@ -35,15 +35,11 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from test_verify_cli_first_contact import TINY_QWEN35
+
 ROOT = Path(__file__).resolve().parents[1]
 # the sources the subprocesses run (point it at an older tree to see a test fail before its fix)
 SRC = Path(os.environ.get("FASTPATH_HOSTILE_SRC") or ROOT / "src")
-TINY_QWEN35 = {
-    "model_type": "qwen3_5_text", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2,
-    "linear_num_value_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
-    "linear_conv_kernel_dim": 4, "vocab_size": 64, "layer_types": ["linear_attention", "full_attention"],
-}
 TINY_LFM2 = {
     "model_type": "lfm2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
     "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "conv_bias": True,
