@@ -172,10 +172,10 @@ def test_seed_story_ssh_then_pct_exec(world, sshd: ThrowawaySshd):
     remote_env = ["env", f"PATH={world['tools']}:/usr/bin:/bin", f"FAKE_CONTAINERS={world['ctrs']}"]
     prefix = shlex.join(sshd.prefix(*remote_env, "pct", "exec", "200", "--"))
     out = _doctor(world, "--on", prefix, "--json", "--model", "qwen3.5-27b")
-    # verdict unknown (no GPU in there), but causal-conv1d is missing: a blocker on any GPU
+    # no GPU in there, but causal-conv1d is missing: a blocker on any GPU, so BLOCKED (exit 1)
     assert out.returncode == 1, out.stderr
     report = json.loads(out.stdout)
-    assert report["verdict"] == "unknown"
+    assert report["verdict"] == "blocked"
     assert _nvcc_versions(report) == set()
     assert report["facts"]["cuda_home"]["has_nvcc"] is False
     assert report["model"]["layers_slow"] == 48 and report["model"]["layers_total"] == 64

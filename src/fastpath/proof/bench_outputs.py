@@ -444,7 +444,9 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, comparison: list[dict[str,
         return paths, "no configuration measured anything (see the notes in bench.md)"
     if not draw_chart:
         stale.unlink(missing_ok=True)
-        return paths, 'matplotlib is not installed; run: pip install "fastpath-kit[bench]"'
+        from fastpath.extras import install_line
+
+        return paths, f"matplotlib is not installed; run: {install_line('bench')}"
     try:
         chart(doc, out_dir / "bench.png")
     except Exception as exc:  # the numbers are on disk already; a chart never costs them

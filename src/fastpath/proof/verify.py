@@ -8,7 +8,7 @@ were silently all zero, and a fallback once drifted by 0.125 in the logits. Only
 every layer says *where* a kernel goes wrong, and a flag on zero / constant / non-finite states
 catches outputs that are wrong on both paths.
 
-`--liger` checks a model composed with Liger Kernel (`pip install "fastpath-kit[train]"`): Liger's
+`--liger` checks a model composed with Liger Kernel (`pip install ".[train]"` from a checkout): Liger's
 `apply_liger_kernel_to_<family>(model=...)` goes on the built model before both runs, so the
 reference is transformers' torch fallbacks + Liger and the fast path enable() + Liger, and the
 backward goes through Liger's fused linear cross-entropy (the loss a Liger user trains with).

@@ -1,6 +1,6 @@
 """Liger Kernel beside enable(): apply its patch to a built model, and tell which of its ops are in place.
 
-Liger Kernel (`pip install "fastpath-kit[train]"`) replaces the generic part of a model with
+Liger Kernel (`pip install ".[train]"` from a checkout) replaces the generic part of a model with
 Triton kernels: RMSNorm (offset 1 for the zero-centred Qwen3.5 / Qwen3-Next norms), the SwiGLU
 MLP, and the causal LM's forward with a fused linear cross-entropy that never materialises the
 logits. What `apply_liger_kernel_to_<family>` changes (liger-kernel 0.8.5,
