@@ -268,6 +268,10 @@ def test_default_stack_routes_every_op() -> None:
                 assert not r["impl"].startswith(("hub kernel", "torch fallback")), (model_type, r)
                 if r["op"].endswith("gated_delta_rule"):
                     assert "FLA routed for CUDA" in r["impl"], (model_type, r)
+                elif r["op"] in ("selective_scan_fn", "selective_state_update") and model_type == "falcon_mamba":
+                    # this worker turns the Triton Mamba-1 scan off (slow under the interpreter):
+                    # routed to fastpath's reference; test_mamba1_matrix runs the kernels
+                    assert r["fast"] or r["impl"].startswith("fastpath (torch reference"), (model_type, r)
                 else:
                     assert r["fast"], (model_type, r)
         before = {r["op"]: r["impl"] for r in res["explain_before"]}
