@@ -10,7 +10,7 @@ Triton (3.6, from a venv) and the CI's (3.9).
 
 How: the real launch sites run on CPU tensors with real model shapes (Falcon-Mamba-7B for the
 Mamba-1 scan and update; Nemotron-H-8B and Mamba-2 2.7B for the SSD scan, its split conv and its
-decode step; Qwen3-Next / Qwen3.5 for the conv, GatedDeltaNet gates and sigmoid gate), with
+decode step; Qwen3-Next / Qwen3.5 for the conv, GatedDeltaNet gates, sigmoid gate and zero-centred RMSNorm), with
 `JITFunction.run` replaced by a recorder: every `kernel[grid](...)` is captured with its real
 arguments (dtypes, strides, alignment, constexprs, num_warps); an autotuned kernel is captured
 once per config. Each launch is specialised by Triton's own binder (the same ints-equal-to-1 and
@@ -31,7 +31,7 @@ call and mamba_chunk_scan_combined's prefill with initial states and varlen stat
 decode step), selective_scan (forward default + sweep configs, backward default + every SWEEP
 config, flip and reverse-scan adjoints, via mamba_inner_fn's training layout and transformers'
 prefill layout; the time-sequential forward of FASTPATH_SSCAN_FWD=seq at every
-scan_fwd_seq.SEQ_SWEEP config), the Mamba-1 decode step, gdn_gates, sigmoid_gate.
+scan_fwd_seq.SEQ_SWEEP config), the Mamba-1 decode step, gdn_gates, sigmoid_gate, zc_rmsnorm.
 --quick keeps a representative subset per family (the CI test's): default configs, one shape
 each, of an autotuned kernel only the configs with the most pipeline stages (the most shared
 memory).
@@ -77,8 +77,10 @@ from fastpath.kernels.sigmoid_gate import interface as gate_if
 from fastpath.kernels.ssd import interface as ssd_if
 from fastpath.kernels.ssd import split_conv_scan as ssd_split
 from fastpath.kernels.ssd import state_update as ssd_update
+from fastpath.kernels.zc_rmsnorm import interface as norm_if
 
-FAMILIES = ("causal_conv1d", "ssd", "selective_scan", "state_update", "gdn_gates", "sigmoid_gate")
+FAMILIES = ("causal_conv1d", "ssd", "selective_scan", "state_update", "gdn_gates", "sigmoid_gate",
+            "zc_rmsnorm")
 ARCHS = (90, 100, 120)
 # cudaDevAttrMaxSharedMemoryPerBlockOptin per arch (what Triton checks at load): CCCL arch_traits
 SHARED_LIMIT = {90: 232448, 100: 232448, 103: 232448, 120: 101376, 121: 101376}
@@ -499,6 +501,26 @@ def sigmoid_gate(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
             gate_if.bwd_impl(x, gate, torch.randn(1, rows, heads * hd, dtype=dtype))
 
 
+def zc_rmsnorm(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
+    """Qwen3.5 / Qwen3-Next zero-centred RMSNorm, forward and backward: the decoder norms over
+    hidden 5120 (Qwen3.5-27B) and 2048 (Qwen3-Next-80B), q_norm over head_dim 256 read from a
+    (.., 24, 512) q_proj view, the widest row the kernel takes; weight float32 and the model dtype."""
+    rows = 512
+    cases = ((5120, "hidden"), (256, "q_norm")) if quick else (
+        (5120, "hidden"), (2048, "hidden"), (256, "q_norm"), (norm_if.MAX_WIDTH, "widest"))
+    for width, how in cases:
+        if how == "q_norm":
+            x = torch.randn(1, rows, 24, 2 * width, dtype=dtype)[..., :width]
+        else:
+            x = torch.randn(1, rows, width, dtype=dtype)
+        for w_dtype in (torch.float32,) if quick else (torch.float32, dtype):
+            rec.label = f"{how} {width} w {str(w_dtype).removeprefix('torch.')}"
+            w = torch.randn(width, dtype=w_dtype)
+            with triton_on(norm_if):
+                norm_if.fwd_impl(x, w, 1e-6)
+                norm_if.bwd_impl(x, w, torch.randn(x.shape, dtype=dtype), 1e-6)
+
+
 def record(family: str, dtype_name: str, seqlen: int, quick: bool = False) -> list[tuple]:
     """Every launch of one family's sites: (label, JITFunction, args, kwargs, tune group)."""
     rec = Recorder(deepest_only=quick)
@@ -516,6 +538,8 @@ def record(family: str, dtype_name: str, seqlen: int, quick: bool = False) -> li
             gdn_gates(rec, dtype, quick)
         elif family == "sigmoid_gate":
             sigmoid_gate(rec, dtype, quick)
+        elif family == "zc_rmsnorm":
+            zc_rmsnorm(rec, dtype, quick)
     return rec.launches
 
 

@@ -1,10 +1,10 @@
 """benchmarks/kernel_compile_check.py on the CPU: every fastpath Triton kernel family (conv, SSD,
-selective scan, the decode updates, GatedDeltaNet gates, sigmoid gate) compiles for sm_90, sm_100
-and sm_120 with the installed Triton's bundled ptxas, 0 failures, and the rows carry ptxas's
-numbers (the script's point is catching GPU-compiler refusals, and Blackwell's smaller shared
-memory, without a GPU). CI runs --quick (default configs, one shape per family, bf16); the full
-sweep is the benchmark (BENCHMARKS.md). Runs in a subprocess: the script clears TRITON_INTERPRET
-for itself."""
+selective scan, the decode updates, GatedDeltaNet gates, sigmoid gate, zero-centred RMSNorm)
+compiles for sm_90, sm_100 and sm_120 with the installed Triton's bundled ptxas, 0 failures, and the
+rows carry ptxas's numbers (the script's point is catching GPU-compiler refusals, and Blackwell's
+smaller shared memory, without a GPU). CI runs --quick (default configs, one shape per family,
+bf16); the full sweep is the benchmark (BENCHMARKS.md). Runs in a subprocess: the script clears
+TRITON_INTERPRET for itself."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ triton = pytest.importorskip("triton")
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "kernel_compile_check.py"
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 ARCHS = (90, 100, 120)
-FAMILIES = {"causal_conv1d", "ssd", "selective_scan", "state_update", "gdn_gates", "sigmoid_gate"}
+FAMILIES = {"causal_conv1d", "ssd", "selective_scan", "state_update", "gdn_gates", "sigmoid_gate",
+            "zc_rmsnorm"}
 
 
 @pytest.mark.skipif(not PTXAS.exists(), reason="this Triton wheel has no bundled ptxas")
@@ -47,3 +48,7 @@ def test_every_kernel_family_compiles_for_hopper_and_blackwell(tmp_path: Path) -
         for row in gates:  # an elementwise kernel has nothing to spill
             assert row["spill_store_bytes"] == 0 and row["constexprs"]["BLOCK_D"] == 1024
             assert "*bf16" in row["pointer_dtypes"]
+        norms = [r for r in mine if r["family"] == "zc_rmsnorm" and r["case"].startswith("hidden 5120")]
+        assert {r["kernel"] for r in norms} == {"_zc_rmsnorm_fwd_kernel", "_zc_rmsnorm_bwd_kernel"}
+        for row in norms:  # Qwen3.5-27B's hidden rows fit in registers both ways
+            assert row["spill_store_bytes"] == 0 and row["constexprs"]["BLOCK_H"] == 8192

@@ -41,6 +41,7 @@ import triton.language as tl
 from torch import Tensor
 
 from fastpath.kernels.dispatch import triton_interpreter_on
+from fastpath.kernels.rounding import store_rounded
 
 LOG2E = tl.constexpr(1.4426950408889634)  # a jit function may read only constexpr globals
 
@@ -128,20 +129,6 @@ def bc_tile(M, fixed, row, offs_n, offs_t, mnt, s_n, s_l, VAR: tl.constexpr):
                        other=0.0).to(tl.float32)[None, :, :]
     else:
         return fixed
-
-
-@triton.jit
-def store_rounded(ptrs, v, mask, RNE: tl.constexpr):
-    """Store float32 `v` in the pointee dtype. GPUs round to nearest even; Triton's CPU
-    interpreter truncates float32 -> bfloat16 (its create_fp_trunc drops the low bits:
-    triton/runtime/interpreter.py), which doubles the rounding error the tests measure, so with
-    RNE (set only under the interpreter) the rounding is done by hand, bit for bit the GPU's."""
-    if RNE and ptrs.dtype.element_ty == tl.bfloat16:
-        bits = v.to(tl.uint32, bitcast=True)
-        bits += 0x7FFF + ((bits >> 16) & 1)
-        tl.store(ptrs, (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
-    else:
-        tl.store(ptrs, v.to(ptrs.dtype.element_ty), mask=mask)
 
 
 @triton.jit

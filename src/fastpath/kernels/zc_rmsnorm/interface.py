@@ -1,0 +1,125 @@
+"""The zero-centred RMSNorm of Qwen3.5 / Qwen3-Next as torch custom ops, one kernel each way.
+
+    y = zc_rmsnorm(x, weight, eps)    y = (x * rsqrt(mean(x^2, -1) + eps)) * (1 + weight)
+
+x: (..., H) float32/float16/bfloat16, any strides (a view with unit last stride and uniform row
+stride, such as q_norm's slice of q_proj's output, is read in place; anything else is copied
+first); weight: (H,) in float32 or any of those dtypes, any stride (a stride-0 broadcast too).
+y is contiguous in x's dtype, rounded once from float32 as transformers' Qwen3_5RMSNorm does.
+Ops (namespace "fastpath"): zc_rmsnorm_fwd(x, weight, eps) -> y and
+zc_rmsnorm_bwd(x, weight, dy, eps) -> (dx in x's dtype, dw in weight's dtype), with fake
+implementations and registered autograd (no graph break under torch.compile); eager callers skip
+the dispatcher, as in causal_conv1d/interface.py. Where the Triton kernel cannot run (CPU without
+TRITON_INTERPRET=1, float64, rows wider than MAX_WIDTH) the float32 reference in naive.py runs,
+with a one-time warning when a kernel could otherwise have run.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fastpath.kernels.counters import CALLS
+from fastpath.kernels.dispatch import TRITON_DTYPES, use_triton, warn_fallback
+from fastpath.kernels.layout import as_rows as _rows
+from fastpath.kernels.zc_rmsnorm import naive
+
+FAMILY = "zc_rmsnorm"
+MAX_WIDTH = 16384  # triton_norm holds whole rows in registers; wider rows spill, then run out
+
+
+def _check(x: Tensor, weight: Tensor) -> None:
+    if x.dim() < 1 or weight.shape != x.shape[-1:]:
+        raise ValueError(f"zc_rmsnorm: weight {tuple(weight.shape)} must be (H,) for x {tuple(x.shape)} of (..., H)")
+    if not x.dtype.is_floating_point or not weight.dtype.is_floating_point:
+        raise ValueError(f"zc_rmsnorm: x and weight must be floating point, got {x.dtype} and {weight.dtype}")
+
+
+def _triton_ok(op: str, x: Tensor, *tensors: Tensor) -> bool:
+    if not x.numel() or not use_triton(x):
+        return False
+    if any(t.dtype not in TRITON_DTYPES for t in (x, *tensors)):
+        warn_fallback(op, "a dtype the kernel does not take (float32, float16, bfloat16)", FAMILY)
+        return False
+    if x.shape[-1] > MAX_WIDTH:
+        warn_fallback(op, f"rows wider than {MAX_WIDTH}", FAMILY)
+        return False
+    return True
+
+
+def fwd_impl(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    _check(x, weight)
+    if _triton_ok("fwd", x, weight):
+        from fastpath.kernels.zc_rmsnorm.triton_norm import norm_fwd
+
+        CALLS["zc_rmsnorm_fwd:triton"] += 1
+        return norm_fwd(_rows(x), weight, eps).view(x.shape)
+    CALLS["zc_rmsnorm_fwd:reference"] += 1
+    return naive.zc_rmsnorm_ref(x, weight, eps, compute=torch.float32).to(x.dtype).contiguous()
+
+
+def bwd_impl(x: Tensor, weight: Tensor, dy: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    if dy.shape != x.shape:
+        raise ValueError(f"zc_rmsnorm: dy {tuple(dy.shape)} must have x's shape {tuple(x.shape)}")
+    if _triton_ok("bwd", x, weight, dy):
+        from fastpath.kernels.zc_rmsnorm.triton_norm import norm_bwd
+
+        CALLS["zc_rmsnorm_bwd:triton"] += 1
+        dx, dw = norm_bwd(_rows(x), weight, _rows(dy), eps)
+        return dx.view(x.shape), dw.to(weight.dtype)
+    CALLS["zc_rmsnorm_bwd:reference"] += 1
+    dx, dw = naive.zc_rmsnorm_bwd_ref(x, weight, dy, eps, compute=torch.float32)
+    return dx.to(x.dtype).contiguous(), dw.to(weight.dtype)
+
+
+class _NormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+        return fwd_impl(x, weight, eps)
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        dx, dw = bwd_impl(*ctx.saved_tensors, dy, ctx.eps)
+        return dx, dw, None
+
+
+def zc_rmsnorm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+    """(x * rsqrt(mean(x^2) + eps)) * (1 + weight) in x's dtype: the custom op while torch.compile
+    traces, otherwise the implementation directly, under autograd only when a gradient is wanted."""
+    eps = float(eps)
+    if torch.compiler.is_compiling():
+        return zc_rmsnorm_fwd(x, weight, eps)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return _NormFunction.apply(x, weight, eps)
+    return fwd_impl(x, weight, eps)
+
+
+zc_rmsnorm_fwd = torch.library.custom_op("fastpath::zc_rmsnorm_fwd", fwd_impl, mutates_args=())
+
+
+@zc_rmsnorm_fwd.register_fake
+def _fwd_fake(x, weight, eps):
+    return x.new_empty(x.shape)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, weight, eps = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+
+
+def _backward(ctx, dy):
+    dx, dw = zc_rmsnorm_bwd(*ctx.saved_tensors, dy, ctx.eps)
+    return dx, dw, None
+
+
+zc_rmsnorm_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+zc_rmsnorm_bwd = torch.library.custom_op("fastpath::zc_rmsnorm_bwd", bwd_impl, mutates_args=())
+
+
+@zc_rmsnorm_bwd.register_fake
+def _bwd_fake(x, weight, dy, eps):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
