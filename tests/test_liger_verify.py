@@ -56,7 +56,7 @@ def test_verify_liger_passes_with_both_sets_of_kernels(tmp_path: Path) -> None:
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
     # the same function; on CPU tensors Liger's and FLA's ops are in place but not fast: SLOW
     assert not doc["problems"] and doc["verdict"] == "SLOW", doc.get("problems")
-    assert all("need a GPU" in line or "FLA routed for CUDA" in line for line in doc["slow_ops"]), doc["slow_ops"]
+    assert all("need a GPU" in line or "fla" in line.lower() for line in doc["slow_ops"]), doc["slow_ops"]
     assert "Liger Kernel on both paths: apply_liger_kernel_to_qwen3_5(model=...)" in doc["model"]["notes"]
     assert doc["grads"] and all(g["ok"] for g in doc["grads"])
     assert any(k.endswith(":triton") for k in doc["fast_calls"]), doc["fast_calls"]

@@ -139,6 +139,12 @@ def check(case: dict, dtype: torch.dtype, *, opts=(True, True, True), softplus=T
     lout, lstate, lgrads = run(selective_scan_ref, low, softplus=softplus, last=last, dout=dout,
                                dlast=dlast)
     assert out.dtype == dtype and out.shape == low["u"].shape
+    # without softplus a negative delta makes exp(delta A) grow: where the exact output leaves
+    # the dtype's range (float16 past 65504), infinity is its correct rounding, not a stray read
+    if rout.abs().max() > torch.finfo(dtype).max:
+        from hypothesis import assume
+
+        assume(False)
     tol = TOL[dtype]
     dist = {"out": (rel_err(out, rout), rel_err(lout, rout))}
     if last:

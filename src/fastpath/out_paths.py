@@ -53,15 +53,23 @@ def probe_dir(path: Path, flag: str) -> None:
     if not anchor.is_dir():
         raise UsageError(f"cannot create {flag} {path}: {anchor} is not a directory")
     created: list[Path] = []
+    # under torchrun every rank probes the same path at once: a folder another rank made first is
+    # not an error, and none removes what it made (a rank could be writing its probe in it)
+    shared = os.environ.get("WORLD_SIZE", "1") not in ("", "1")
     try:
         for folder in reversed(missing):
-            folder.mkdir()
+            try:
+                folder.mkdir()
+            except FileExistsError:
+                if not folder.is_dir():
+                    raise
+                continue
             created.append(folder)
         _probe_write(path, flag)
     except OSError as exc:
         raise UsageError(f"cannot create {flag} {path}: {_why(exc)}") from None
     finally:
-        for folder in reversed(created):
+        for folder in reversed(created if not shared else []):
             try:
                 folder.rmdir()
             except OSError:
