@@ -47,3 +47,11 @@ def _warn_once(family: str, op: str, why: str) -> None:
         RuntimeWarning,
         stacklevel=4,
     )
+
+
+def dtypes_fit(op: str, family: str, *tensors: torch.Tensor | None) -> bool:
+    """Every given tensor has a dtype the Triton kernels take; else warn once (the reference runs)."""
+    if any(t is not None and t.dtype not in TRITON_DTYPES for t in tensors):
+        warn_fallback(op, "a dtype the kernel does not take (float32, float16, bfloat16)", family)
+        return False
+    return True

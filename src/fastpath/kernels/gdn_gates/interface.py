@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from fastpath.kernels.counters import CALLS
-from fastpath.kernels.dispatch import TRITON_DTYPES, use_triton, warn_fallback
+from fastpath.kernels.dispatch import dtypes_fit, use_triton, warn_fallback
 from fastpath.kernels.gdn_gates import naive
 from fastpath.kernels.layout import as_rows as _rows
 
@@ -43,8 +43,7 @@ def _triton_ok(op: str, *tensors: Tensor | None) -> bool:
     assert a is not None
     if not use_triton(a):
         return False
-    if any(t is not None and t.dtype not in TRITON_DTYPES for t in tensors):
-        warn_fallback(op, "a dtype the kernel does not take (float32, float16, bfloat16)", FAMILY)
+    if not dtypes_fit(op, FAMILY, *tensors):
         return False
     if a.shape[-1] > MAX_HEADS:
         warn_fallback(op, f"more than {MAX_HEADS} heads", FAMILY)

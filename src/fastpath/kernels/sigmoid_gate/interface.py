@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from fastpath.kernels.counters import CALLS
-from fastpath.kernels.dispatch import TRITON_DTYPES, use_triton, warn_fallback
+from fastpath.kernels.dispatch import dtypes_fit, use_triton
 from fastpath.kernels.layout import as_rows as _rows
 from fastpath.kernels.sigmoid_gate import naive
 
@@ -34,10 +34,7 @@ def _check(x: Tensor, gate: Tensor) -> None:
 def _triton_ok(op: str, *tensors: Tensor) -> bool:
     if not use_triton(tensors[0]):
         return False
-    if any(t.dtype not in TRITON_DTYPES for t in tensors):
-        warn_fallback(op, "a dtype the kernel does not take (float32, float16, bfloat16)", FAMILY)
-        return False
-    return True
+    return dtypes_fit(op, FAMILY, *tensors)
 
 
 def fwd_impl(x: Tensor, gate: Tensor) -> Tensor:

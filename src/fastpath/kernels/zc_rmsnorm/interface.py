@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from fastpath.kernels.counters import CALLS
-from fastpath.kernels.dispatch import TRITON_DTYPES, use_triton, warn_fallback
+from fastpath.kernels.dispatch import dtypes_fit, use_triton, warn_fallback
 from fastpath.kernels.layout import as_rows as _rows
 from fastpath.kernels.zc_rmsnorm import naive
 
@@ -38,8 +38,7 @@ def _check(x: Tensor, weight: Tensor) -> None:
 def _triton_ok(op: str, x: Tensor, *tensors: Tensor) -> bool:
     if not x.numel() or not use_triton(x):
         return False
-    if any(t.dtype not in TRITON_DTYPES for t in (x, *tensors)):
-        warn_fallback(op, "a dtype the kernel does not take (float32, float16, bfloat16)", FAMILY)
+    if not dtypes_fit(op, FAMILY, x, *tensors):
         return False
     if x.shape[-1] > MAX_WIDTH:
         warn_fallback(op, f"rows wider than {MAX_WIDTH}", FAMILY)
