@@ -18,6 +18,7 @@
 #           cases (the float64 step-loop reference at those lengths alone outlasts the limit), the
 #           swept tile configs cut to config0 (tl.flip adjoint) and config7 (reverse scan)
 #   glue    tests/test_glue*gpu*.py (not the 4-layer 27B routing test)
+#   norm    tests/test_zc_rmsnorm.py, its GPU test (the zero-centred RMSNorm at 27B row widths)
 #   decode  tests/test_decode_graphs.py, eager (CPU-or-GPU) tests
 #   graphs  tests/test_decode_graphs.py, the CUDA-graph tests: with the caching allocator ON,
 #           because PyTorch refuses PYTORCH_NO_CUDA_MEMORY_CACHING during graph capture
@@ -55,7 +56,7 @@ mkdir -p "$out"
 root=$PWD
 limit=${MEMCHECK_TIMEOUT:-300}
 examples=${MEMCHECK_EXAMPLES:-4}
-groups=${MEMCHECK_GROUPS:-conv,ssd,sscan,glue,decode,graphs}
+groups=${MEMCHECK_GROUPS:-conv,ssd,sscan,glue,norm,decode,graphs}
 exclude=${MEMCHECK_EXCLUDE-'^_Z|at::native|at6native|c10::|cublas|cutlass|gemm|gemv|nvjet|xmma|cudnn|splitKreduce'}
 t0=$(date +%s)
 at() { echo "$(( $(date +%s) - t0 )) s"; }
@@ -125,6 +126,8 @@ kexpr[decode]="not on_cuda"
 files[graphs]="tests/test_decode_graphs.py"
 kexpr[graphs]="on_cuda"
 caching[graphs]=1
+files[norm]="tests/test_zc_rmsnorm.py"
+kexpr[norm]="gpu_at_27b_sizes"
 
 declare -A pids
 start_group() {  # its own process group, so a timeout ends pytest and its children too
