@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("fastpath.proof.verify", "prove the fast path computes the same function on a model"),
     "bench": ("fastpath.proof.bench", "time reference vs fast path on a model"),
     "capture": ("fastpath.capture.cli", "dump a target's hidden states for EAGLE-3 drafter training, checked"),
+    "warmup": ("fastpath.proof.warmup", "compile and autotune a model's Triton kernels into the cache, once"),
 }
 
 

@@ -1,0 +1,154 @@
+"""`fastpath warmup`: its refusals and bad input are one line with their exit status before any
+work; its flow (build, enable(), the phases) runs for real on a tiny model under the Triton
+interpreter; the cache counter reads a Triton cache laid out as Triton writes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fastpath.errors import UsageError
+from fastpath.proof.warmup import (
+    NO_CUDA,
+    CacheCount,
+    NothingToCompile,
+    WarmupSettings,
+    cache_dir,
+    check_cache_dir,
+    count_cache,
+    refuse_here,
+)
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+TINY_QWEN35 = {
+    "model_type": "qwen3_5_text", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4, "vocab_size": 64, "layer_types": ["linear_attention", "full_attention"],
+}
+
+
+def _cli(argv: list[str], env: dict[str, str] | None = None, columns: int = 200) -> subprocess.CompletedProcess:
+    full = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p),
+            "COLUMNS": str(columns), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "fastpath", "warmup", *argv], capture_output=True, text=True,
+                          env=full, timeout=300)
+
+
+def _one_error_line(proc: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
+def test_help_fits_80_columns_and_documents_every_option_and_exit_status():
+    proc = _cli(["--help"], columns=80)
+    assert proc.returncode == 0
+    lines = proc.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, [ln for ln in lines if len(ln) > 80]
+    for word in ("--layers", "--batch", "--seq", "--dtype", "--train", "TRITON_CACHE_DIR",
+                 "TRITON_CACHE_AUTOTUNING", "exit status", "130", "no CUDA device"):
+        assert word in proc.stdout, word
+
+
+def test_no_cuda_device_is_exit_3_with_the_one_line():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this host has a CUDA device")
+    proc = _cli(["qwen3.5-27b"], env={"TRITON_INTERPRET": "0"})
+    assert proc.returncode == 3
+    assert _one_error_line(proc) == f"fastpath warmup: error: {NO_CUDA}"
+
+
+def test_the_interpreter_is_refused_nothing_compiles():
+    proc = _cli(["qwen3.5-27b"], env={"TRITON_INTERPRET": "1"})
+    assert proc.returncode == 3
+    line = _one_error_line(proc)
+    assert "TRITON_INTERPRET=1" in line and "compiles nothing" in line
+
+
+def test_cpu_device_is_refused():
+    with pytest.raises(NothingToCompile, match="no CUDA device"):
+        refuse_here("cpu", environ={})
+
+
+def test_unknown_preset_is_exit_2_naming_the_known_ones():
+    proc = _cli(["qwen9-000b"])
+    assert proc.returncode == 2
+    line = _one_error_line(proc)
+    assert "unknown preset 'qwen9-000b'" in line and "qwen3.5-27b" in line
+
+
+@pytest.mark.parametrize("flag", [["--batch", "0"], ["--seq", "1"], ["--layers", "0"]])
+def test_bad_numbers_are_exit_2(flag):
+    proc = _cli(["qwen3.5-27b", *flag])
+    assert proc.returncode == 2
+    assert flag[0] in _one_error_line(proc)
+
+
+def test_an_unwritable_cache_dir_is_exit_2_before_any_import(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    proc = _cli(["qwen3.5-27b"], env={"TRITON_CACHE_DIR": str(blocker / "cache")})
+    assert proc.returncode == 2
+    line = _one_error_line(proc)
+    assert "Triton cache dir" in line and str(blocker / "cache") in line and "TRITON_CACHE_DIR" in line
+    with pytest.raises(UsageError, match="not writable"):
+        check_cache_dir(blocker / "cache")
+
+
+def test_cache_dir_follows_tritons_rule(tmp_path):
+    assert cache_dir({"TRITON_CACHE_DIR": str(tmp_path / "c")}) == (tmp_path / "c", "TRITON_CACHE_DIR")
+    assert cache_dir({"TRITON_HOME": str(tmp_path)})[0] == tmp_path / ".triton" / "cache"
+    path, why = cache_dir({})
+    assert path == Path("~/.triton/cache").expanduser() and "not set" in why
+    check_cache_dir(tmp_path / "new" / "cache")  # made when missing
+    assert (tmp_path / "new" / "cache").is_dir() and not list((tmp_path / "new" / "cache").iterdir())
+
+
+def test_count_cache_tells_kernels_from_autotune_decisions(tmp_path):
+    # Triton's FileCacheManager: one folder per key; a kernel folder holds NAME.json (+ binaries and
+    # __grp__NAME.json), an autotune decision folder NAME.autotune.json.
+    for i in range(3):
+        folder = tmp_path / f"k{i}"
+        folder.mkdir()
+        (folder / "kern.json").write_text("{}")
+        (folder / "kern.cubin").write_bytes(b"\0")
+        (folder / "__grp__kern.json").write_text("{}")
+    decision = tmp_path / "a0"
+    decision.mkdir()
+    (decision / "kern.autotune.json").write_text(json.dumps({"key": [1], "configs_timings": []}))
+    (tmp_path / "stray.txt").write_text("")
+    assert count_cache(tmp_path) == CacheCount(3, 1)
+    assert count_cache(tmp_path / "missing") == CacheCount(0, 0)
+    assert CacheCount(5, 2).minus(CacheCount(3, 1)) == CacheCount(2, 1)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_warm_model_runs_each_phase_on_a_tiny_model(tmp_path, monkeypatch, train):
+    """The flow the command runs on a GPU, here on the CPU under the interpreter: every phase
+    runs, is timed, and enable() is undone afterwards."""
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from fastpath.kernels.counters import CALLS
+    from fastpath.proof.warmup import warm_model
+    from fastpath.routing import transformers as routes
+
+    source = tmp_path / "tiny.json"
+    source.write_text(json.dumps(TINY_QWEN35))
+    said: list[str] = []
+    before = dict(CALLS)
+    result = warm_model(WarmupSettings(str(source), batch=1, seq_len=8, dtype="fp32", device="cpu", train=train),
+                        said.append)
+    assert list(result.phases) == ["import", "enable", "build", "prefill"] + (["train"] if train else [])
+    assert all(v >= 0 for v in result.phases.values())
+    assert result.layers == 2  # the fewest that keep both layer types
+    assert any("forward+backward" in s for s in said) == train
+    assert sum(CALLS.values()) > sum(before.values())  # fastpath's kernels ran (the interpreter)
+    assert not routes.is_enabled()
