@@ -152,3 +152,27 @@ def test_warm_model_runs_each_phase_on_a_tiny_model(tmp_path, monkeypatch, train
     assert any("forward+backward" in s for s in said) == train
     assert sum(CALLS.values()) > sum(before.values())  # fastpath's kernels ran (the interpreter)
     assert not routes.is_enabled()
+
+
+def test_fastpaths_autotuned_kernels_keep_their_decisions_in_tritons_cache():
+    """A compiled device (no interpreter): every autotuner of fastpath's kernels asks Triton to
+    keep its timings on disk where this Triton can, so a warmed cache skips the timing too."""
+    pytest.importorskip("triton")
+    code = (
+        "import importlib, inspect, json, pkgutil, triton\n"
+        "from triton.runtime.autotuner import Autotuner\n"
+        "import fastpath.kernels as k\n"
+        "found = []\n"
+        "for info in pkgutil.walk_packages(k.__path__, 'fastpath.kernels.'):\n"
+        "    mod = importlib.import_module(info.name)\n"
+        "    found += [(info.name + '.' + n, v.cache_results) for n, v in vars(mod).items() if isinstance(v, Autotuner)]\n"
+        "print(json.dumps({'supported': 'cache_results' in inspect.signature(triton.autotune).parameters,\n"
+        "                  'found': found}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_CACHE_AUTOTUNING")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc["found"], "no autotuned kernel found: the walk is broken"
+    assert all(keep == doc["supported"] for _name, keep in doc["found"]), doc["found"]

@@ -16,6 +16,7 @@ sequence 0 (see naive.py). Inputs are read in place when each (batch, token) row
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -62,17 +63,24 @@ def mm(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
     return tl.dot(a, b)
 
 
+# Triton >= 3.3 (triton-lang/triton PR #6261) can keep an autotuner's timings in its cache
+# directory beside the binaries, so a later process (and a fleet sharing TRITON_CACHE_DIR, see
+# `fastpath warmup`) loads the decision instead of compiling and timing every config again.
+_KEEP_DECISIONS = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+
+
 def light_autotune(key: list[str], loop: bool = False):
-    """A few warp/stage configs timed once per shape on a compiled device; the plain kernel
-    under the interpreter (nothing to time there). Safe to re-run: the kernels only overwrite
-    their outputs. `loop`: the kernel streams a loop, so deeper pipelining is worth a try."""
+    """A few warp/stage configs timed once per shape on a compiled device, the decision kept in
+    Triton's cache where Triton can; the plain kernel under the interpreter (nothing to time
+    there). Safe to re-run: the kernels only overwrite their outputs. `loop`: the kernel streams
+    a loop, so deeper pipelining is worth a try."""
     stages = (2, 3) if loop else (1, 2)
     configs = [triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8) for s in stages]
 
     def wrap(fn):
         if triton_interpreter_on():
             return fn
-        return triton.autotune(configs=configs, key=key)(fn)
+        return triton.autotune(configs=configs, key=key, **_KEEP_DECISIONS)(fn)
 
     return wrap
 
