@@ -231,9 +231,10 @@ def test_offline_load_with_kernels_installed_525() -> None:
 # ops explain() must list after enable() on today's stack, per family (CPU rows; every one routed)
 DEFAULT_STACK_OPS = {
     "qwen3_5_text": {"causal_conv1d_fn", "causal_conv1d_update", "chunk_gated_delta_rule",
-                     "recurrent_gated_delta_rule", "gated_rmsnorm", "gdn_gates", "attn_output_gate"},
+                     "recurrent_gated_delta_rule", "gated_rmsnorm", "gdn_gates", "attn_output_gate",
+                     "zc_rmsnorm"},
     "qwen3_next": {"causal_conv1d_fn", "causal_conv1d_update", "chunk_gated_delta_rule",
-                   "recurrent_gated_delta_rule", "gated_rmsnorm", "attn_output_gate"},
+                   "recurrent_gated_delta_rule", "gated_rmsnorm", "attn_output_gate", "zc_rmsnorm"},
     "nemotron_h": {"causal_conv1d_fn", "causal_conv1d_update", "selective_state_update",
                    "mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined"},
     "falcon_mamba": {"causal_conv1d_fn", "causal_conv1d_update", "selective_state_update",

@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.routing import glue_route, mamba1_route, mamba_route, norm_route
+from fastpath.routing import glue_route, mamba1_route, mamba_route, norm_route, zc_norm_route
 from fastpath.routing.conv_route import FASTPATH_ROUTE_ATTR
 from fastpath.routing.fla_route import DQKWG_IMPL
 from fastpath.routing.fla_route import ROUTE_ATTR as GDN_ROUTE_ATTR
@@ -163,6 +163,10 @@ def _explain_model(model: Any) -> Explanation:
             if glue is not None:
                 out.rows.append({"layer": name or "<root>", "layer_type": cls.__name__, "op": glue[0],
                                  "impl": glue[1], "fast": glue[2]})
+            zc = zc_norm_route.describe_layer(layer, _device_of(layer))  # the zero-centred norm, when enabled
+            if zc is not None:
+                out.rows.append({"layer": name or "<root>", "layer_type": cls.__name__, "op": zc_norm_route.OP,
+                                 "impl": zc[0], "fast": zc[1]})
             continue
         device = _device_of(layer)
         gate = _all_or_nothing_gate(layer, module, device) or mamba1_route.config_gate(layer)

@@ -10,8 +10,11 @@ liger_kernel/transformers/monkey_patch.py):
   * with `model=`: additionally each built norm / MLP instance's `forward` (bound in the instance
     `__dict__`) and the model instance's `forward`.
 fastpath routes other names: the causal_conv1d / gated-delta-rule / Mamba-2 globals and the
-GatedDeltaNet gated norm's `forward` (`<Model>RMSNormGated`, which Liger does not touch). Neither
-set overlaps the other, so either order composes, and disable() undoes only fastpath's own
+GatedDeltaNet gated norm's `forward` (`<Model>RMSNormGated`, which Liger does not touch). The one
+shared op, the zero-centred RMSNorm, fastpath routes at the transformers class's `forward`
+(routing/zc_norm_route.py), under both of Liger's patches: an instance forward Liger binds wins
+for that instance, and a class Liger puts in the module is Liger's, not a candidate. So either
+order composes, and disable() undoes only fastpath's own
 changes: a Liger patch made before enable() is still there afterwards; one made after enable()
 over a name fastpath had routed is kept too (PatchRegistry: `kept`, with a warning).
 

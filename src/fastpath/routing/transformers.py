@@ -3,7 +3,8 @@
 enable() works before or after transformers (or a model) exists: it patches the modeling
 modules already imported, the layers already built, and installs an import hook for modules
 imported later (see modeling_patch for the per-version hooks, hub_kernels for the offline
-handling, fla_route for the gated delta rule, norm_route for GatedDeltaNet's gated RMSNorm). Everything goes through one undo log, so
+handling, fla_route for the gated delta rule, norm_route for GatedDeltaNet's gated RMSNorm, zc_norm_route
+for Qwen3.5 / Qwen3-Next's zero-centred RMSNorm). Everything goes through one undo log, so
 disable() restores exactly what was there and enable/disable/enable works in one process.
 """
 
@@ -28,6 +29,7 @@ from fastpath.routing import (
     mamba1_route,
     mamba_route,
     norm_route,
+    zc_norm_route,
 )
 from fastpath.routing import hub_kernels as hub_route
 from fastpath.routing.explain import Explanation, explain_model
@@ -66,6 +68,8 @@ class EnableReport:
     gated_norm_reason: str = ""
     glue: str = "torch"                 # GatedDeltaNet gates + attention output gate: glue_route.IMPL | "torch"
     glue_reason: str = ""
+    zc_norm: str = "torch"              # Qwen3.5 / Qwen3-Next zero-centred RMSNorm: zc_norm_route.IMPL | "torch"
+    zc_norm_reason: str = ""
     hub_kernels: str = "route"          # 5.25 + `kernels` Func globals: hub_route.MODES
     hub_globals: int = 0                # how many such globals enable() put back to transformers' function
     modules_patched: list[str] = field(default_factory=list)
@@ -90,6 +94,7 @@ class EnableReport:
                       for r in fla_selfcheck.RESULTS.values()]
         lines += [(f"Kimi-Linear KDA -> {self.kda} ({self.kda_reason})", "  "),
                   (f"gated RMSNorm -> {self.gated_norm} ({self.gated_norm_reason})", "  "),
+                  (f"zero-centred RMSNorm -> {self.zc_norm} ({self.zc_norm_reason})", "  "),
                   (f"Mamba-2 SSD ops -> {self.mamba_ssd}", "  "),
                   (f"Mamba-1 scan ops -> {self.mamba1_scan}", "  ")]
         if self.hub_kernels == "keep":
@@ -159,6 +164,8 @@ def enable(
     routes them to fastpath unless a working mamba_ssm is installed, "fastpath" always, "off" never.
     glue: route the Qwen3.5 GatedDeltaNet gates and attention output gate to fastpath's fused
     ops where a probe shows the same function (routing/glue_route.py); FASTPATH_GLUE=off too.
+    The zero-centred RMSNorm of Qwen3.5 / Qwen3-Next goes to fastpath's fused kernel likewise
+    (routing/zc_norm_route.py; FASTPATH_ZC_NORM=auto|fastpath|torch).
     hub_kernels: transformers 5.25 with `kernels` installed wraps each op in a Hub-kernel module
     (routing/hub_kernels.py). "route" (default; FASTPATH_HUB_KERNELS) sees through the wrappers
     and routes every op to fastpath, offline; "keep" leaves them and USE_HUB_KERNELS alone, so a
@@ -184,6 +191,7 @@ def enable(
         mamba1 = mamba1_route.detect_mamba1(mamba_ssm)
         norm = norm_route.detect_norm()
         glue_status = glue_route.detect_glue(glue)
+        zc_norm = zc_norm_route.detect_zc_norm()
         if gated_delta_rule == "fla" and not fla.route:
             raise FastpathError(f"gated_delta_rule='fla' but FLA cannot be used: {fla.reason}")
         if norm_route.route_mode() == "fla" and not norm.route:
@@ -227,6 +235,8 @@ def enable(
             gated_norm_reason=norm.reason,
             glue=glue_status.impl,
             glue_reason=glue_status.reason,
+            zc_norm=zc_norm.impl,
+            zc_norm_reason=zc_norm.reason,
             hub_kernels=hub_mode,
         )
         routes.notes = report.notes  # norm classes left alone, also those of modules imported later
@@ -256,6 +266,7 @@ def enable(
                     mamba1_route.lift_device_gates(module, reg)
                 patch_module(module, routes, reg)
                 report.notes.extend(glue_route.patch_module(module, glue_status, reg))
+                report.notes.extend(zc_norm_route.patch_module(module, zc_norm, reg))
                 if module.__name__ in report.modules_pending:
                     report.modules_pending.remove(module.__name__)
                 report.modules_patched.append(module.__name__)
@@ -271,6 +282,7 @@ def enable(
                                     "(offline: torch fallback)")
             reg.set_attr(norm_route, "ACTIVE", norm)  # what explain() says of an unrouted norm
             reg.set_attr(glue_route, "ACTIVE", glue_status)
+            reg.set_attr(zc_norm_route, "ACTIVE", zc_norm)
             if norm.route and triton_interpreter_on():
                 norm_route.interpreter_single_config(reg)
             _provide_causal_conv1d_module(face, reg, report)
