@@ -47,13 +47,16 @@ device and writes JUnit XML and counts to OUT.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
+import float64_judge as judge
 import peer_harness as harness
 import pytest
 
 _SUITES = pytest.StashKey[dict]()
+_JUDGED = pytest.StashKey[list]()  # (nodeid, Verdict) of every re-judged case
 # One out-of-bounds access loses the process's CUDA context: every later case would fail too.
 _CONTEXT_LOST = re.compile(r"illegal memory access|CUDA error|device-side assert")
 
@@ -149,8 +152,40 @@ class RuntestHooks:
                 f.write(nodeid + "\n")
 
     @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item):
+        """Records the calls of the functions under test; a failed tolerance assertion of the
+        upstream file goes to the float64 judge (float64_judge.py), whose pass turns the case
+        into a pass that is reported as re-judged."""
+        parent = item.getparent(UpstreamSuite)
+        judges = judge.module_judges(parent.obj) if parent is not None else None
+        if judges is None:
+            return (yield)
+        judge.RECORDER.start()
+        try:
+            return (yield)
+        except AssertionError as exc:
+            verdict = judge.rejudge(exc, judges, item.name)
+            if verdict is None:
+                raise
+            item.user_properties.append((judge.PROPERTY, judge.property_value(verdict)))
+            item.config.stash.setdefault(_JUDGED, []).append((item.nodeid, verdict))
+            judge.log_verdict(item.nodeid, verdict)
+            if not verdict.passed:
+                raise
+            return None
+        finally:
+            judge.RECORDER.stop()
+
+    @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
         report = yield
+        if call.when == "call":
+            for name, value in item.user_properties:
+                if name == judge.PROPERTY:
+                    verdict = json.loads(value)
+                    head = ("PASSED by the float64 judge (upstream's assertion failed)"
+                            if verdict["passed"] else "the float64 judge upheld the failure")
+                    report.sections.append(("float64 judge", head + "\n" + value))
         if (report.failed and item.getparent(UpstreamSuite) is not None
                 and _CONTEXT_LOST.search(report.longreprtext or "")):
             item.session.shouldstop = (f"{item.nodeid} lost the CUDA context "
@@ -174,6 +209,18 @@ def pytest_terminal_summary(terminalreporter, config):
     tr.line(f"upstream tests: {first.upstream.origin}; mamba_ssm from {first.upstream.src}")
     tr.line(f"grid: {harness.grid()}; device: {harness.device()}; shard: "
             f"{os.environ.get(harness.SHARD_ENV, '0/1')}")
+    judged = config.stash.get(_JUDGED, [])
+    if judged:
+        passed = sum(1 for _, v in judged if v.passed)
+        tr.line(f"float64 judge: {len(judged)} upstream tolerance failures re-judged, {passed} "
+                f"passed (counted apart from upstream passes), {len(judged) - passed} upheld; "
+                f"criterion: fastpath's max_abs and rel_l2 from a float64 run <= "
+                f"{judge.RATIO:g}x the same-dtype reference's")
+        for nodeid, verdict in judged:
+            tr.line(f"  {'REJUDGED PASS' if verdict.passed else 'STILL FAILED'} {nodeid}")
+            tr.line(f"    {verdict.assertion}")
+            for line in verdict.lines():
+                tr.line(f"    {line}")
     for parent in parents.values():
         for change in parent.grid_changes:
             if change.unused:

@@ -14,6 +14,7 @@ import ast
 import contextlib
 import importlib
 import io
+import itertools
 import os
 import sys
 import tokenize
@@ -21,6 +22,8 @@ import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import float64_judge as judge
 
 TESTS_ENV = "MAMBA_PEER_TESTS"  # a state-spaces/mamba checkout (holds tests/ops/...)
 SRC_ENV = "MAMBA_SRC"  # the folder holding mamba_ssm/ (the unpacked PyPI sdist, or the checkout)
@@ -81,6 +84,89 @@ def chunk_state_varlen(B, x, dt, dA_cumsum, cu_seqlens, chunk_states):
     return states.to(chunk_states.dtype)
 
 
+# ---------------------------------------------------------------- the float64 judge's references
+def with_batch_indices(reference: Callable) -> Callable:
+    """mamba_ssm's `selective_state_update_ref` takes the state rows of the batch; the function
+    under test takes the whole pool and `state_batch_indices`. The same call, answered by the
+    reference on the rows the indices pick (written back in place, as the function does)."""
+
+    def run(state, *args, state_batch_indices=None, **kwargs):
+        if state_batch_indices is None:
+            return reference(state, *args, **kwargs)
+        rows = state_batch_indices.long()
+        picked = state[rows].clone()
+        out = reference(picked, *args, **kwargs)
+        state[rows] = picked
+        return out
+
+    return run
+
+
+def chunk_state_varlen_float64(chunk_state_ref: Callable) -> Callable:
+    """The final state of every packed sequence from scratch, through mamba_ssm's pure-torch
+    `chunk_state_ref` (one chunk spanning the whole sequence, zero initial state), on the call's
+    inputs in float64. The per-token log-decay is the step of the given within-chunk cumulative
+    sums (exactly what the kernels difference); `chunk_states`, upstream's intermediate, is not
+    an input of the exact answer."""
+
+    def run(B, x, dt, dA_cumsum, cu_seqlens, chunk_states):
+        import torch
+        import torch.nn.functional as F
+
+        total, nheads = x.shape[0], x.shape[1]
+        steps = dA_cumsum - F.pad(dA_cumsum[..., :-1], (1, 0))
+        tokens = lambda t: t.permute(1, 2, 0).reshape(-1, nheads)[:total]  # noqa: E731
+        dt_tok, step_tok = tokens(dt), tokens(steps)
+        bounds = cu_seqlens.tolist()
+        out = []
+        for start, end in itertools.pairwise(bounds):
+            dt_s = dt_tok[start:end].T[None, :, None, :]  # (1, H, 1 chunk, length)
+            cum = step_tok[start:end].cumsum(0).T[None, :, None, :]
+            states = chunk_state_ref(B[start:end][None], x[start:end][None], dt_s, cum)
+            out.append(states[0, 0])
+        return torch.stack(out)
+
+    return run
+
+
+@dataclass(frozen=True)
+class JudgeSpec:
+    """How the float64 judge finds its references for one name under test: `reference` names
+    the same-dtype reference in the test module (the name under test itself means upstream's
+    original of it); `adapt` wraps it to take the call's arguments; `exact(module)` gives the
+    float64 run when it is not the reference itself (None if the module lacks what it needs);
+    `mutated` the parameters the function updates in place."""
+
+    reference: str
+    adapt: Callable[[Callable], Callable] | None = None
+    exact: Callable[[types.ModuleType], Callable | None] | None = None
+    mutated: tuple[str, ...] = ()
+
+
+def _judges(**specs: JudgeSpec) -> Callable[[types.ModuleType, dict, dict], dict]:
+    """A Suite.judges factory. A name whose references the test module does not hold gets no
+    judge (its failures stay failures)."""
+
+    def make(module: types.ModuleType, originals: dict, fast: dict) -> dict:
+        out = {}
+        for name, spec in specs.items():
+            ref = (originals.get(name) if spec.reference == name
+                   else module.__dict__.get(spec.reference))
+            exact = spec.exact(module) if spec.exact else None
+            if name not in fast or ref is None or (spec.exact and exact is None):
+                continue
+            out[name] = judge.Judge(fast[name], spec.adapt(ref) if spec.adapt else ref, exact,
+                                    spec.mutated)
+        return out
+
+    return make
+
+
+def _varlen_float64(module: types.ModuleType) -> Callable | None:
+    ref = module.__dict__.get("chunk_state_ref")
+    return chunk_state_varlen_float64(ref) if ref is not None else None
+
+
 @dataclass(frozen=True)
 class Suite:
     """One upstream test file and what the harness puts in place in it.
@@ -89,12 +175,15 @@ class Suite:
     factory, so fastpath is imported only when the suite is loaded).
     library_names: (mamba_ssm module, name) -> replacement inside mamba_ssm itself, for a
     reference that would otherwise call the missing CUDA extension.
+    judges: (test module, upstream's originals of test_names, fastpath's functions) -> the
+    float64 judge (float64_judge.Judge) of each name under test.
     """
 
     path: str
     test_names: dict[str, Callable[[], object]]
     library_names: dict[tuple[str, str], Callable[[types.ModuleType], object]] = field(
         default_factory=dict)
+    judges: Callable[[types.ModuleType, dict, dict], dict] | None = None
 
 
 SUITES = (
@@ -105,14 +194,21 @@ SUITES = (
         # here it is upstream's own pure-torch selective_scan_ref, so the judge is all upstream.
         {("mamba_ssm.ops.selective_scan_interface", "selective_scan_fn"):
             lambda mod: mod.selective_scan_ref},
+        _judges(selective_scan_fn=JudgeSpec("selective_scan_ref"),
+                mamba_inner_fn=JudgeSpec("mamba_inner_ref")),
     ),
     Suite(
         "tests/ops/triton/test_selective_state_update.py",
         {"selective_state_update": lambda: selective_state_update},
+        judges=_judges(selective_state_update=JudgeSpec(
+            "selective_state_update_ref", adapt=with_batch_indices, mutated=("state",))),
     ),
     Suite(
         "tests/ops/triton/test_ssd.py",
         {"chunk_state_varlen": lambda: chunk_state_varlen},
+        # the same-dtype reference is upstream's own chunk_state_varlen (the name swapped out)
+        judges=_judges(chunk_state_varlen=JudgeSpec("chunk_state_varlen",
+                                                     exact=_varlen_float64)),
     ),
 )
 
@@ -326,8 +422,17 @@ def load_suite(suite: Suite, upstream: Upstream, wide: bool, on: str) -> tuple[t
             lib_module = importlib.import_module(lib)
             setattr(lib_module, attr, replacement(lib_module))
         exec(code, module.__dict__)
+    originals, fast = {}, {}
     for attr, factory in suite.test_names.items():
         if attr not in module.__dict__:
             raise RuntimeError(f"{path} no longer defines {attr}; update tests/peer/peer_harness.py")
-        module.__dict__[attr] = factory()
+        originals[attr], fast[attr] = module.__dict__[attr], factory()
+    judges = suite.judges(module, originals, fast) if suite.judges else {}
+    for attr, fn in fast.items():
+        mutated = judges[attr].mutated if attr in judges else ()
+        module.__dict__[attr] = judge.recording(attr, fn, mutated) if attr in judges else fn
+    tree = ast.parse(path.read_text())
+    grad_tests = frozenset(node.name for node in tree.body
+                           if isinstance(node, ast.FunctionDef) and judge.asserts_gradients(node))
+    module.__peer_judges__ = judge.SuiteJudges(judges, grad_tests, str(path))
     return module, changes
