@@ -38,7 +38,10 @@ from fastpath.kernels.selective_scan import naive as reference
 
 FAMILY = "selective_scan"
 FWD_ENV = "FASTPATH_SSCAN_FWD"
-FWD_KERNELS = ("chunked", "seq")
+# FASTPATH_SSCAN_FWD's values -> the call counter each one bumps (tests check which ran)
+FWD_COUNTERS = {"chunked": "ss_fwd:triton", "seq": "ss_fwd:triton-seq",
+                "tile": "ss_fwd:triton-tile", "tile-poly": "ss_fwd:triton-tile-poly"}
+FWD_KERNELS = tuple(FWD_COUNTERS)
 MAX_DSTATE = 64  # the kernels hold (chunk, channels, N) fp32 tiles in registers
 KERNELS_READY = True
 
@@ -87,13 +90,34 @@ def _use_triton(op: str, u: Tensor, A: Tensor, *tensors: Tensor | None) -> bool:
 
 def fwd_kernel() -> str:
     """The forward kernel FASTPATH_SSCAN_FWD picks, read at every call: "chunked" (default, the
-    associative-scan kernel of scan_fwd.py) or "seq" (scan_fwd_seq.py, time walked per program;
-    opt-in until mamba_ssm's own tests pass on it on a GPU: BENCHMARKS.md). Anything else is a
-    UsageError."""
+    associative-scan kernel of scan_fwd.py), "seq" (scan_fwd_seq.py, time walked per program),
+    "tile" / "tile-poly" (scan_fwd_tile.py: time walked in registers, L-contiguous inputs and
+    the output moved as (channels, steps) tiles; -poly takes a quarter of the exp2s on the FMA
+    pipe). The others stay opt-in until their GPU numbers and mamba_ssm's own tests are in
+    (BENCHMARKS.md). Anything else is a UsageError."""
     value = os.environ.get(FWD_ENV, "").strip().lower() or "chunked"
     if value not in FWD_KERNELS:
         raise UsageError(f"{FWD_ENV}={value!r}: expected one of {', '.join(FWD_KERNELS)}")
     return value
+
+
+def fwd_launcher(kernel: str):
+    """The Triton forward launcher of a FWD_KERNELS name: (u, delta, A, B, C, D, z, delta_bias,
+    delta_softplus) -> (out, last_state), the contract of scan_fwd.selective_scan_fwd_triton."""
+    if kernel == "seq":
+        from fastpath.kernels.selective_scan.scan_fwd_seq import selective_scan_fwd_seq_triton
+
+        return selective_scan_fwd_seq_triton
+    if kernel in ("tile", "tile-poly"):
+        from functools import partial
+
+        from fastpath.kernels.selective_scan import scan_fwd_tile
+
+        config = scan_fwd_tile.TILE_POLY_CONFIG if kernel == "tile-poly" else None
+        return partial(scan_fwd_tile.selective_scan_fwd_tile_triton, config=config)
+    from fastpath.kernels.selective_scan.scan_fwd import selective_scan_fwd_triton
+
+    return selective_scan_fwd_triton
 
 
 def _state_dtype(u: Tensor) -> torch.dtype:
@@ -115,16 +139,9 @@ def selective_scan_fwd(
     return_last_state: bool,
 ) -> tuple[Tensor, Tensor]:
     if _use_triton("scan fwd", u, A, delta, B, C, D, z, delta_bias):
-        if fwd_kernel() == "seq":
-            from fastpath.kernels.selective_scan.scan_fwd_seq import (
-                selective_scan_fwd_seq_triton as selective_scan_fwd_triton,
-            )
-
-            CALLS["ss_fwd:triton-seq"] += 1
-        else:
-            from fastpath.kernels.selective_scan.scan_fwd import selective_scan_fwd_triton
-
-            CALLS["ss_fwd:triton"] += 1
+        kernel = fwd_kernel()
+        CALLS[FWD_COUNTERS[kernel]] += 1
+        selective_scan_fwd_triton = fwd_launcher(kernel)
         out, last = selective_scan_fwd_triton(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
     else:
         CALLS["ss_fwd:reference"] += 1

@@ -1,0 +1,455 @@
+"""Triton forward of Mamba-1's selective scan: time walked in registers, inputs moved as tiles.
+
+Why. The time-sequential forward (scan_fwd_seq.py) loads u, delta, z and stores out one step at
+a time: for a tensor contiguous along L that is one element per 128-byte line per lane, 32 lines
+a warp instruction, every step (the load/store unit, not the SFU, then bounds it). Here each
+program still owns (one batch row, BLOCK_D channels of one B/C group) and carries its float32
+state h (N, BLOCK_D) through all L steps, but the sequence goes in chunks of T steps:
+
+- a tensor contiguous along L (delta in transformers' prefill; out always) moves as a
+  (BLOCK_D, T) tile, coalesced along L: with T = 16 bytes / element size (8 for bf16) Triton's
+  coalescing gives each lane one channel's T steps as one 16-byte vector, the same lane that
+  owns that channel's state, so taking step k's column is a register pick (`_column`: a
+  one-hot reduction whose mask is a compile-time constant per register) and the T outputs are
+  assembled the same way and stored as one vector per lane;
+- a tensor contiguous along channels (u and z in transformers' prefill are channel-last views)
+  is read one step at a time as a (BLOCK_D,) row, which is already coalesced (`*_TILE` False:
+  chosen per tensor from its strides by `tile_along_time`);
+- the T steps of a chunk are unrolled (tl.static_range), so the loads of B_t / C_t and the
+  next steps' exponentials are independent of the one-FMA recurrence and can be interleaved.
+
+softplus(delta + bias) is taken once per (channel, step), on the tile when delta is one.
+Per state element and step: one exp2 (the SFU's, or with POLY_N > 0 a degree-5 polynomial on the
+FMA pipe for the first POLY_N states of each channel: `exp2_poly`), an FMUL, two FMAs.
+
+Numerics equal the chunked and seq kernels' (float32 state and sums; masked steps past L have
+delta' = 0: a = 1, x = 0). Only (out, last_state) are produced; the backward recomputes its own
+chunk states (scan_fwd.chunk_states), so this serves training too. Selected with
+FASTPATH_SSCAN_FWD=tile or tile-poly (interface.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from fastpath.kernels.dispatch import triton_interpreter_on
+from fastpath.kernels.selective_scan.scan_fwd import (
+    LOG2E,
+    bc_row,
+    blocking,
+    channel_block,
+    per_channel,
+    store_rounded,
+)
+
+# (BLOCK_D, T, num_warps, POLY_N, AUX_POLY): channels per program (0: `auto_block_d`), steps per
+# tile (0: 16 bytes of the input dtype, one vector a lane; a longer tile spreads T over lanes
+# and its columns then need shuffles), warps, states per channel whose exp2 is the FMA
+# polynomial, and whether the per-(channel, step) exponentials (softplus', SiLU's) take it too.
+# BLOCK_D = 32 * num_warps puts one channel (all N states) on each lane; 16 per warp splits N
+# over two lanes (twice the programs, for batch 1; a shuffle per step for the sum over N).
+# Static count from sm_90 SASS (Triton 3.9, bf16, transformers' layouts, N = 16), per step and
+# warp of 32 channels: 139 issued instructions and 20 SFU ones (16 state exp2, softplus' exp2 and
+# lg2, SiLU's exp2 and rcp) at 8 SFU cycles each = 160 cycles: SFU-bound, about 1.3 ms at
+# (8, 4096) on an H200 at full SFU rate. AUX_POLY trades 2 SFU ops for ~20 FMA-pipe ones
+# (162 issued vs 144 SFU cycles: a wash on paper); POLY_N = 2 gives 182 issued vs 128: worse.
+TILE_CONFIG = (0, 0, 1, 0, False)
+TILE_POLY_CONFIG = (0, 0, 1, 0, True)
+# alternatives timed by benchmarks/selective_scan.py --fwd-variants tile,tile-poly --fwd-configs
+TILE_SWEEP = ((32, 0, 1, 0, False), (16, 0, 1, 0, False), (64, 0, 2, 0, False),
+              (128, 0, 4, 0, False), (8, 0, 1, 0, False), (32, 16, 1, 0, False))
+TILE_POLY_SWEEP = ((32, 0, 1, 0, True), (16, 0, 1, 0, True), (32, 0, 1, 2, True),
+                   (32, 0, 1, 4, False))
+
+# 2^f on [-1/2, 1/2], degree 5, fitted for relative error (max 2.2e-7 evaluated in float32:
+# about MUFU.EX2's ~2 ulp); lowest degree first.
+P0 = tl.constexpr(1.0000001192092896)
+P1 = tl.constexpr(0.6931469440460205)
+P2 = tl.constexpr(0.24022121727466583)
+P3 = tl.constexpr(0.05550742521882057)
+P4 = tl.constexpr(0.009675459936261177)
+P5 = tl.constexpr(0.0013266970636323094)
+LN2 = tl.constexpr(0.6931471805599453)
+ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + it rounds x to an integer (|x| < 2**22)
+MAGIC_BITS = tl.constexpr(0x4B400000)  # its float32 bit pattern
+
+
+@triton.jit
+def exp2_poly(x):
+    """2^x on the FMA/ALU pipes, for float32 x: x = j + f (j = round(x), |f| <= 1/2), 2^f by
+    the polynomial, j added to the exponent bits. x is clamped to [-127, 128] (2^-127 -> 0,
+    2^128 -> inf, as the SFU's flush-to-zero exp2 gives)."""
+    x = tl.minimum(tl.maximum(x, -127.0), 128.0)
+    r = x + ROUND_MAGIC
+    j = r.to(tl.int32, bitcast=True) - MAGIC_BITS
+    f = x - (r - ROUND_MAGIC)
+    p = P5 * f + P4
+    p = p * f + P3
+    p = p * f + P2
+    p = p * f + P1
+    p = p * f + P0
+    return (p.to(tl.int32, bitcast=True) + (j << 23)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _exp2_mix(x, offs_n, POLY_N: tl.constexpr):
+    """exp2 of an (N, BLOCK_D) tile: the first POLY_N state rows by exp2_poly, the rest on the
+    SFU (when a lane holds all N rows of its channel the row index is a constant per register,
+    so each register computes only its branch)."""
+    if POLY_N == 0:
+        return tl.exp2(x)
+    else:
+        return tl.where((offs_n < POLY_N)[:, None], exp2_poly(x), tl.exp2(x))
+
+
+@triton.jit
+def _exp2_aux(x, AUX_POLY: tl.constexpr):
+    """exp2 of a per-(channel, step) value: on the SFU (flush-to-zero) or the FMA polynomial."""
+    if AUX_POLY:
+        return exp2_poly(x)
+    else:
+        return tl.exp2(x)
+
+
+@triton.jit
+def _log2_fast(x, ASM: tl.constexpr):
+    """log2 of x >= 1 on the SFU (lg2.approx: |error| < 2^-22 relative) on the GPU; Triton's
+    (a 12-term polynomial) under the interpreter, which runs no PTX."""
+    if ASM:
+        return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=f,f", [x],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return tl.log2(x)
+
+
+@triton.jit
+def softplus_fast(v, ASM: tl.constexpr, AUX_POLY: tl.constexpr):
+    """softplus(v) = log(1 + e^v) in float32, the same branches as scan_fwd.softplus (identity
+    above 20; log1p's series below e^v = 1/16, where 1 + e would drop e's low bits), with the
+    exponential by exp2 and the logarithm on the SFU: about a third of its instructions."""
+    e = _exp2_aux(tl.minimum(v, 20.0) * LOG2E, AUX_POLY)
+    series = e * (1.0 - e * (0.5 - e * (0.3333333333333333 - e * (0.25 - e * (
+        0.2 - e * 0.16666666666666666)))))
+    logged = _log2_fast(1.0 + e, ASM) * LN2
+    return tl.where(v > 20.0, v, tl.where(e < 0.0625, series, logged))
+
+
+@triton.jit
+def silu_fast(z, AUX_POLY: tl.constexpr):
+    """z * sigmoid(z) = z / (1 + 2^(-z log2 e)) (an approximate division: div.full)."""
+    return tl.fdiv(z, 1.0 + _exp2_aux(-z * LOG2E, AUX_POLY))
+
+
+@triton.jit
+def _column(tile, sel):
+    """Column k of a (BLOCK_D, T) float32 tile, sel = (arange(T) == k)[None, :]: exact (adding
+    -0.0 changes nothing) and, with T in-thread, folded by the compiler to a register pick."""
+    return tl.sum(tl.where(sel, tile, -0.0), axis=1)
+
+
+@triton.jit
+def _tile(P, row, offs_d, md, offs_t, L, s_d, s_l, MASK_D: tl.constexpr, MASK_T: tl.constexpr):
+    """(BLOCK_D, T) float32 tile of a (batch, dim, L) tensor (0 where masked: only a partial
+    channel block, MASK_D, or the last partial chunk, MASK_T, carries a mask)."""
+    ptrs = P + row + offs_d[:, None] * s_d + offs_t[None, :] * s_l
+    if MASK_T:
+        return tl.load(ptrs, mask=md[:, None] & (offs_t < L)[None, :], other=0.0).to(tl.float32)
+    elif MASK_D:
+        return tl.load(ptrs, mask=md[:, None], other=0.0).to(tl.float32)
+    else:
+        return tl.load(ptrs).to(tl.float32)
+
+
+@triton.jit
+def _row(P, row, offs_d, md, t, L, s_d, s_l, MASK_D: tl.constexpr, MASK_T: tl.constexpr):
+    """(BLOCK_D,) float32 values of step t of a (batch, dim, L) tensor (0 where masked)."""
+    ptrs = P + row + offs_d * s_d + t * s_l
+    if MASK_T:  # a tensor mask: the interpreter's t is a Python int
+        return tl.load(ptrs, mask=md & ((offs_d * 0 + t) < L), other=0.0).to(tl.float32)
+    elif MASK_D:
+        return tl.load(ptrs, mask=md, other=0.0).to(tl.float32)
+    else:
+        return tl.load(ptrs).to(tl.float32)
+
+
+@triton.jit
+def _bc_vec(M, row, offs_n, fixed, t, L, VAR: tl.constexpr, BLOCK_N: tl.constexpr,
+            MASK_T: tl.constexpr):
+    """B_t or C_t as an (N, BLOCK_D)-broadcastable float32 tile: the group's BLOCK_N values of
+    step t (n_fastest_f32's padded float32 copy: L stride BLOCK_N, no N mask; 0 past L) when
+    time-varying, else the time-invariant (N, BLOCK_D) tile."""
+    if VAR:
+        ptrs = M + row + t * BLOCK_N + offs_n
+        if MASK_T:
+            return tl.load(ptrs, mask=(offs_n * 0 + t) < L, other=0.0)[:, None]
+        else:
+            return tl.load(ptrs)[:, None]
+    else:
+        return fixed
+
+
+@triton.jit
+def _bc_fixed(M, offs_d, offs_n, mdn, s_d, s_n, VAR: tl.constexpr):
+    """A time-invariant (dim, N) B or C as an (N, BLOCK_D) float32 tile (0.0 when varying)."""
+    if VAR:
+        return 0.0
+    else:
+        return tl.load(M + offs_n[:, None] * s_n + offs_d[None, :] * s_d, mask=mdn,
+                       other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _delta_prime(dt, bias, keep, HAS_DBIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+                 ASM: tl.constexpr, AUX_POLY: tl.constexpr, MASK_T: tl.constexpr):
+    """softplus(delta + bias) in float32 (or delta + bias); in the last partial chunk 0 past L
+    (a = 1, x = 0: the state passes unchanged)."""
+    if HAS_DBIAS:
+        dt += bias
+    if SOFTPLUS:
+        dt = softplus_fast(dt, ASM, AUX_POLY)
+    if MASK_T:
+        dt = tl.where(keep, dt, 0.0)
+    return dt
+
+
+@triton.jit
+def _chunk(h, t0, U, DELTA, Z, B, C, OUT, L, u_row, d_row, z_row, o_row, B_row, C_row,
+           offs_d, md, offs_n, A2, Dv, bias, Bfix, Cfix,
+           s_ud, s_ul, s_dd, s_dl, s_zd, s_zl, s_od, s_ol,
+           HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DBIAS: tl.constexpr,
+           SOFTPLUS: tl.constexpr, B_VAR: tl.constexpr, C_VAR: tl.constexpr,
+           U_TILE: tl.constexpr, DT_TILE: tl.constexpr, Z_TILE: tl.constexpr, RNE: tl.constexpr,
+           BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, T: tl.constexpr, POLY_N: tl.constexpr,
+           AUX_POLY: tl.constexpr, ASM: tl.constexpr, MASK_D: tl.constexpr,
+           MASK_T: tl.constexpr):
+    """Steps t0 .. t0 + T - 1: h carried through them, their outputs stored as one tile."""
+    offs_k = tl.arange(0, T)
+    offs_t = t0 + offs_k
+    mdt = md[:, None] & (offs_t < L)[None, :]
+    if U_TILE:
+        u_tile = _tile(U, u_row, offs_d, md, offs_t, L, s_ud, s_ul, MASK_D, MASK_T)
+    if DT_TILE:
+        bias_col = 0.0
+        if HAS_DBIAS:
+            bias_col = bias[:, None]
+        d_tile = _delta_prime(_tile(DELTA, d_row, offs_d, md, offs_t, L, s_dd, s_dl, MASK_D,
+                                    MASK_T), bias_col, mdt, HAS_DBIAS, SOFTPLUS, ASM, AUX_POLY,
+                              MASK_T)
+    if HAS_Z and Z_TILE:
+        gate_tile = silu_fast(_tile(Z, z_row, offs_d, md, offs_t, L, s_zd, s_zl, MASK_D, MASK_T),
+                              AUX_POLY)
+    o = tl.zeros((BLOCK_D, T), dtype=tl.float32)
+    for k in tl.static_range(T):
+        sel = (offs_k == k)[None, :]
+        t = t0 + k
+        if U_TILE:
+            uk = _column(u_tile, sel)
+        else:
+            uk = _row(U, u_row, offs_d, md, t, L, s_ud, s_ul, MASK_D, MASK_T)
+        if DT_TILE:
+            dk = _column(d_tile, sel)
+        else:
+            dk = _delta_prime(_row(DELTA, d_row, offs_d, md, t, L, s_dd, s_dl, MASK_D, MASK_T),
+                              bias, md & ((offs_d * 0 + t) < L), HAS_DBIAS, SOFTPLUS, ASM,
+                              AUX_POLY, MASK_T)
+        Bt = _bc_vec(B, B_row, offs_n, Bfix, t, L, B_VAR, BLOCK_N, MASK_T)
+        Ct = _bc_vec(C, C_row, offs_n, Cfix, t, L, C_VAR, BLOCK_N, MASK_T)
+        dA = _exp2_mix(dk[None, :] * A2, offs_n, POLY_N)
+        h = dA * h + (dk * uk)[None, :] * Bt
+        y = tl.sum(h * Ct, axis=0)
+        if HAS_D:
+            y += Dv * uk
+        if HAS_Z:
+            if Z_TILE:
+                y = y * _column(gate_tile, sel)
+            else:
+                y = y * silu_fast(_row(Z, z_row, offs_d, md, t, L, s_zd, s_zl, MASK_D, MASK_T),
+                                  AUX_POLY)
+        o = tl.where(sel, y[:, None], o)
+    ptrs = OUT + o_row + offs_d[:, None] * s_od + offs_t[None, :] * s_ol
+    if MASK_T:
+        store_rounded(ptrs, o, mdt, RNE)
+    elif MASK_D:
+        store_rounded(ptrs, o, md[:, None], RNE)
+    else:
+        store_rounded(ptrs, o, None, RNE)
+    return h
+
+
+# A and LAST unspecialised (no 16-byte alignment promise), as in scan_fwd_seq: a vectorised
+# access would make Triton spread N across lanes and shuffle the sum over N every step.
+@triton.jit(do_not_specialize=["A", "LAST"])
+def _fwd_tile_kernel(
+    U, DELTA, A, B, C, D, Z, DBIAS, OUT, LAST,
+    L, dim, N, dim_per_group, dpg_B, dpg_C, n_blocks,
+    s_ub, s_ud, s_ul,
+    s_db, s_dd, s_dl,
+    s_ad, s_an,
+    s_Bb, s_Bg, s_Bn,
+    s_Cb, s_Cg, s_Cn,
+    s_zb, s_zd, s_zl,
+    s_ob, s_od, s_ol,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_DBIAS: tl.constexpr,
+    SOFTPLUS: tl.constexpr,
+    B_VAR: tl.constexpr,
+    C_VAR: tl.constexpr,
+    U_TILE: tl.constexpr,
+    DT_TILE: tl.constexpr,
+    Z_TILE: tl.constexpr,
+    RNE: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    T: tl.constexpr,
+    POLY_N: tl.constexpr,
+    AUX_POLY: tl.constexpr,
+    ASM: tl.constexpr,
+    MASK_D: tl.constexpr,
+):
+    b = tl.program_id(1).to(tl.int64)
+    g, offs_d, md = channel_block(tl.program_id(0), dim_per_group, n_blocks, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    mdn = (offs_n < N)[:, None] & md[None, :]
+    A2 = tl.load(A + offs_n[:, None] * s_an + offs_d[None, :] * s_ad, mask=mdn,
+                 other=0.0).to(tl.float32) * LOG2E
+    Dv = 0.0
+    if HAS_D:
+        Dv = tl.load(D + offs_d, mask=md, other=0.0).to(tl.float32)
+    bias = 0.0
+    if HAS_DBIAS:
+        bias = tl.load(DBIAS + offs_d, mask=md, other=0.0).to(tl.float32)
+    Bfix = _bc_fixed(B, offs_d, offs_n, mdn, s_Bg, s_Bn, B_VAR)
+    Cfix = _bc_fixed(C, offs_d, offs_n, mdn, s_Cg, s_Cn, C_VAR)
+    u_row = b * s_ub
+    d_row = b * s_db
+    z_row = b * s_zb
+    o_row = b * s_ob
+    B_row = bc_row(b, g, dim_per_group, dpg_B, s_Bb, s_Bg)
+    C_row = bc_row(b, g, dim_per_group, dpg_C, s_Cb, s_Cg)
+    h = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    n_full = L // T
+    # whole chunks without time masks, then the partial one (if any) with them
+    for c in range(n_full):
+        h = _chunk(h, c * T, U, DELTA, Z, B, C, OUT, L, u_row, d_row, z_row, o_row, B_row,
+                   C_row, offs_d, md, offs_n, A2, Dv, bias, Bfix, Cfix,
+                   s_ud, s_ul, s_dd, s_dl, s_zd, s_zl, s_od, s_ol,
+                   HAS_D, HAS_Z, HAS_DBIAS, SOFTPLUS, B_VAR, C_VAR, U_TILE, DT_TILE, Z_TILE,
+                   RNE, BLOCK_D, BLOCK_N, T, POLY_N, AUX_POLY, ASM, MASK_D, False)
+    if n_full * T < L:
+        h = _chunk(h, n_full * T, U, DELTA, Z, B, C, OUT, L, u_row, d_row, z_row, o_row, B_row,
+                   C_row, offs_d, md, offs_n, A2, Dv, bias, Bfix, Cfix,
+                   s_ud, s_ul, s_dd, s_dl, s_zd, s_zl, s_od, s_ol,
+                   HAS_D, HAS_Z, HAS_DBIAS, SOFTPLUS, B_VAR, C_VAR, U_TILE, DT_TILE, Z_TILE,
+                   RNE, BLOCK_D, BLOCK_N, T, POLY_N, AUX_POLY, ASM, MASK_D, True)
+    tl.store(LAST + (b * N + offs_n[:, None]) * dim + offs_d[None, :], h, mask=mdn)
+
+
+def n_fastest_f32(M: Tensor, block_n: int) -> Tensor:
+    """A time-varying B or C, (batch, G, N, L), as a float32 (batch, G, L, block_n) copy, N
+    zero-padded to block_n: each lane reads step t's values as unmasked 16-byte vectors at a
+    compile-time stride, converted once here instead of in every lane at every step
+    (batch*G*L*block_n floats: 2 MB at (8, 4096), N = 16). Time-invariant (dim, N) stays."""
+    if M.dim() == 2:
+        return M
+    if M.dim() == 3:
+        M = M.unsqueeze(1)
+    nstate = M.shape[-2]
+    shape = (*M.shape[:-2], M.shape[-1], block_n)
+    out = (torch.empty if nstate == block_n else torch.zeros)(shape, dtype=torch.float32,
+                                                             device=M.device)
+    out[..., :nstate].copy_(M.transpose(-2, -1))
+    return out
+
+
+def bc_args(M: Tensor, block_n: int) -> tuple[Tensor, bool, int, tuple[int, int, int]]:
+    """(tensor, time-varying, groups, (batch, group, N) strides) of B or C for the kernel: a
+    time-varying one as n_fastest_f32's copy (L stride block_n, N stride 1: constexprs in the
+    kernel), a time-invariant (dim, N) one as given (the group stride is its channel stride)."""
+    if M.dim() == 2:
+        return M, False, 1, (0, M.stride(0), M.stride(1))
+    M = n_fastest_f32(M, block_n)
+    return M, True, M.shape[1], (M.stride(0), M.stride(1), 1)
+
+
+def auto_block_d(batch: int, dim: int, device: torch.device) -> int:
+    """32 channels a warp (one lane per channel) when that gives every SM sub-partition (4 an SM)
+    at least two warps; else 16 (N over two lanes: twice the warps, e.g. batch 1 at D = 8192 has
+    256 warps of 32 channels for an H200's 528 sub-partitions)."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if (
+        device.type == "cuda") else 132
+    return 32 if batch * dim // 32 >= 2 * 4 * sms else 16
+
+
+def tile_along_time(t: Tensor) -> bool:
+    """Whether a (batch, dim, L) input is read as (channels, T) tiles (its L stride is the
+    smaller: contiguous along time) or one step at a time (channel-last views, whose rows of
+    channels are the contiguous ones)."""
+    _, dim, length = t.shape
+    s_d, s_l = abs(t.stride(1)) if dim > 1 else 2**62, abs(t.stride(2)) if length > 1 else 2**62
+    return s_l <= s_d
+
+
+def steps_per_tile(tile: int, *tensors: Tensor | None) -> int:
+    """T: as given, or 16 bytes of the widest of the tiled inputs' dtypes (one vector a lane)."""
+    if tile:
+        return tile
+    size = max([t.element_size() for t in tensors if t is not None] or [2])
+    return max(1, 16 // size)
+
+
+def selective_scan_fwd_tile_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                                   D: Tensor | None, z: Tensor | None,
+                                   delta_bias: Tensor | None, delta_softplus: bool,
+                                   config: tuple[int, int, int, int, bool] | None = None
+                                   ) -> tuple[Tensor, Tensor]:
+    """Same contract as scan_fwd.selective_scan_fwd_triton: (out in u's dtype, contiguous
+    (batch, dim, L); last_state float32 (batch, dim, N)); B/C each (dim, N), (batch, N, L) or
+    (batch, G, N, L), any strides. config: (BLOCK_D, T, num_warps, POLY_N, AUX_POLY); None:
+    TILE_CONFIG."""
+    batch, dim, length = u.shape
+    nstate = A.shape[1]
+    out = torch.empty(u.shape, dtype=u.dtype, device=u.device)
+    if not out.numel():
+        return out, torch.empty((batch, dim, nstate), dtype=torch.float32, device=u.device)
+    block_d, tile, warps, poly_n, aux_poly = config or TILE_CONFIG
+    if block_d == 0:
+        block_d = auto_block_d(batch, dim, u.device) * warps
+    if block_d < 1 or warps < 1 or poly_n < 0 or tile < 0 or tile & (tile - 1):
+        raise ValueError(f"tile forward config {config}: expected (BLOCK_D >= 1, T a power of "
+                         "two or 0, num_warps >= 1, POLY_N >= 0, AUX_POLY)")
+    A = A.t().contiguous()  # (N, dim): channels fastest (see scan_fwd_seq)
+    D, delta_bias = per_channel(D), per_channel(delta_bias)
+    block_n = triton.next_power_of_2(nstate)
+    (Bt, B_var, B_groups, B_strides), (Ct, C_var, C_groups, C_strides) = (
+        bc_args(M, block_n) for M in (B, C))
+    last = torch.empty((batch, nstate, dim), dtype=torch.float32, device=u.device)
+    groups = math.lcm(B_groups, C_groups)  # no program straddles a group of B or of C
+    dim_per_group = dim // groups
+    block_d = blocking(dim_per_group, block_d)
+    n_blocks = triton.cdiv(dim_per_group, block_d)
+    u_tile, dt_tile = tile_along_time(u), tile_along_time(delta)
+    z_tile = z is not None and tile_along_time(z)
+    chunk = steps_per_tile(tile, out, u if u_tile else None, delta if dt_tile else None,
+                           z if z_tile else None)
+    dummy = u
+    zs = z.stride() if z is not None else (0, 0, 0)
+    _fwd_tile_kernel[(groups * n_blocks, batch)](
+        u, delta, A, Bt, Ct, dummy if D is None else D, dummy if z is None else z,
+        dummy if delta_bias is None else delta_bias, out, last,
+        length, dim, nstate, dim_per_group, dim // B_groups, dim // C_groups, n_blocks,
+        *u.stride(), *delta.stride(), A.stride(1), A.stride(0), *B_strides, *C_strides, *zs,
+        *out.stride(),
+        HAS_D=D is not None, HAS_Z=z is not None, HAS_DBIAS=delta_bias is not None,
+        SOFTPLUS=bool(delta_softplus), B_VAR=B_var, C_VAR=C_var,
+        U_TILE=u_tile, DT_TILE=dt_tile, Z_TILE=z_tile,
+        RNE=triton_interpreter_on(), BLOCK_D=block_d, BLOCK_N=block_n, T=chunk,
+        POLY_N=min(poly_n, nstate), AUX_POLY=bool(aux_poly), ASM=not triton_interpreter_on(),
+        MASK_D=dim_per_group % block_d != 0, num_warps=warps,
+    )
+    return out, last.transpose(1, 2).contiguous()
