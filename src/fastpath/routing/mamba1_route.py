@@ -60,19 +60,17 @@ Mamba-1 scan (mamba_ssm's selective_scan_fn has no such argument), so there is n
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import inspect
-import os
 import re
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from fastpath.known_issues import mamba1_cuda_scan_missing
-from fastpath.routing import mamba_route
-from fastpath.routing.hub_kernels import kernels_func_inner, unwrap
-from fastpath.routing.mamba_route import MambaStatus
+from fastpath.routing import mamba_common, mamba_route
+from fastpath.routing.hub_kernels import kernels_func_inner
+from fastpath.routing.mamba_common import MambaStatus, module_source, runs_here
 from fastpath.routing.patch_registry import PatchRegistry
 
 MAMBA1_OPS = ("selective_scan_fn", "selective_state_update", "mamba_inner_fn")
@@ -85,30 +83,20 @@ _RMS_WEIGHTS = ("b_rms_weight", "c_rms_weight", "dt_rms_weight")
 
 def detect_mamba1(mode: str) -> MambaStatus:
     """Resolve enable(mamba_ssm="auto"|"fastpath"|"off") for the Mamba-1 ops."""
-    if mode == "off":
-        return MambaStatus(False, "off", "mamba_ssm='off': Mamba-1 ops left as transformers picks them")
-    if mode == "fastpath":
-        return MambaStatus(True, "fastpath", "mamba_ssm='fastpath'")
-    if importlib.util.find_spec("mamba_ssm") is None:
-        return MambaStatus(True, "fastpath", "mamba_ssm is not installed")
-    try:
-        importlib.import_module("mamba_ssm.ops.selective_scan_interface")
-        importlib.import_module("mamba_ssm.ops.triton.selective_state_update")
-    except Exception as exc:  # needs its compiled selective_scan_cuda extension
-        return MambaStatus(True, "fastpath", f"mamba_ssm is installed but its Mamba-1 ops do not import "
-                           f"({type(exc).__name__}: {str(exc)[:120]})")
+    return mamba_common.detect(mode, "Mamba-1", ("mamba_ssm.ops.selective_scan_interface",
+                                                 "mamba_ssm.ops.triton.selective_state_update"),
+                               broken="mamba_ssm is installed but its Mamba-1 ops do not import",
+                               kept="mamba_ssm's Mamba-1 ops import", extra=_scan_extension_missing)
+
+
+def _scan_extension_missing() -> str | None:
+    """mamba_ssm imports, but without the compiled scan its Mamba-1 functions raise when called."""
     extension = importlib.util.find_spec("selective_scan_cuda") is not None
     if mamba1_cuda_scan_missing(True, extension):
-        return MambaStatus(True, "fastpath", "mamba_ssm imports without its selective_scan_cuda extension "
-                           "(opt-in since https://github.com/state-spaces/mamba/pull/977): its "
-                           "selective_scan_fn / mamba_inner_fn raise when called, so fastpath routes them")
-    return MambaStatus(False, "mamba_ssm", "mamba_ssm's Mamba-1 ops import: kept "
-                       "(enable(mamba_ssm='fastpath') routes to fastpath instead)")
-
-
-def _runs_here(t: Any) -> bool:
-    """fastpath's Triton kernels take this tensor: CUDA, or CPU under TRITON_INTERPRET=1."""
-    return bool(getattr(t, "is_cuda", False)) or os.environ.get("TRITON_INTERPRET") == "1"
+        return ("mamba_ssm imports without its selective_scan_cuda extension "
+                "(opt-in since https://github.com/state-spaces/mamba/pull/977): its "
+                "selective_scan_fn / mamba_inner_fn raise when called, so fastpath routes them")
+    return None
 
 
 # ------------------------------------------------------------------ the routes
@@ -117,7 +105,7 @@ def make_scan_route(torch_fn: Callable[..., Any] | None) -> Callable[..., Any]:
 
     def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
                           return_last_state=False, **kwargs):
-        if not _runs_here(u) and torch_fn is not None:
+        if not runs_here(u) and torch_fn is not None:
             return torch_fn(u, delta, A, B, C, D=D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus,
                             return_last_state=return_last_state, **kwargs)
         from fastpath.kernels.selective_scan.interface import selective_scan_fn as impl
@@ -137,7 +125,7 @@ def make_state_update_route(torch_fn: Callable[..., Any] | None) -> Callable[...
         if state.dim() == 4:
             return mamba2(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
                           state_batch_indices=state_batch_indices)
-        if not _runs_here(x) and torch_fn is not None and state_batch_indices is None:
+        if not runs_here(x) and torch_fn is not None and state_batch_indices is None:
             return torch_fn(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus)
         from fastpath.kernels.selective_scan.interface import selective_state_update as impl
 
@@ -157,7 +145,7 @@ def make_inner_route(torch_fn: Callable[..., Any] | None) -> Callable[..., Any]:
                        C_proj_bias=None, delta_softplus=True, checkpoint_lvl=1, b_rms_weight=None,
                        c_rms_weight=None, dt_rms_weight=None, b_c_dt_rms_eps=1e-6, **kwargs):
         normed = any(w is not None for w in (b_rms_weight, c_rms_weight, dt_rms_weight))
-        if torch_fn is not None and (normed or not _runs_here(xz)):
+        if torch_fn is not None and (normed or not runs_here(xz)):
             # what transformers does without the fused kernel: its unfused path (conv and scan routed)
             return torch_fn(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, out_proj_weight,
                             out_proj_bias, A, B, C, D, delta_bias=delta_bias, delta_softplus=delta_softplus,
@@ -212,9 +200,7 @@ _MAKERS = {"selective_scan_fn": make_scan_route, "selective_state_update": make_
 
 
 def _mark(fn: Callable[..., Any], op: str, torch_fn: Callable[..., Any] | None) -> Callable[..., Any]:
-    setattr(fn, ROUTE_ATTR, op)
-    fn.__fastpath_torch_fn__ = torch_fn  # type: ignore[attr-defined]
-    return fn
+    return mamba_common.mark(fn, ROUTE_ATTR, op, torch_fn)
 
 
 def route_module(kernel_name: str, base: ModuleType | None = None) -> ModuleType:
@@ -249,25 +235,17 @@ def seed_lazy_kernel_mapping(hub: ModuleType, reg: PatchRegistry, mamba2_routed:
 
 
 # ------------------------------------------------------------------ reading transformers' modules
-def _hub_func_name(value: Any) -> str | None:
-    value = unwrap(value)  # 5.25 + `kernels`: the Hub-kernel module wraps transformers' closure
-    code = getattr(value, "__code__", None)
-    if code is None or "func_name" not in code.co_freevars or "is_new_implementation" not in code.co_freevars:
-        return None
-    return mamba_route._closure_value(value, "func_name")
-
-
 def op_globals(module: ModuleType) -> dict[str, str]:
     """op name -> module global name that the mixer calls for it, in this module right now."""
     found: dict[str, str] = {}
     for gname, value in vars(module).items():
-        op = getattr(value, ROUTE_ATTR, None) or _hub_func_name(value)
+        op = getattr(value, ROUTE_ATTR, None) or mamba_common.hub_func_name(value)
         if op in MAMBA1_OPS:
             found[op] = gname
     if "selective_scan_fn" not in found:  # Mamba-2 modules wrap selective_state_update only
         found = {}
     if not found and is_legacy_mamba1(module):
-        inner = "falcon_mamba_inner_fn" if "falcon_mamba_inner_fn" in mamba_route._source(module) \
+        inner = "falcon_mamba_inner_fn" if "falcon_mamba_inner_fn" in module_source(module) \
             else "mamba_inner_fn"
         found = {"selective_scan_fn": "selective_scan_fn", "selective_state_update": "selective_state_update",
                  "mamba_inner_fn": inner}
@@ -276,14 +254,14 @@ def op_globals(module: ModuleType) -> dict[str, str]:
 
 def is_legacy_mamba1(module: ModuleType) -> bool:
     """<=5.14 Mamba-1 modeling module: imports the ops by name from mamba_ssm (or its lazy loader)."""
-    text = mamba_route._source(module)
+    text = module_source(module)
     return "selective_scan_fn" in text and "cuda_kernels_forward" in text and _HUB_WRAPPER not in text
 
 
 def _global_names(module: ModuleType) -> set[str]:
     """Names the module's functions declare `global` (5.0-5.14 __init__ rewrites them)."""
     names: set[str] = set()
-    for line in re.findall(r"^\s*global\s+(.+)$", mamba_route._source(module), flags=re.MULTILINE):
+    for line in re.findall(r"^\s*global\s+(.+)$", module_source(module), flags=re.MULTILINE):
         names.update(n.strip() for n in line.split(","))
     return names
 
@@ -304,8 +282,7 @@ def patch_module(module: ModuleType, conv_fn: Any, conv_update: Any, conv_module
             current = g.get(gname)
             if kernels_func_inner(current) is not None:  # enable(hub_kernels="keep"): the Hub kernel stays
                 continue
-            torch_fn = getattr(current, "__fastpath_torch_fn__", None) or \
-                mamba_route._closure_value(current, "torch_function")
+            torch_fn = mamba_common.torch_fn_of(current)
         reg.set_attr(module, gname, _MAKERS[op](torch_fn))
     if legacy:
         # 5.0-5.14 __init__ rewrites these globals from the lazy loader: record each (absent ones too)
@@ -339,48 +316,22 @@ def fast_path_open(module: ModuleType) -> bool:
 def lift_device_gates(module: ModuleType, reg: PatchRegistry) -> None:
     """Testing only (TRITON_INTERPRET=1): <=5.14 Mamba-1 mixers take `cuda_kernels_forward` only for
     CUDA weights (jamba / zamba also only with use_mamba_kernels); let CPU weights take it when every
-    op is routed, so the interpreter runs fastpath's kernels there. forward and cuda_kernels_forward
-    share parameter names; arguments are passed by name."""
-    if not is_legacy_mamba1(module):
-        return
-    from fastpath.kernels.dispatch import triton_interpreter_on
+    op is routed, so the interpreter runs fastpath's kernels there (mamba_common.lift_device_gates)."""
+    if is_legacy_mamba1(module):
+        mamba_common.lift_device_gates(module, reg, _kernel_path_open)
 
-    for obj in list(module.__dict__.values()):
-        if not (isinstance(obj, type) and obj.__module__ == module.__name__
-                and "cuda_kernels_forward" in obj.__dict__ and "forward" in obj.__dict__):
-            continue
-        try:
-            if "torch.cuda." in inspect.getsource(obj.__dict__["cuda_kernels_forward"]):
-                continue
-        except (OSError, TypeError):
-            continue
-        original = obj.__dict__["forward"]
-        fwd_sig = inspect.signature(original)
-        fast_params = list(inspect.signature(obj.__dict__["cuda_kernels_forward"]).parameters)[1:]
 
-        def forward(self: Any, *args: Any, __orig: Any = original, __mod: Any = module,
-                    __sig: Any = fwd_sig, __fast: list[str] = fast_params, **kwargs: Any) -> Any:
-            weight = next(iter(self.parameters()), None)
-            if (weight is not None and weight.device.type == "cpu" and triton_interpreter_on()
-                    and fast_path_open(__mod)):
-                bound = __sig.bind(self, *args, **kwargs).arguments
-                return self.cuda_kernels_forward(**{k: bound[k] for k in __fast if k in bound})
-            return __orig(self, *args, **kwargs)
-
-        forward.__fastpath_lifted__ = True  # type: ignore[attr-defined]
-        reg.set_attr(obj, "forward", forward)
+def _kernel_path_open(mixer: Any, module: ModuleType) -> bool:
+    weight = next(iter(mixer.parameters()), None)
+    return weight is not None and weight.device.type == "cpu" and fast_path_open(module)
 
 
 # ------------------------------------------------------------------ explain
 def kernel_limit(op: str, layer: Any) -> str | None:
     """Why fastpath's Triton kernels would hand this layer's `op` calls to the float reference."""
-    dstate = getattr(layer, "ssm_state_size", None)
     if op == "selective_state_update":
-        from fastpath.kernels.ssd.state_update import MAX_DSTATE as UPDATE_MAX_DSTATE
-
-        if isinstance(dstate, int) and dstate > UPDATE_MAX_DSTATE:
-            return f"state size {dstate} > {UPDATE_MAX_DSTATE}"
-        return None
+        return mamba_common.state_update_limit(layer)
+    dstate = getattr(layer, "ssm_state_size", None)
     from fastpath.kernels.selective_scan import interface
 
     if not interface.KERNELS_READY:
@@ -401,22 +352,12 @@ def classify(value: Any, device: str, layer: Any = None) -> tuple[str, bool] | N
     op = getattr(value, ROUTE_ATTR, None)
     if op is None:
         return None
-    runs = device == "cuda" or (os.environ.get("TRITON_INTERPRET") == "1" and device == "cpu")
-    torch_fn = getattr(value, "__fastpath_torch_fn__", None)
     if op == "mamba_inner_fn" and layer is not None and _normed_fused(layer):
-        if torch_fn is not None:
+        if getattr(value, mamba_common.TORCH_FN_ATTR, None) is not None:
             return "declined: transformers' unfused path (conv + scan routes below)", True
         op = "selective_scan_fn"  # <=5.14: composed here from the conv and the scan
-    limit = kernel_limit(op, layer) if runs and layer is not None else None
-    if limit is not None:
-        return f"fastpath (torch reference: {limit})", False
-    if device == "cuda":
-        return "fastpath-triton", True
-    if runs:
-        return "fastpath-triton (interpreter)", True
-    if torch_fn is not None:
-        return f"torch ({device} tensors; fastpath routed for CUDA)", False
-    return f"fastpath (torch reference on {device})", False
+    limit = kernel_limit(op, layer) if mamba_common.runs_on(device) and layer is not None else None
+    return mamba_common.classify_route(value, device, limit)
 
 
 def config_gate(layer: Any) -> str | None:

@@ -49,55 +49,28 @@ stand-in would have to fake, and module globals reach every version.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import inspect
 import math
-import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from fastpath.routing.hub_kernels import kernels_func_inner, unwrap
+from fastpath.routing import mamba_common
+from fastpath.routing.hub_kernels import kernels_func_inner
+from fastpath.routing.mamba_common import MODES, MambaStatus, runs_here
 from fastpath.routing.patch_registry import PatchRegistry
 
+__all__ = ["MAMBA_OPS", "MODES", "MambaStatus", "classify", "detect_mamba", "op_globals", "patch_module"]
+
 MAMBA_OPS = ("mamba_chunk_scan_combined", "selective_state_update", "mamba_split_conv1d_scan_combined")
-MODES = ("auto", "fastpath", "off")
 ROUTE_ATTR = "__fastpath_mamba_route__"  # value: the op name
 LAZY_KERNEL_NAME = "mamba-ssm"
 
 
-@dataclass
-class MambaStatus:
-    """What enable() decided for the Mamba-2 ops."""
-
-    route: bool          # install fastpath's routes
-    impl: str            # "fastpath" | "mamba_ssm" | "off"
-    reason: str
-
-
 def detect_mamba(mode: str) -> MambaStatus:
     """Resolve enable(mamba_ssm="auto"|"fastpath"|"off") against what is installed."""
-    if mode == "off":
-        return MambaStatus(False, "off", "mamba_ssm='off': Mamba-2 ops left as transformers picks them")
-    if mode == "fastpath":
-        return MambaStatus(True, "fastpath", "mamba_ssm='fastpath'")
-    if importlib.util.find_spec("mamba_ssm") is None:
-        return MambaStatus(True, "fastpath", "mamba_ssm is not installed")
-    try:
-        importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
-        importlib.import_module("mamba_ssm.ops.triton.selective_state_update")
-    except Exception as exc:  # 2.3.2.post1 imports its CUDA extension at the package root
-        return MambaStatus(True, "fastpath", f"mamba_ssm is installed but does not import "
-                           f"({type(exc).__name__}: {str(exc)[:120]})")
-    return MambaStatus(False, "mamba_ssm", "mamba_ssm imports: kept (enable(mamba_ssm='fastpath') "
-                       "routes to fastpath instead)")
-
-
-def _runs_here(t: Any) -> bool:
-    """fastpath's Triton kernels take this tensor: CUDA, or CPU under TRITON_INTERPRET=1."""
-    return bool(getattr(t, "is_cuda", False)) or os.environ.get("TRITON_INTERPRET") == "1"
+    return mamba_common.detect(mode, "Mamba-2", ("mamba_ssm.ops.triton.ssd_combined",
+                                                 "mamba_ssm.ops.triton.selective_state_update"),
+                               broken="mamba_ssm is installed but does not import", kept="mamba_ssm imports")
 
 
 def _seq_idx(seq_idx: Any, cu_seqlens: Any, x: Any, kwargs: dict[str, Any]) -> Any:
@@ -121,7 +94,7 @@ def make_chunk_scan_route(torch_fn: Callable[..., Any] | None) -> Callable[..., 
                                   dt_limit=(0.0, math.inf), return_final_states=False,
                                   cu_seqlens=None, **kwargs):
         seq_idx = _seq_idx(seq_idx, cu_seqlens, x, kwargs)
-        if not _runs_here(x) and torch_fn is not None and seq_idx is None:
+        if not runs_here(x) and torch_fn is not None and seq_idx is None:
             return torch_fn(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
                             initial_states=initial_states, dt_softplus=dt_softplus, dt_limit=dt_limit,
                             return_final_states=return_final_states)
@@ -143,7 +116,7 @@ def make_state_update_route(torch_fn: Callable[..., Any] | None) -> Callable[...
 
     def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
                                state_batch_indices=None, **kwargs):
-        if not _runs_here(x) and torch_fn is not None and state_batch_indices is None:
+        if not runs_here(x) and torch_fn is not None and state_batch_indices is None:
             return torch_fn(state, x, dt, A, B, C, D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus)
         from fastpath.kernels.ssd.state_update import selective_state_update as impl
 
@@ -163,7 +136,7 @@ def make_split_conv_scan_route(torch_fn: Callable[..., Any] | None) -> Callable[
                                          headdim=None, ngroups=1, norm_before_gate=True,
                                          cu_seqlens=None, **kwargs):
         seq_idx = _seq_idx(seq_idx, cu_seqlens, zxbcdt, kwargs)
-        if not _runs_here(zxbcdt) and torch_fn is not None:
+        if not runs_here(zxbcdt) and torch_fn is not None:
             return None  # what transformers' fallback returns: the layer takes its unfused path
         from fastpath.kernels.ssd.split_conv_scan import mamba_split_conv1d_scan_combined as impl
 
@@ -183,9 +156,7 @@ _MAKERS = {"mamba_chunk_scan_combined": make_chunk_scan_route,
 
 
 def _mark(fn: Callable[..., Any], op: str, torch_fn: Callable[..., Any] | None) -> Callable[..., Any]:
-    setattr(fn, ROUTE_ATTR, op)
-    fn.__fastpath_torch_fn__ = torch_fn  # type: ignore[attr-defined]
-    return fn
+    return mamba_common.mark(fn, ROUTE_ATTR, op, torch_fn)
 
 
 def route_module() -> ModuleType:
@@ -206,27 +177,8 @@ def hub_op_of(value: Any) -> str | None:
     route = getattr(value, ROUTE_ATTR, None)
     if isinstance(route, str):
         return route
-    value = unwrap(value)  # 5.25 + `kernels`: the Hub-kernel module wraps transformers' closure
-    code = getattr(value, "__code__", None)
-    if code is None or "func_name" not in code.co_freevars or "is_new_implementation" not in code.co_freevars:
-        return None
-    cells = dict(zip(code.co_freevars, value.__closure__ or (), strict=False))
-    try:
-        name = cells["func_name"].cell_contents
-    except (KeyError, ValueError):
-        return None
+    name = mamba_common.hub_func_name(value)
     return name if name in MAMBA_OPS else None
-
-
-def _closure_value(value: Any, name: str) -> Any:
-    code = getattr(value, "__code__", None)
-    if code is None or name not in code.co_freevars:
-        return None
-    cells = dict(zip(code.co_freevars, value.__closure__ or (), strict=False))
-    try:
-        return cells[name].cell_contents
-    except ValueError:
-        return None
 
 
 def op_globals(module: ModuleType) -> dict[str, str]:
@@ -245,20 +197,9 @@ def op_globals(module: ModuleType) -> dict[str, str]:
 
 def _is_legacy_mamba2(module: ModuleType) -> bool:
     """<=5.14 Mamba-2 modeling module: imports the ops by name from mamba_ssm (or its lazy loader)."""
-    text = _source(module)
+    text = mamba_common.module_source(module)
     return "mamba_chunk_scan_combined" in text and "cuda_kernels_forward" in text and \
         "use_kernel_func_from_hub_with_fallback(\"mamba_chunk_scan_combined\"" not in text
-
-
-def _source(module: ModuleType) -> str:
-    path = getattr(module, "__file__", None)
-    if not path:
-        return ""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read()
-    except OSError:
-        return ""
 
 
 # ------------------------------------------------------------------ patching
@@ -276,7 +217,7 @@ def patch_module(module: ModuleType, conv_fn: Any, conv_update: Any, reg: PatchR
             current = g.get(gname)
             if kernels_func_inner(current) is not None:  # enable(hub_kernels="keep"): the Hub kernel stays
                 continue
-            torch_fn = getattr(current, "__fastpath_torch_fn__", None) or _closure_value(current, "torch_function")
+            torch_fn = mamba_common.torch_fn_of(current)
         reg.set_attr(module, gname, _MAKERS[op](torch_fn))
     if legacy:
         # 5.0-5.14 __init__ rewrites these globals: record them all (even absent ones) so disable()
@@ -301,50 +242,26 @@ def seed_lazy_kernel_mapping(hub: ModuleType, reg: PatchRegistry) -> bool:
 
 def lift_device_gates(module: ModuleType, reg: PatchRegistry) -> None:
     """Testing only (TRITON_INTERPRET=1): <=5.14 Mamba-2 mixers take `cuda_kernels_forward` only for
-    CUDA weights; let CPU weights take it too so the interpreter runs fastpath's kernels there.
-    forward and cuda_kernels_forward share parameter names; arguments are passed by name."""
-    if not _is_legacy_mamba2(module):
-        return
-    from fastpath.kernels.dispatch import triton_interpreter_on
+    CUDA weights; let CPU weights take it too (once `is_fast_path_available`), so the interpreter
+    runs fastpath's kernels there (mamba_common.lift_device_gates)."""
+    if _is_legacy_mamba2(module):
+        mamba_common.lift_device_gates(module, reg, _kernel_path_open)
 
-    for obj in list(module.__dict__.values()):
-        if not (isinstance(obj, type) and obj.__module__ == module.__name__
-                and "cuda_kernels_forward" in obj.__dict__ and "forward" in obj.__dict__):
-            continue
-        try:  # falcon_h1 <=5.14 enters torch.cuda.device() there: no CPU run possible
-            if "torch.cuda." in inspect.getsource(obj.__dict__["cuda_kernels_forward"]):
-                continue
-        except (OSError, TypeError):
-            continue
-        original = obj.__dict__["forward"]
-        fwd_sig = inspect.signature(original)
-        fast_params = list(inspect.signature(obj.__dict__["cuda_kernels_forward"]).parameters)[1:]
 
-        def forward(self: Any, *args: Any, __orig: Any = original, __mod: Any = module,
-                    __sig: Any = fwd_sig, __fast: list[str] = fast_params, **kwargs: Any) -> Any:
-            weight = getattr(getattr(self, "in_proj", None), "weight", None)
-            if (getattr(__mod, "is_fast_path_available", False) and weight is not None
-                    and weight.device.type == "cpu" and triton_interpreter_on()):
-                bound = __sig.bind(self, *args, **kwargs).arguments
-                return self.cuda_kernels_forward(**{k: bound[k] for k in __fast if k in bound})
-            return __orig(self, *args, **kwargs)
-
-        forward.__fastpath_lifted__ = True  # type: ignore[attr-defined]
-        reg.set_attr(obj, "forward", forward)
+def _kernel_path_open(mixer: Any, module: ModuleType) -> bool:
+    weight = getattr(getattr(mixer, "in_proj", None), "weight", None)
+    return bool(getattr(module, "is_fast_path_available", False)) and weight is not None \
+        and weight.device.type == "cpu"
 
 
 # ------------------------------------------------------------------ explain
 def kernel_limit(op: str, layer: Any) -> str | None:
     """Why fastpath's Triton kernels would hand this layer's `op` calls to the float reference."""
+    if op == "selective_state_update":
+        return mamba_common.state_update_limit(layer)
     headdim = getattr(layer, "head_dim", None)
     dstate = getattr(layer, "ssm_state_size", None)
     chunk = getattr(layer, "chunk_size", None)
-    if op == "selective_state_update":
-        from fastpath.kernels.ssd.state_update import MAX_DSTATE as UPDATE_MAX_DSTATE
-
-        if isinstance(dstate, int) and dstate > UPDATE_MAX_DSTATE:
-            return f"state size {dstate} > {UPDATE_MAX_DSTATE}"
-        return None
     from fastpath.kernels.ssd import interface
 
     if not interface.KERNELS_READY:
@@ -362,14 +279,5 @@ def classify(value: Any, device: str, layer: Any = None) -> tuple[str, bool] | N
     op = getattr(value, ROUTE_ATTR, None)
     if op is None:
         return None
-    runs = device == "cuda" or (os.environ.get("TRITON_INTERPRET") == "1" and device == "cpu")
-    limit = kernel_limit(op, layer) if runs and layer is not None else None
-    if limit is not None:
-        return f"fastpath (torch reference: {limit})", False
-    if device == "cuda":
-        return "fastpath-triton", True
-    if runs:
-        return "fastpath-triton (interpreter)", True
-    if getattr(value, "__fastpath_torch_fn__", None) is not None:
-        return f"torch ({device} tensors; fastpath routed for CUDA)", False
-    return f"fastpath (torch reference on {device})", False
+    limit = kernel_limit(op, layer) if mamba_common.runs_on(device) and layer is not None else None
+    return mamba_common.classify_route(value, device, limit)
