@@ -28,10 +28,11 @@ def _varlen_states_kernel(
     for s0 in range(0, S, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
         tok = end - S + s
+        in_state = s < S  # the last tile may reach past S: those rows would read past `end`
         v = tl.load(X + tok[:, None] * stride_xt + offs_d[None, :] * stride_xd,
-                    mask=(tok >= begin)[:, None] & mask_d[None, :], other=0.0)
+                    mask=((tok >= begin) & in_state)[:, None] & mask_d[None, :], other=0.0)
         tl.store(STATES + pid_b * stride_sb + s[:, None] * stride_ss + offs_d[None, :] * stride_sd,
-                 v, mask=(s < S)[:, None] & mask_d[None, :])
+                 v, mask=in_state[:, None] & mask_d[None, :])
 
 
 def causal_conv1d_varlen_states_triton(
