@@ -103,8 +103,14 @@ grep -q -- "--padding" <<< "$help" && extra+=(--padding 64)
 if [ -n "$exclude" ] && grep -q -- "--kernel-name-exclude" <<< "$help"; then
   extra+=(--kernel-name-exclude "regex=$exclude")
 fi
-# the optional flags must parse here (a non-CUDA program runs in a second), else they are dropped
-if [ "${#extra[@]}" -gt 0 ] && ! "$sanitizer" "${flags[@]}" "${extra[@]}" true > "$out/memcheck_flags.txt" 2>&1; then
+# the optional flags must parse here (a non-CUDA program runs in a second), else they are dropped;
+# compute-sanitizer 2025.3 exits non-zero for a program that never calls CUDA ("Target
+# application terminated before first instrumented API call"): the flags parsed, so keep them
+probe_ok() {
+  "$sanitizer" "${flags[@]}" "${extra[@]}" true > "$out/memcheck_flags.txt" 2>&1 ||
+    grep -q "terminated before first instrumented API call" "$out/memcheck_flags.txt"
+}
+if [ "${#extra[@]}" -gt 0 ] && ! probe_ok; then
   echo "memcheck: $sanitizer refused '${extra[*]}' ($(tail -1 "$out/memcheck_flags.txt")): running without them"
   extra=()
 fi
