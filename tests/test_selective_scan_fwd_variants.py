@@ -1,0 +1,309 @@
+"""Every opt-in selective-scan forward (FASTPATH_SSCAN_FWD=seq, tile, tile-poly) against the
+float64 step loop of naive.py, and against the default chunked kernel.
+
+On CPU the kernels run under TRITON_INTERPRET=1 at tiny shapes (the tile kernel's SFU logarithm
+is PTX, so there it takes Triton's log2; the GPU group at the end checks the PTX path at
+Falcon-Mamba-7B's width). Inputs are random, never zeros; call counters prove which kernel ran.
+Cases: float32/bfloat16/float16; shared, grouped and time-invariant B/C; every option; odd L
+(a partial last chunk); channel counts that leave a partial channel block; N not a power of
+two; transformers' channel-last views, strided slices and stride-0 broadcasts; every config
+the benchmark sweeps; training through each forward plus the usual backward.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fastpath.errors import UsageError
+from fastpath.kernels.counters import CALLS
+from fastpath.kernels.dispatch import use_triton
+from fastpath.kernels.selective_scan.interface import (
+    FWD_COUNTERS,
+    FWD_ENV,
+    fwd_kernel,
+    selective_scan_fn,
+)
+from fastpath.kernels.selective_scan.naive import selective_scan_ref
+from fastpath.kernels.selective_scan.scan_fwd import selective_scan_fwd_triton
+from fastpath.kernels.selective_scan.scan_fwd_tile import (
+    TILE_POLY_SWEEP,
+    TILE_SWEEP,
+    exp2_poly,
+    selective_scan_fwd_tile_triton,
+    tile_along_time,
+)
+
+pytestmark = pytest.mark.skipif(
+    not use_triton(torch.empty(0)), reason="needs CUDA or TRITON_INTERPRET=1"
+)
+VARIANTS = ("seq", "tile", "tile-poly")
+TOL = {torch.float32: 1e-4, torch.float16: 6e-3, torch.bfloat16: 3e-2}
+ALL_TILE_CONFIGS = tuple(dict.fromkeys(TILE_SWEEP + TILE_POLY_SWEEP))
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    assert torch.isfinite(got).all(), "non-finite value in result"
+    got, ref = got.double(), ref.double()
+    return ((got - ref).norm() / ref.norm().clamp_min(1e-12)).item()
+
+
+def make_inputs(batch, dim, nstate, length, layout, groups, seed, dtype):
+    """Random inputs rounded to `dtype` (A, D, delta_bias float32, as transformers passes)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=1.0, dt=dtype):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dt)
+
+    if layout == "shared":
+        B, C = rnd(batch, nstate, length), rnd(batch, nstate, length)
+    elif layout == "grouped":
+        B, C = rnd(batch, groups, nstate, length), rnd(batch, groups, nstate, length)
+    else:  # time-invariant
+        B, C = rnd(dim, nstate), rnd(dim, nstate)
+    return {
+        "u": rnd(batch, dim, length),
+        "delta": rnd(batch, dim, length, scale=0.8),
+        "A": -(torch.rand(dim, nstate, generator=g, dtype=torch.float64) * 1.5 + 0.2).float(),
+        "B": B,
+        "C": C,
+        "D": rnd(dim, dt=torch.float32),
+        "z": rnd(batch, dim, length),
+        "delta_bias": rnd(dim, scale=0.5, dt=torch.float32),
+    }
+
+
+def channel_last(t: torch.Tensor) -> torch.Tensor:
+    """The same values as transformers' (B, L, D).transpose(1, 2) view."""
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def check(monkeypatch, variant, t, dtype, *, softplus=True, last=True):
+    """selective_scan_fn under FASTPATH_SSCAN_FWD=variant against the float64 reference."""
+    monkeypatch.setenv(FWD_ENV, variant)
+    CALLS.clear()
+    got = selective_scan_fn(**t, delta_softplus=softplus, return_last_state=last)
+    ran = {k: v for k, v in CALLS.items() if k.startswith("ss_fwd:")}
+    assert ran == {FWD_COUNTERS[variant]: 1}, dict(CALLS)
+    ref = selective_scan_ref(**{k: None if v is None else v.double() for k, v in t.items()},
+                             delta_softplus=softplus, return_last_state=last)
+    if last:
+        (out, state), (rout, rstate) = got, ref
+        assert state.dtype == torch.float32
+        assert rel_err(state, rstate) < TOL[dtype]
+    else:
+        out, rout = got, ref
+    assert out.dtype == dtype and out.is_contiguous()
+    assert rel_err(out, rout) < TOL[dtype]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("layout,groups", [("shared", 1), ("grouped", 2), ("invariant", 1)])
+def test_matches_reference(monkeypatch, variant, dtype, layout, groups):
+    # time-invariant B/C make one group per channel (one program each): keep that one short
+    dim, length = (6, 13) if layout == "invariant" else (24, 37)
+    t = make_inputs(2, dim, 8, length, layout, groups, seed=1, dtype=dtype)
+    if layout == "shared":  # transformers: u and z channel-last views
+        t["u"], t["z"] = channel_last(t["u"]), channel_last(t["z"])
+    check(monkeypatch, variant, t, dtype)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("drop", ["D", "z", "delta_bias", "all", "none"])
+@pytest.mark.parametrize("softplus", [True, False])
+def test_options(monkeypatch, variant, drop, softplus):
+    t = make_inputs(1, 8, 4, 23, "shared", 1, seed=2, dtype=torch.float32)
+    for k in {"all": ("D", "z", "delta_bias"), "none": ()}.get(drop, (drop,)):
+        t[k] = None
+    check(monkeypatch, variant, t, torch.float32, softplus=softplus, last=drop != "z")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("how", ["channel_last", "strided", "broadcast", "time_broadcast"])
+def test_strides(monkeypatch, variant, how):
+    """Non-contiguous and stride-0 inputs: each of u/delta/z is read through its own strides
+    (tiles along L where L is its contiguous axis, rows of channels otherwise)."""
+    t = make_inputs(2, 12, 5, 19, "shared", 1, seed=3, dtype=torch.bfloat16)
+    if how == "channel_last":  # every (batch, dim, L) input and B/C channel/N-last
+        t = {k: channel_last(v) if v is not None and v.dim() == 3 else v for k, v in t.items()}
+    elif how == "strided":  # every other element along L, and along channels
+        for k in ("u", "delta", "z"):
+            wide = torch.repeat_interleave(torch.repeat_interleave(t[k], 2, dim=2), 2, dim=1)
+            t[k] = wide[:, ::2, ::2]
+            assert t[k].stride(2) == 2
+        t["B"] = torch.repeat_interleave(t["B"], 3, dim=2)[..., ::3]
+    elif how == "broadcast":  # one batch row shared through stride 0
+        for k in ("u", "delta", "z", "B", "C"):
+            t[k] = t[k][:1].expand(2, *t[k].shape[1:])
+    else:  # one value of delta and of B per channel / state for every step
+        t["delta"] = t["delta"][..., :1].expand(-1, -1, 19)
+        t["C"] = t["C"][..., :1].expand(-1, -1, 19)
+    check(monkeypatch, variant, t, torch.bfloat16)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("length", [1, 7, 8, 9, 16, 33])
+def test_lengths(monkeypatch, variant, length):
+    """L below, at and past one tile (8 bf16 steps): whole chunks, a partial one, or both."""
+    t = make_inputs(1, 16, 3, length, "grouped", 2, seed=length, dtype=torch.bfloat16)
+    check(monkeypatch, variant, t, torch.bfloat16)
+
+
+@pytest.mark.parametrize("cfg", ALL_TILE_CONFIGS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_swept_tile_config(cfg, dtype):
+    """Every config the benchmark sweeps equals the reference (a partial channel block: 20
+    channels a group; N = 6 padded to 8; a partial last chunk)."""
+    t = make_inputs(1, 40, 6, 21, "grouped", 2, seed=4, dtype=dtype)
+    t["u"] = channel_last(t["u"])
+    args = (t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], t["z"], t["delta_bias"], True)
+    out, last = selective_scan_fwd_tile_triton(*args, config=cfg)
+    ref_out, ref_last = selective_scan_ref(*(a.double() for a in args[:8]), delta_softplus=True,
+                                           return_last_state=True)
+    assert out.dtype == dtype
+    assert rel_err(out, ref_out) < TOL[dtype] and rel_err(last, ref_last) < 1e-4
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_equals_chunked_kernel(monkeypatch, variant, dtype):
+    """Same contract as the chunked kernel: out and last_state agree to float32 rounding."""
+    t = make_inputs(1, 32, 16, 24, "grouped", 2, seed=5, dtype=dtype)
+    args = (t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], t["z"], t["delta_bias"], True,
+            True)
+    monkeypatch.setenv(FWD_ENV, variant)
+    o1, s1 = selective_scan_fn(*args)
+    o2, s2 = selective_scan_fwd_triton(*args[:9])
+    assert o1.dtype == o2.dtype == dtype
+    assert rel_err(s1, s2) < 1e-5
+    assert rel_err(o1, o2) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_training_gradients(monkeypatch, variant):
+    """Each forward plus the usual backward (which recomputes its own chunk states) gives the
+    reference's gradients, last_state's included."""
+    monkeypatch.setenv(FWD_ENV, variant)
+    t = make_inputs(1, 8, 4, 19, "shared", 1, seed=6, dtype=torch.float32)
+    got_in = {k: v.clone().requires_grad_() for k, v in t.items()}
+    ref_in = {k: v.double().requires_grad_() for k, v in t.items()}
+    CALLS.clear()
+    out, last = selective_scan_fn(**got_in, delta_softplus=True, return_last_state=True)
+    assert CALLS[FWD_COUNTERS[variant]] == 1
+    rout, rlast = selective_scan_ref(**ref_in, delta_softplus=True, return_last_state=True)
+    g = torch.Generator().manual_seed(7)
+    dout = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    dlast = torch.randn(last.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad((out, last), list(got_in.values()), (dout.float(), dlast.float()))
+    ref = torch.autograd.grad((rout, rlast), list(ref_in.values()), (dout, dlast))
+    for name, a, b in zip(got_in, got, ref, strict=True):
+        assert rel_err(a, b) < 1e-4, name
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(variant=st.sampled_from(VARIANTS), batch=st.integers(1, 2),
+       layout=st.sampled_from(["shared", "grouped", "invariant"]), groups=st.sampled_from([1, 2]),
+       dpg=st.integers(1, 12), nstate=st.sampled_from([1, 3, 4, 16]),
+       length=st.integers(1, 40), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+       flags=st.integers(0, 31), seed=st.integers(0, 2**16))
+def test_property_sweep(variant, batch, layout, groups, dpg, nstate, length, dtype, flags, seed):
+    """Odd channel counts (masked lanes), N not a power of two, L from 1, every option."""
+    groups = groups if layout == "grouped" else 1
+    if layout == "invariant":
+        dpg = min(dpg, 4)
+    t = make_inputs(batch, groups * dpg, nstate, length, layout, groups, seed, dtype)
+    bits = [bool(flags >> i & 1) for i in range(5)]
+    for k, keep in zip(("D", "z", "delta_bias"), bits[:3], strict=True):
+        if not keep:
+            t[k] = None
+    if seed % 2:
+        t["u"] = channel_last(t["u"])
+    with pytest.MonkeyPatch.context() as mp:
+        check(mp, variant, t, dtype, softplus=bits[3], last=bits[4])
+
+
+def test_env_dispatch(monkeypatch):
+    monkeypatch.delenv(FWD_ENV, raising=False)
+    assert fwd_kernel() == "chunked"
+    for name in FWD_COUNTERS:
+        monkeypatch.setenv(FWD_ENV, f" {name.upper()} ")
+        assert fwd_kernel() == name
+    monkeypatch.setenv(FWD_ENV, "tiled")
+    with pytest.raises(UsageError, match="FASTPATH_SSCAN_FWD='tiled': expected one of chunked"):
+        fwd_kernel()
+
+
+def test_bad_config_is_one_line_error():
+    t = make_inputs(1, 4, 2, 5, "shared", 1, seed=8, dtype=torch.float32)
+    with pytest.raises(ValueError, match="tile forward config") as info:
+        selective_scan_fwd_tile_triton(t["u"], t["delta"], t["A"], t["B"][:, None],
+                                       t["C"][:, None], None, None, None, False,
+                                       config=(32, 12, 1, 0, False))
+    assert "\n" not in str(info.value)
+
+
+def test_tile_along_time_reads_the_contiguous_axis():
+    x = torch.empty(2, 8, 16)
+    assert tile_along_time(x) and not tile_along_time(channel_last(x))
+    assert tile_along_time(x[:, :1]) and not tile_along_time(channel_last(x)[..., :1])
+
+
+@triton.jit
+def _exp2_poly_kernel(X, Y, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(Y + offs, exp2_poly(tl.load(X + offs, mask=mask, other=0.0)), mask=mask)
+
+
+def test_exp2_poly_is_float32_accurate():
+    """The FMA-pipe exp2: relative error within 3e-7 over the normal range (MUFU.EX2 is ~2 ulp),
+    0 at and below 2^-127 (flush to zero), inf from 2^128, exact at integers."""
+    x = torch.cat([torch.linspace(-126.0, 127.0, 2000), torch.tensor([-0.5, 0.5, 0.0, 3.0])])
+    y = torch.empty_like(x)
+    _exp2_poly_kernel[(1,)](x, y, x.numel(), BLOCK=triton.next_power_of_2(x.numel()))
+    ref = torch.exp2(x.double())
+    assert ((y.double() - ref).abs() / ref).max().item() < 3e-7
+    assert y[-1].item() == 8.0 and y[-2].item() == 1.0
+    edge = torch.tensor([-1000.0, -127.0, 128.0, 1000.0])
+    ye = torch.empty_like(edge)
+    _exp2_poly_kernel[(1,)](edge, ye, 4, BLOCK=4)
+    assert ye.tolist() == [0.0, 0.0, float("inf"), float("inf")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cfg", (None, *ALL_TILE_CONFIGS))
+def test_tile_gpu_falcon_shapes(cfg):
+    """Compiled for the device at Falcon-Mamba-7B's width (D = 8192, N = 16), bf16, the layouts
+    transformers passes (u, z channel-last views; B/C (B, N, L) views; delta contiguous) and all
+    L-contiguous: every swept config equals the float64 reference and the chunked kernel,
+    including the SFU logarithm the interpreter never runs."""
+    g = torch.Generator(device="cuda").manual_seed(9)
+    batch, dim, nstate, length = 2, 8192, 16, 517  # odd: a partial last chunk
+    bf = torch.bfloat16
+
+    def r(*s, scale=1.0, dtype=bf):
+        return (torch.randn(*s, generator=g, device="cuda") * scale).to(dtype)
+
+    for tf_layout in (True, False):
+        u, z = r(batch, length, dim).transpose(1, 2), r(batch, length, dim).transpose(1, 2)
+        if not tf_layout:
+            u, z = u.contiguous(), z.contiguous()
+        Bv, Cv = (r(batch, length, nstate).transpose(1, 2) for _ in "BC")
+        t = {"u": u, "delta": r(batch, dim, length) - 1.0,
+             "A": -torch.exp(r(dim, nstate, scale=0.5, dtype=torch.float32)),
+             "B": Bv[:, None], "C": Cv[:, None], "D": r(dim, dtype=torch.float32), "z": z,
+             "delta_bias": r(dim, scale=0.3, dtype=torch.float32)}
+        args = (t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], t["z"], t["delta_bias"], True)
+        out, last = selective_scan_fwd_tile_triton(*args, config=cfg)
+        out2, last2 = selective_scan_fwd_triton(*args)
+        ref_out, ref_last = selective_scan_ref(*(a.double() for a in args[:8]),
+                                               delta_softplus=True, return_last_state=True)
+        assert rel_err(out, ref_out) < 2e-2 and rel_err(last, ref_last) < 1e-4
+        assert rel_err(out, out2) < 1e-2 and rel_err(last, last2) < 1e-5
