@@ -240,6 +240,28 @@ def test_liger_instance_patch_is_liger_s_row(routed) -> None:
     assert not route.fused_loss_in_place(model) and route.explain_rows(model) == []
 
 
+@needs_interp
+def test_bench_train_phase_times_the_fused_loss(routed) -> None:
+    """bench's train phase takes `model(input_ids, labels=ids).loss` where the route is in place:
+    the same gradients as its materialised loop (mean over B x (L-1) predictions)."""
+    from fastpath.proof.bench_spec import BenchSettings, _train
+
+    model = tiny(seed=11)
+    ids, _ = _inputs(seed=12)
+    settings = BenchSettings(source="tiny", seq_len=ids.shape[1], batch=ids.shape[0])
+    resume = routed.suspend()
+    run, _, tokens = _train(model, ids, settings)
+    run()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    resume()
+    CALLS.clear()
+    run, _, tokens_fused = _train(model, ids, settings)
+    run()
+    assert CALLS["linear_ce_fwd:triton"] == 1 and tokens == tokens_fused == ids.numel()
+    for name, g in want.items():
+        assert _rel(model.get_parameter(name).grad, g) <= TOL, name
+
+
 # ---------------------------------------------------------------- without the kernel
 def test_probe_accepts_every_family_of_this_transformers() -> None:
     for name in FAMILIES:

@@ -170,9 +170,12 @@ def _prefill(model: Any, ids: Any, settings: BenchSettings) -> tuple[Callable[[]
 
 def _train(model: Any, ids: Any, settings: BenchSettings) -> tuple[Callable[[], Any], None, int]:
     """Forward + backward of a next-token loss over B x L tokens (the mean over B x (L-1)
-    predictions; through Liger's fused linear cross-entropy where a +liger configuration put it)."""
+    predictions; through Liger's fused linear cross-entropy where a +liger configuration put it,
+    or through fastpath's where enable() routed the causal-LM loss: the model shifts `labels=ids`
+    itself, ignoring each row's last position, so the same B x (L-1) predictions)."""
     import torch
 
+    from fastpath.routing import lm_head_route
     from fastpath.routing.liger_route import fused_loss_in_place, next_token_loss
 
     if fused_loss_in_place(model):
@@ -180,6 +183,12 @@ def _train(model: Any, ids: Any, settings: BenchSettings) -> tuple[Callable[[], 
             model.zero_grad(set_to_none=True)
             next_token_loss(model, ids).backward()
         return fused, None, ids.numel()
+
+    if lm_head_route.fused_loss_in_place(model):
+        def fastpath_fused() -> None:
+            model.zero_grad(set_to_none=True)
+            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        return fastpath_fused, None, ids.numel()
 
     def run() -> None:
         model.zero_grad(set_to_none=True)
