@@ -144,14 +144,26 @@ def test_warm_model_runs_each_phase_on_a_tiny_model(tmp_path, monkeypatch, train
     source.write_text(json.dumps(TINY_QWEN35))
     said: list[str] = []
     before = dict(CALLS)
-    result = warm_model(WarmupSettings(str(source), batch=1, seq_len=8, dtype="fp32", device="cpu", train=train),
-                        said.append)
+    decisions = tmp_path / "decisions.json"
+    result = warm_model(WarmupSettings(str(source), batch=1, seq_len=8, dtype="fp32", device="cpu", train=train,
+                                       save_decisions=str(decisions)), said.append)
     assert list(result.phases) == ["import", "enable", "build", "prefill"] + (["train"] if train else [])
     assert all(v >= 0 for v in result.phases.values())
     assert result.layers == 2  # the fewest that keep both layer types
     assert any("forward+backward" in s for s in said) == train
     assert sum(CALLS.values()) > sum(before.values())  # fastpath's kernels ran (the interpreter)
     assert not routes.is_enabled()
+    doc = json.loads(decisions.read_text())  # the interpreter tunes nothing: an empty, valid file
+    assert doc["schema"] == "fastpath.autotune-decisions/1" and doc["device"]["capability"] == []
+    assert result.decisions == sum(len(rows) for rows in doc["kernels"].values())
+
+
+def test_a_bad_save_decisions_path_is_exit_2_before_any_work(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = _cli(["qwen3.5-27b", "--save-decisions", str(blocker / "d.json")])
+    assert proc.returncode == 2
+    assert "--save-decisions" in _one_error_line(proc)
 
 
 def test_fastpaths_autotuned_kernels_keep_their_decisions_in_tritons_cache():

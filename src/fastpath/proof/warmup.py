@@ -118,6 +118,7 @@ class WarmupSettings:
     device: str = "cuda"
     train: bool = False
     seed: int = 0
+    save_decisions: str | None = None  # write the autotune decisions made here to this file
 
     def validate(self) -> None:
         if self.batch < 1:
@@ -136,6 +137,7 @@ class WarmupResult:
     layers: int = 0
     model: str = ""
     slow_ops: list[str] = field(default_factory=list)
+    decisions: int | None = None  # decisions written to settings.save_decisions
 
 
 def warm_model(settings: WarmupSettings, say: Callable[[str], None]) -> WarmupResult:
@@ -191,9 +193,26 @@ def warm_model(settings: WarmupSettings, say: Callable[[str], None]) -> WarmupRe
                 torch.cuda.synchronize(built.device)
             built.model.zero_grad(set_to_none=True)
             done(name)
+        if settings.save_decisions:
+            result.decisions = save_decisions(Path(settings.save_decisions))
     finally:
         routes.disable()
     return result
+
+
+def save_decisions(path: Path) -> int:
+    """Write every autotune decision this process made (routing/autotune_decisions.py) to `path`;
+    how many. On a CPU (the interpreter tunes nothing) the file says capability []."""
+    import json
+
+    from fastpath.routing import autotune_decisions
+
+    device = autotune_decisions.this_device()
+    name, capability = device if device is not None else ("cpu", ())
+    doc = autotune_decisions.record(name, capability, autotune_decisions.versions())  # type: ignore[arg-type]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return sum(len(rows) for rows in doc["kernels"].values())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,6 +255,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto: bf16")
     parser.add_argument("--train", action="store_true", help="also forward+backward (training kernels)")
     parser.add_argument("--device", default="cuda", help="cuda | cuda:N (default cuda)")
+    parser.add_argument("--save-decisions", metavar="FILE", default=None,
+                        help="also write the autotune decisions made here to FILE (JSON; a later "
+                             "process on the same GPU kind applies them with "
+                             "FASTPATH_AUTOTUNE_DECISIONS=FILE)")
 
 
 def refuse_here(device: str, environ: dict[str, str] | None = None) -> None:
@@ -271,9 +294,14 @@ def main(args: argparse.Namespace) -> int:
 
     settings = WarmupSettings(source=args.model, layers=args.layers, batch=args.batch, seq_len=args.seq,
                               dtype="bf16" if args.dtype == "auto" else args.dtype, device=args.device,
-                              train=args.train)
+                              train=args.train, save_decisions=args.save_decisions)
     settings.validate()
     load_config(args.model)  # an unknown preset is one line before anything is imported
+    if args.save_decisions:  # before any work: a bad path used to cost the whole run
+        from fastpath.out_paths import resolve_save_file
+
+        settings.save_decisions = str(resolve_save_file(args.save_decisions, "--save-decisions",
+                                                        "autotune-decisions.json", force=True))
     where, why = cache_dir()
     check_cache_dir(where)
     refuse_here(settings.device)
@@ -305,6 +333,8 @@ def main(args: argparse.Namespace) -> int:
     print("seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in result.phases.items()))
     print(f"Triton cache: {where} ({why}): {new.kernels} kernels compiled, {new.autotune} autotune "
           "decisions stored in this run")
+    if result.decisions is not None:
+        print(f"autotune decisions: {result.decisions} written to {settings.save_decisions}")
     for op in result.slow_ops:
         print(f"note: not on a fast kernel, nothing compiled for it: {op}")
     print(textwrap.fill(SHARE_HINT, 80, break_long_words=False, break_on_hyphens=False))

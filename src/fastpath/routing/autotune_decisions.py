@@ -179,6 +179,29 @@ def seed(doc: dict[str, Any], capability: tuple[int, int] | None) -> SeedReport:
     return report
 
 
+def this_device() -> tuple[str, tuple[int, int]] | None:
+    """(name, compute capability) of the current CUDA device: what decisions are keyed on."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return torch.cuda.get_device_name(), (int(major), int(minor))
+
+
+def versions() -> dict[str, str | None]:
+    """The versions a decisions file records (for the reader; matching is by config)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for dist in ("torch", "triton", "fla-core", "fastpath-kit"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
 def seed_from_env(capability: tuple[int, int] | None) -> SeedReport | None:
     """seed() with the file FASTPATH_AUTOTUNE_DECISIONS names; None when it names none."""
     import os
