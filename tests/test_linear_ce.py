@@ -434,10 +434,14 @@ def test_gpu_27b_head_against_float32_cross_entropy() -> None:  # pragma: no cov
         runs.append((loss.detach(), xo.grad, wo.grad))
     assert torch.equal(runs[0][2], runs[1][2]) and torch.equal(runs[0][1], runs[1][1])
     theirs = _materialised(x, w, y)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
-    x32, w32 = _leaf(x, torch.float32), _leaf(w, torch.float32)
-    ref_loss = torch.nn.functional.cross_entropy(x32 @ w32.t(), y)
-    ref_loss.backward()
+    try:
+        x32, w32 = _leaf(x, torch.float32), _leaf(w, torch.float32)
+        ref_loss = torch.nn.functional.cross_entropy(x32 @ w32.t(), y)
+        ref_loss.backward()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     ref = (ref_loss.detach(), x32.grad, w32.grad)
     for name, o, t, r in zip(("loss", "dhidden", "dweight"), runs[0], theirs, ref, strict=True):
         e_ours = (o.float() - r).abs().max().item()

@@ -23,7 +23,7 @@ When (per call; anything else runs the original forward, unchanged): labels give
 (a no-grad call with labels, an evaluation loop, keeps its logits) or ``skip_logits=True``
 (``skip_logits=False`` always keeps them); ``logits_to_keep`` 0; a dict output; the model's
 ``loss_function`` is transformers' ForCausalLMLoss; ``lm_head`` a plain ``nn.Linear`` with a plain
-(not DTensor / offloaded) weight of ``vocab_size`` rows and no hooks of its own; the weight on CUDA
+(not DTensor, DeepSpeed-partitioned or offloaded) weight of ``vocab_size`` rows and no hooks of its own; the weight on CUDA
 (or on CPU under TRITON_INTERPRET=1); no autocast; no torch.compile tracing (inductor sees the
 original graph).
 
@@ -188,7 +188,7 @@ def fits(model: Any, kwargs: dict[str, Any], force: bool = False) -> bool:
             or getattr(head, "_hf_hook", None) is not None:
         return False
     weight = head.weight
-    if type(weight.data) is not torch.Tensor or weight.dim() != 2 or \
+    if type(weight.data) is not torch.Tensor or hasattr(weight, "ds_id") or weight.dim() != 2 or \
             str(weight.dtype).removeprefix("torch.") not in _DTYPES:
         return False
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
