@@ -383,3 +383,67 @@ def test_float64_judge_end_to_end_on_cpu(tmp_path):
     props = {p.get("name"): p.get("value")
              for p in cases["test_exact_match_required[itype0]"].iter("property")}
     assert json.loads(props[judge.PROPERTY])["passed"] is True
+
+
+def _one_chunk_state(B, x, dt, dA_cumsum):
+    """The state at the end of each chunk from zeros, B (b, l, g, n), x (b, l, h, p),
+    dt / dA_cumsum (b, h, chunks, chunk): the contract of mamba_ssm's chunk_state_ref (pure torch,
+    written here for the test)."""
+    import torch
+
+    heads, chunk = x.shape[2], dt.shape[-1]
+    Bh = B.repeat_interleave(heads // B.shape[2], dim=2)
+    pad = dt.shape[2] * chunk - x.shape[1]
+    x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)).unflatten(1, (-1, chunk))
+    Bh = torch.nn.functional.pad(Bh, (0, 0, 0, 0, 0, pad)).unflatten(1, (-1, chunk))
+    w = torch.exp(dA_cumsum[..., -1:] - dA_cumsum) * dt  # (b, h, c, l)
+    return torch.einsum("bclhn,bhcl,bclhp->bchpn", Bh, w.to(x.dtype), x)
+
+
+def test_varlen_states_come_back_unrounded_in_the_tests_dtype(monkeypatch):
+    """test_ssd.py's chunk_state_varlen answers in chunk_states' dtype (float32): the harness's
+    translation through the public API passes C in that dtype, so fastpath's real varlen kernel
+    (float16 inputs, the interpreter) returns float32 states nearer float64 than the same call
+    with a float16 C (whose output is rounded to float16), and the float64 judge's from-scratch
+    reference agrees with a plain per-sequence sum."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    from fastpath.kernels.ssd import mamba_chunk_scan_combined
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    gen = torch.Generator().manual_seed(3)
+    heads, groups, hdim, nstate, chunk = 2, 1, 16, 16, 16
+    lengths = torch.randint(1, 40, (6,), generator=gen)
+    cu = F.pad(lengths.cumsum(0), (1, 0))
+    total = int(cu[-1])
+    nchunks = -(-total // chunk)
+    B = (torch.randn(total, groups, nstate, generator=gen) / 5).half()
+    x = torch.randn(total, heads, hdim, generator=gen).half()
+    A = -0.1 * torch.rand(heads, generator=gen) - 0.05
+    dt = F.softplus(torch.randn(total, heads, generator=gen) - 2)
+    dt_chunks = F.pad(dt, (0, 0, 0, nchunks * chunk - total)).reshape(nchunks, chunk, heads)
+    dt_chunks = dt_chunks.permute(2, 0, 1).contiguous()
+    dA_cumsum = torch.cumsum(dt_chunks * A[:, None, None], dim=-1)
+    chunk_states = torch.empty(nchunks, heads, hdim, nstate)
+
+    got = harness.chunk_state_varlen(B, x, dt_chunks, dA_cumsum, cu, chunk_states)
+    exact = harness.chunk_state_varlen_float64(_one_chunk_state)(
+        B.double(), x.double(), dt_chunks.double(), dA_cumsum.double(), cu, chunk_states)
+    plain = []
+    for start, end in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        decay = torch.exp((A.double() * dt[start:end].double()).flip(0).cumsum(0).flip(0)
+                          - A.double() * dt[start:end].double())
+        w = decay * dt[start:end].double()  # (tokens, heads)
+        plain.append(torch.einsum("th,thp,tn->hpn", w, x[start:end].double(),
+                                  B[start:end, 0].double()))
+    torch.testing.assert_close(exact, torch.stack(plain), rtol=1e-5, atol=1e-7)
+    seq_idx = torch.repeat_interleave(torch.arange(len(lengths)), lengths)[None].int()
+    _, rounded = mamba_chunk_scan_combined(
+        x[None], dt[None], A, B[None], B[None], chunk, seq_idx=seq_idx, cu_seqlens=cu,
+        return_varlen_states=True)
+    assert got.dtype == torch.float32 and rounded.dtype == torch.float16
+    rel = lambda t: (torch.linalg.vector_norm(t.double() - exact)  # noqa: E731
+                     / torch.linalg.vector_norm(exact)).item()
+    assert rel(got) < 0.9 * rel(rounded), (rel(got), rel(rounded))
+    assert rel(got) < 1e-3
