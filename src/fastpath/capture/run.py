@@ -33,6 +33,7 @@ from fastpath.capture.recheck import recheck_rows
 from fastpath.capture.staging import RowWrites, slot_bytes
 from fastpath.capture.writers import SUMMARY_NAME, atomic_json, make_writer, remove_stale_temps
 from fastpath.errors import FastpathError, UsageError, first_line
+from fastpath.models.build import ResolvedModel
 from fastpath.out_paths import probe_dir
 
 STATE_DIR = ".capture"  # per-rank records and the settings a resume must match
@@ -234,64 +235,40 @@ class _Progress:
               f"ETA {eta_text}", file=sys.stderr, flush=True)
 
 
-@dataclass(frozen=True)
-class _TargetShape:
-    num_layers: int
-    vocab_size: int
-    tokenizer: str | None  # where the tokenizer comes from (--tokenizer, else a model directory)
-
-
-def _target_shape(opts: CaptureOptions) -> _TargetShape:
-    """The target's layer count and vocabulary from its config (or the prebuilt model), without
-    loading weights."""
+def resolve_target(opts: CaptureOptions, device: Any) -> ResolvedModel:
+    """MODEL read once, cut to --model-layers, in --dtype, on `device` (the prebuilt model's own
+    when there is one): the layer ids, the tokenizer, the shard decision, the build and the client
+    checks all read this value, never opts.model again."""
     if opts.prebuilt is not None:
-        built = opts.prebuilt
-        source, layers, vocab = built.source, len(decoder_parts(built.model).layers), built.vocab_size
-    else:
-        from fastpath.models.build import resolve_source, transformers_config
+        return opts.prebuilt.resolved
+    from fastpath.models.build import resolve_model
 
-        source = resolve_source(opts.model)
-        config = transformers_config(source.config, opts.model_layers)
-        layers, vocab = int(config.num_hidden_layers), int(config.vocab_size)
-    return _TargetShape(layers, vocab, opts.tokenizer or (str(source.path) if source.kind == "dir" else None))
+    return resolve_model(opts.model, layers=opts.model_layers, dtype=opts.dtype, device=device)
 
 
-def load_target(opts: CaptureOptions, device: Any, skeleton: bool = False) -> Any:
-    """The target with its weights on `device`, or (skeleton) only its shapes, on meta."""
-    from fastpath.models.build import build_model
+def load_target(opts: CaptureOptions, device: Any, skeleton: bool = False,
+                target: ResolvedModel | None = None) -> Any:
+    """The target with its weights on `device`, or (skeleton) only its shapes, on meta.
+    target: the run's resolve_target (resolved here when not given)."""
+    from fastpath.models.build import build_resolved
     from fastpath.models.paths import hidden_compiled_peers
 
+    target = (target if target is not None else resolve_target(opts, device)).on(device)
     # The reference path must be transformers' torch fallbacks (as in `fastpath verify`).
     with hidden_compiled_peers():
-        return build_model(opts.model, layers=opts.model_layers, dtype=opts.dtype, device=str(device),
-                           seed=opts.seed, skeleton=skeleton)
+        return build_resolved(target, seed=opts.seed, skeleton=skeleton)
 
 
-def _shard_mode(opts: CaptureOptions, world: distributed.World, device: Any) -> str:
+def _shard_mode(opts: CaptureOptions, world: distributed.World, device: Any, target: ResolvedModel) -> str:
     import torch
 
-    from fastpath.models.build import weight_bytes
-
-    def weights() -> int:
-        if opts.prebuilt is not None:
-            return sum(p.numel() * p.element_size() for p in opts.prebuilt.model.parameters())
-        return weight_bytes(opts.model, layers=opts.model_layers, dtype=opts.dtype)
-
-    return distributed.choose_shard(opts.shard, world.size, device.type, weights,
+    return distributed.choose_shard(opts.shard, world.size, device.type, lambda: target.weight_bytes,
                                     lambda: torch.cuda.get_device_properties(device).total_memory)
 
 
-def _model_dir(model: str) -> Path | None:
-    from fastpath.models.build import resolve_source
-
-    source = resolve_source(model)
-    return Path(source.path) if source.kind == "dir" else None
-
-
-def check_client_options(opts: CaptureOptions) -> None:
-    """The client-facing choices, refused in one line before anything loads: SpecForge reads only
-    bf16 states (its TargetHead casts lm_head to bf16); a client check needs the client installed,
-    a model directory and the client's own layout."""
+def check_format_options(opts: CaptureOptions) -> None:
+    """The format's choices that need no model, refused in one line before MODEL is read: SpecForge
+    reads only bf16 states (its TargetHead casts lm_head to bf16); --client-target needs a client."""
     from fastpath.models.dtypes import dtype_label, torch_dtype
 
     if opts.format == "specforge" and dtype_label(torch_dtype(opts.dtype)) != "bf16":
@@ -299,10 +276,15 @@ def check_client_options(opts: CaptureOptions) -> None:
                          f"cannot read {opts.dtype} states (specforge/modeling/target/target_head.py)")
     if opts.client_target and not opts.check_client:
         raise UsageError("--client-target goes with --check-client speculators|specforge")
+
+
+def check_client_options(opts: CaptureOptions, model_dir: Path | None) -> None:
+    """--check-client refused in one line before the load: it needs the client installed, a model
+    directory (`model_dir`, from resolve_target) and the client's own layout."""
     if opts.check_client:
         from fastpath.capture.clients import require_client
 
-        require_client(opts.check_client, _model_dir(opts.model))
+        require_client(opts.check_client, model_dir)
         if opts.check_client != opts.format:
             raise UsageError(f"--check-client {opts.check_client} reads the {opts.check_client} layout; "
                              f"--format is {opts.format}")
@@ -312,7 +294,7 @@ AUTO_CLIENTS = {"speculators": "speculators"}  # --format -> the client checked 
 
 
 def _auto_client_check(opts: CaptureOptions, out: Path, writer: Any, model: Any, aux_ids: list[int],
-                       say: Any) -> dict[str, Any] | None:
+                       say: Any, model_dir: Path | None) -> dict[str, Any] | None:
     """Without --check-client: the check of the format's client when it is importable here (its
     record, also in capture_summary.json), else one line saying that the check exists. Never
     fails the capture: the rows are on disk; a check that cannot run is one warning."""
@@ -321,7 +303,7 @@ def _auto_client_check(opts: CaptureOptions, out: Path, writer: Any, model: Any,
     client = AUTO_CLIENTS.get(opts.format)
     if client is None or not opts.auto_check_client or opts.prebuilt is not None:
         return None
-    if _model_dir(opts.model) is None:
+    if model_dir is None:
         return None  # random weights: no checkpoint a client would train against
     if importlib.util.find_spec(client) is None:
         from fastpath.capture.clients import side_venv_hint
@@ -332,7 +314,7 @@ def _auto_client_check(opts: CaptureOptions, out: Path, writer: Any, model: Any,
         return None
     say(f"checking what {client} trains against ({client} is installed; this check runs whenever it is)")
     try:
-        return {client: client_check(opts, out, writer, model, aux_ids, say, client=client)}
+        return {client: client_check(opts, out, writer, model, aux_ids, say, model_dir, client=client)}
     except Exception as exc:  # the client's own code: its failure is a warning, the capture stands
         say(f"WARNING: the {client} check could not run ({first_line(exc, with_type=True)}); run "
             f"`fastpath capture MODEL --out {out} --check-client {client}` to see it alone")
@@ -340,13 +322,12 @@ def _auto_client_check(opts: CaptureOptions, out: Path, writer: Any, model: Any,
 
 
 def client_check(opts: CaptureOptions, out: Path, writer: Any, model: Any, aux_ids: list[int],
-                 say: Any, client: str | None = None) -> dict[str, Any]:
+                 say: Any, model_dir: Path | None, client: str | None = None) -> dict[str, Any]:
     """capture.clients.check_client for this capture; the record also lands in capture_summary.json."""
     from fastpath.capture.clients import check_client
     from fastpath.capture.layers import decoder_parts, norm_convention
 
     norm = decoder_parts(model).norm
-    model_dir = _model_dir(opts.model)
     client = client or opts.check_client
     assert client is not None and model_dir is not None  # check_client_options
     record = check_client(client, out=out, model=model, model_dir=model_dir, writer=writer,
@@ -363,8 +344,6 @@ def client_check(opts: CaptureOptions, out: Path, writer: Any, model: Any, aux_i
 def check_existing_capture(opts: CaptureOptions) -> dict[str, Any]:
     """`fastpath capture MODEL --out DIR --check-client X` without DATA: check the capture in DIR,
     rebuilding MODEL with the settings it was captured with (layers cut, dtype, seed)."""
-    from fastpath.models.dtypes import resolve_device
-
     if not opts.check_client:
         raise UsageError("DATA is required (or leave it out with --check-client to check the capture in --out)")
     out = Path(opts.out).expanduser()
@@ -380,11 +359,13 @@ def check_existing_capture(opts: CaptureOptions) -> dict[str, Any]:
                          f"the {opts.format} layout")
     from fastpath.capture.clients import require_client
 
-    require_client(opts.check_client, _model_dir(opts.model))
+    target = resolve_target(opts, opts.device)
+    require_client(opts.check_client, target.model_dir)
     world = distributed.world_from_env()
     say = lambda msg: _say(world, opts.progress, msg)  # noqa: E731
-    built = load_target(opts, resolve_device(opts.device))
-    return client_check(opts, out, make_writer(opts.format, out), built.model, list(settings["layers"]), say)
+    built = load_target(opts, target.device, target=target)
+    return client_check(opts, out, make_writer(opts.format, out), built.model, list(settings["layers"]), say,
+                        target.model_dir)
 
 
 def check_options(opts: CaptureOptions) -> None:
@@ -418,18 +399,18 @@ def run_capture(opts: CaptureOptions) -> CaptureResult:
     """Capture every row of opts.data into opts.out (see the package doc)."""
     import torch
 
-    from fastpath.models.compare import TOLERANCES
-    from fastpath.models.dtypes import dtype_label, resolve_device, torch_dtype
+    from fastpath.models.dtypes import resolve_device
 
     check_options(opts)
-    torch_dtype(opts.dtype)
-    check_client_options(opts)
+    check_format_options(opts)
     world = distributed.world_from_env()
     device = resolve_device(opts.device)
     if device.type == "cuda" and world.size > 1:
         device = torch.device("cuda", world.local_rank)
         torch.cuda.set_device(device)
-    shard = _shard_mode(opts, world, device)
+    target = resolve_target(opts, device)  # MODEL's config: read here, once
+    check_client_options(opts, target.model_dir)
+    shard = _shard_mode(opts, world, device, target)
     out = Path(opts.out).expanduser()
     writer = make_writer(opts.format, out)
     opts.status.out, opts.status.writer = out, writer
@@ -438,7 +419,7 @@ def run_capture(opts: CaptureOptions) -> CaptureResult:
                                  active=opts.setup_interrupt_text is not None)
     try:
         with guard:
-            return _run(opts, world, device, shard, out, writer, active, TOLERANCES, dtype_label, guard)
+            return _run(opts, target, world, device, shard, out, writer, active, guard)
     finally:
         from fastpath.routing import transformers as routes
 
@@ -489,46 +470,48 @@ def _staging(opts: CaptureOptions, writer: Any, rows: list[Any], todo: list[int]
     return RowWrites(slots, nbytes, pin=device.type == "cuda", threads=opts.write_threads)
 
 
-def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str, out: Path, writer: Any,
-         active: bool, tolerances: dict[str, Any], dtype_label: Any, guard: ExitAtFirstInterrupt) -> CaptureResult:
-    import torch
-
-    say = lambda msg: _say(world, opts.progress, msg)  # noqa: E731
-    status = opts.status
-    # What the user typed (layers, tokenizer, every data row) is checked from the config alone,
-    # before the weights load: a large checkpoint takes minutes, on every rank.
-    resuming = _check_out(out, opts.resume)
-    if opts.reference_path and not opts.allow_slow:
-        raise UsageError("--reference-path runs the torch fallback: it needs --allow-slow")
-    shape = _target_shape(opts)
-    parse_layers(opts.layers, shape.num_layers, opts.layer_convention)
-    status.stage = "while reading DATA"
+def _read_rows(opts: CaptureOptions, target: ResolvedModel, say: Any) -> Any:
+    """--layers against the target's config, then DATA's rows (tokenized with --tokenizer, else the
+    model directory's): what the user typed is checked from the config alone, before the weights
+    load (a large checkpoint takes minutes, on every rank)."""
     from fastpath.models.sizing import human_bytes
 
+    parse_layers(opts.layers, int(target.config.num_hidden_layers), opts.layer_convention)
+    opts.status.stage = "while reading DATA"
+    tokenizer_dir = opts.tokenizer or (str(target.model_dir) if target.model_dir is not None else None)
     size = Path(opts.data).stat().st_size if Path(opts.data).is_file() else 0
-    say(f"reading {opts.data} ({human_bytes(size)}" + (", tokenizing every conversation)" if shape.tokenizer else ")"))
-    tokenizer = load_tokenizer(shape.tokenizer) if shape.tokenizer else None
-    loaded = load_rows(opts.data, tokenizer, opts.max_len, shape.vocab_size)
-    rows = loaded.rows
-    status.rows = len(rows)
-    status.stage = "while building the model"
-    say(f"{len(rows)} rows; loading {opts.model}" + (" on rank 0's host, to shard with FSDP2" if shard == "fsdp" else "")
-        + ("" if opts.prebuilt is not None or _model_dir(opts.model) is not None
+    say(f"reading {opts.data} ({human_bytes(size)}" + (", tokenizing every conversation)" if tokenizer_dir else ")"))
+    tokenizer = load_tokenizer(tokenizer_dir) if tokenizer_dir else None
+    loaded = load_rows(opts.data, tokenizer, opts.max_len, int(target.config.vocab_size))
+    opts.status.rows = len(loaded.rows)
+    return loaded
+
+
+def _load_model(opts: CaptureOptions, target: ResolvedModel, world: distributed.World, device: Any, shard: str,
+                rows: int, say: Any) -> tuple[Any, Any, bool]:
+    """(the built target, the device its weights were made on, whether this rank holds a meta
+    skeleton). Sharded, only rank 0 loads the weights (on the host); the other ranks build the
+    model on the meta device and receive their shards from it (distributed.shard_decoder), so the
+    host holds one copy of the checkpoint however many processes run."""
+    import torch
+
+    opts.status.stage = "while building the model"
+    say(f"{rows} rows; loading {opts.model}" + (" on rank 0's host, to shard with FSDP2" if shard == "fsdp" else "")
+        + ("" if opts.prebuilt is not None or target.model_dir is not None
            else ": random weights initialised on the host first (minutes for a full-size preset)"))
-    # Sharded, only rank 0 loads the weights (on the host); the other ranks build the model on
-    # the meta device and receive their shards from it (distributed.shard_decoder), so the host
-    # holds one copy of the checkpoint however many processes run.
     load_device = torch.device("cpu") if shard == "fsdp" else device
     skeleton = shard == "fsdp" and not world.is_main and opts.prebuilt is None
-    built = opts.prebuilt if opts.prebuilt is not None else load_target(opts, load_device, skeleton)
-    model = built.model
+    built = opts.prebuilt if opts.prebuilt is not None else load_target(opts, load_device, skeleton, target)
     if opts.on_model is not None:
-        opts.on_model(model)
-    parts = decoder_parts(model)
-    num_layers = len(parts.layers)
-    aux_ids = parse_layers(opts.layers, num_layers, opts.layer_convention)
-    capture_ids = sorted({*aux_ids, num_layers})
-    settings = {
+        opts.on_model(built.model)
+    return built, load_device, skeleton
+
+
+def _settings_record(opts: CaptureOptions, aux_ids: list[int], built: Any, load_device: Any) -> dict[str, Any]:
+    """What a --resume must match (SETTINGS_KEYS), as .capture/settings.json holds it."""
+    from fastpath.models.dtypes import dtype_label
+
+    return {
         "model": opts.model, "data": str(Path(opts.data).resolve()), "data_sha256": file_sha256(opts.data),
         "format": opts.format,
         "max_len": opts.max_len, "batch_tokens": opts.batch_tokens, "layers": aux_ids,
@@ -536,16 +519,12 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str
         # random weights depend on the device they were drawn on (FSDP draws them on the host)
         "weights_init": "checkpoint" if built.seed is None else f"random on {load_device.type}",
     }
-    if shard == "fsdp":
-        distributed.shard_decoder(parts, device, world)
-        built.device = device
-    with distributed.unsharded_root(parts):  # both read the final norm's and the embeddings' weights
-        convention = norm_convention(parts.norm)
-        norms = token_norms(model.get_input_embeddings()).to(device)
-    status.stage = "while checking the fast path"
-    path_label, on_fast = _gate_fast_path(model, opts)  # before DIR is touched: a refusal leaves it as it was
-    guard.close()  # from here on --out is written: Ctrl-C stops between batches, keeping every finished row
-    status.stage = "while capturing"
+
+
+def _open_out(out: Path, resuming: bool, settings: dict[str, Any], opts: CaptureOptions, world: distributed.World,
+              active: bool) -> None:
+    """Refuse a resume with other settings, then (rank 0) write the settings and drop a killed
+    run's temporary files; every rank waits for that before writing."""
     _prepare_out(out, resuming, settings)
     distributed.barrier(active)
     if world.is_main:
@@ -553,15 +532,14 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str
         if opts.resume:
             remove_stale_temps(out)  # left by a killed run; no rank writes before the barrier
     distributed.barrier(active)
-    say(f"{built.describe()}; path: {path_label}" + (f"; FSDP2 over {world.size} processes" if shard == "fsdp" else ""))
-    if opts.format == "specforge" and not opts.check_client:
-        from fastpath.capture.clients import specforge_index_note
 
-        note = specforge_index_note(_model_dir(opts.model) if opts.prebuilt is None else None)
-        if note:
-            say(note)
-    tol = tolerances[dtype_label(built.dtype)]
-    meta = {
+
+def _row_meta(opts: CaptureOptions, writer: Any, parts: Any, built: Any, path_label: str, aux_ids: list[int],
+              num_layers: int, convention: str) -> dict[str, str]:
+    """The metadata every row file (and the index) carries: path, layers, last state, norm, dtype."""
+    from fastpath.models.dtypes import dtype_label
+
+    return {
         "fastpath_path": path_label,
         "fastpath_layers_capture_before": ",".join(str(i) for i in [*aux_ids, num_layers]),
         "fastpath_last_state": (f"hidden_states[:, -1]: output of decoder layer {num_layers - 1} before the final norm"
@@ -570,11 +548,14 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str
         "fastpath_dtype": dtype_label(built.dtype),
         "fastpath_model": opts.model,
     }
-    batches = make_batches([len(r.input_ids) for r in rows], opts.batch_tokens)
-    mine = batches_for_rank(batches, world.rank, world.size)
-    steps = -(-len(batches) // world.size)
 
-    # Resume: trust finished files, but re-read and re-check the last few of this rank.
+
+def _recheck_resumed(opts: CaptureOptions, writer: Any, rows: list[Any], mine: list[tuple[int, list[int]]],
+                     aux_ids: list[int], built: Any, norms: Any, say: Any, rank: int) -> set[int]:
+    """This rank's rows already on disk (--resume): finished files are trusted, but the last
+    `verify_last` are re-read and re-checked, and one that fails is removed to be captured again."""
+    import torch
+
     done = {i for _, b in mine for i in b if writer.is_done(i)}
     host_norms = norms.cpu()
     for idx in sorted(done)[-opts.verify_last:] if opts.verify_last else []:
@@ -590,7 +571,77 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str
                 p.unlink(missing_ok=True)
             done.discard(idx)
     if done:
-        say(f"resume: {len(done)} rows already written on rank {world.rank}")
+        say(f"resume: {len(done)} rows already written on rank {rank}")
+    return done
+
+
+def _timings(loop: _Loop, writes: RowWrites, seconds: float) -> dict[str, float]:
+    """Where the loop's time went (module doc), rounded; staging_alloc is before the loop."""
+    timings = {k: round(v, 4) for k, v in loop.timings.items()}
+    timings["write_wait"] = round(writes.wait_s, 4)
+    timings["other"] = round(max(0.0, seconds - sum(timings.values())), 4)
+    timings["staging_alloc"] = round(writes.alloc_s, 4)  # before the loop, not in `seconds`
+    return timings
+
+
+def _client_checks(opts: CaptureOptions, target: ResolvedModel, out: Path, writer: Any, model: Any,
+                   aux_ids: list[int], shard: str, say: Any) -> dict[str, Any] | None:
+    """Rank 0, after the index: --check-client's record, else the format's own check when its
+    client is importable (_auto_client_check); None when neither ran."""
+    if opts.check_client:
+        if shard == "fsdp":
+            say(f"--check-client {opts.check_client}: not run under FSDP (one process forwards alone); run "
+                f"`fastpath capture MODEL --out {out} --check-client {opts.check_client}` afterwards")
+            return None
+        return {opts.check_client: client_check(opts, out, writer, model, aux_ids, say, target.model_dir)}
+    if shard == "fsdp":
+        return None
+    return _auto_client_check(opts, out, writer, model, aux_ids, say, target.model_dir)
+
+
+def _run(opts: CaptureOptions, target: ResolvedModel, world: distributed.World, device: Any, shard: str, out: Path,
+         writer: Any, active: bool, guard: ExitAtFirstInterrupt) -> CaptureResult:
+    from fastpath.models.compare import TOLERANCES
+    from fastpath.models.dtypes import dtype_label
+
+    say = lambda msg: _say(world, opts.progress, msg)  # noqa: E731
+    status = opts.status
+    resuming = _check_out(out, opts.resume)
+    if opts.reference_path and not opts.allow_slow:
+        raise UsageError("--reference-path runs the torch fallback: it needs --allow-slow")
+    loaded = _read_rows(opts, target, say)
+    rows = loaded.rows
+    built, load_device, skeleton = _load_model(opts, target, world, device, shard, len(rows), say)
+    model = built.model
+    parts = decoder_parts(model)
+    num_layers = len(parts.layers)
+    aux_ids = parse_layers(opts.layers, num_layers, opts.layer_convention)
+    capture_ids = sorted({*aux_ids, num_layers})
+    settings = _settings_record(opts, aux_ids, built, load_device)
+    if shard == "fsdp":
+        distributed.shard_decoder(parts, device, world)
+        built.device = device
+    with distributed.unsharded_root(parts):  # both read the final norm's and the embeddings' weights
+        convention = norm_convention(parts.norm)
+        norms = token_norms(model.get_input_embeddings()).to(device)
+    status.stage = "while checking the fast path"
+    path_label, on_fast = _gate_fast_path(model, opts)  # before DIR is touched: a refusal leaves it as it was
+    guard.close()  # from here on --out is written: Ctrl-C stops between batches, keeping every finished row
+    status.stage = "while capturing"
+    _open_out(out, resuming, settings, opts, world, active)
+    say(f"{built.describe()}; path: {path_label}" + (f"; FSDP2 over {world.size} processes" if shard == "fsdp" else ""))
+    if opts.format == "specforge" and not opts.check_client:
+        from fastpath.capture.clients import specforge_index_note
+
+        note = specforge_index_note(target.model_dir if opts.prebuilt is None else None)
+        if note:
+            say(note)
+    tol = TOLERANCES[dtype_label(built.dtype)]
+    meta = _row_meta(opts, writer, parts, built, path_label, aux_ids, num_layers, convention)
+    batches = make_batches([len(r.input_ids) for r in rows], opts.batch_tokens)
+    mine = batches_for_rank(batches, world.rank, world.size)
+    steps = -(-len(batches) // world.size)
+    done = _recheck_resumed(opts, writer, rows, mine, aux_ids, built, norms, say, world.rank)
 
     todo = [i for _, b in mine for i in b if i not in done]
     writes = _staging(opts, writer, rows, todo, mine, aux_ids, int(built.config.hidden_size), built.dtype, device)
@@ -606,10 +657,7 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str
         if budget is not None:
             budget.close()
     seconds = time.perf_counter() - start
-    timings = {k: round(v, 4) for k, v in loop.timings.items()}
-    timings["write_wait"] = round(writes.wait_s, 4)
-    timings["other"] = round(max(0.0, seconds - sum(timings.values())), 4)
-    timings["staging_alloc"] = round(writes.alloc_s, 4)  # before the loop, not in `seconds`
+    timings = _timings(loop, writes, seconds)
     if error is not None:
         raise error
     if stopped:
@@ -632,16 +680,10 @@ def _run(opts: CaptureOptions, world: distributed.World, device: Any, shard: str
     if distributed.any_failed(finish_error is not None, device, active):
         raise finish_error or FastpathError("rank 0 could not write the dataset index (see its message)")
     status.stage = "while checking the client"
-    if opts.check_client and world.is_main:
-        if shard == "fsdp":
-            say(f"--check-client {opts.check_client}: not run under FSDP (one process forwards alone); run "
-                f"`fastpath capture MODEL --out {out} --check-client {opts.check_client}` afterwards")
-        else:
-            summary["client_checks"] = {opts.check_client: client_check(opts, out, writer, model, aux_ids, say)}
-    elif world.is_main and shard != "fsdp":
-        auto = _auto_client_check(opts, out, writer, model, aux_ids, say)
-        if auto is not None:
-            summary["client_checks"] = auto
+    if world.is_main:
+        checks = _client_checks(opts, target, out, writer, model, aux_ids, shard, say)
+        if checks is not None:
+            summary["client_checks"] = checks
     return CaptureResult(out, len(rows), written, len(done), tokens, seconds, checked, path_label, summary,
                          shard, timings)
 

@@ -6,13 +6,18 @@ weights come from one place (a fixed seed, or safetensors on disk) and the layer
 of a big preset survives `--layers N` (a cut Qwen3.5-27B keeps "3 GatedDeltaNet + 1 attention").
 Nothing is ever downloaded: checkpoints load with `local_files_only=True` and hub kernels are
 switched off (`USE_HUB_KERNELS=0`) before transformers is imported.
+
+A command reads its model source once: `resolve_model` turns what the user typed (and --layers,
+--dtype, --device) into a frozen ResolvedModel, and everything after it (sizing, the build, the
+weight count, capture's layer and tokenizer checks) reads that value, never the string again.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +136,7 @@ def cut_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:
 
     Per-layer lists and pattern strings are gathered at the kept indices; lists of layer indices
     are filtered and renumbered. The result is checked: its layer types must be the original's
-    types at the kept indices.
+    types at the kept indices. The one place `--layers` is validated: every cut comes here.
     """
     if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
         raise UsageError(f"--layers must be a positive integer, got {layers!r}")
@@ -225,26 +230,72 @@ def _lost_block_types(full: Any, cut: Any) -> list[str]:
 
 
 @dataclass(frozen=True)
-class JobPlan:
-    """What a job will build, decided before anything is allocated (sizing reads it)."""
+class ResolvedModel:
+    """A model source read and checked once, before anything is allocated: what verify, bench and
+    capture size, build and report from. Made by resolve_model; `on(device)` moves it without
+    reading anything again."""
 
-    source: ModelSource
-    config: Any  # the transformers (text) config, cut to --layers
-    device: Any
+    source: ModelSource  # what was typed, its kind, the raw config.json content, the checkpoint dir
+    config: Any  # the transformers (text) config, cut to `layers`
+    layers: int | None  # the --layers cut (None: every layer)
+    dtype: str  # the dtype name as the command took it ("bf16"), known to be valid
+    device: Any  # torch.device
     min_layers: int  # the fewest layers that keep every layer type
 
+    @property
+    def family(self) -> str:
+        """transformers' model_type of the (text) decoder, e.g. "qwen3_5_text"."""
+        return str(self.config.model_type)
 
-def plan_job(source: str, *, layers: int | None, dtype: str, device: str | None) -> JobPlan:
-    """Resolve the source, dtype, device and (cut) config: every UsageError before the build."""
-    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
-        raise UsageError(f"--layers must be a positive integer, got {layers!r}")
+    @property
+    def model_dir(self) -> Path | None:
+        """The checkpoint directory (weights, tokenizer), or None for a preset or a config.json."""
+        return self.source.path if self.source.kind == "dir" else None
+
+    @property
+    def preset(self) -> str | None:
+        """The preset name as typed, or None for a file or directory."""
+        return self.source.text if self.source.kind == "preset" else None
+
+    @property
+    def torch_dtype(self) -> Any:
+        return torch_dtype(self.dtype)
+
+    def on(self, device: Any) -> ResolvedModel:
+        """The same model on another device (a rank's GPU, the host for FSDP's rank 0)."""
+        return replace(self, device=resolve_device(device))
+
+    @cached_property
+    def weight_bytes(self) -> int:
+        """Bytes of the causal LM's parameters (shared ones once) in `dtype`, counted on the meta
+        device: nothing is allocated and no checkpoint is read, so a caller can decide how to
+        place a model before loading it. Computed at the first use (it imports the modeling
+        module), then kept."""
+        quiet_hub_environment()
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        if _causal_lm_class(self.config) is None:
+            raise UsageError(f"transformers has no causal-LM class for model_type {self.family!r}")
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(self.config, dtype=torch.float32)
+        return sum(p.numel() for p in model.parameters()) * self.torch_dtype.itemsize
+
+
+def resolve_model(source: str, *, layers: int | None = None, dtype: str = "fp32",
+                  device: Any = "auto") -> ResolvedModel:
+    """Read `source` once and resolve the dtype, device and (cut) config: every UsageError a bad
+    source, --layers, --dtype or --device gives comes from here, before anything is built."""
     src = resolve_source(source)
     torch_dtype(dtype)
     target = resolve_device(device)
     full = transformers_config(src.config)
     config = transformers_config(src.config, layers) if layers is not None else full
-    return JobPlan(src, config, target, len(set(layer_types(full))) or 1)
+    return ResolvedModel(src, config, layers, dtype, target, len(set(layer_types(full))) or 1)
 
+
+# The name benchmarks/memory_estimate.py and tests/test_sizing.py call it by.
+plan_job = resolve_model
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,13 +308,17 @@ class BuiltModel:
 
     model: Any
     config: Any  # the transformers (text) config the model was built from
-    source: ModelSource
+    resolved: ResolvedModel  # what it was built from (skeleton or not, whatever device it went to)
     model_type: str
     layer_types: list[str]
     dtype: Any
     device: Any
     seed: int | None  # None for real checkpoint weights
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def source(self) -> ModelSource:
+        return self.resolved.source
 
     @property
     def num_layers(self) -> int:
@@ -340,20 +395,23 @@ def build_model(
     attn_implementation: str = "sdpa",
     skeleton: bool = False,
 ) -> BuiltModel:
-    """Build the causal LM of `source` (see module doc) in eval mode on `device`.
+    """resolve_model + build_resolved, for a caller that has only the string."""
+    resolved = resolve_model(source, layers=layers, dtype=dtype, device=device)
+    return build_resolved(resolved, seed=seed, attn_implementation=attn_implementation, skeleton=skeleton)
+
+
+def build_resolved(resolved: ResolvedModel, *, seed: int = 0, attn_implementation: str = "sdpa",
+                   skeleton: bool = False) -> BuiltModel:
+    """Build the causal LM of `resolved` (see module doc) in eval mode on its device.
 
     skeleton: shapes only, on the meta device (no checkpoint read, nothing allocated), for
     FSDP2 ranks that receive their shards from rank 0."""
-    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
-        raise UsageError(f"--layers must be a positive integer, got {layers!r}")
-    src = resolve_source(source)
-    torch_type = torch_dtype(dtype)
-    target = resolve_device(device)
+    src, config, target = resolved.source, resolved.config, resolved.device
+    torch_type = resolved.torch_dtype
     quiet_hub_environment()
     import torch
     from transformers import AutoModelForCausalLM
 
-    config = transformers_config(src.config, layers)
     model_class = _causal_lm_class(config)
     if model_class is None:
         raise UsageError(f"transformers has no causal-LM class for model_type {config.model_type!r}")
@@ -366,48 +424,14 @@ def build_model(
         target = torch.device("meta")
         used_seed = None if src.kind == "dir" else seed
     elif src.kind == "dir":
-        # device_map (straight to the GPU, no host copy) needs accelerate; without it, load on
-        # the host and move.
-        direct = target.type == "cuda" and importlib.util.find_spec("accelerate") is not None
-        try:
-            model, info = AutoModelForCausalLM.from_pretrained(
-                str(src.path),
-                config=config,
-                dtype=torch_type,
-                local_files_only=True,
-                attn_implementation=attn_implementation,
-                output_loading_info=True,
-                **({"device_map": str(target)} if direct else {}),
-            )
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"cannot load the checkpoint in {src.path}: {first_line(exc)}") from None
-        missing = sorted(info.get("missing_keys") or [])
-        if missing:
-            notes.append(f"{len(missing)} tensors absent from the checkpoint were randomly initialised "
-                         f"(first: {missing[0]})")
-        if not direct and target.type != "cpu":
-            model = model.to(target)
-        used_seed: int | None = None
+        model, used_seed = _load_checkpoint(src.path, config, torch_type, target, attn_implementation, notes), None
     else:
-        torch.manual_seed(seed)
-        # Initialise in fp32 so a given seed means the same weights in every dtype.
-        with torch.device(target):
-            model = AutoModelForCausalLM.from_config(
-                config, dtype=torch.float32, attn_implementation=attn_implementation
-            )
-        zeroed = _exercise_zero_params(model, _ZERO_PARAM_NOISE_STD)
-        if zeroed:
-            notes.append(
-                f"{len(zeroed)} zero-initialised tensors (biases, (1+w) norm weights) got "
-                f"N(0, {_ZERO_PARAM_NOISE_STD}^2) values so every term is exercised"
-            )
-        model = model.to(dtype=torch_type)
-        used_seed = seed
+        model, used_seed = _random_weights(config, torch_type, target, attn_implementation, seed, notes), seed
     model.eval()
     return BuiltModel(
         model=model,
         config=config,
-        source=src,
+        resolved=resolved,
         model_type=str(config.model_type),
         layer_types=layer_types(config),
         dtype=torch_type,
@@ -417,18 +441,54 @@ def build_model(
     )
 
 
-def weight_bytes(source: str, *, layers: int | None = None, dtype: str = "fp32") -> int:
-    """Bytes of the causal LM's parameters (shared ones once) in `dtype`, counted on the meta
-    device: nothing is allocated and no checkpoint is read, so a caller can decide how to
-    place a model before loading it."""
-    src = resolve_source(source)
-    quiet_hub_environment()
+def _load_checkpoint(path: Any, config: Any, dtype: Any, target: Any, attn_implementation: str,
+                     notes: list[str]) -> Any:
+    """The checkpoint in `path`, offline, on `target`; a note names tensors it lacked."""
+    from transformers import AutoModelForCausalLM
+
+    # device_map (straight to the GPU, no host copy) needs accelerate; without it, load on the
+    # host and move.
+    direct = target.type == "cuda" and importlib.util.find_spec("accelerate") is not None
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(path),
+            config=config,
+            dtype=dtype,
+            local_files_only=True,
+            attn_implementation=attn_implementation,
+            output_loading_info=True,
+            **({"device_map": str(target)} if direct else {}),
+        )
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot load the checkpoint in {path}: {first_line(exc)}") from None
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        notes.append(f"{len(missing)} tensors absent from the checkpoint were randomly initialised "
+                     f"(first: {missing[0]})")
+    if not direct and target.type != "cpu":
+        model = model.to(target)
+    return model
+
+
+def _random_weights(config: Any, dtype: Any, target: Any, attn_implementation: str, seed: int,
+                    notes: list[str]) -> Any:
+    """Seeded random weights on `target`, drawn in fp32 so a given seed means the same weights in
+    every dtype, no tensor left at exactly zero (a note says how many were)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    config = transformers_config(src.config, layers)
-    if _causal_lm_class(config) is None:
-        raise UsageError(f"transformers has no causal-LM class for model_type {config.model_type!r}")
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    return sum(p.numel() for p in model.parameters()) * torch_dtype(dtype).itemsize
+    torch.manual_seed(seed)
+    with torch.device(target):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn_implementation)
+    zeroed = _exercise_zero_params(model, _ZERO_PARAM_NOISE_STD)
+    if zeroed:
+        notes.append(
+            f"{len(zeroed)} zero-initialised tensors (biases, (1+w) norm weights) got "
+            f"N(0, {_ZERO_PARAM_NOISE_STD}^2) values so every term is exercised"
+        )
+    return model.to(dtype=dtype)
+
+
+def weight_bytes(source: str, *, layers: int | None = None, dtype: str = "fp32") -> int:
+    """ResolvedModel.weight_bytes, for a caller that has only the string."""
+    return resolve_model(source, layers=layers, dtype=dtype, device="meta").weight_bytes

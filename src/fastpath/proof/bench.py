@@ -111,18 +111,19 @@ def preflight(settings: BenchSettings, configs: list[str], check_memory: bool = 
         raise UsageError("nothing to measure here: every configuration would be skipped ("
                          + "; ".join(f"{c}: {why}" for c, why in skips.items())
                          + f"); nothing written. Configs: {', '.join(CONFIGS)}")
-    from fastpath.models.build import plan_job
+    from fastpath.models.build import resolve_model
 
-    plan = plan_job(settings.source, layers=settings.layers, dtype=settings.dtype, device=settings.device)
+    # Read once here; each worker is its own process and builds from settings.source itself.
+    model = resolve_model(settings.source, layers=settings.layers, dtype=settings.dtype, device=settings.device)
     if not check_memory:
         return None
     from fastpath.models.sizing import size_job
 
     # One configuration at a time, each in its own process: the largest phase sets the peak.
     backward = any(PHASE_REGISTRY[p].backward for p in settings.phases)
-    return size_job(plan.config, plan.source.config, what=f"bench {settings.source}", dtype=settings.dtype,
-                    device=plan.device, batch=settings.batch, seq_len=settings.seq_len, backward=backward,
-                    paths=1, min_layers=plan.min_layers, reference="reference" in configs)
+    return size_job(model.config, model.source.config, what=f"bench {settings.source}", dtype=model.dtype,
+                    device=model.device, batch=settings.batch, seq_len=settings.seq_len, backward=backward,
+                    paths=1, min_layers=model.min_layers, reference="reference" in configs)
 
 
 def assemble(settings: BenchSettings, results: list[dict[str, Any]], size: Any, *, created: str,

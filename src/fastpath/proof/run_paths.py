@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastpath.errors import FastpathError, UsageError, first_line
+from fastpath.models.build import BuiltModel, ResolvedModel, resolve_model
 from fastpath.models.compare import (
     NOISE_RUNS,
     TOLERANCES,
@@ -410,15 +411,15 @@ def _starts_with_embeddings(model: Any, ids: Any, first_hidden: Any) -> bool:
     return embedded.shape == first_hidden.shape and bool(torch.equal(embedded, first_hidden))
 
 
-def _build_description(plan: Any, dtype: str, seed: int) -> str:
+def _build_description(model: ResolvedModel, seed: int) -> str:
     """What the (possibly minute-long) model build is doing, said before it starts."""
-    config = plan.config
+    config = model.config
     layers = getattr(config, "num_hidden_layers", None)
     what = f"building the model: {config.model_type}" + (f", {layers} layers" if layers else "")
-    if plan.source.kind == "dir":
-        return f"{what}, loading the checkpoint in {plan.source.path} as {dtype} onto {plan.device}"
-    return (f"{what}, random weights (seed {seed}) initialised in fp32 on {plan.device}"
-            + (f", then cast to {dtype}" if dtype != "fp32" else ""))
+    if model.model_dir is not None:
+        return f"{what}, loading the checkpoint in {model.model_dir} as {model.dtype} onto {model.device}"
+    return (f"{what}, random weights (seed {seed}) initialised in fp32 on {model.device}"
+            + (f", then cast to {model.dtype}" if model.dtype != "fp32" else ""))
 
 
 class _Stage:
@@ -432,33 +433,8 @@ class _Stage:
         self.name = name
 
 
-def verify_model(
-    source: str,
-    *,
-    dtype: str = "fp32",
-    seq_len: int = 64,
-    batch: int = 2,
-    packed: bool = False,
-    backward: bool = False,
-    layers: int | None = None,
-    decode_tokens: int = 8,
-    device: str | None = "auto",
-    seed: int = 0,
-    enable_kwargs: dict[str, Any] | None = None,
-    reference: str = "torch",
-    progress: Callable[[str], None] | None = None,
-    note: Callable[[str], None] | None = None,
-    check_memory: bool = True,
-    liger: bool = False,
-) -> VerifyResult:
-    """Run `source` on the reference path and on the fast path; compare (see verify's module doc).
-
-    enable_kwargs go to enable() (tests route deliberately wrong kernels this way).
-    reference="torch": transformers' torch fallbacks are the reference even where Dao
-    causal-conv1d / FLA are installed (see hidden_compiled_peers); "transformers": whatever
-    transformers binds in this environment. check_memory: size the job first and refuse
-    (UsageError) when it will not fit (models/sizing.py). fastpath is left disabled afterwards.
-    """
+def check_settings(seq_len: int, batch: int, decode_tokens: int, reference: str) -> None:
+    """UsageError for a run verify cannot make, before the model source is read."""
     if seq_len < 2:
         raise UsageError("--seq-len must be at least 2")
     if batch < 1:
@@ -467,94 +443,140 @@ def verify_model(
         raise UsageError("--decode-tokens must be >= 0")
     if reference not in REFERENCES:
         raise UsageError(f"unknown reference {reference!r}; use {' or '.join(REFERENCES)}")
-    say = progress or (lambda _msg: None)
-    tell = note or (lambda _msg: None)
-    from fastpath.extras import require
 
-    require("verify")
-    import torch
 
-    from fastpath.models.build import build_model, plan_job
-    from fastpath.models.dtypes import dtype_label
-    from fastpath.proof.verdict import collect_problems, layer_names
-    from fastpath.routing import transformers as routes
+@dataclass
+class _Settings:
+    """What one verification runs (verify_model's arguments, checked)."""
+
+    seq_len: int
+    batch: int
+    packed: bool
+    backward: bool
+    decode_tokens: int
+    seed: int
+    enable_kwargs: dict[str, Any]
+    reference: str
+    check_memory: bool
+    liger: bool
+    say: Callable[[str], None]
+    tell: Callable[[str], None]
+
+    def __post_init__(self) -> None:
+        check_settings(self.seq_len, self.batch, self.decode_tokens, self.reference)
+
+    def refuse_packed(self, model: ResolvedModel) -> None:
+        """CannotVerify when --packed cannot be checked on this model here (packed_unverifiable)."""
+        if not self.packed:
+            return
+        why = packed_unverifiable(model.config, model.device, self.backward,
+                                  str(self.enable_kwargs.get("gated_delta_rule", "auto")))
+        if why is not None:
+            raise CannotVerify(why)
+
+
+@dataclass
+class _Runs:
+    """Both sides of one verification, as they ran."""
+
+    reference_rows: list[dict[str, Any]]  # explain() with fastpath disabled
+    explain_rows: list[dict[str, Any]]  # explain() after enable()
+    report: str  # what enable() said
+    ref: PathRun
+    ref_decode: Any
+    ref_calls: dict[str, int]
+    fast: PathRun
+    fast_decode: Any
+    fast_calls: dict[str, int]
+    oracle_grads: dict[str, Any] | None  # fp32 gradients of the reference path (bf16/fp16 --backward)
+    pins: _Pins
+
+
+def _resolved(source: str | ResolvedModel, layers: int | None, dtype: str | None,
+              device: str | None) -> ResolvedModel:
+    """The command's ResolvedModel as it is, or `source` resolved with layers / dtype / device."""
+    if isinstance(source, ResolvedModel):
+        if layers is not None or dtype is not None or device is not None:
+            raise TypeError("verify_model: layers, dtype and device are the ResolvedModel's own")
+        return source
+    return resolve_model(source, layers=layers, dtype=dtype or "fp32", device=device or "auto")
+
+
+def _size_and_build(source: str | ResolvedModel, layers: int | None, dtype: str | None, device: str | None,
+                    run: _Settings) -> tuple[BuiltModel, Any]:
+    """Resolve (unless the command did), refuse what cannot be verified, size the job
+    (check_memory) and build the model: every UsageError / CannotVerify before the first pass."""
+    from fastpath.models.build import build_resolved
 
     # With reference="torch" the compiled peers stay hidden until the model is built: sizing
     # builds the module tree on the meta device, which imports the modeling module (and binds).
-    peers = hidden_compiled_peers() if reference == "torch" else contextlib.nullcontext()
+    peers = hidden_compiled_peers() if run.reference == "torch" else contextlib.nullcontext()
     with peers:
-        plan = plan_job(source, layers=layers, dtype=dtype, device=device)  # bad input: before any output
-        if liger:
+        model = _resolved(source, layers, dtype, device)  # bad input: before any output
+        if run.liger:
             from fastpath.routing.liger_route import check_usable
 
-            check_usable(getattr(plan.config, "model_type", None), plan.device)
-        if packed:
-            why = packed_unverifiable(plan.config, plan.device, backward,
-                                      str((enable_kwargs or {}).get("gated_delta_rule", "auto")))
-            if why is not None:
-                raise CannotVerify(why)
+            check_usable(model.family, model.device)
+        run.refuse_packed(model)
         size = None
-        if check_memory:
+        if run.check_memory:
             from fastpath.models.sizing import size_job
 
-            say("sizing the job")
-            size = size_job(plan.config, plan.source.config, what=f"verify {source}", dtype=dtype,
-                            device=plan.device, batch=batch, seq_len=seq_len, backward=backward, paths=2,
-                            min_layers=plan.min_layers)
+            run.say("sizing the job")
+            size = size_job(model.config, model.source.config, what=f"verify {model.source.text}",
+                            dtype=model.dtype, device=model.device, batch=run.batch, seq_len=run.seq_len,
+                            backward=run.backward, paths=2, min_layers=model.min_layers)
             for line in size.header():
-                tell(line)
+                run.tell(line)
             if size.defaults_note():
-                tell("note: " + size.defaults_note())
-        say(_build_description(plan, dtype, seed))
-        built = build_model(source, layers=layers, dtype=dtype, device=device, seed=seed)
-    if packed:  # FLA importable again: its import and GPU checks, before either path runs
-        why = packed_unverifiable(plan.config, plan.device, backward,
-                                  str((enable_kwargs or {}).get("gated_delta_rule", "auto")))
-        if why is not None:
-            raise CannotVerify(why)
+                run.tell("note: " + size.defaults_note())
+        run.say(_build_description(model, run.seed))
+        built = build_resolved(model, seed=run.seed)
+    run.refuse_packed(model)  # FLA importable again: its import and GPU checks, before either path runs
     if size is not None and size.defaults_note():
         built.notes.append(size.defaults_note())
-    tol = TOLERANCES[dtype_label(built.dtype)]
-    inputs = make_inputs(built.vocab_size, batch, seq_len, packed, seed, built.device)
-    model = built.model
-    if liger:  # on both paths: the comparison is fastpath's, under Liger's kernels (verify.py)
-        from fastpath.routing.liger_route import apply_liger
+    return built, size
 
-        built.notes.append(f"Liger Kernel on both paths: {apply_liger(model)}")
-    if backward:
-        model.requires_grad_(True)
+
+def _run_both_paths(built: BuiltModel, inputs: Inputs, run: _Settings) -> _Runs:
+    """The reference path (fastpath disabled), then the fast path (enable()), on one model and one
+    set of inputs; fastpath is left disabled. A path that raises is one FastpathError line."""
+    import torch
+
+    from fastpath.routing import transformers as routes
+
+    model = built.model
     stage = _Stage()
     tf32 = _Tf32Off() if built.dtype == torch.float32 else contextlib.nullcontext()
 
     def step(name: str) -> None:
         stage(name)
-        say(name)
+        run.say(name)
 
+    sides = {"backward": run.backward, "decode_tokens": run.decode_tokens, "say": step}
     try:
         tf32.__enter__()
         routes.disable()
         reference_rows = _explain_rows(model)
         oracle_grads = None
-        if backward and built.dtype != torch.float32:
+        if run.backward and built.dtype != torch.float32:
             # First, while no gradients are held: the fp32 copy and its gradients are never alive
             # together with both paths' gradients (models/sizing.py peak_bytes).
             step("reference path in fp32: gradient oracle")
             oracle_grads = _fp32_oracle_grads(model, inputs)
         pins = _Pins()
-        ref, ref_decode, ref_calls = _run_side("reference path", model, inputs, packed_reference=True,
-                                               backward=backward, decode_tokens=decode_tokens, say=step,
-                                               pins=pins)
+        ref, ref_decode, ref_calls = _run_side("reference path", model, inputs, packed_reference=True, pins=pins,
+                                               **sides)
 
         step("enable()")
-        report = routes.enable(**(enable_kwargs or {}))
+        report = routes.enable(**run.enable_kwargs)
         explain_rows = _explain_rows(model)
         if built.device.type == "cuda" and any(str(r.get("impl", "")).startswith("fla") for r in explain_rows):
-            # H200 (sessions 3 and 7): a cold Triton cache made this step outlast a 150 s limit
-            tell("note: FLA's kernels compile and autotune at their first call for these head sizes "
-                 "(minutes with an empty Triton cache; cached for later runs)")
-        fast, fast_decode, fast_calls = _run_side("fast path", model, inputs, packed_reference=False,
-                                                  backward=backward, decode_tokens=decode_tokens,
-                                                  say=step, pins=pins)
+            # H200: a cold Triton cache made this step outlast a 150 s limit
+            run.tell("note: FLA's kernels compile and autotune at their first call for these head sizes "
+                     "(minutes with an empty Triton cache; cached for later runs)")
+        fast, fast_decode, fast_calls = _run_side("fast path", model, inputs, packed_reference=False, pins=pins,
+                                                  **sides)
     except FastpathError:
         raise
     except torch.cuda.OutOfMemoryError as exc:
@@ -567,13 +589,22 @@ def verify_model(
     finally:
         routes.disable()
         tf32.__exit__(None, None, None)
+    return _Runs(reference_rows, explain_rows, str(report), ref, ref_decode, ref_calls, fast, fast_decode,
+                 fast_calls, oracle_grads, pins)
 
-    pin_line = pins.report.line()
-    if pin_line:
-        built.notes.append(pin_line)
-    say("comparing")
+
+def _compare_outputs(built: BuiltModel, inputs: Inputs, runs: _Runs, tol: Any,
+                     say: Callable[[str], None]) -> tuple[list[Any], Any, list[str]]:
+    """Every layer's hidden states and the logits, fast vs reference (an fp32 run of the reference
+    judges the ones beyond the limit in bf16/fp16); the per-layer diffs, the logits' diff, and a
+    problem when the paths returned different numbers of hidden states."""
+    import torch
+
+    from fastpath.proof.verdict import layer_names
+
+    ref, fast = runs.ref, runs.fast
     ids = inputs.packed_ids if inputs.packed_ids is not None else inputs.ids
-    names = layer_names(built.layer_types, len(ref.hidden), _starts_with_embeddings(model, ids, ref.hidden[0]))
+    names = layer_names(built.layer_types, len(ref.hidden), _starts_with_embeddings(built.model, ids, ref.hidden[0]))
     counts = [] if len(fast.hidden) == len(ref.hidden) else [
         f"fast path returned {len(fast.hidden)} hidden states, reference {len(ref.hidden)}"]
     diffs = []
@@ -584,29 +615,101 @@ def verify_model(
     if built.dtype != torch.float32 and not all(d.ok for d in [*diffs, logits]):
         # Only now (it costs an fp32 copy): whose rounding is it (models/compare.judge_by_oracle)?
         say("hidden states beyond the limit: fp32 run of the reference path")
-        oracle_run = _fp32_oracle_outputs(model, inputs, pins)
+        oracle_run = _fp32_oracle_outputs(built.model, inputs, runs.pins)
         diffs = judge_by_oracle(diffs, fast.hidden, ref.hidden, oracle_run.hidden)
         logits = judge_by_oracle([logits], [fast.logits], [ref.logits], [oracle_run.logits])[0]
         del oracle_run
-    grads = compare_grads(fast.grads, ref.grads, tol, oracle_grads) if backward else None
-    beyond = [g.name for g in grads or [] if not g.ok and g.rel == g.rel and g.rel != float("inf")]
+    return diffs, logits, counts
+
+
+def _compare_gradients(built: BuiltModel, inputs: Inputs, runs: _Runs, tol: Any,
+                       say: Callable[[str], None]) -> list[Any]:
+    """Every parameter gradient, fast vs reference; in fp32, the ones beyond the limit are judged
+    against the reference's own rounding noise (models/compare.judge_by_noise)."""
+    import torch
+
+    ref = runs.ref
+    grads = compare_grads(runs.fast.grads, ref.grads, tol, runs.oracle_grads)
+    beyond = [g.name for g in grads if not g.ok and g.rel == g.rel and g.rel != float("inf")]
     if beyond and built.dtype == torch.float32 and ref.grads is not None:
         say(f"{len(beyond)} gradients beyond {tol.grad_rel:g}: measuring the reference's own rounding noise "
             f"({NOISE_RUNS} runs with every weight moved by one rounding step)")
-        with tf32 if isinstance(tf32, _Tf32Off) else contextlib.nullcontext():
-            noise = _rounding_noise(model, inputs, ref.grads, beyond, NOISE_RUNS)
-        grads = judge_by_noise(grads or [], noise)
-    decode = check_decode(fast_decode, ref_decode, tol) if decode_tokens else None
-    if decode is not None and not decode.ok and built.dtype != torch.float32:
+        with _Tf32Off():
+            noise = _rounding_noise(built.model, inputs, ref.grads, beyond, NOISE_RUNS)
+        grads = judge_by_noise(grads, noise)
+    return grads
+
+
+def _compare_decode(built: BuiltModel, inputs: Inputs, runs: _Runs, tol: Any, say: Callable[[str], None]) -> Any:
+    """The greedy decodes, fast vs reference; in bf16/fp16 a mismatch is judged against fp32
+    logits of the reference's tokens."""
+    import torch
+
+    decode = check_decode(runs.fast_decode, runs.ref_decode, tol)
+    if not decode.ok and built.dtype != torch.float32:
         # Only now (it costs an fp32 copy of the model): is the fast path further from exact
         # arithmetic than the reference, or are both drifting by bf16 rounding?
         say("decode beyond the limit: fp32 oracle of the decode steps")
-        oracle_logits = _fp32_oracle_decode_logits(model, inputs.ids, ref_decode.tokens)
+        oracle_logits = _fp32_oracle_decode_logits(built.model, inputs.ids, runs.ref_decode.tokens)
         if oracle_logits is not None:
-            decode = check_decode(fast_decode, ref_decode, tol, oracle_logits)
+            decode = check_decode(runs.fast_decode, runs.ref_decode, tol, oracle_logits)
+    return decode
 
-    problems = counts + collect_problems(diffs, logits, grads, decode, tol, fast_calls=fast_calls, ref_calls=ref_calls,
-                                explain_rows=explain_rows if packed else None)
+
+def verify_model(
+    source: str | ResolvedModel,
+    *,
+    dtype: str | None = None,
+    seq_len: int = 64,
+    batch: int = 2,
+    packed: bool = False,
+    backward: bool = False,
+    layers: int | None = None,
+    decode_tokens: int = 8,
+    device: str | None = None,
+    seed: int = 0,
+    enable_kwargs: dict[str, Any] | None = None,
+    reference: str = "torch",
+    progress: Callable[[str], None] | None = None,
+    note: Callable[[str], None] | None = None,
+    check_memory: bool = True,
+    liger: bool = False,
+) -> VerifyResult:
+    """Run `source` on the reference path and on the fast path; compare (see verify's module doc).
+
+    source: the command's ResolvedModel (layers, dtype, device left unset: they are its own), or
+    what the user typed, resolved here with layers, dtype (default fp32), device (default auto).
+    enable_kwargs go to enable() (tests route deliberately wrong kernels this way).
+    reference="torch": transformers' torch fallbacks are the reference even where Dao
+    causal-conv1d / FLA are installed (see hidden_compiled_peers); "transformers": whatever
+    transformers binds in this environment. check_memory: size the job first and refuse
+    (UsageError) when it will not fit (models/sizing.py). fastpath is left disabled afterwards.
+    """
+    run = _Settings(seq_len, batch, packed, backward, decode_tokens, seed, dict(enable_kwargs or {}), reference,
+                    check_memory, liger, progress or (lambda _msg: None), note or (lambda _msg: None))
+    from fastpath.models.dtypes import dtype_label
+    from fastpath.proof.verdict import collect_problems
+
+    built, size = _size_and_build(source, layers, dtype, device, run)
+    tol = TOLERANCES[dtype_label(built.dtype)]
+    inputs = make_inputs(built.vocab_size, batch, seq_len, packed, seed, built.device)
+    if liger:  # on both paths: the comparison is fastpath's, under Liger's kernels (verify.py)
+        from fastpath.routing.liger_route import apply_liger
+
+        built.notes.append(f"Liger Kernel on both paths: {apply_liger(built.model)}")
+    if backward:
+        built.model.requires_grad_(True)
+    runs = _run_both_paths(built, inputs, run)
+
+    pin_line = runs.pins.report.line()
+    if pin_line:
+        built.notes.append(pin_line)
+    run.say("comparing")
+    diffs, logits, counts = _compare_outputs(built, inputs, runs, tol, run.say)
+    grads = _compare_gradients(built, inputs, runs, tol, run.say) if backward else None
+    decode = _compare_decode(built, inputs, runs, tol, run.say) if decode_tokens else None
+    problems = counts + collect_problems(diffs, logits, grads, decode, tol, fast_calls=runs.fast_calls,
+                                         ref_calls=runs.ref_calls, explain_rows=runs.explain_rows if packed else None)
 
     return VerifyResult(
         model=built.to_json(),
@@ -620,11 +723,11 @@ def verify_model(
         logits=logits,
         grads=grads,
         decode=decode,
-        reference_calls=ref_calls,
-        fast_calls=fast_calls,
-        enable_report=str(report),
-        explain=explain_rows,
+        reference_calls=runs.ref_calls,
+        fast_calls=runs.fast_calls,
+        enable_report=runs.report,
+        explain=runs.explain_rows,
         problems=problems,
-        reference_explain=reference_rows,
+        reference_explain=runs.reference_rows,
         sizing=size.to_json() if size is not None else {},
     )

@@ -224,33 +224,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "4 SLOW (same function, but some op ran slow code; the lines above name them)")
 
 
-def _refuse_liger_off_cuda(args: argparse.Namespace, dtype: str) -> None:
+def _refuse_liger_off_cuda(model: Any) -> None:
     """`--liger` on a CPU, TRITON_INTERPRET=1 or not: one line before any work. Liger Kernel's
     kernels are Triton GPU kernels; under the interpreter (triton 3.9) they raise at their first
     call ("'float' object has no attribute 'to'": the interpreter passes float arguments as Python
     floats, triton/runtime/interpreter.py `_implicit_cvt`), which cost the build and the reference
     path's setup before exit 1. A family Liger has no patch for is said first (a different fix)."""
     from fastpath.errors import UsageError
-    from fastpath.models.build import plan_job
     from fastpath.routing.liger_route import check_usable
 
-    plan = plan_job(args.model, layers=args.layers, dtype=dtype, device=args.device)
-    if plan.device.type == "cuda":
+    if model.device.type == "cuda":
         return
-    check_usable(getattr(plan.config, "model_type", None), plan.device)  # the family; CUDA without the interpreter
-    raise UsageError(f"--liger needs a CUDA device (here: {plan.device}): Liger Kernel's Triton kernels do not "
+    check_usable(model.family, model.device)  # the family; CUDA without the interpreter
+    raise UsageError(f"--liger needs a CUDA device (here: {model.device}): Liger Kernel's Triton kernels do not "
                      "run on CPU tensors, not under TRITON_INTERPRET=1 either")
 
 
 def main(args: argparse.Namespace) -> int:
     from fastpath.extras import require
 
-    require("verify")
+    require("verify")  # the command's one check: verify_model, below, assumes it
     from rich.console import Console
 
+    from fastpath.models.build import resolve_model
     from fastpath.models.dtypes import resolve_dtype
     from fastpath.proof.progress import Stages
-    from fastpath.proof.run_paths import verify_model
+    from fastpath.proof.run_paths import check_settings, verify_model
 
     save = None
     if args.save:  # checked before any work: a bad path used to cost the whole run
@@ -258,16 +257,17 @@ def main(args: argparse.Namespace) -> int:
 
         save = resolve_save_file(args.save, "--save", SAVE_NAME, force=args.force)
     dtype = resolve_dtype(args.dtype, args.device)
+    check_settings(args.seq_len, args.batch, args.decode_tokens, args.reference)
+    model = resolve_model(args.model, layers=args.layers, dtype=dtype, device=args.device)  # read once
     if args.liger:
-        _refuse_liger_off_cuda(args, dtype)
+        _refuse_liger_off_cuda(model)
     try:
         with Stages("verify") as stages:
             if save is not None and str(save) != args.save:
                 stages.note(f"the result JSON goes to {save}")
             result = verify_model(
-                args.model, dtype=dtype, seq_len=args.seq_len, batch=args.batch, packed=args.packed,
-                backward=args.backward, layers=args.layers, decode_tokens=args.decode_tokens,
-                device=args.device, seed=args.seed, reference=args.reference, liger=args.liger,
+                model, seq_len=args.seq_len, batch=args.batch, packed=args.packed, backward=args.backward,
+                decode_tokens=args.decode_tokens, seed=args.seed, reference=args.reference, liger=args.liger,
                 progress=stages, note=stages.note,
             )
     except CannotVerify as exc:  # said before any work: the verdict, not an error
