@@ -3,8 +3,9 @@ after fastpath.enable(), and what from_pretrained does with Hub kernels on (its 
 
 Per tiny random model (Qwen3.5, Qwen3-Next, Nemotron-H, Falcon-Mamba; bf16 on CUDA):
   * explain() rows before enable() and after it;
-  * one forward + backward after enable(): kernel-call counters (fastpath's entry points), loss and
-    logits against the same model with fastpath disabled;
+  * one forward + backward without fastpath (ran, or the exception the user would get), then one
+    after enable(): kernel-call counters (fastpath's entry points), loss and logits against the
+    same weights in float32 on the CPU;
   * save_pretrained, then from_pretrained(dir) with HF_HUB_OFFLINE=1 and USE_HUB_KERNELS as the
     user left it, with and without enable(): loaded or the exception, and the explain() rows.
 Writes one JSON document (--out). Run by benchmarks/device/parts.sh (part `hub`) with transformers
@@ -14,6 +15,7 @@ Writes one JSON document (--out). Run by benchmarks/device/parts.sh (part `hub`)
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -52,7 +54,17 @@ def family(model_type: str, device: str) -> dict[str, Any]:
     model = build(model_type).to(device, torch.bfloat16)
     ids = torch.randint(3, 64, (2, 64), generator=torch.Generator().manual_seed(0)).to(device)
     res["explain_before"] = _rows(model)
-    ref_loss, ref_logits = _step(model, ids)
+    # The reference: the same weights in float32 on the CPU (transformers' torch path). Not the
+    # plain GPU model: with fla-core installed, its gated-delta-rule backward raises on Hopper with
+    # Triton >= 3.4, < 3.7.1 (FLA #640), which is what the user gets without fastpath; recorded.
+    ref_model = copy.deepcopy(model).to("cpu", torch.float32)
+    ref_loss, ref_logits = _step(ref_model, ids.cpu())
+    del ref_model
+    try:
+        _step(model, ids)
+        res["plain_step"] = "ran"
+    except Exception as exc:  # the user's stack without fastpath: recorded, not fatal
+        res["plain_step"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     reset()
     report = fastpath.enable(warn=False)
     try:
@@ -61,7 +73,7 @@ def family(model_type: str, device: str) -> dict[str, Any]:
         loss, logits = _step(model, ids)
         res["calls"] = dict(CALLS)
         res["loss"], res["ref_loss"] = loss, ref_loss
-        res["logits_rel"] = float((logits - ref_logits).norm() / ref_logits.norm())
+        res["logits_rel"] = float((logits.cpu() - ref_logits).norm() / ref_logits.norm())
         with tempfile.TemporaryDirectory() as tmp:
             model.save_pretrained(tmp)
             res["load_enabled"] = _load(tmp, device)
@@ -113,6 +125,11 @@ def main() -> int:
         slow = [f"{r['op']}: {r['impl']}" for r in res.get("explain_after", []) if not r["fast"]]
         calls = res.get('calls')
         print(f"{model_type}: {res.get('error') or f'{len(slow)} slow after enable(); calls {calls}'}")
+        if "plain_step" in res:
+            print(f"  without fastpath: {res['plain_step'][:150]}")
+        if "logits_rel" in res:
+            print(f"  loss {res['loss']:.5f} vs float32 CPU {res['ref_loss']:.5f}; "
+                  f"logits rel {res['logits_rel']:.2e}")
         for line in slow:
             print(f"  slow: {line}")
         for key in ("load_enabled", "load_plain"):
