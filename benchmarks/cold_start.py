@@ -13,8 +13,11 @@ autotuned. Per configuration (`--configs`, bench's names: reference = transforme
 fallbacks with Dao causal-conv1d and FLA hidden, fastpath = enable()):
   cold    a new empty cache folder;
   warm    a second process on the same folder (what every later job on the host sees);
-  warmup  a new empty folder, `fastpath warmup MODEL --train` at the same shapes first (timed
-          apart), then the process (what a fleet that warms once sees); fastpath configs only.
+  warmup  a new empty folder, `fastpath warmup MODEL --train --save-decisions` at the same
+          shapes first (timed apart), then the process (what a fleet that warms once sees);
+  seeded  a new empty folder, but the autotune decisions the warmup saved (or --decisions FILE)
+          handed to the autotuners after enable() (routing/autotune_decisions.py): an empty cache
+          that compiles only the chosen configs. warmup and seeded: fastpath configs only.
 Marks, in seconds since the process was started (the parent's clock, so interpreter start-up and
 imports count): imports, enable (fastpath), built, first_prefill (one no-grad forward over
 batch x seq, synchronised), first_train (one forward+backward of a next-token loss). The targets
@@ -41,8 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 TARGET_PREFILL_AFTER_BUILD_S = 20.0
 TARGET_TRAIN_STEP_S = 30.0
-SCENARIOS = ("cold", "warm", "warmup")
-MARKS = ("imports", "enable", "built", "first_prefill", "first_train")
+SCENARIOS = ("cold", "warm", "warmup", "seeded")
+MARKS = ("imports", "enable", "seeded", "built", "first_prefill", "first_train")
+NOT_FAST = "fastpath warmup and autotune decisions are for the fast path; this configuration does not enable it"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -69,9 +73,17 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
     from fastpath.routing import transformers as routes
 
     mark("imports")
+    result: dict[str, Any] = {}
     if spec.enable:
         routes.enable(warn=False)
         mark("enable")
+        from fastpath.routing import autotune_decisions
+
+        device_facts = autotune_decisions.this_device() if str(job["device"]).startswith("cuda") else None
+        seeded = autotune_decisions.seed_from_env(device_facts[1] if device_facts else None)
+        if seeded is not None:
+            result["decisions"] = seeded.summary()
+            mark("seeded")
     built = build_model(job["model"], layers=job["layers"], dtype=job["dtype"], device=job["device"], seed=0)
     device = built.device
     cuda = device.type == "cuda"
@@ -92,7 +104,7 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
         if cuda:
             torch.cuda.synchronize(device)
         mark(label)
-    result: dict[str, Any] = {"marks_s": marks, "model": built.describe()}
+    result.update({"marks_s": marks, "model": built.describe()})
     if cuda:
         result["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     return result
@@ -102,8 +114,11 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
 # The parent
 
 
-def _env(cache: Path) -> dict[str, str]:
+def _env(cache: Path, decisions: Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    env.pop("FASTPATH_AUTOTUNE_DECISIONS", None)
+    if decisions is not None:
+        env["FASTPATH_AUTOTUNE_DECISIONS"] = str(decisions)
     env["TRITON_CACHE_DIR"] = str(cache)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
     env.setdefault("USE_HUB_KERNELS", "0")
@@ -122,7 +137,8 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-def measure(args: argparse.Namespace, config: str, cache: Path, scenario: str, work: Path) -> dict[str, Any]:
+def measure(args: argparse.Namespace, config: str, cache: Path, scenario: str, work: Path,
+            decisions: Path | None = None) -> dict[str, Any]:
     """One child process on `cache`; its marks, what it added to the cache, its exit status."""
     job = {"config": config, "model": args.model, "layers": args.layers, "batch": args.batch, "seq": args.seq,
            "dtype": args.dtype, "device": args.device}
@@ -135,7 +151,7 @@ def measure(args: argparse.Namespace, config: str, cache: Path, scenario: str, w
     entry: dict[str, Any] = {"config": config, "scenario": scenario, "cache_dir": str(cache),
                              "cache_before": before}
     try:
-        proc = subprocess.run([sys.executable, __file__, "--child", str(job_path)], env=_env(cache),
+        proc = subprocess.run([sys.executable, __file__, "--child", str(job_path)], env=_env(cache, decisions),
                               capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
         entry["error"] = f"timed out after {args.timeout:g} s"
@@ -156,10 +172,12 @@ def measure(args: argparse.Namespace, config: str, cache: Path, scenario: str, w
     return entry
 
 
-def run_warmup(args: argparse.Namespace, cache: Path) -> dict[str, Any]:
-    """`fastpath warmup` on `cache` at the measured shapes, timed; its one line when it refuses."""
+def run_warmup(args: argparse.Namespace, cache: Path, decisions: Path) -> dict[str, Any]:
+    """`fastpath warmup` on `cache` at the measured shapes, timed, its autotune decisions saved
+    to `decisions`; its one line when it refuses."""
     argv = [sys.executable, "-m", "fastpath", "warmup", args.model, "--batch", str(args.batch),
-            "--seq", str(args.seq), "--dtype", args.dtype, "--device", args.device, "--train"]
+            "--seq", str(args.seq), "--dtype", args.dtype, "--device", args.device, "--train",
+            "--save-decisions", str(decisions)]
     if args.layers is not None:
         argv += ["--layers", str(args.layers)]
     start = time.time()
@@ -201,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per process (900)")
     parser.add_argument("--keep-caches", action="store_true", help="keep the cache folders (default: removed)")
+    parser.add_argument("--decisions", default=None, metavar="FILE",
+                        help="autotune decisions for the seeded scenario (default: the warmup scenario's)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if str(SRC) not in sys.path:
@@ -252,21 +272,35 @@ def main(argv: list[str] | None = None) -> int:
                 keep(measure(args, config, cold, "cold", work))
             if "warm" in scenarios:
                 keep(measure(args, config, cold, "warm", work))
+            decisions = Path(args.decisions) if args.decisions else None
             if "warmup" in scenarios:
                 if not CONFIGS[config].enable:
-                    keep({"config": config, "scenario": "warmup",
-                          "skipped": "fastpath warmup warms the fast path; this configuration does not enable it"})
-                    continue
-                warmed = work / "cache-warmup"
-                warmed.mkdir()
-                warm = run_warmup(args, warmed)
-                if warm.get("exit") != 0:
-                    keep({"config": config, "scenario": "warmup", "warmup": warm,
-                          "skipped": f"fastpath warmup did not warm: {warm.get('refused') or warm.get('error')}"})
-                    continue
-                entry = measure(args, config, warmed, "warmup", work)
-                entry["warmup"] = warm
-                keep(entry)
+                    keep({"config": config, "scenario": "warmup", "skipped": NOT_FAST})
+                else:
+                    warmed = work / "cache-warmup"
+                    warmed.mkdir()
+                    saved = work / "decisions.json"
+                    warm = run_warmup(args, warmed, saved)
+                    if warm.get("exit") != 0:
+                        keep({"config": config, "scenario": "warmup", "warmup": warm,
+                              "skipped": f"fastpath warmup did not warm: {warm.get('refused') or warm.get('error')}"})
+                    else:
+                        decisions = decisions or saved
+                        entry = measure(args, config, warmed, "warmup", work)
+                        entry["warmup"] = warm
+                        keep(entry)
+            if "seeded" in scenarios:
+                if not CONFIGS[config].enable:
+                    keep({"config": config, "scenario": "seeded", "skipped": NOT_FAST})
+                elif decisions is None or not decisions.is_file():
+                    keep({"config": config, "scenario": "seeded", "skipped": "no autotune decisions: the warmup "
+                          "scenario saved none here (or pass --decisions FILE)"})
+                else:
+                    seeded = work / "cache-seeded"
+                    seeded.mkdir()
+                    entry = measure(args, config, seeded, "seeded", work, decisions)
+                    entry["decisions_file"] = str(decisions)
+                    keep(entry)
     finally:
         if args.keep_caches:
             print(f"cold_start: cache folders kept under {base}", file=sys.stderr)
