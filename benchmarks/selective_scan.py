@@ -8,7 +8,8 @@ delta_softplus, B/C shared (batch, N, L), laid out as transformers 5.17 passes t
 Peers (each skipped with its reason when it cannot run; each capped by --time-cap seconds):
 - ours:        fastpath.kernels.selective_scan.interface.selective_scan_fn
 - ours-seq:    the same with FASTPATH_SSCAN_FWD=seq (the time-sequential forward,
-               kernels/selective_scan/scan_fwd_seq.py; fwd phase only: its backward is ours)
+               kernels/selective_scan/scan_fwd_seq.py); ours-tile, ours-tile-poly likewise
+               (scan_fwd_tile.py); in fwdbwd their backward is ours' (the same kernel)
 - loop:        transformers' torch fallback `mamba_selective_scan` (its Python loop over L)
 - pscan:       the same function with use_mambapy=True (mambapy's pscan, when importable)
 - assoc_scan:  torch._higher_order_ops.associative_scan over (exp(dA), dB u) as transformers
@@ -22,16 +23,32 @@ forward's SEQ_SWEEP configs at every case), copy (the device's copy bandwidth, m
 first). For our forwards the JSON also has `copy_frac`: the mandatory bytes (read u, delta, B,
 C, z; write y) over our time, as a fraction of the measured copy bandwidth. The JSON is rewritten after every measurement.
 
+Forward-variant sweep (--fwd-variants chunked,seq,tile,tile-poly; phase "fwdvariants", alone
+unless --phases names others): in one process, every variant (at its default config, then with
+--fwd-configs sweep at each config of its sweep list, or explicit configs) at each of
+--fwd-cases (8x4096,1x4096; D = 8192, N = 16, bf16) in each of --fwd-layouts (tf: u, z
+channel-last as transformers' CUDA path passes them; contiguous: u, delta, z all (B, D, L)
+contiguous). Per row: median ms of CUDA-event-timed calls after an untimed first call (the
+compile, its seconds recorded), max abs difference of out and last_state against the chunked
+kernel's (printed), and `pct_copy`: 100 x the time a torch copy of the same number of bytes
+takes (the mandatory bytes: read u, delta, B, C, z, write y; measured in this process) over the
+variant's time. Total device time is capped by --budget-s (default 110 s, compiles included:
+a row that would start past it is written as skipped), so the whole sweep stays under 120 s.
+
 usage: python benchmarks/selective_scan.py --out DIR
            [--phases copy,fwd,fwdbwd,update,sweep,seqsweep] [--cases 1x4096,8x4096]
-           [--peers ours,ours-seq,loop,pscan,assoc_scan,compile]
+           [--peers ours,ours-seq,ours-tile,ours-tile-poly,loop,pscan,assoc_scan,compile]
            [--time-cap 20] [--smoke]
+       python benchmarks/selective_scan.py --out DIR --fwd-variants chunked,seq,tile,tile-poly
+           [--fwd-configs default|sweep|VARIANT:B/T/W[/...];...] [--fwd-cases 8x4096,1x4096]
+           [--fwd-layouts tf,contiguous] [--budget-s 110]
 --smoke: tiny shapes, runs on CPU under TRITON_INTERPRET=1 (checks the script, no timing claims).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -40,14 +57,15 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
-from fastpath.kernels.selective_scan import scan_bwd, scan_fwd, scan_fwd_seq
+from fastpath.kernels.selective_scan import scan_bwd, scan_fwd, scan_fwd_seq, scan_fwd_tile
 from fastpath.kernels.selective_scan.interface import (
     FWD_ENV,
+    FWD_KERNELS,
     selective_scan_fn,
     selective_state_update,
 )
@@ -56,8 +74,9 @@ DIM, N = 8192, 16
 SMOKE_DIM = 16
 SMOKE_SWEEP = ((8, 8, 4, True), (16, 8, 2, False))
 SMOKE_SEQ_SWEEP = ((8, 2), (16, 4))
-PEERS = ("ours", "ours-seq", "loop", "pscan", "assoc_scan", "compile")
-OURS = ("ours", "ours-seq")
+PEERS = ("ours", "ours-seq", "ours-tile", "ours-tile-poly", "loop", "pscan", "assoc_scan",
+         "compile")
+OURS = ("ours", "ours-seq", "ours-tile", "ours-tile-poly")
 SWEEP = scan_bwd.SWEEP_CONFIGS
 
 
@@ -160,8 +179,8 @@ def peer_fn(name: str) -> Callable[[dict], torch.Tensor]:
     kw = {"delta_softplus": True}
     if name == "ours":
         return lambda t: selective_scan_fn(**t, **kw)
-    if name == "ours-seq":
-        return lambda t: with_env(FWD_ENV, "seq", lambda: selective_scan_fn(**t, **kw))
+    if name.startswith("ours-") and name[5:] in FWD_KERNELS:
+        return lambda t: with_env(FWD_ENV, name[5:], lambda: selective_scan_fn(**t, **kw))
     if name == "loop":
         fn = transformers_scan()
         return lambda t: fn(t["u"], t["delta"], t["A"], t["B"], t["C"], D=t["D"], z=t["z"],
@@ -294,8 +313,6 @@ def measure(name: str, phase: str, batch: int, length: int, dim: int, device: to
             compile_gave_up = f"not tried: {res.get('skipped') or res.get('error')} at {batch}x{length} {phase}"
             return {**row, **res}
         return {**row, **res}
-    if name == "ours-seq" and phase != "fwd":
-        return {**row, "skipped": "fwd phase only (its backward is ours')"}
     try:
         fn = peer_fn(name)
         t = make_inputs(batch, length, dim, device, grad=phase == "fwdbwd")
@@ -392,14 +409,182 @@ def seq_sweep_rows(batch: int, length: int, dim: int, device: torch.device, cap:
     return rows
 
 
+# ---------------------------------------------------------------- forward-variant sweep
+FWD_CASES = "8x4096,1x4096"
+FWD_LAYOUTS = ("tf", "contiguous")
+SMOKE_FWD_CASES = ((2, 21), (1, 21))
+SWEEP_PRIORITY = ("tile", "tile-poly", "seq", "chunked")
+
+
+def fwd_variant_launcher(variant: str) -> Callable:
+    """(u, delta, A, B, C, D, z, delta_bias, delta_softplus, config=...) -> (out, last_state)."""
+    if variant == "chunked":
+        return scan_fwd.selective_scan_fwd_triton
+    if variant == "seq":
+        return scan_fwd_seq.selective_scan_fwd_seq_triton
+    return scan_fwd_tile.selective_scan_fwd_tile_triton
+
+
+def fwd_variant_configs(variant: str, smoke: bool) -> tuple:
+    """(default config, the configs --fwd-configs sweep adds) of a variant."""
+    if variant == "chunked":
+        extra = tuple(dict.fromkeys(tuple(c[:3]) for c in SWEEP[:3]))
+        return scan_fwd.FWD_CONFIG, extra[:1] if smoke else extra
+    if variant == "seq":
+        return scan_fwd_seq.SEQ_CONFIG, scan_fwd_seq.SEQ_SWEEP[:2] if smoke else scan_fwd_seq.SEQ_SWEEP
+    if variant == "tile":
+        return scan_fwd_tile.TILE_CONFIG, scan_fwd_tile.TILE_SWEEP[:2] if smoke else scan_fwd_tile.TILE_SWEEP
+    sweep = scan_fwd_tile.TILE_POLY_SWEEP
+    return scan_fwd_tile.TILE_POLY_CONFIG, sweep[:2] if smoke else sweep
+
+
+def parse_fwd_items(variants: list[str], spec: str, smoke: bool) -> list[tuple[str, tuple]]:
+    """[(variant, config)]: every variant's default first (the rows that matter most come before
+    the budget can run out), then the swept or explicitly named configs."""
+    bad = [v for v in variants if v not in FWD_KERNELS]
+    if bad or not variants:
+        raise ValueError(f"--fwd-variants: unknown {', '.join(bad) or '(none given)'}; expected "
+                         f"some of {', '.join(FWD_KERNELS)}")
+    items = [(v, tuple(fwd_variant_configs(v, smoke)[0])) for v in variants]
+    if spec == "default":
+        return items
+    if spec == "sweep":  # the candidates first, the known-slow kernels' configs last
+        order = sorted(variants, key=lambda v: SWEEP_PRIORITY.index(v))
+        extra = [(v, tuple(c)) for v in order for c in fwd_variant_configs(v, smoke)[1]]
+    else:
+        extra = []
+        for part in filter(None, spec.split(";")):
+            name, _, configs = part.partition(":")
+            if name not in variants or not configs:
+                raise ValueError(f"--fwd-configs: {part!r} is not VARIANT:A/B/C[,A/B/C] with "
+                                 f"VARIANT one of --fwd-variants ({', '.join(variants)})")
+            for cfg in configs.split(","):
+                try:
+                    values = tuple(int(v) for v in cfg.split("/"))
+                except ValueError:
+                    raise ValueError(f"--fwd-configs: {cfg!r} is not integers joined by '/'") from None
+                width = len(fwd_variant_configs(name, smoke)[0])
+                if len(values) != width:
+                    raise ValueError(f"--fwd-configs: {name} takes {width} numbers a config, got "
+                                     f"{cfg!r}")
+                extra.append((name, values))
+    return list(dict.fromkeys(items + extra))
+
+
+def fwd_inputs(batch: int, length: int, dim: int, device: torch.device, layout: str) -> dict:
+    """make_inputs' tensors (transformers' layouts); `contiguous`: u, z copied to (B, D, L)."""
+    t = make_inputs(batch, length, dim, device, grad=False)
+    if layout == "contiguous":
+        t["u"], t["z"] = t["u"].contiguous(), t["z"].contiguous()
+    t["B"], t["C"] = t["B"][:, None], t["C"][:, None]  # (B, 1, N, L) as the op passes them
+    return t
+
+
+def event_ms(fn: Callable[[], object], device: torch.device, reps: int) -> list[float]:
+    """Per-call milliseconds of `reps` calls (CUDA events on a GPU)."""
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def copy_ms_for(nbytes: int, device: torch.device) -> float:
+    """Median ms of a torch copy that moves `nbytes` (read + write) on the device."""
+    src = torch.empty(max(1, nbytes // 4), dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    return statistics.median(event_ms(lambda: dst.copy_(src), device, 20))
+
+
+def fwd_variant_rows(variants: list[str], spec: str, cases: list[tuple[int, int]],
+                     layouts: list[str], dim: int, device: torch.device, deadline: float,
+                     smoke: bool) -> Iterator[dict]:
+    """The forward-variant sweep (see the module docstring); yields rows as they are made."""
+    items = parse_fwd_items(variants, spec, smoke)
+    setups = {}
+    for layout in layouts:
+        for batch, length in cases:
+            t = fwd_inputs(batch, length, dim, device, layout)
+            args = (t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], t["z"], t["delta_bias"],
+                    True)
+            ref_out, ref_last = scan_fwd.selective_scan_fwd_triton(*args)
+            nbytes = mandatory_bytes(t)
+            setups[(layout, batch, length)] = (args, ref_out, ref_last, nbytes,
+                                               copy_ms_for(nbytes, device))
+    for variant, cfg in items:
+        launch = fwd_variant_launcher(variant)
+        for (layout, batch, length), (args, ref_out, ref_last, nbytes, copy_ms) in setups.items():
+            row = {"phase": "fwdvariants", "variant": variant, "config": list(cfg),
+                   "layout": layout, "case": f"{batch}x{length}", "dim": dim,
+                   "mandatory_bytes": nbytes, "copy_ms": copy_ms}
+            if time.perf_counter() > deadline:
+                yield {**row, "skipped": "past --budget-s"}
+                continue
+            try:
+                started = time.perf_counter()
+                out, last = launch(*args, config=cfg)
+                sync(device)
+                row["first_call_s"] = time.perf_counter() - started  # the compile, mostly
+                row["max_abs_diff_out"] = (out.float() - ref_out.float()).abs().max().item()
+                row["max_abs_diff_last"] = (last - ref_last).abs().max().item()
+                row["finite"] = bool(torch.isfinite(out).all().item())
+                del out, last
+                call = functools.partial(launch, *args, config=cfg)
+                probe = 1.0 if smoke else event_ms(call, device, 1)[0]
+                reps = 1 if smoke else max(3, min(25, int(250 / max(probe, 1e-3))))
+                ms = statistics.median(event_ms(call, device, reps))
+                row.update(ms=ms, reps=reps, gbps=nbytes / (ms / 1e3) / 1e9,
+                           pct_copy=100.0 * copy_ms / ms)
+            except Exception as exc:  # a variant's failure is a result, not the end of the sweep
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+                traceback.print_exc()
+            yield row
+
+
+def best_fwd_rows(rows: list[dict]) -> list[dict]:
+    """The fastest timed row per (layout, case)."""
+    best: dict[tuple[str, str], dict] = {}
+    for r in rows:
+        key = (r["layout"], r["case"])
+        if "ms" in r and (key not in best or r["ms"] < best[key]["ms"]):
+            best[key] = r
+    return [{k: r[k] for k in ("layout", "case", "variant", "config", "ms", "pct_copy",
+                               "max_abs_diff_out")} for r in best.values()]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="output directory (selective_scan.json)")
-    ap.add_argument("--phases", default="copy,fwd,fwdbwd,update,sweep,seqsweep")
+    ap.add_argument("--phases", default=None,
+                    help="copy,fwd,fwdbwd,update,sweep,seqsweep (all) unless --fwd-variants is "
+                         "given (then fwdvariants alone)")
     ap.add_argument("--cases", default="1x4096,8x4096", help="BxL list")
     ap.add_argument("--peers", default=",".join(PEERS))
     ap.add_argument("--time-cap", type=float, default=10.0, help="seconds per peer and case")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes; CPU interpreter works")
+    ap.add_argument("--fwd-variants", default=None,
+                    help=f"forward-variant sweep: some of {','.join(FWD_KERNELS)} (one process; "
+                         "device time <= --budget-s, 110 s by default, compiles included, so the "
+                         "sweep stays under 120 s)")
+    ap.add_argument("--fwd-configs", default="default",
+                    help="default | sweep (each variant's sweep list) | "
+                         "VARIANT:A/B/C[,A/B/C][;VARIANT:...] (tile: BLOCK_D/T/warps/POLY_N/AUX)")
+    ap.add_argument("--fwd-cases", default=FWD_CASES, help="BxL list for the sweep")
+    ap.add_argument("--fwd-layouts", default=",".join(FWD_LAYOUTS),
+                    help="tf (u, z channel-last views) and/or contiguous (u, delta, z (B, D, L))")
+    ap.add_argument("--budget-s", type=float, default=110.0,
+                    help="seconds from the start after which no new sweep row starts")
     ap.add_argument("--_compile-child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_child-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -414,8 +599,30 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: set TRITON_INTERPRET=1 (with --smoke) to run the kernels on CPU",
               file=sys.stderr)
         return 2
+    started = time.perf_counter()
+    if args.phases is None:
+        args.phases = "fwdvariants" if args.fwd_variants else "copy,fwd,fwdbwd,update,sweep,seqsweep"
     phases = set(args.phases.split(","))
     dim = SMOKE_DIM if args.smoke else DIM
+    fwd_variants: list[str] = []
+    fwd_cases: list[tuple[int, int]] = []
+    if "fwdvariants" in phases or args.fwd_variants:
+        phases.add("fwdvariants")
+        fwd_variants = [v for v in (args.fwd_variants or ",".join(FWD_KERNELS)).split(",") if v]
+        layouts = [v for v in args.fwd_layouts.split(",") if v]
+        try:
+            parse_fwd_items(fwd_variants, args.fwd_configs, args.smoke)
+            fwd_cases = [tuple(int(v) for v in c.split("x")) for c in args.fwd_cases.split(",")]
+            if any(len(c) != 2 for c in fwd_cases) or not fwd_cases:
+                raise ValueError(f"--fwd-cases {args.fwd_cases!r}: expected BxL[,BxL]")
+            if not layouts or set(layouts) - set(FWD_LAYOUTS):
+                raise ValueError(f"--fwd-layouts {args.fwd_layouts!r}: expected some of "
+                                 f"{','.join(FWD_LAYOUTS)}")
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if args.smoke:
+            fwd_cases = list(SMOKE_FWD_CASES)
     cases = [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")]
     if args.smoke:
         cases = [(1, 12), (2, 12)]
@@ -430,6 +637,16 @@ def main(argv: list[str] | None = None) -> int:
             "seq_config": list(scan_fwd_seq.SEQ_CONFIG)}
     rec = Recorder(out_dir, meta)
     start = time.perf_counter()
+    if "fwdvariants" in phases:
+        rec.data["meta"]["budget_s"] = args.budget_s
+        fwd_rows = []
+        for row in fwd_variant_rows(fwd_variants, args.fwd_configs, fwd_cases, layouts, dim,
+                                    device, started + args.budget_s, args.smoke):
+            fwd_rows.append(row)
+            rec.add(row)
+        rec.data["meta"]["fwd_best"] = best_fwd_rows(fwd_rows)
+        for b in rec.data["meta"]["fwd_best"]:
+            print("best", json.dumps(b), flush=True)
     copy_bw = None
     if "copy" in phases:
         copy_bw = copy_bandwidth(device, args.smoke)
