@@ -11,6 +11,8 @@ Per family, one process, weights from one seed everywhere (loaded into every mod
   liger_then_enable   Liger's class-level patch (no model), then enable(), then build
   ... disable  and the modeling module exactly as it was before enable()
   reenable     enable() again on that model: both sets of kernels again
+  liger_alone  (--liger-alone) a fresh model with Liger only (fastpath off): the error Liger's
+               kernels bring
 (the disable and reenable steps run the logits only: a forward costs minutes in the interpreter)
 Each step records: rel. error of logits / loss / gradients against the reference, fastpath's
 kernel calls (counters at its entry points), the autograd nodes of the loss (Liger's and
@@ -165,7 +167,8 @@ def step(model: Any, ids: torch.Tensor, ref: dict[str, Any], backward: bool = Tr
     return out
 
 
-def family_case(model_type: str, device: str, interp: bool, fla: str | None = None) -> dict[str, Any]:
+def family_case(model_type: str, device: str, interp: bool, fla: str | None = None,
+                liger_alone: bool = False) -> dict[str, Any]:
     import importlib
 
     import fastpath
@@ -231,6 +234,12 @@ def family_case(model_type: str, device: str, interp: bool, fla: str | None = No
         res["reenable"] = step(model, ids, ref, backward=False)
     finally:
         fastpath.disable()
+    # --- Liger alone (its class-level patch is still in place, fastpath is off): the error Liger's
+    # own kernels bring, which the composed steps are held to (fastpath must add none of its own)
+    if liger_alone:
+        model = fresh()
+        liger_route.apply_liger(model)
+        res["liger_alone"] = step(model, ids, ref)
     explained = fastpath.explain(built_before_liger)
     res["built_before_liger"] = {"notes": explained.notes, "liger_forwards": liger_forwards(built_before_liger)}
     return res
@@ -240,6 +249,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--families", default=",".join(LIGER_TYPES))
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--liger-alone", action="store_true", help="also a step with Liger only")
     parser.add_argument("--fla", default=None, help="a directory holding fla-core, importable from enable() on")
     parser.add_argument("--hide", default="", help="comma list of modules made unimportable first (as bench's "
                         "reference hides fla / causal_conv1d: the reference is transformers' torch path)")
@@ -273,7 +283,8 @@ def main() -> None:
             out["families"][model_type] = {"absent": True}
             continue
         try:
-            out["families"][model_type] = family_case(model_type, args.device, interp, args.fla)
+            out["families"][model_type] = family_case(model_type, args.device, interp, args.fla,
+                                                      liger_alone=args.liger_alone)
         except Exception as exc:
             out["families"][model_type] = {"error": f"{type(exc).__name__}: {exc}",
                                            "traceback": traceback.format_exc()[-3000:]}

@@ -265,7 +265,7 @@ def test_gpu_both_orders_every_family() -> None:  # pragma: no cover - device on
     # FLA and Dao hidden: the reference is transformers' torch path (FLA's gated backward refuses
     # Hopper with Triton < 3.7.1, FLA #640, and transformers binds FLA itself when importable)
     proc = subprocess.run([sys.executable, str(WORKER), "--families", ALL, "--device", "cuda",
-                           "--hide", "fla,causal_conv1d,causal_conv1d_cuda"],
+                           "--hide", "fla,causal_conv1d,causal_conv1d_cuda", "--liger-alone"],
                           capture_output=True, text=True, env=env, timeout=900, cwd=str(ROOT))
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -273,9 +273,15 @@ def test_gpu_both_orders_every_family() -> None:  # pragma: no cover - device on
         if res.get("absent"):
             continue
         assert "error" not in res, (model_type, res.get("traceback"))
+        # fastpath adds no error of its own: the composed steps stay within verify's fp32 limits or
+        # within twice what Liger alone brings (Liger's kernels are not fp32-exact on every family)
+        alone = res["liger_alone"]
+        rel_limit = max(FP32["rel"], 2 * alone["logits_rel"])
+        grad_limit = max(FP32["grad_rel"], 2 * alone["grad_rel_max"])
         for order in ORDERS:
             step = res[order]
-            assert step["logits_rel"] <= FP32["rel"] and step["grad_rel_max"] <= FP32["grad_rel"], (model_type, order, step)
+            assert step["logits_rel"] <= rel_limit and step["grad_rel_max"] <= grad_limit, (
+                model_type, order, step, {"liger_alone": {k: alone[k] for k in ("logits_rel", "grad_rel_max")}})
             assert LIGER_NODES <= set(step["nodes"]), (model_type, order, step["nodes"])
             assert any(k.endswith(":triton") for k in step["calls"]), (model_type, order, step["calls"])
         assert res["liger_then_enable_restored"] == [] and res["after_disable_changed_not_liger"] == []
