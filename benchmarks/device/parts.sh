@@ -103,11 +103,12 @@ part_dao() {
 
 # Background work (correctness only, never beside a timing part): GPU tests and the #640 sweep.
 bg_pids=""
-pyt() { python3 -m pytest -q -p no:cacheprovider --tb=short --durations=8 "$@"; }
 group() {  # group NAME PYTEST-ARGS...
   local name=$1; shift
   [[ ",${TESTS:-conv,fla,ssd,sscan,glue}," == *",$name,"* ]] || return 0
-  (timeout "${TEST_TIMEOUT:-330}" bash -c "$(declare -f pyt); pyt $*" > "$w/tests_$name.txt" 2>&1
+  # SIGINT at the limit: pytest then still prints its summary (which tests failed, and why)
+  (timeout -s INT -k 30 "${TEST_TIMEOUT:-330}" python3 -m pytest -q -p no:cacheprovider --tb=short \
+     --durations=8 "$@" > "$w/tests_$name.txt" 2>&1
    echo "exit $?" >> "$w/tests_$name.txt") &
   bg_pids="$bg_pids $!"
 }
