@@ -116,9 +116,8 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
 
 def _env(cache: Path, decisions: Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env.pop("FASTPATH_AUTOTUNE_DECISIONS", None)
-    if decisions is not None:
-        env["FASTPATH_AUTOTUNE_DECISIONS"] = str(decisions)
+    # only the seeded scenario gets decisions (the others: none, shipped ones included)
+    env["FASTPATH_AUTOTUNE_DECISIONS"] = str(decisions) if decisions is not None else "off"
     env["TRITON_CACHE_DIR"] = str(cache)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
     env.setdefault("USE_HUB_KERNELS", "0")

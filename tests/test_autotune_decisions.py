@@ -123,3 +123,24 @@ def test_a_config_the_autotuner_no_longer_offers_is_skipped(tmp_path):
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("adt_kernels", None)
+
+
+def test_the_process_picks_the_env_file_then_the_shipped_one_and_off_means_none(tmp_path, monkeypatch):
+    doc = {"schema": ad.SCHEMA, "device": {"name": "x", "capability": [9, 0]}, "versions": {},
+           "kernels": {"notinstalled_pkg.ops:kern": [{"key": [1], "config": {}}]}}
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    (shipped / "sm_90.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(ad, "SHIPPED", shipped)
+    monkeypatch.delenv(ad.ENV, raising=False)
+    assert ad.shipped_file((9, 0)) == shipped / "sm_90.json"
+    assert ad.shipped_file((10, 0)) is None and ad.shipped_file(None) is None
+    report = ad.seed_for_process((9, 0))  # shipped: kernels of packages not installed are dropped
+    assert report is not None and report.seeded == 0 and report.skipped == {} and report.refused is None
+    assert ad.seed_for_process((10, 0)) is None  # nothing shipped for this GPU
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps(doc))
+    monkeypatch.setenv(ad.ENV, str(mine))  # a file named by the user is applied as it is
+    assert ad.seed_for_process((9, 0)).skipped == {"kernels not found": 1}
+    monkeypatch.setenv(ad.ENV, "off")
+    assert ad.seed_for_process((9, 0)) is None

@@ -16,7 +16,8 @@ function: the choice is speed, never correctness. Keys already decided in this p
 
 The file: {"schema", "device": {"name", "capability"}, "versions", "kernels": {"module:name":
 [{"key": [...], "config": {...}}]}}. Recorded by `fastpath warmup --save-decisions FILE`;
-applied by `seed()` (FASTPATH_AUTOTUNE_DECISIONS=FILE names a file to apply).
+applied by `seed()`. `seed_for_process()` picks the file: FASTPATH_AUTOTUNE_DECISIONS=FILE, else
+the one shipped for this compute capability (autotune_data/sm_XY.json), if any; =off: none.
 """
 
 from __future__ import annotations
@@ -202,6 +203,17 @@ def versions() -> dict[str, str | None]:
     return out
 
 
+SHIPPED = Path(__file__).resolve().parent / "autotune_data"
+
+
+def shipped_file(capability: tuple[int, int] | None) -> Path | None:
+    """The decisions shipped with fastpath for this compute capability, if there are any."""
+    if capability is None:
+        return None
+    path = SHIPPED / f"sm_{capability[0]}{capability[1]}.json"
+    return path if path.is_file() else None
+
+
 def seed_from_env(capability: tuple[int, int] | None) -> SeedReport | None:
     """seed() with the file FASTPATH_AUTOTUNE_DECISIONS names; None when it names none."""
     import os
@@ -210,3 +222,30 @@ def seed_from_env(capability: tuple[int, int] | None) -> SeedReport | None:
     if not path or path.lower() == "off":
         return None
     return seed(load(path), capability)
+
+
+def seed_for_process(capability: tuple[int, int] | None) -> SeedReport | None:
+    """What a process applies at start (enable()): the file FASTPATH_AUTOTUNE_DECISIONS names,
+    else the shipped one for this capability; nothing with FASTPATH_AUTOTUNE_DECISIONS=off.
+    Kernels of packages that are not installed are skipped, never imported by force."""
+    import importlib.util
+    import os
+
+    setting = os.environ.get(ENV, "").strip()
+    if setting.lower() == "off":
+        return None
+    if setting:
+        return seed(load(setting), capability)
+    path = shipped_file(capability)
+    if path is None:
+        return None
+    doc = load(path)
+
+    def installed(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name.split(".")[0]) is not None
+        except (ImportError, ValueError):
+            return False
+
+    doc["kernels"] = {k: v for k, v in doc["kernels"].items() if installed(k)}
+    return seed(doc, capability)
