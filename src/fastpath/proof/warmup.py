@@ -304,10 +304,12 @@ def main(args: argparse.Namespace) -> int:
                                                         "autotune-decisions.json", force=True))
     where, why = cache_dir()
     check_cache_dir(where)
-    refuse_here(settings.device)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise NothingToCompile(INTERPRETER)
     from fastpath.extras import require
 
-    require("verify")  # torch and transformers
+    require("verify")  # torch and transformers: one install line, before torch is imported
+    refuse_here(settings.device)
     # Every autotuner built from here on keeps its decisions on disk (Triton >= 3.3).
     os.environ.setdefault(AUTOTUNE_ENV, "1")
     from fastpath.proof.progress import Stages
