@@ -2,8 +2,9 @@
 
 On CPU the Triton chunk step runs under TRITON_INTERPRET=1 (skipped otherwise): the loss, dhidden,
 dweight and dbias of never-zero random inputs in fp32/fp16/bf16 against float64 autograd through
-torch's cross_entropy on materialised logits; hidden contiguous, row-strided, transposed and
-column-strided, weight contiguous and transposed, labels int64/int32 and strided; ignore_index
+torch's cross_entropy on materialised logits; hidden contiguous, row-strided, transposed,
+column-strided and stride-0 broadcast, weight contiguous and transposed, labels int64/int32,
+strided and broadcast, a broadcast bias; ignore_index
 rows (none, some, all: NaN for a mean like torch, 0 for a sum, zero gradients), both reductions,
 incoming gradients other than 1, frozen weight or hidden, chunk boundaries (N not a multiple of the
 chunk, one-row chunks), rows longer than the kernel's step (V not a multiple of it), a hypothesis
@@ -40,7 +41,7 @@ INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 needs_interp = pytest.mark.skipif(not INTERP, reason="runs the Triton kernels: needs TRITON_INTERPRET=1")
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 FLOOR = {torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}  # relative to the max
-H_LAYOUTS = ["contiguous", "row-strided", "transposed", "col-strided"]
+H_LAYOUTS = ["contiguous", "row-strided", "transposed", "col-strided", "broadcast"]
 W_LAYOUTS = ["contiguous", "transposed"]
 
 
@@ -57,6 +58,8 @@ def _hidden(n: int, h: int, dtype: torch.dtype, layout: str, gen: torch.Generato
         out = torch.empty(h, n, dtype=dtype).t()
     elif layout == "col-strided":
         out = torch.full((n, h, 2), float("nan"), dtype=dtype)[..., 0]
+    elif layout == "broadcast":  # one row seen n times (row stride 0)
+        return values[:1].expand(n, h)
     else:
         return values
     return out.copy_(values)
@@ -70,7 +73,7 @@ def _weight(v: int, h: int, dtype: torch.dtype, layout: str, gen: torch.Generato
 
 
 def _labels(n: int, v: int, ignored: str, gen: torch.Generator, dtype: torch.dtype = torch.int64,
-            strided: bool = False) -> torch.Tensor:
+            strided: bool | str = False) -> torch.Tensor:
     y = torch.randint(0, v, (n,), generator=gen)
     if n:
         y[0], y[-1] = 0, v - 1  # both ends of the vocabulary
@@ -79,6 +82,8 @@ def _labels(n: int, v: int, ignored: str, gen: torch.Generator, dtype: torch.dty
     elif ignored == "all":
         y[:] = -100
     y = y.to(dtype)
+    if strided == "broadcast":  # one label for every row (stride 0)
+        return y[:1].expand(n) if n else y
     if strided:
         return torch.stack([y, torch.zeros_like(y)], 1)[:, 0]
     return y
@@ -103,11 +108,13 @@ def _err(got: torch.Tensor, want: torch.Tensor) -> float:
 def _check(n: int, h: int, v: int, dtype: torch.dtype, *, h_layout: str = "contiguous",
            w_layout: str = "contiguous", bias: bool = False, reduction: str = "mean", ignored: str = "some",
            chunk_rows: int | None = None, g: float = 1.0, label_dtype: torch.dtype = torch.int64,
-           labels_strided: bool = False, seed: int = 0) -> None:
+           labels_strided: bool | str = False, bias_broadcast: bool = False, seed: int = 0) -> None:
     gen = torch.Generator().manual_seed(seed)
     x = _hidden(n, h, dtype, h_layout, gen)
     w = _weight(v, h, dtype, w_layout, gen)
     b = _never_zero(0.5 * torch.randn(v, generator=gen)).to(dtype) if bias else None
+    if b is not None and bias_broadcast:
+        b = b[:1].expand(v)
     y = _labels(n, v, ignored, gen, label_dtype, labels_strided)
 
     xs, ws, bs = _leaf(x), _leaf(w), _leaf(b)
@@ -159,6 +166,14 @@ def test_layouts_and_dtypes(dtype: torch.dtype, h_layout: str) -> None:
 def test_transposed_weight_bias_int32_strided_labels(dtype: torch.dtype) -> None:
     _check(21, 16, 257, dtype, w_layout="transposed", bias=True, label_dtype=torch.int32,
            labels_strided=True, chunk_rows=5, seed=2)
+
+
+@needs_interp
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_stride_zero_broadcast_inputs(dtype: torch.dtype) -> None:
+    """hidden one row expanded to N, one label for every row, a bias of one value expanded to V."""
+    _check(12, 16, 140, dtype, h_layout="broadcast", bias=True, bias_broadcast=True, labels_strided="broadcast",
+           ignored="none", chunk_rows=5, seed=14)
 
 
 @needs_interp
