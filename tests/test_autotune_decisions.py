@@ -144,3 +144,42 @@ def test_the_process_picks_the_env_file_then_the_shipped_one_and_off_means_none(
     assert ad.seed_for_process((9, 0)).skipped == {"kernels not found": 1}
     monkeypatch.setenv(ad.ENV, "off")
     assert ad.seed_for_process((9, 0)) is None
+
+
+def test_merge_keeps_both_models_and_takes_the_newer_config_for_a_shared_key():
+    row = lambda key, warps: {"key": key, "config": {"kwargs": {}, "num_warps": warps, "num_stages": 2,  # noqa: E731
+                                                      "num_ctas": 1, "maxnreg": None}}
+    old = {"schema": ad.SCHEMA, "device": {"name": "x", "capability": [9, 0]}, "versions": {"fla-core": "0.5"},
+           "kernels": {"m:a": [row([1], 4), row([2], 4)], "m:b": [row([7], 8)]}}
+    new = {"schema": ad.SCHEMA, "device": {"name": "x", "capability": [9, 0]}, "versions": {"fla-core": "0.6"},
+           "kernels": {"m:a": [row([2], 8), row([3], 2)]}}
+    merged = ad.merge(old, new)
+    assert merged["versions"] == {"fla-core": "0.6"}
+    assert merged["kernels"]["m:b"] == [row([7], 8)]
+    assert {json.dumps(r["key"]): r["config"]["num_warps"] for r in merged["kernels"]["m:a"]} == \
+        {"[1]": 4, "[2]": 8, "[3]": 2}
+    with pytest.raises(UsageError, match="different GPUs"):
+        ad.merge({**old, "device": {"capability": [12, 0]}}, new)
+
+
+def test_undo_takes_back_exactly_the_seeded_keys(tmp_path):
+    (tmp_path / "adt_kernels.py").write_text(KERNELS)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import adt_kernels
+
+        tuner = adt_kernels.double_kernel
+        own_key = (5, "torch.float32", "torch.float32")
+        tuner.cache[own_key] = tuner.configs[0]  # decided by the autotuner itself, before
+        doc = {"schema": ad.SCHEMA, "device": {"name": "x", "capability": [9, 0]}, "versions": {},
+               "kernels": {"adt_kernels:double_kernel": [
+                   {"key": [100, "torch.float64", "torch.float64"], "config": ad.config_fields(tuner.configs[3])},
+                   {"key": list(own_key), "config": ad.config_fields(tuner.configs[1])}]}}
+        report = ad.seed(doc, (9, 0))
+        assert report.seeded == 1 and report.skipped == {"keys already decided": 1}
+        assert tuner.cache[(100, "torch.float64", "torch.float64")] is tuner.configs[3]
+        report.undo()
+        assert tuner.cache == {own_key: tuner.configs[0]}
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("adt_kernels", None)

@@ -188,3 +188,55 @@ def test_fastpaths_autotuned_kernels_keep_their_decisions_in_tritons_cache():
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
     assert doc["found"], "no autotuned kernel found: the walk is broken"
     assert all(keep == doc["supported"] for _name, keep in doc["found"]), doc["found"]
+
+
+GPU_QWEN35 = {
+    "model_type": "qwen3_5_text", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4, "linear_key_head_dim": 64, "linear_value_head_dim": 64,
+    "linear_conv_kernel_dim": 4, "vocab_size": 1024,
+}
+
+
+@pytest.mark.gpu
+def test_warmup_on_cuda_fills_an_empty_cache_and_a_second_run_compiles_nothing(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    source = tmp_path / "qwen.json"
+    source.write_text(json.dumps(GPU_QWEN35))
+    cache = tmp_path / "cache"
+    decisions = tmp_path / "decisions.json"
+    env = {"TRITON_CACHE_DIR": str(cache), "TRITON_INTERPRET": "0", "FASTPATH_AUTOTUNE_DECISIONS": "off"}
+    argv = [str(source), "--train", "--batch", "1", "--seq", "512", "--save-decisions", str(decisions)]
+    first = _cli(argv, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    after_first = count_cache(cache)
+    assert after_first.kernels > 0  # fastpath's kernels (and FLA's, where installed) compiled into it
+    assert f"Triton cache: {cache} (TRITON_CACHE_DIR)" in first.stdout
+    assert "TRITON_CACHE_DIR" in first.stdout and "forward+backward" in first.stderr
+    second = _cli(argv, env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert count_cache(cache) == after_first  # everything came from the cache: nothing compiled, nothing timed
+    doc = json.loads(decisions.read_text())
+    assert doc["device"]["capability"] == list(torch.cuda.get_device_capability())
+    if any(name.startswith("fla.") for name in doc["kernels"]):
+        # a fresh process on an EMPTY cache, FLA's autotuners handed the decisions: it times nothing
+        seeded = tmp_path / "seeded-cache"
+        code = ("import json, torch\n"
+                "from fastpath.routing import autotune_decisions as ad\n"
+                "from fastpath.proof.warmup import WarmupSettings, warm_model\n"
+                f"s = WarmupSettings({str(source)!r}, batch=1, seq_len=512, dtype='bf16', device='cuda', train=True)\n"
+                "import fastpath.routing.transformers as routes\n"
+                "routes.enable(warn=False)\n"
+                "r = ad.seed_for_process(ad.this_device()[1])\n"
+                "print(r.summary())\n"
+                "warm_model(s, lambda _m: None)\n")
+        full = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p),
+                "TRITON_CACHE_DIR": str(seeded), "FASTPATH_AUTOTUNE_DECISIONS": str(decisions),
+                "TRITON_INTERPRET": "0"}
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "autotune decisions:" in proc.stdout and " 0 applied" not in proc.stdout
+        now = count_cache(seeded)
+        assert now.autotune < after_first.autotune and now.kernels < after_first.kernels

@@ -201,8 +201,9 @@ def warm_model(settings: WarmupSettings, say: Callable[[str], None]) -> WarmupRe
 
 
 def save_decisions(path: Path) -> int:
-    """Write every autotune decision this process made (routing/autotune_decisions.py) to `path`;
-    how many. On a CPU (the interpreter tunes nothing) the file says capability []."""
+    """Write every autotune decision this process made (routing/autotune_decisions.py) to `path`,
+    merged into the decisions already there for the same GPU (warm several models into one
+    file); how many the file holds. On a CPU (the interpreter tunes nothing) the capability is []."""
     import json
 
     from fastpath.routing import autotune_decisions
@@ -210,6 +211,8 @@ def save_decisions(path: Path) -> int:
     device = autotune_decisions.this_device()
     name, capability = device if device is not None else ("cpu", ())
     doc = autotune_decisions.record(name, capability, autotune_decisions.versions())  # type: ignore[arg-type]
+    if path.is_file() and path.stat().st_size:
+        doc = autotune_decisions.merge(autotune_decisions.load(path), doc)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return sum(len(rows) for rows in doc["kernels"].values())
@@ -256,9 +259,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train", action="store_true", help="also forward+backward (training kernels)")
     parser.add_argument("--device", default="cuda", help="cuda | cuda:N (default cuda)")
     parser.add_argument("--save-decisions", metavar="FILE", default=None,
-                        help="also write the autotune decisions made here to FILE (JSON; a later "
-                             "process on the same GPU kind applies them with "
-                             "FASTPATH_AUTOTUNE_DECISIONS=FILE)")
+                        help="also write the autotune decisions made here to FILE (JSON, merged "
+                             "with the ones FILE holds for this GPU kind; a later process on the "
+                             "same GPU kind applies them: FASTPATH_AUTOTUNE_DECISIONS=FILE)")
 
 
 def refuse_here(device: str, environ: dict[str, str] | None = None) -> None:
@@ -272,6 +275,20 @@ def refuse_here(device: str, environ: dict[str, str] | None = None) -> None:
 
     if not torch.cuda.is_available():
         raise NothingToCompile(NO_CUDA)
+
+
+def _check_mergeable(path: Path) -> None:
+    """An existing --save-decisions FILE must be decisions for this GPU kind (they are merged):
+    said before the work, not after it."""
+    from fastpath.routing import autotune_decisions
+
+    if not path.stat().st_size:
+        return
+    held = autotune_decisions.load(path).get("device", {}).get("capability")
+    device = autotune_decisions.this_device()
+    if device is not None and held != list(device[1]):
+        raise UsageError(f"--save-decisions {path} holds decisions for compute capability {held}, this GPU "
+                         f"is {list(device[1])}; give another file")
 
 
 @contextlib.contextmanager
@@ -310,6 +327,8 @@ def main(args: argparse.Namespace) -> int:
 
     require("verify")  # torch and transformers: one install line, before torch is imported
     refuse_here(settings.device)
+    if settings.save_decisions and Path(settings.save_decisions).is_file():
+        _check_mergeable(Path(settings.save_decisions))
     # Every autotuner built from here on keeps its decisions on disk (Triton >= 3.3).
     os.environ.setdefault(AUTOTUNE_ENV, "1")
     from fastpath.proof.progress import Stages
@@ -336,7 +355,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"Triton cache: {where} ({why}): {new.kernels} kernels compiled, {new.autotune} autotune "
           "decisions stored in this run")
     if result.decisions is not None:
-        print(f"autotune decisions: {result.decisions} written to {settings.save_decisions}")
+        print(f"autotune decisions: {settings.save_decisions} holds {result.decisions}")
     for op in result.slow_ops:
         print(f"note: not on a fast kernel, nothing compiled for it: {op}")
     print(textwrap.fill(SHARE_HINT, 80, break_long_words=False, break_on_hyphens=False))

@@ -94,6 +94,19 @@ def config_fields(config: Any) -> dict[str, Any]:
     return {f: getattr(config, f, None) for f in CONFIG_FIELDS}
 
 
+def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """`new` with the decisions of `old` (same compute capability) it does not hold, so warming
+    several models into one file keeps them all; a key decided in both takes `new`'s config."""
+    if old.get("device", {}).get("capability") != new.get("device", {}).get("capability"):
+        raise UsageError("cannot merge autotune decisions of different GPUs (compute capability "
+                         f"{old.get('device', {}).get('capability')} vs {new.get('device', {}).get('capability')})")
+    kernels = {name: list(rows) for name, rows in old.get("kernels", {}).items()}
+    for name, rows in new["kernels"].items():
+        fresh = {json.dumps(r["key"]) for r in rows}
+        kernels[name] = [r for r in kernels.get(name, []) if json.dumps(r["key"]) not in fresh] + list(rows)
+    return {**new, "kernels": dict(sorted(kernels.items()))}
+
+
 def record(device_name: str, capability: tuple[int, int], versions: dict[str, Any],
            prefixes: tuple[str, ...] = PREFIXES) -> dict[str, Any]:
     """The decisions this process's autotuners made so far, as a JSON-ready document."""
@@ -132,6 +145,14 @@ class SeedReport:
     kernels: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     refused: str | None = None  # the whole file was not applied (another GPU)
+    applied: list[tuple[Any, tuple[Any, ...]]] = field(default_factory=list, repr=False)  # (autotuner, key)
+
+    def undo(self) -> None:
+        """Take back the decisions this seed() handed out (disable() leaves nothing behind);
+        a key the autotuner re-decided since is left alone only if its config changed."""
+        for tuner, key in self.applied:
+            tuner.cache.pop(key, None)
+        self.applied.clear()
 
     def skip(self, why: str) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
@@ -174,6 +195,7 @@ def seed(doc: dict[str, Any], capability: tuple[int, int] | None) -> SeedReport:
                 report.skip("keys already decided")
             else:
                 tuner.cache[key] = match
+                report.applied.append((tuner, key))
                 report.seeded += 1
                 used = True
         report.kernels += used
