@@ -242,6 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix="fastpath-cold-start-"))
+    import signal
+
+    def stop(signum: int, _frame: Any) -> None:  # `timeout`, a scheduler: no child outlives us
+        raise KeyboardInterrupt(signum)
+
+    signal.signal(signal.SIGTERM, stop)
     doc: dict[str, Any] = {
         "benchmark": "cold_start",
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -261,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / "cold_start.json").write_text(json.dumps(doc, indent=1) + "\n")
         print(f"cold_start: {_line(entry)}", file=sys.stderr, flush=True)
 
+    interrupted = False
     try:
         for config in configs:
             work = base / config
@@ -300,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
                     entry = measure(args, config, seeded, "seeded", work, decisions)
                     entry["decisions_file"] = str(decisions)
                     keep(entry)
+    except KeyboardInterrupt:  # subprocess.run killed the running child; what finished is on disk
+        interrupted = True
+        doc["interrupted"] = True
     finally:
         if args.keep_caches:
             print(f"cold_start: cache folders kept under {base}", file=sys.stderr)
@@ -307,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(base, ignore_errors=True)
     (out / "cold_start.json").write_text(json.dumps(doc, indent=1) + "\n")
     failed = [r for r in doc["runs"] if "error" in r]
+    if interrupted:
+        print(f"cold_start: interrupted; {len(doc['runs'])} measurements kept in {out / 'cold_start.json'}",
+              file=sys.stderr)
+        return 130
     return 1 if failed else 0
 
 
