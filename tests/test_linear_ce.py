@@ -236,6 +236,17 @@ def test_frozen_weight_or_hidden_and_no_grad() -> None:
 
 
 @needs_interp
+def test_no_rows() -> None:
+    """N = 0: mean NaN (torch's 0/0), sum 0, an empty dhidden and a zero dweight."""
+    x, w = torch.empty(0, 8).requires_grad_(), torch.randn(20, 8).requires_grad_()
+    y = torch.empty(0, dtype=torch.int64)
+    loss = linear_cross_entropy(x, w, y)
+    loss.backward()
+    assert torch.isnan(loss) and x.grad.shape == (0, 8) and torch.equal(w.grad, torch.zeros_like(w))
+    assert linear_cross_entropy(x.detach(), w.detach(), y, reduction="sum").item() == 0.0
+
+
+@needs_interp
 def test_backward_twice_is_a_clear_error() -> None:
     gen = torch.Generator().manual_seed(10)
     x, w = _leaf(_hidden(4, 8, torch.float32, "contiguous", gen)), _leaf(_weight(20, 8, torch.float32, "contiguous", gen))

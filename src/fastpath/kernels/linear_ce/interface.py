@@ -104,6 +104,9 @@ def _check_labels_on_host(labels: Tensor, n_cols: int, ignore_index: int) -> Non
                          f"ignore_index ({ignore_index})")
 
 
+_OUT_DTYPE: dict[torch.dtype, bool] = {}  # whether torch's mm/addmm take out_dtype for these inputs
+
+
 def _dw_into(acc: Tensor, dlogits: Tensor, x: Tensor, first: bool) -> None:
     """acc (+)= dlogits.T @ x: cuBLAS with a float32 output from 16-bit inputs where torch has
     it (mm/addmm out_dtype), else a 16-bit product added in float32."""
@@ -113,15 +116,16 @@ def _dw_into(acc: Tensor, dlogits: Tensor, x: Tensor, first: bool) -> None:
         else:
             acc.addmm_(dlogits.t(), x)
         return
-    if acc.is_cuda:
+    if acc.is_cuda and _OUT_DTYPE.get(dlogits.dtype, True):
         try:
             if first:
                 torch.mm(dlogits.t(), x, out_dtype=acc.dtype, out=acc)
             else:
                 torch.addmm(acc, dlogits.t(), x, out_dtype=acc.dtype, out=acc)
+            _OUT_DTYPE[dlogits.dtype] = True
             return
         except (RuntimeError, TypeError):
-            pass
+            _OUT_DTYPE[dlogits.dtype] = False  # this torch has no such GEMM: not asked again
     part = torch.mm(dlogits.t(), x)
     if first:
         acc.copy_(part)
