@@ -9,7 +9,8 @@ checks every tensor it writes, re-runs sampled rows on the reference path, and w
 layouts that speculators and SpecForge read.
 
 Modules: data (JSONL -> token rows, chat rendering, loss masks), packing (length-sorted batches),
-layers (which states, hooks, norm convention), writers (one per layout, atomic files),
+layers (which states, hooks, norm convention), formats (one class per layout: its name, dtype
+rule, writer, client and notes), writers (one per layout, atomic files),
 staging (device->host copies and background writes that overlap the next batch),
 checks (tensor and file checks, batched on the device), recheck (reference re-run),
 distributed (torchrun split; replicated or FSDP2-sharded target), run (the loop), cli.

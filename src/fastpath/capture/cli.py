@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from fastpath.capture.formats import DEFAULT_FORMAT, FORMAT_NAMES
 from fastpath.errors import UsageError
 
 
@@ -16,8 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSONL: chat 'messages' / ShareGPT 'conversations', or input_ids + loss_mask "
                              "(leave it out with --check-client to check the finished capture in --out)")
     parser.add_argument("--out", required=True, help="output directory (empty, or a capture to --resume)")
-    parser.add_argument("--format", default="speculators", choices=["speculators", "specforge"],
-                        help="offline layout to write (default: speculators)")
+    parser.add_argument("--format", default=DEFAULT_FORMAT, choices=FORMAT_NAMES,
+                        help=f"offline layout to write (default: {DEFAULT_FORMAT})")
     parser.add_argument("--max-len", type=int, default=4096, help="truncate rows to this many tokens (4096)")
     parser.add_argument("--batch-tokens", type=int, default=16384,
                         help="padded tokens per forward; rows are batched by length (16384)")
@@ -50,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "'auto' (default): fsdp on GPUs when the weights exceed 75%% of one GPU's memory")
     parser.add_argument("--write-threads", type=int, default=4,
                         help="background threads writing row files while the next batch runs (4)")
-    parser.add_argument("--check-client", default=None, choices=["speculators", "specforge"],
+    parser.add_argument("--check-client", default=None, choices=FORMAT_NAMES,
                         help="after the capture (or, without DATA, on the capture in --out): rebuild with the "
                              "installed client's own code what it will train against for a few rows (speculators: "
                              "its verifier norm + lm_head on the stored last state; SpecForge: its TargetHead on "

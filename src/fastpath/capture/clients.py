@@ -29,9 +29,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fastpath.capture.formats import FORMAT_NAMES, FORMATS, capture_format, format_of
 from fastpath.errors import FastpathError, UsageError, first_line
 
-CLIENTS = ("speculators", "specforge")
 CHECK_ROWS = 2  # captured rows rebuilt per check: enough to measure, cheap next to a capture
 MATCH_REL = 0.05  # logits rel-L2 a matching client stays under (bf16 states: ~1e-2)
 MATCH_KL = 0.01  # nats per position
@@ -79,36 +79,29 @@ def installed_version(client: str) -> str | None:
         return None
 
 
-# What `pip install CLIENT` would do to this Python (the clients' own metadata, Requires-Dist):
-# speculators 0.9.0 pins transformers>=5.0.0,<=5.19.0 (and torch<=2.14.1, torchvision, torchaudio);
-# specforge 0.2.0 pins torch==2.11.0, transformers==5.8.1. Installed beside the user's stack, either
-# replaces their transformers (a downgrade for 5.20+), so the hint names a side venv instead: it
-# sees this Python's packages (--system-site-packages), and whatever the client pins lands in the
-# venv only. SpecForge's readers and TargetHead import none of its pinned stack
-# (scripts/setup_clients.sh), so it goes in with --no-deps plus what they import.
-_CLIENT_PINS = {"speculators": "speculators 0.9.0 requires transformers<=5.19.0",
-                "specforge": "specforge 0.2.0 requires torch==2.11.0 and transformers==5.8.1"}
-_CLIENT_INSTALL = {"speculators": "pip install speculators",
-                   "specforge": "pip install --no-deps specforge && ~/.venvs/specforge/bin/pip install datasets "
-                                "pydantic tqdm pyyaml psutil"}
+# What `pip install CLIENT` would do to this Python is each format's `client_pins` (the clients'
+# own metadata, Requires-Dist): installed beside the user's stack, either client replaces their
+# transformers (a downgrade for 5.20+), so the hint names a side venv instead: it sees this
+# Python's packages (--system-site-packages), and whatever the client pins lands in the venv only.
 
 
 def side_venv_hint(client: str) -> str:
     """How to get `client` without touching this Python's transformers / torch (one sentence)."""
     import sys
 
+    fmt = capture_format(client)
     venv = f"~/.venvs/{client}"
-    return (f"Do not pip install it into this Python ({_CLIENT_PINS[client]}: pip may replace the ones you train "
+    return (f"Do not pip install it into this Python ({fmt.client_pins}: pip may replace the ones you train "
             "with); use a side "
             f"venv that sees this Python's packages: {sys.executable} -m venv --system-site-packages {venv} && "
-            f"{venv}/bin/{_CLIENT_INSTALL[client]}, then run {venv}/bin/python -m fastpath capture MODEL --out DIR "
+            f"{venv}/bin/{fmt.client_install}, then run {venv}/bin/python -m fastpath capture MODEL --out DIR "
             f"--check-client {client} on the finished capture")
 
 
 def require_client(client: str, model_dir: Path | None) -> None:
     """One-line refusals before any work: an unknown or missing client, or no model directory."""
-    if client not in CLIENTS:
-        raise UsageError(f"--check-client must be one of {', '.join(CLIENTS)}, got {client!r}")
+    if client not in FORMATS:
+        raise UsageError(f"--check-client must be one of {', '.join(FORMAT_NAMES)}, got {client!r}")
     if installed_version(client) is None:
         raise UsageError(f"--check-client {client}: {client} is not installed in this Python; the check runs the "
                          f"client's own code. {side_venv_hint(client)}")
@@ -393,34 +386,24 @@ def check_client(client: str, *, out: Path, model: Any, model_dir: Path, writer:
     """Run `client`'s own code on a few rows of the capture in `out` and compare with `model`'s
     logits; with client_target, write that directory and check it too. Returns the record for
     capture_summary.json["client_checks"][client]; `say` gets one line per mismatch."""
-    from fastpath.capture.writers import SpecForgeWriter, SpeculatorsWriter
-
-    expected = SpeculatorsWriter if client == "speculators" else SpecForgeWriter
-    if not isinstance(writer, expected):
-        raise UsageError(f"--check-client {client} reads the {expected.name} layout; {out} holds the "
-                         f"{writer.name} layout")
+    fmt = capture_format(client)
+    if not isinstance(writer, fmt.writer_class):
+        raise UsageError(f"--check-client {client} reads the {fmt.name} layout; {out} holds the "
+                         f"{format_of(writer).name} layout")
     rows = rows if rows is not None else list(range(CHECK_ROWS))
     rows = [i for i in rows if writer.is_done(i)]
     if not rows:
         raise UsageError(f"--check-client {client}: {out} has no captured rows to check")
     targets = {}
     for idx in rows:
-        ids = writer.read_row(idx)["token_ids" if client == "speculators" else "input_ids"].tolist()
+        ids = writer.row_ids(idx)
         targets[idx] = (ids, target_logits(model, ids))
-    if client == "speculators":
-        results = speculators_results(model_dir, out, rows, targets, aux_ids, convention, eps, "model")
-    else:
-        results = specforge_results(model_dir, out, rows, targets, lambda idx: writer.row_paths(idx)[0])
+    reading = {"writer": writer, "aux_ids": aux_ids, "convention": convention, "eps": eps}
+    results = fmt.client_results(model_dir, out, rows, targets, target_kind="model", **reading)
     fixed: list[ClientResult] = []
     if client_target is not None:
-        norm = None
-        if client == "speculators" and convention == ZERO_CENTRED:
-            norm = 1.0 + _final_norm_weight(model).float()
-        write_client_target(model_dir, client_target, norm)
-        if client == "speculators":
-            fixed = speculators_results(client_target, out, rows, targets, aux_ids, convention, eps, "client target")
-        else:
-            fixed = specforge_results(client_target, out, rows, targets, lambda idx: writer.row_paths(idx)[0])
+        write_client_target(model_dir, client_target, fmt.client_target_norm(model, convention))
+        fixed = fmt.client_results(client_target, out, rows, targets, target_kind="client target", **reading)
     record = {"client": client, "version": installed_version(client), "rows": rows,
               "model": [r.to_json() for r in results],
               "client_target": str(client_target) if client_target is not None else None,
@@ -453,9 +436,3 @@ def check_client(client: str, *, out: Path, model: Any, model_dir: Path, writer:
                                                               f"({r.measured()})" for r in matching)
                 + f" on {len(rows)} rows")
     return record
-
-
-def _final_norm_weight(model: Any) -> Any:
-    from fastpath.capture.layers import decoder_parts
-
-    return decoder_parts(model).norm.weight.detach()

@@ -26,12 +26,13 @@ from typing import Any
 from fastpath.capture import distributed
 from fastpath.capture.checks import batch_problems, row_problems, token_norms
 from fastpath.capture.data import load_rows, load_tokenizer
+from fastpath.capture.formats import DEFAULT_FORMAT, FORMAT_NAMES, CaptureFormat, capture_format
 from fastpath.capture.interrupts import ExitAtFirstInterrupt
 from fastpath.capture.layers import capture_hooks, decoder_parts, norm_convention, parse_layers
 from fastpath.capture.packing import batches_for_rank, make_batches
 from fastpath.capture.recheck import recheck_rows
 from fastpath.capture.staging import RowWrites, slot_bytes
-from fastpath.capture.writers import SUMMARY_NAME, atomic_json, make_writer, remove_stale_temps
+from fastpath.capture.writers import SUMMARY_NAME, atomic_json, remove_stale_temps
 from fastpath.errors import FastpathError, UsageError, first_line
 from fastpath.models.build import ResolvedModel
 from fastpath.out_paths import probe_dir
@@ -87,7 +88,7 @@ class CaptureOptions:
     model: str
     data: str
     out: str
-    format: str = "speculators"
+    format: str = DEFAULT_FORMAT  # a name in capture.formats.FORMATS
     max_len: int = 4096
     batch_tokens: int = 16384
     layers: str | None = None
@@ -266,16 +267,14 @@ def _shard_mode(opts: CaptureOptions, world: distributed.World, device: Any, tar
                                     lambda: torch.cuda.get_device_properties(device).total_memory)
 
 
-def check_format_options(opts: CaptureOptions) -> None:
-    """The format's choices that need no model, refused in one line before MODEL is read: SpecForge
-    reads only bf16 states (its TargetHead casts lm_head to bf16); --client-target needs a client."""
-    from fastpath.models.dtypes import dtype_label, torch_dtype
-
-    if opts.format == "specforge" and dtype_label(torch_dtype(opts.dtype)) != "bf16":
-        raise UsageError(f"--format specforge needs --dtype bf16: SpecForge casts its target head to bf16 and "
-                         f"cannot read {opts.dtype} states (specforge/modeling/target/target_head.py)")
+def check_format_options(opts: CaptureOptions) -> CaptureFormat:
+    """The format's choices that need no model, refused in one line before MODEL is read: the
+    dtypes its client reads (CaptureFormat.check_dtype); --client-target needs a client."""
+    fmt = capture_format(opts.format)
+    fmt.check_dtype(opts.dtype)
     if opts.client_target and not opts.check_client:
-        raise UsageError("--client-target goes with --check-client speculators|specforge")
+        raise UsageError(f"--client-target goes with --check-client {'|'.join(FORMAT_NAMES)}")
+    return fmt
 
 
 def check_client_options(opts: CaptureOptions, model_dir: Path | None) -> None:
@@ -290,9 +289,6 @@ def check_client_options(opts: CaptureOptions, model_dir: Path | None) -> None:
                              f"--format is {opts.format}")
 
 
-AUTO_CLIENTS = {"speculators": "speculators"}  # --format -> the client checked without --check-client
-
-
 def _auto_client_check(opts: CaptureOptions, out: Path, writer: Any, model: Any, aux_ids: list[int],
                        say: Any, model_dir: Path | None) -> dict[str, Any] | None:
     """Without --check-client: the check of the format's client when it is importable here (its
@@ -300,17 +296,17 @@ def _auto_client_check(opts: CaptureOptions, out: Path, writer: Any, model: Any,
     fails the capture: the rows are on disk; a check that cannot run is one warning."""
     import importlib.util
 
-    client = AUTO_CLIENTS.get(opts.format)
-    if client is None or not opts.auto_check_client or opts.prebuilt is not None:
+    fmt = capture_format(opts.format)
+    if not fmt.checked_unasked or not opts.auto_check_client or opts.prebuilt is not None:
         return None
+    client = fmt.name
     if model_dir is None:
         return None  # random weights: no checkpoint a client would train against
     if importlib.util.find_spec(client) is None:
         from fastpath.capture.clients import side_venv_hint
 
         say(f"note: {client} is not installed in this Python, so what it trains against was not checked; "
-            f"`--check-client {client}` does (speculators <= 0.9.0 trains EAGLE-3 against the wrong final norm "
-            f"for Qwen3.5 / Qwen3-Next). {side_venv_hint(client)}")
+            f"`--check-client {client}` does ({fmt.unasked_why}). {side_venv_hint(client)}")
         return None
     say(f"checking what {client} trains against ({client} is installed; this check runs whenever it is)")
     try:
@@ -364,8 +360,8 @@ def check_existing_capture(opts: CaptureOptions) -> dict[str, Any]:
     world = distributed.world_from_env()
     say = lambda msg: _say(world, opts.progress, msg)  # noqa: E731
     built = load_target(opts, target.device, target=target)
-    return client_check(opts, out, make_writer(opts.format, out), built.model, list(settings["layers"]), say,
-                        target.model_dir)
+    return client_check(opts, out, capture_format(opts.format).make_writer(out), built.model,
+                        list(settings["layers"]), say, target.model_dir)
 
 
 def check_options(opts: CaptureOptions) -> None:
@@ -402,7 +398,7 @@ def run_capture(opts: CaptureOptions) -> CaptureResult:
     from fastpath.models.dtypes import resolve_device
 
     check_options(opts)
-    check_format_options(opts)
+    fmt = check_format_options(opts)
     world = distributed.world_from_env()
     device = resolve_device(opts.device)
     if device.type == "cuda" and world.size > 1:
@@ -412,14 +408,14 @@ def run_capture(opts: CaptureOptions) -> CaptureResult:
     check_client_options(opts, target.model_dir)
     shard = _shard_mode(opts, world, device, target)
     out = Path(opts.out).expanduser()
-    writer = make_writer(opts.format, out)
+    writer = fmt.make_writer(out)
     opts.status.out, opts.status.writer = out, writer
     active, owned = distributed.init(world, device)
     guard = ExitAtFirstInterrupt(opts.setup_interrupt_text if world.is_main else (lambda: ""),
                                  active=opts.setup_interrupt_text is not None)
     try:
         with guard:
-            return _run(opts, target, world, device, shard, out, writer, active, guard)
+            return _run(opts, target, fmt, world, device, shard, out, writer, active, guard)
     finally:
         from fastpath.routing import transformers as routes
 
@@ -599,8 +595,8 @@ def _client_checks(opts: CaptureOptions, target: ResolvedModel, out: Path, write
     return _auto_client_check(opts, out, writer, model, aux_ids, say, target.model_dir)
 
 
-def _run(opts: CaptureOptions, target: ResolvedModel, world: distributed.World, device: Any, shard: str, out: Path,
-         writer: Any, active: bool, guard: ExitAtFirstInterrupt) -> CaptureResult:
+def _run(opts: CaptureOptions, target: ResolvedModel, fmt: CaptureFormat, world: distributed.World, device: Any,
+         shard: str, out: Path, writer: Any, active: bool, guard: ExitAtFirstInterrupt) -> CaptureResult:
     from fastpath.models.compare import TOLERANCES
     from fastpath.models.dtypes import dtype_label
 
@@ -630,12 +626,9 @@ def _run(opts: CaptureOptions, target: ResolvedModel, world: distributed.World, 
     status.stage = "while capturing"
     _open_out(out, resuming, settings, opts, world, active)
     say(f"{built.describe()}; path: {path_label}" + (f"; FSDP2 over {world.size} processes" if shard == "fsdp" else ""))
-    if opts.format == "specforge" and not opts.check_client:
-        from fastpath.capture.clients import specforge_index_note
-
-        note = specforge_index_note(target.model_dir if opts.prebuilt is None else None)
-        if note:
-            say(note)
+    note = None if opts.check_client else fmt.capture_note(target.model_dir if opts.prebuilt is None else None)
+    if note:
+        say(note)
     tol = TOLERANCES[dtype_label(built.dtype)]
     meta = _row_meta(opts, writer, parts, built, path_label, aux_ids, num_layers, convention)
     batches = make_batches([len(r.input_ids) for r in rows], opts.batch_tokens)
@@ -841,7 +834,7 @@ def _finish(out: Path, writer: Any, rows: list[Any], loaded: Any, meta: dict[str
 
     summary = {
         "fastpath_version": __version__,
-        "format": writer.name,
+        "format": opts.format,
         "model": built.to_json(),
         "rows": len(rows),
         "tokens": sum(len(r.input_ids) for r in rows),

@@ -29,7 +29,6 @@ from typing import Any
 
 from fastpath.errors import UsageError
 
-FORMATS = ("speculators", "specforge")
 SPECFORGE_GROUP = 2000  # rows per rows_{g}-{g+2000} folder (SpecForge's default file_group_size)
 SUMMARY_NAME = "capture_summary.json"
 SHARD_META_NAME = "fastpath_capture.json"  # per SpecForge rows_ folder (not a .ckpt: its loader skips it)
@@ -88,9 +87,10 @@ def token_freq(rows: Iterable[tuple[list[int], list[int]]]) -> dict[int, int]:
 
 
 class Writer:
-    """Common face: where a row's files go, writing and reading them, the dataset index."""
+    """Common face: where a row's files go, writing and reading them, the dataset index. Each
+    layout's name, client and rules are its format's (capture.formats)."""
 
-    name = ""
+    ids_key = ""  # the row file's token-id tensor
     needs_pre = False  # stores the last layer's output before the final norm
     needs_post = False  # stores the final norm's output
 
@@ -114,6 +114,10 @@ class Writer:
 
     def read_row(self, idx: int) -> dict[str, Any]:
         raise NotImplementedError
+
+    def row_ids(self, idx: int) -> list[int]:
+        """The token ids row idx's file holds."""
+        return self.read_row(idx)[self.ids_key].tolist()
 
     def layout_problems(self, idx: int, ids: list[int], mask: list[int], num_aux: int, hidden: int,
                         dtype: Any) -> list[str]:
@@ -140,7 +144,7 @@ def _check(problems: list[str], ok: bool, text: str) -> None:
 
 
 class SpeculatorsWriter(Writer):
-    name = "speculators"
+    ids_key = "token_ids"
     needs_pre = True
 
     def row_paths(self, idx: int) -> list[Path]:
@@ -216,7 +220,7 @@ class SpeculatorsWriter(Writer):
 
 
 class SpecForgeWriter(Writer):
-    name = "specforge"
+    ids_key = "input_ids"
     needs_post = True
 
     @staticmethod
@@ -285,13 +289,3 @@ class SpecForgeWriter(Writer):
             folder = self.out / self.group_dir(g)
             if folder.is_dir():
                 atomic_json(folder / SHARD_META_NAME, {**meta, "rows": [g, min(g + SPECFORGE_GROUP, len(rows))]})
-
-
-def make_writer(fmt: str, out: Path) -> Writer:
-    if fmt == "speculators":
-        need("safetensors.torch")
-        need("datasets")
-        return SpeculatorsWriter(out)
-    if fmt == "specforge":
-        return SpecForgeWriter(out)
-    raise UsageError(f"unknown --format {fmt!r}; use {' or '.join(FORMATS)}")
