@@ -51,7 +51,10 @@ def unwrap_autotuner(obj: Any, depth: int = 4) -> Any:
     for _ in range(depth):
         if isinstance(obj, autotuner):
             return obj
-        obj = getattr(obj, "fn", None)
+        try:
+            obj = getattr(obj, "fn", None)
+        except Exception:  # a module attribute whose lookup raises (lazy proxies): not a kernel
+            return None
         if obj is None:
             return None
     return None
