@@ -447,3 +447,20 @@ def test_varlen_states_come_back_unrounded_in_the_tests_dtype(monkeypatch):
                      / torch.linalg.vector_norm(exact)).item()
     assert rel(got) < 0.9 * rel(rounded), (rel(got), rel(rounded))
     assert rel(got) < 1e-3
+
+
+def test_float64_run_is_float64_through_a_reference_that_calls_float():
+    """mamba_ssm's selective_scan_ref computes in `.float()`; in the judge's float64 run that
+    call keeps float64, and `.float()` is itself again afterwards."""
+    torch = pytest.importorskip("torch")
+    import float64_judge as judge
+
+    def ref(u):
+        return (u.float() / 3).to(u.dtype)
+
+    u = torch.tensor([1.0, 2.0, 5.0])
+    call = _record(ref, (), u=u)
+    exact = judge.run_call(ref, call, (), False, None, cast=judge.to_float64)["out"]
+    assert exact.dtype == torch.float64
+    assert torch.equal(exact, torch.tensor([1.0, 2.0, 5.0], dtype=torch.float64) / 3)
+    assert torch.ones(1, dtype=torch.float64).float().dtype == torch.float32
