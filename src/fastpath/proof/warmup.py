@@ -7,7 +7,7 @@ cache the first prefill of an 8-layer Qwen3.5-27B cut ended 68 s after start on 
 the torch reference) and its first forward+backward took 106 s more (BENCHMARKS.md): FLA's
 autotuned chunk kernels plus fastpath's own compiles. Both land in Triton's cache directory
 (TRITON_CACHE_DIR, else $TRITON_HOME/.triton/cache, else ~/.triton/cache): the compiled binaries
-always; the autotune decisions where the autotuner asks for it (Triton >= 3.3's `cache_results`,
+always; the autotune decisions where the autotuner asks for it (Triton >= 3.4's `cache_results`,
 triton-lang/triton PR #6261; fla-core passes it unless FLA_CACHE_RESULTS=0, fastpath's own
 autotuned kernels pass it, TRITON_CACHE_AUTOTUNING=1 turns it on for every autotuner built after
 it is set). A process that finds them there loads instead of compiling and timing.
@@ -329,7 +329,7 @@ def main(args: argparse.Namespace) -> int:
     refuse_here(settings.device)
     if settings.save_decisions and Path(settings.save_decisions).is_file():
         _check_mergeable(Path(settings.save_decisions))
-    # Every autotuner built from here on keeps its decisions on disk (Triton >= 3.3).
+    # Every autotuner built from here on keeps its decisions on disk (Triton >= 3.4).
     os.environ.setdefault(AUTOTUNE_ENV, "1")
     from fastpath.proof.progress import Stages
 
