@@ -52,7 +52,8 @@ def test_help_fits_80_columns_and_documents_every_option_and_exit_status():
     assert proc.returncode == 0
     lines = proc.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80, [ln for ln in lines if len(ln) > 80]
-    for word in ("--layers", "--batch", "--seq", "--dtype", "--train", "TRITON_CACHE_DIR",
+    for word in ("--layers", "--batch", "--seq", "--dtype", "--train", "--decode", "--save-decisions",
+                 "TRITON_CACHE_DIR",
                  "TRITON_CACHE_AUTOTUNING", "exit status", "130", "no CUDA device"):
         assert word in proc.stdout, word
 
@@ -130,8 +131,8 @@ def test_count_cache_tells_kernels_from_autotune_decisions(tmp_path):
     assert CacheCount(5, 2).minus(CacheCount(3, 1)) == CacheCount(2, 1)
 
 
-@pytest.mark.parametrize("train", [False, True])
-def test_warm_model_runs_each_phase_on_a_tiny_model(tmp_path, monkeypatch, train):
+@pytest.mark.parametrize("train, decode", [(False, False), (True, True)])
+def test_warm_model_runs_each_phase_on_a_tiny_model(tmp_path, monkeypatch, train, decode):
     """The flow the command runs on a GPU, here on the CPU under the interpreter: every phase
     runs, is timed, and enable() is undone afterwards."""
     pytest.importorskip("transformers")
@@ -146,8 +147,9 @@ def test_warm_model_runs_each_phase_on_a_tiny_model(tmp_path, monkeypatch, train
     before = dict(CALLS)
     decisions = tmp_path / "decisions.json"
     result = warm_model(WarmupSettings(str(source), batch=1, seq_len=8, dtype="fp32", device="cpu", train=train,
-                                       save_decisions=str(decisions)), said.append)
-    assert list(result.phases) == ["import", "enable", "build", "prefill"] + (["train"] if train else [])
+                                       decode=decode, save_decisions=str(decisions)), said.append)
+    assert list(result.phases) == (["import", "enable", "build", "prefill"] + (["train"] if train else [])
+                                   + (["decode"] if decode else []))
     assert all(v >= 0 for v in result.phases.values())
     assert result.layers == 2  # the fewest that keep both layer types
     assert any("forward+backward" in s for s in said) == train

@@ -117,6 +117,7 @@ class WarmupSettings:
     dtype: str = "bf16"
     device: str = "cuda"
     train: bool = False
+    decode: bool = False  # also two cached decode steps (the serving kernels: conv update, recurrent rule)
     seed: int = 0
     save_decisions: str | None = None  # write the autotune decisions made here to this file
 
@@ -178,8 +179,9 @@ def warm_model(settings: WarmupSettings, say: Callable[[str], None]) -> WarmupRe
         ids = torch.randint(0, built.vocab_size, (settings.batch, settings.seq_len), generator=gen)
         ids = ids.to(built.device)
         bench = BenchSettings(source=settings.source, layers=layers, dtype=settings.dtype,
-                              device=str(built.device), seq_len=settings.seq_len, batch=settings.batch)
-        phases = ["prefill"] + (["train"] if settings.train else [])
+                              device=str(built.device), seq_len=settings.seq_len, batch=settings.batch,
+                              decode_tokens=2)
+        phases = ["prefill"] + (["train"] if settings.train else []) + (["decode"] if settings.decode else [])
         for name in phases:
             phase = PHASE_REGISTRY[name]
             say(f"{phase.label} at batch {settings.batch} x seq {settings.seq_len} "
@@ -224,9 +226,10 @@ def save_decisions(path: Path) -> int:
 
 EPILOG = """\
 what it does: builds MODEL's cut with random weights on the GPU, applies
-fastpath.enable(), runs one forward (and with --train one forward+backward)
-at --batch x --seq, so every Triton kernel of the fast path compiles and
-every autotuner decides. One progress line per phase with elapsed seconds.
+fastpath.enable(), runs one forward (with --train one forward+backward, with
+--decode two cached decode steps) at --batch x --seq, so every Triton kernel
+of the fast path compiles and every autotuner decides. One progress line per
+phase with elapsed seconds.
 
 where it goes: Triton's cache, TRITON_CACHE_DIR (else ~/.triton/cache).
 Compiled kernels are always kept there; autotune decisions where the
@@ -257,6 +260,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
                         help="auto: bf16")
     parser.add_argument("--train", action="store_true", help="also forward+backward (training kernels)")
+    parser.add_argument("--decode", action="store_true",
+                        help="also two cached decode steps (serving kernels)")
     parser.add_argument("--device", default="cuda", help="cuda | cuda:N (default cuda)")
     parser.add_argument("--save-decisions", metavar="FILE", default=None,
                         help="also write the autotune decisions made here to FILE (JSON, merged "
@@ -311,7 +316,7 @@ def main(args: argparse.Namespace) -> int:
 
     settings = WarmupSettings(source=args.model, layers=args.layers, batch=args.batch, seq_len=args.seq,
                               dtype="bf16" if args.dtype == "auto" else args.dtype, device=args.device,
-                              train=args.train, save_decisions=args.save_decisions)
+                              train=args.train, decode=args.decode, save_decisions=args.save_decisions)
     settings.validate()
     load_config(args.model)  # an unknown preset is one line before anything is imported
     if args.save_decisions:  # before any work: a bad path used to cost the whole run
