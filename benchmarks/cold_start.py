@@ -23,7 +23,8 @@ imports count): imports, enable (fastpath), built, first_prefill (one no-grad fo
 batch x seq, synchronised), first_train (one forward+backward of a next-token loss). The targets
 read two differences: first prefill done at most 20 s after the model is built, the first training
 step at most 30 s. Also the cache entries each process added (kernels, autotune decisions).
-JSON goes to --out/cold_start.json, rewritten after every measurement.
+JSON goes to --out/cold_start.json, rewritten after every measurement; the warmup's autotune
+decisions to --out/autotune-decisions-CONFIG.json.
 """
 
 from __future__ import annotations
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     warmed = work / "cache-warmup"
                     warmed.mkdir()
-                    saved = work / "decisions.json"
+                    saved = out / f"autotune-decisions-{config}.json"  # kept: the data to ship per GPU
                     warm = run_warmup(args, warmed, saved)
                     if warm.get("exit") != 0:
                         keep({"config": config, "scenario": "warmup", "warmup": warm,
