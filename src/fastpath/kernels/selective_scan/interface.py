@@ -92,8 +92,7 @@ def fwd_kernel() -> str:
     """The forward kernel FASTPATH_SSCAN_FWD picks, read at every call: "chunked" (default, the
     associative-scan kernel of scan_fwd.py), "seq" (scan_fwd_seq.py, time walked per program),
     "tile" / "tile-poly" (scan_fwd_tile.py: time walked in registers, L-contiguous inputs and
-    the output moved as (channels, steps) tiles; -poly takes a quarter of the exp2s on the FMA
-    pipe). The others stay opt-in until their GPU numbers and mamba_ssm's own tests are in
+    the output moved as (channels, steps) tiles; -poly takes softplus' exp2 on the FMA pipe). The others stay opt-in until their GPU numbers and mamba_ssm's own tests are in
     (BENCHMARKS.md). Anything else is a UsageError."""
     value = os.environ.get(FWD_ENV, "").strip().lower() or "chunked"
     if value not in FWD_KERNELS:

@@ -18,9 +18,10 @@ state h (N, BLOCK_D) through all L steps, but the sequence goes in chunks of T s
 - the T steps of a chunk are unrolled (tl.static_range), so the loads of B_t / C_t and the
   next steps' exponentials are independent of the one-FMA recurrence and can be interleaved.
 
-softplus(delta + bias) is taken once per (channel, step), on the tile when delta is one.
-Per state element and step: one exp2 (the SFU's, or with POLY_N > 0 a degree-5 polynomial on the
-FMA pipe for the first POLY_N states of each channel: `exp2_poly`), an FMUL, two FMAs.
+softplus(delta + bias) is taken once per (channel, step), on the tile when delta is one, with
+its logarithm on the SFU. Per state element and step: one exp2 (the SFU's, or with POLY_N > 0 a
+degree-5 polynomial on the FMA pipe for the first POLY_N states of each channel: `exp2_poly`),
+an FMUL, two FMAs. B and C are read as a float32 copy (converted once, not in every lane).
 
 Numerics equal the chunked and seq kernels' (float32 state and sums; masked steps past L have
 delta' = 0: a = 1, x = 0). Only (out, last_state) are produced; the backward recomputes its own
@@ -50,21 +51,23 @@ from fastpath.kernels.selective_scan.scan_fwd import (
 # (BLOCK_D, T, num_warps, POLY_N, AUX_POLY): channels per program (0: `auto_block_d`), steps per
 # tile (0: 16 bytes of the input dtype, one vector a lane; a longer tile spreads T over lanes
 # and its columns then need shuffles), warps, states per channel whose exp2 is the FMA
-# polynomial, and whether the per-(channel, step) exponentials (softplus', SiLU's) take it too.
-# BLOCK_D = 32 * num_warps puts one channel (all N states) on each lane; 16 per warp splits N
-# over two lanes (twice the programs, for batch 1; a shuffle per step for the sum over N).
-# Static count from sm_90 SASS (Triton 3.9, bf16, transformers' layouts, N = 16), per step and
-# warp of 32 channels: 139 issued instructions and 20 SFU ones (16 state exp2, softplus' exp2 and
-# lg2, SiLU's exp2 and rcp) at 8 SFU cycles each = 160 cycles: SFU-bound, about 1.3 ms at
-# (8, 4096) on an H200 at full SFU rate. AUX_POLY trades 2 SFU ops for ~20 FMA-pipe ones
-# (162 issued vs 144 SFU cycles: a wash on paper); POLY_N = 2 gives 182 issued vs 128: worse.
-TILE_CONFIG = (0, 0, 1, 0, False)
-TILE_POLY_CONFIG = (0, 0, 1, 0, True)
+# polynomial, and which per-(channel, step) exponentials take it too (0 none, 1 softplus', 2
+# softplus' and SiLU's). BLOCK_D = 32 * num_warps puts one channel (all N states) on each lane;
+# 16 per warp splits N over two lanes (twice the programs, for batch 1; a shuffle per step for
+# the sum over N).
+# Static count of the chunk loop in sm_90 SASS (Triton 3.9, bf16, transformers' layouts, N = 16,
+# no spills), per step and warp of 32 channels: issued instructions vs SFU cycles (8 a warp
+# instruction: 16 state exp2, softplus' exp2 and lg2, SiLU's exp2 and rcp):
+#   AUX_POLY 0: 139 vs 160 (SFU-bound: ~1.3 ms at (8, 4096) at the H200's full SFU rate)
+#   AUX_POLY 1: 149 vs 152 (balanced: the "tile-poly" default)
+#   AUX_POLY 2: 162 vs 144;  POLY_N 2 with AUX_POLY 2: 182 vs 128 (issue-bound: worse)
+TILE_CONFIG = (0, 0, 1, 0, 0)
+TILE_POLY_CONFIG = (0, 0, 1, 0, 1)
 # alternatives timed by benchmarks/selective_scan.py --fwd-variants tile,tile-poly --fwd-configs
-TILE_SWEEP = ((32, 0, 1, 0, False), (16, 0, 1, 0, False), (64, 0, 2, 0, False),
-              (128, 0, 4, 0, False), (8, 0, 1, 0, False), (32, 16, 1, 0, False))
-TILE_POLY_SWEEP = ((32, 0, 1, 0, True), (16, 0, 1, 0, True), (32, 0, 1, 2, True),
-                   (32, 0, 1, 4, False))
+TILE_SWEEP = ((32, 0, 1, 0, 0), (16, 0, 1, 0, 0), (64, 0, 2, 0, 0), (128, 0, 4, 0, 0),
+              (8, 0, 1, 0, 0), (32, 16, 1, 0, 0))
+TILE_POLY_SWEEP = ((32, 0, 1, 0, 1), (16, 0, 1, 0, 1), (32, 0, 1, 0, 2), (32, 0, 1, 2, 1),
+                   (32, 0, 1, 4, 0))
 
 # 2^f on [-1/2, 1/2], degree 5, constant term 1 (exact at integers), the rest fitted for minimax
 # relative error (max 1.9e-7 evaluated in float32: about MUFU.EX2's ~2 ulp); lowest degree first.
@@ -107,9 +110,9 @@ def _exp2_mix(x, offs_n, POLY_N: tl.constexpr):
 
 
 @triton.jit
-def _exp2_aux(x, AUX_POLY: tl.constexpr):
+def _exp2_aux(x, POLY: tl.constexpr):
     """exp2 of a per-(channel, step) value: on the SFU (flush-to-zero) or the FMA polynomial."""
-    if AUX_POLY:
+    if POLY:
         return exp2_poly(x)
     else:
         return tl.exp2(x)
@@ -131,7 +134,7 @@ def softplus_fast(v, ASM: tl.constexpr, AUX_POLY: tl.constexpr):
     """softplus(v) = log(1 + e^v) in float32, the same branches as scan_fwd.softplus (identity
     above 20; log1p's series below e^v = 1/16, where 1 + e would drop e's low bits), with the
     exponential by exp2 and the logarithm on the SFU: about a third of its instructions."""
-    e = _exp2_aux(tl.minimum(v, 20.0) * LOG2E, AUX_POLY)
+    e = _exp2_aux(tl.minimum(v, 20.0) * LOG2E, AUX_POLY >= 1)
     series = e * (1.0 - e * (0.5 - e * (0.3333333333333333 - e * (0.25 - e * (
         0.2 - e * 0.16666666666666666)))))
     logged = _log2_fast(1.0 + e, ASM) * LN2
@@ -141,7 +144,7 @@ def softplus_fast(v, ASM: tl.constexpr, AUX_POLY: tl.constexpr):
 @triton.jit
 def silu_fast(z, AUX_POLY: tl.constexpr):
     """z * sigmoid(z) = z / (1 + 2^(-z log2 e)) (an approximate division: div.full)."""
-    return tl.fdiv(z, 1.0 + _exp2_aux(-z * LOG2E, AUX_POLY))
+    return tl.fdiv(z, 1.0 + _exp2_aux(-z * LOG2E, AUX_POLY >= 2))
 
 
 @triton.jit
@@ -405,7 +408,7 @@ def steps_per_tile(tile: int, *tensors: Tensor | None) -> int:
 def selective_scan_fwd_tile_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
                                    D: Tensor | None, z: Tensor | None,
                                    delta_bias: Tensor | None, delta_softplus: bool,
-                                   config: tuple[int, int, int, int, bool] | None = None
+                                   config: tuple[int, int, int, int, int] | None = None
                                    ) -> tuple[Tensor, Tensor]:
     """Same contract as scan_fwd.selective_scan_fwd_triton: (out in u's dtype, contiguous
     (batch, dim, L); last_state float32 (batch, dim, N)); B/C each (dim, N), (batch, N, L) or
@@ -419,9 +422,10 @@ def selective_scan_fwd_tile_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tenso
     block_d, tile, warps, poly_n, aux_poly = config or TILE_CONFIG
     if block_d == 0:
         block_d = auto_block_d(batch, dim, u.device) * warps
-    if block_d < 1 or warps < 1 or poly_n < 0 or tile < 0 or tile & (tile - 1):
+    if (block_d < 1 or warps < 1 or poly_n < 0 or tile < 0 or tile & (tile - 1)
+            or aux_poly not in (0, 1, 2)):
         raise ValueError(f"tile forward config {config}: expected (BLOCK_D >= 1, T a power of "
-                         "two or 0, num_warps >= 1, POLY_N >= 0, AUX_POLY)")
+                         "two or 0, num_warps >= 1, POLY_N >= 0, AUX_POLY 0/1/2)")
     A = A.t().contiguous()  # (N, dim): channels fastest (see scan_fwd_seq)
     D, delta_bias = per_channel(D), per_channel(delta_bias)
     block_n = triton.next_power_of_2(nstate)
@@ -448,7 +452,7 @@ def selective_scan_fwd_tile_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tenso
         SOFTPLUS=bool(delta_softplus), B_VAR=B_var, C_VAR=C_var,
         U_TILE=u_tile, DT_TILE=dt_tile, Z_TILE=z_tile,
         RNE=triton_interpreter_on(), BLOCK_D=block_d, BLOCK_N=block_n, T=chunk,
-        POLY_N=min(poly_n, nstate), AUX_POLY=bool(aux_poly), ASM=not triton_interpreter_on(),
+        POLY_N=min(poly_n, nstate), AUX_POLY=int(aux_poly), ASM=not triton_interpreter_on(),
         MASK_D=dim_per_group % block_d != 0, num_warps=warps,
     )
     return out, last.transpose(1, 2).contiguous()
