@@ -125,6 +125,17 @@ def case_glue_and_norm(side: str) -> None:
     y.sum().backward()
 
 
+def case_linear_ce(side: str) -> None:
+    from fastpath.kernels.linear_ce.interface import linear_cross_entropy
+
+    labels = torch.tensor([3, -100, 0, 40, 7, 2, 40], dtype=torch.int64)
+    for chunk_rows in (None, 3):
+        x = _g(_rand(7, 12), side).requires_grad_()
+        w = _g(_rand(41, 12, seed=1), side).requires_grad_()
+        b = _g(_rand(41, seed=2), side).requires_grad_()
+        linear_cross_entropy(x, w, _g(labels, side), bias=b, chunk_rows=chunk_rows).backward()
+
+
 CASES: dict[str, Callable[[str], None]] = {
     name[len("case_"):]: fn for name, fn in list(globals().items()) if name.startswith("case_")
 }

@@ -108,14 +108,15 @@ def _err(got: torch.Tensor, want: torch.Tensor) -> float:
 def _check(n: int, h: int, v: int, dtype: torch.dtype, *, h_layout: str = "contiguous",
            w_layout: str = "contiguous", bias: bool = False, reduction: str = "mean", ignored: str = "some",
            chunk_rows: int | None = None, g: float = 1.0, label_dtype: torch.dtype = torch.int64,
-           labels_strided: bool | str = False, bias_broadcast: bool = False, seed: int = 0) -> None:
+           labels_strided: bool | str = False, bias_broadcast: bool = False, seed: int = 0,
+           device: str = "cpu") -> None:
     gen = torch.Generator().manual_seed(seed)
-    x = _hidden(n, h, dtype, h_layout, gen)
-    w = _weight(v, h, dtype, w_layout, gen)
-    b = _never_zero(0.5 * torch.randn(v, generator=gen)).to(dtype) if bias else None
+    x = _hidden(n, h, dtype, h_layout, gen).to(device)
+    w = _weight(v, h, dtype, w_layout, gen).to(device)
+    b = _never_zero(0.5 * torch.randn(v, generator=gen)).to(device, dtype) if bias else None
     if b is not None and bias_broadcast:
         b = b[:1].expand(v)
-    y = _labels(n, v, ignored, gen, label_dtype, labels_strided)
+    y = _labels(n, v, ignored, gen, label_dtype, labels_strided).to(device)
 
     xs, ws, bs = _leaf(x), _leaf(w), _leaf(b)
     CALLS.clear()
@@ -522,6 +523,16 @@ def test_gpu_27b_head_peak_memory(chunk_rows: int | None) -> None:  # pragma: no
     budget = rows * v * 2 + accumulator + v * h * 2 + 2 * n * h * 2 + (256 << 20)
     assert peak_ours <= budget, (peak_ours, budget)
     assert peak_ours <= (0.45 if rows == n else 0.75) * peak_theirs, (peak_ours, peak_theirs)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk_rows", [None, 8])
+def test_gpu_small_odd_shapes(dtype: torch.dtype, chunk_rows: int | None) -> None:  # pragma: no cover
+    """Odd sizes on the device (a vocabulary and rows that fill no block, ignored rows, a bias,
+    several chunks): the compiled kernels against float64, and small enough for memcheck."""
+    _check(37, 72, 1001, dtype, bias=True, chunk_rows=chunk_rows, g=0.7, device="cuda")
 
 
 @pytest.mark.gpu

@@ -19,6 +19,7 @@
 #           swept tile configs cut to config0 (tl.flip adjoint) and config7 (reverse scan)
 #   glue    tests/test_glue*gpu*.py (not the 4-layer 27B routing test)
 #   norm    tests/test_zc_rmsnorm.py, its GPU test (the zero-centred RMSNorm at 27B row widths)
+#   lce     tests/test_linear_ce.py, its small odd-shape GPU test (the 27B head is too large)
 #   decode  tests/test_decode_graphs.py, eager (CPU-or-GPU) tests
 #   graphs  tests/test_decode_graphs.py, the CUDA-graph tests: with the caching allocator ON,
 #           because PyTorch refuses PYTORCH_NO_CUDA_MEMORY_CACHING during graph capture
@@ -56,7 +57,7 @@ mkdir -p "$out"
 root=$PWD
 limit=${MEMCHECK_TIMEOUT:-300}
 examples=${MEMCHECK_EXAMPLES:-4}
-groups=${MEMCHECK_GROUPS:-conv,ssd,sscan,glue,norm,decode,graphs}
+groups=${MEMCHECK_GROUPS:-conv,ssd,sscan,glue,norm,lce,decode,graphs}
 exclude=${MEMCHECK_EXCLUDE-'^_Z|at::native|at6native|c10::|cublas|cutlass|gemm|gemv|nvjet|xmma|cudnn|splitKreduce'}
 t0=$(date +%s)
 at() { echo "$(( $(date +%s) - t0 )) s"; }
@@ -134,6 +135,8 @@ kexpr[graphs]="on_cuda"
 caching[graphs]=1
 files[norm]="tests/test_zc_rmsnorm.py"
 kexpr[norm]="gpu_at_27b_sizes"
+files[lce]="tests/test_linear_ce.py"
+kexpr[lce]="small_odd_shapes"
 
 declare -A pids
 start_group() {  # its own process group, so a timeout ends pytest and its children too

@@ -18,7 +18,8 @@
 #   dao       build Dao's causal-conv1d in the background (wheel parts come back in OUT/dao)
 #   tests     GPU tests in the background (correctness only; `wait` or the end collects them);
 #             TESTS picks groups: conv, fla, ssd, capture, sscan (Mamba1 kernels), layouts (every
-#             B/C layout of the Mamba-1 scan), glue (GDN glue), norm (zero-centred RMSNorm)
+#             B/C layout of the Mamba-1 scan), glue (GDN glue), norm (zero-centred RMSNorm),
+#             lce (the fused LM head + cross-entropy and its route)
 #   check     the TESTS groups in the foreground; a failure ends the call (every later part is
 #             skipped), so no device time goes to timing kernels that are wrong
 #   sweep     FLA #640 reproduction, all 48 cases: one process per tiling, in the background
@@ -125,6 +126,7 @@ part_tests() {
   group layouts tests/test_selective_scan_layouts.py  # every test, compiled on CUDA
   group glue -m gpu $(ls tests/test_glue*gpu*.py tests/test_liger_compose.py 2>/dev/null)
   group norm -m gpu tests/test_zc_rmsnorm.py
+  group lce -m gpu tests/test_linear_ce.py tests/test_lm_head_route.py
 }
 part_check() {  # foreground GPU tests; a failure spends no more device time on this call
   echo "== check (${TESTS:-conv,fla,ssd,sscan,glue}) at $(at)"
