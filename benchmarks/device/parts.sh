@@ -35,7 +35,13 @@
 #             configuration (MODEL_CONFIGS; default reference,fastpath,fla+dao when Dao is there)
 #   decode    the same model's decode and CUDA-graph decode, one bench per configuration
 #   mamba     benchmarks/mamba_model.py (Nemotron-H 6 layers vs mamba_ssm's Triton SSD)
-#   capture   benchmarks/capture_speed.py (capture vs its fast forward vs the fallback)
+#   capture   benchmarks/capture_speed.py (capture vs its fast forward vs the fallback; steady state
+#             from CAPTURE_ROWS against CAPTURE_SHORT_ROWS, fixed costs apart)
+#   warmup    fastpath warmup --train per WARMUP_MODELS (default "qwen3.5-27b:8 kimi-linear-48b-a3b:2
+#             olmo-hybrid:4"), each on an empty TRITON_CACHE_DIR; autotune decisions merged into
+#             OUT/w/warmup/autotune-decisions.json
+#   coldstart benchmarks/cold_start.py per COLD_MODELS (same default), COLD_CONFIGS (fastpath),
+#             COLD_SCENARIOS (cold,warm,warmup,seeded); TRITON_CACHE_AUTOTUNING unset, as for a user
 #   gdnnorm   benchmarks/gdn_norm_gpu.py (GDN gated norm eager vs FLA fused)
 #   profile   benchmarks/gdn_layer_profile.py (one Qwen3.5 GDN layer under torch.profiler)
 #   mprofile  benchmarks/model_profile.py (8-layer Qwen3.5: GPU time per kernel family, the split of
@@ -127,6 +133,7 @@ part_tests() {
   group glue -m gpu $(ls tests/test_glue*gpu*.py tests/test_liger_compose.py 2>/dev/null)
   group norm -m gpu tests/test_zc_rmsnorm.py
   group lce -m gpu tests/test_linear_ce.py tests/test_lm_head_route.py
+  group warmup -m gpu tests/test_warmup.py
 }
 part_check() {  # foreground GPU tests; a failure spends no more device time on this call
   echo "== check (${TESTS:-conv,fla,ssd,sscan,glue}) at $(at)"
@@ -212,7 +219,28 @@ part_mamba() {
     --mamba-src "$msrc" --out "$w/mamba"
 }
 part_capture() {
-  run capture "${CAPTURE_TIMEOUT:-200}" python3 benchmarks/capture_speed.py --out "$w/capture" --rows "${CAPTURE_ROWS:-48}"
+  run capture "${CAPTURE_TIMEOUT:-300}" python3 benchmarks/capture_speed.py --out "$w/capture" \
+    --rows "${CAPTURE_ROWS:-128}" --short-rows "${CAPTURE_SHORT_ROWS:-32}"
+}
+part_warmup() {  # each model on its own empty cache; the decisions merge into one file
+  mkdir -p "$w/warmup"
+  for spec in ${WARMUP_MODELS:-qwen3.5-27b:8 kimi-linear-48b-a3b:2 olmo-hybrid:4}; do
+    IFS=: read -r m n <<< "$spec"
+    rm -rf "$root/.dev/warmup-cache/$m"
+    run "warmup-$m" "${WARMUP_TIMEOUT:-300}" env -u TRITON_CACHE_AUTOTUNING \
+      TRITON_CACHE_DIR="$root/.dev/warmup-cache/$m" python3 -m fastpath warmup "$m" --layers "$n" \
+      --batch 1 --seq 4096 --train --save-decisions "$w/warmup/autotune-decisions.json"
+  done
+}
+part_coldstart() {  # as a user: TRITON_CACHE_AUTOTUNING unset, every scenario on its own cache dir
+  mkdir -p "$w/cold_start"
+  for spec in ${COLD_MODELS:-qwen3.5-27b:8 kimi-linear-48b-a3b:2 olmo-hybrid:4}; do
+    IFS=: read -r m n <<< "$spec"
+    run "coldstart-$m" "${COLD_TIMEOUT:-540}" env -u TRITON_CACHE_AUTOTUNING python3 benchmarks/cold_start.py \
+      --model "$m" --layers "$n" --batch 1 --seq 4096 --configs "${COLD_CONFIGS:-fastpath}" \
+      --scenarios "${COLD_SCENARIOS:-cold,warm,warmup,seeded}" --timeout "${COLD_RUN_TIMEOUT:-400}" \
+      --out "$w/cold_start/$m"
+  done
 }
 part_gdnnorm() {
   run gdnnorm 90 python3 benchmarks/gdn_norm_gpu.py --out "$w/gdn_norm.json"
