@@ -38,9 +38,17 @@ from fastpath.kernels.selective_scan.scan_fwd_tile import (
     tile_along_time,
 )
 
-pytestmark = pytest.mark.skipif(
-    not use_triton(torch.empty(0)), reason="needs CUDA or TRITON_INTERPRET=1"
-)
+ON_CPU_TRITON = use_triton(torch.empty(0))  # TRITON_INTERPRET=1
+
+
+@pytest.fixture(autouse=True)
+def _cpu_cases_need_the_interpreter(request):
+    """The cases on CPU tensors need the interpreter; the `gpu` group needs only CUDA (so
+    `pytest -m gpu` runs it on a GPU host without TRITON_INTERPRET)."""
+    if request.node.get_closest_marker("gpu") is None and not ON_CPU_TRITON:
+        pytest.skip("runs the kernels on CPU tensors: needs TRITON_INTERPRET=1")
+
+
 VARIANTS = ("seq", "tile", "tile-poly")
 TOL = {torch.float32: 1e-4, torch.float16: 6e-3, torch.bfloat16: 3e-2}
 ALL_TILE_CONFIGS = tuple(dict.fromkeys(TILE_SWEEP + TILE_POLY_SWEEP))
