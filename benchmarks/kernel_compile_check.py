@@ -36,8 +36,13 @@ scan_fwd_seq.SEQ_SWEEP config), the Mamba-1 decode step, gdn_gates, sigmoid_gate
 each, of an autotuned kernel only the configs with the most pipeline stages (the most shared
 memory).
 
+The SSD launchers fit their tiles and autotune configs to the target's shared memory
+(fastpath/kernels/ssd/shared_memory.py): launches are recorded per arch with that arch's limit
+assumed, and an autotuned kernel is compiled for the configs its pruner keeps there.
+
 usage: python benchmarks/kernel_compile_check.py [--arch 90 100 120] [--dtype bf16 fp32]
-       [--only FAMILY ...] [--seqlen 256] [--quick] [--jobs N] [--out FILE.json]
+       [--only FAMILY ...] [--seqlen 256] [--quick] [--jobs N] [--out FILE.json] [--markdown]
+       python benchmarks/kernel_compile_check.py --table FILE.json   (the markdown table only)
 Exit 1 if any compile fails.
 """
 
@@ -75,6 +80,7 @@ from fastpath.kernels.selective_scan import interface as scan_if
 from fastpath.kernels.selective_scan import scan_bwd, scan_fwd, scan_fwd_seq
 from fastpath.kernels.sigmoid_gate import interface as gate_if
 from fastpath.kernels.ssd import interface as ssd_if
+from fastpath.kernels.ssd import shared_memory as ssd_shared
 from fastpath.kernels.ssd import split_conv_scan as ssd_split
 from fastpath.kernels.ssd import state_update as ssd_update
 from fastpath.kernels.zc_rmsnorm import interface as norm_if
@@ -82,8 +88,9 @@ from fastpath.kernels.zc_rmsnorm import interface as norm_if
 FAMILIES = ("causal_conv1d", "ssd", "selective_scan", "state_update", "gdn_gates", "sigmoid_gate",
             "zc_rmsnorm")
 ARCHS = (90, 100, 120)
-# cudaDevAttrMaxSharedMemoryPerBlockOptin per arch (what Triton checks at load): CCCL arch_traits
-SHARED_LIMIT = {90: 232448, 100: 232448, 103: 232448, 120: 101376, 121: 101376}
+# cudaDevAttrMaxSharedMemoryPerBlockOptin per arch (what Triton checks at load): CCCL arch_traits,
+# kept where the SSD launchers read it to fit their configs
+SHARED_LIMIT = ssd_shared.ARCH_LIMITS
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Falcon-Mamba-7B (tiiuae/falcon-mamba-7b config.json): hidden 4096, d_inner 8192, d_state 16,
 # dt_rank 256, conv 4; B/C/dt RMSNorm (falcon_mamba_inner_fn)
@@ -117,6 +124,9 @@ class Recorder:
         def record_tuned(tuner, *args, grid, warmup, **kwargs):
             self._groups += 1
             configs = tuner.configs
+            prune = getattr(tuner, "early_config_prune", None)
+            if prune:  # what the autotuner would try on the target (shared_memory.prune)
+                configs = prune(configs, dict(zip(tuner.arg_names, args, strict=False)), **kwargs)
             if self.deepest_only:  # the most shared memory, the likeliest to hit a limit
                 deepest = max(c.num_stages for c in configs)
                 configs = [c for c in configs if c.num_stages == deepest]
@@ -552,8 +562,11 @@ def _over_limit(row: dict, arch: int) -> bool:
 
 
 def compile_all(launches: list[tuple], family: str, dtype_name: str, arch: int,
-                emit: Callable[[dict], None]) -> None:
-    """Compile each distinct specialisation of `launches` for `arch`; emit a row per binary."""
+                emit: Callable[[dict], None], kernels: set[str] | None = None) -> None:
+    """Compile each distinct specialisation of `launches` for `arch` (of the named kernels, when
+    given); emit a row per binary."""
+    if kernels:
+        launches = [launch for launch in launches if launch[1].__name__ in kernels]
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
     seen: dict = {}
@@ -610,24 +623,25 @@ def compile_all(launches: list[tuple], family: str, dtype_name: str, arch: int,
 
 
 def run(families: list[str], dtypes: list[str], archs: list[int], seqlen: int, quick: bool,
-        emit: Callable[[dict], None]) -> None:
+        emit: Callable[[dict], None], kernels: set[str] | None = None) -> None:
+    """Per arch, the launches are recorded as the launchers choose them for that arch's shared
+    memory (ssd/shared_memory.assume_limit), then compiled for it."""
     for family in families:
         for dtype_name in dtypes:
-            try:
-                launches = record(family, dtype_name, seqlen, quick)
-            except Exception as exc:  # a launcher that fails on CPU: say so, go on
-                for arch in archs:
+            for arch in archs:
+                try:
+                    with ssd_shared.assume_limit(SHARED_LIMIT.get(arch, SHARED_LIMIT[120]), arch):
+                        launches = record(family, dtype_name, seqlen, quick)
+                except Exception as exc:  # a launcher that fails on CPU: say so, go on
                     emit({"arch": arch, "family": family, "dtype": dtype_name, "ok": False,
                           "kernel": "(launch site)", "error": f"{type(exc).__name__}: {exc}"[:600]})
-                continue
-            if not launches:
-                for arch in archs:
+                    continue
+                if not launches:
                     emit({"arch": arch, "family": family, "dtype": dtype_name, "ok": False,
                           "kernel": "(launch site)",
                           "error": "no Triton launch recorded (the interface fell back?)"})
-                continue
-            for arch in archs:
-                compile_all(launches, family, dtype_name, arch, emit)
+                    continue
+                compile_all(launches, family, dtype_name, arch, emit, kernels)
 
 
 def summarise(rows: list[dict], archs: list[int]) -> dict:
@@ -645,6 +659,37 @@ def summarise(rows: list[dict], archs: list[int]) -> dict:
             "over_shared_limit_autotuned": sum(1 for r in ok if "over_shared_limit" in r),
         }
     return out
+
+
+def markdown_table(rows: list[dict], archs: list[int]) -> str:
+    """Per family and kernel, per arch: binaries ok / recorded, max registers, binaries that spill
+    (max spill-store bytes), max shared bytes; failures in bold."""
+    kernels = list(dict.fromkeys((r.get("family"), r.get("kernel")) for r in rows
+                                 if r.get("kernel") and r.get("arch") in archs))
+    head = ["family", "kernel"] + [f"sm_{a}: ok/binaries, max regs, spilling (max bytes), max shared"
+                                   for a in archs]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for family, kernel in kernels:
+        cells = [family, f"`{kernel}`"]
+        for arch in archs:
+            mine = [r for r in rows if (r.get("family"), r.get("kernel"), r.get("arch"))
+                    == (family, kernel, arch)]
+            binaries = [r for r in mine if "regs" in r or "error" in r]
+            ok = [r for r in binaries if r.get("ok")]
+            spilling = [r for r in ok if r.get("spill_store_bytes", 0)]
+            failed = sum(1 for r in mine if "error" in r)
+            cell = (f"{len(ok)}/{len(binaries)}, {max((r.get('regs', 0) for r in ok), default=0)}, "
+                    f"{len(spilling)}"
+                    + (f" ({max(r['spill_store_bytes'] for r in spilling)} B)" if spilling else "")
+                    + f", {max((r.get('shared_bytes', 0) for r in ok), default=0)}")
+            over = sum(1 for r in ok if "over_shared_limit" in r)
+            if over:
+                cell += f" ({over} over limit, skipped by autotune)"
+            if failed:
+                cell += f" **{failed} FAILED**"
+            cells.append(cell if mine else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _in_parallel(args: argparse.Namespace, argv_rest: list[str]) -> list[dict]:
@@ -691,7 +736,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=min(3, os.cpu_count() or 1),
                     help="archs compiled in parallel (one process each)")
     ap.add_argument("--out", default=None, help="write the rows as JSON here (rewritten per row)")
+    ap.add_argument("--kernel", nargs="+", default=None, metavar="NAME",
+                    help="compile only these kernels (e.g. _states_kernel) of the families' launches")
+    ap.add_argument("--markdown", action="store_true",
+                    help="print the registers / spills / shared-memory table as markdown at the end")
+    ap.add_argument("--table", metavar="FILE.json", default=None,
+                    help="only print the markdown table of an earlier --out file")
     args = ap.parse_args(argv)
+    if args.table:
+        with open(args.table) as f:
+            data = json.load(f)
+        print(markdown_table(data["rows"], data["archs"]))
+        return 0
     torch.manual_seed(0)
     header = {"archs": args.arch, "triton": triton.__version__, "torch": torch.__version__,
               "ptxas": {str(a): dict(zip(("path", "version"), ptxas_for(a), strict=True))
@@ -722,15 +778,19 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({k: header[k] for k in ("archs", "triton", "torch", "ptxas")}), flush=True)
     if len(args.arch) > 1 and args.jobs > 1:
         rest = ["--dtype", *args.dtype, "--only", *args.only, "--seqlen", str(args.seqlen)]
+        rest += ["--kernel", *args.kernel] if args.kernel else []
         rows += _in_parallel(args, rest + (["--quick"] if args.quick else []))
         write()
     else:
-        run(args.only, args.dtype, args.arch, args.seqlen, args.quick, emit)
+        run(args.only, args.dtype, args.arch, args.seqlen, args.quick, emit,
+            set(args.kernel) if args.kernel else None)
     summary = summarise(rows, args.arch)
     for arch, s in summary.items():
         print(f"sm_{arch}: {s['compiled']} compiled, {s['failed']} failed, max {s['max_regs']} "
               f"registers, {s['spilling']} spilling (max {s['max_spill_store_bytes']} bytes), "
               f"max shared {s['max_shared_bytes']} bytes (Triton {triton.__version__})", flush=True)
+    if args.markdown:
+        print(markdown_table(rows, args.arch), flush=True)
     failed = [r for r in rows if "error" in r]
     return 1 if failed else 0
 

@@ -19,11 +19,12 @@ import time
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile real kernels, not the interpreter's stand-ins
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from fastpath.kernels.ssd import scan_bwd, scan_fwd, varlen
+from fastpath.kernels.ssd import scan_bwd, scan_fwd, shared_memory, varlen
 
 FP32_PTRS = {"dtp_ptr", "cum_ptr", "A_ptr", "bias_ptr", "D_ptr", "final_ptr", "init_ptr",
              "dfinal_ptr", "dinit_ptr", "ddt_ptr", "dA_ptr", "dD_ptr"}
@@ -76,10 +77,20 @@ def compile_one(kernel, dtype: str, consts: dict, target: GPUTarget, warps: int,
     return row
 
 
-def cases(dtype: str):
+def cases(dtype: str, arch: int):
+    """The kernels at Nemotron-H-8B's sizes, with the tiles the launchers pick for `arch`'s
+    shared memory (ssd/shared_memory.py)."""
     common = {"PREC": "ieee" if dtype == "fp32" else "default", "UPCAST": False}
     full = {"BP": 64, "BN": 128}
-    tile = {"BP": scan_fwd.STATE_BLOCK, "BN": scan_fwd.STATE_BLOCK}
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    cpu = torch.device("cpu")
+    with shared_memory.assume_limit(shared_memory.ARCH_LIMITS.get(arch, 101376), arch):
+        bp, bn = shared_memory.state_tile(cpu, torch_dtype, 128, scan_fwd.STATE_BLOCK,
+                                          scan_fwd.STATE_BLOCK)
+        varlen_bq = shared_memory.varlen_block(cpu, torch_dtype, 128, 64, 64, 3)
+        dbc_bn = shared_memory.dbc_tile(cpu, torch_dtype, scan_bwd.DBC_BLOCK_M,
+                                        scan_bwd.DBC_BLOCK_N)
+    tile = {"BP": bp, "BN": bn}
     seq = {"HAS_SEQ": True}
     yield scan_fwd._dt_kernel, {"HAS_BIAS": True, "SOFTPLUS": True, "HAS_LIMIT": True,
                                 "BQ": 128, "BH": 16}
@@ -90,10 +101,10 @@ def cases(dtype: str):
     yield scan_bwd._dstates_kernel, {**seq, "HAS_DFINAL": True, "BQ": 128, **tile, **common}
     yield scan_bwd._dx_kernel, {**seq, "HAS_D": True, "D_PER_CHANNEL": False,
                                 "BM": scan_bwd.DX_BLOCK_M, **full, **common}
-    for want_c in (True, False):
-        yield scan_bwd._dbc_kernel, {**seq, "WANT_C": want_c, "BM": scan_bwd.DBC_BLOCK_M,
-                                     "BP": 64, "BN": scan_bwd.DBC_BLOCK_N, **common}
-    yield varlen._varlen_states_kernel, {"HAS_INIT": True, "BQ": 128, **tile, **common}
+    yield scan_bwd._dbc_kernel, {**seq, "BM": scan_bwd.DBC_BLOCK_M, "BP": 64, "BN": dbc_bn,
+                                 **common}
+    yield varlen._varlen_states_kernel, {"HAS_INIT": True, "CUM64": dtype == "fp32",
+                                         "BQ": varlen_bq, "BP": 64, "BN": 64, **common}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     target = GPUTarget("cuda", args.arch, 32)
     rows = []
-    for kernel, consts in cases(args.dtype):
+    for kernel, consts in cases(args.dtype, args.arch):
         for warps in (4, 8):
             try:
                 row = compile_one(kernel, args.dtype, consts, target, warps, 2)

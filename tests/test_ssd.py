@@ -502,3 +502,96 @@ def test_split_conv_scan_spec_composes_conv_and_scan(norm_before_gate):
         want = want @ tail["outproj_weight"].T + tail["outproj_bias"]
     assert rel_err(out, want) < 1e-12
     assert rel_err(final, want_final) < 1e-12
+
+
+# ---------------------------------------------------------------- shared-memory fit (sm_120)
+def test_shared_memory_fit_keeps_hopper_configs_and_fits_sm120():
+    """On Hopper's limit the launchers keep their tiles for the model shapes (Nemotron-H chunk
+    128, Mamba-2 chunk 256; P = 64, N = 128 -> 64-wide tiles) and the pruner drops only configs
+    that do not fit there anyway; on sm_120's every kept config is estimated within it."""
+    from triton import Config
+
+    from fastpath.kernels.ssd import shared_memory as sm
+
+    cpu = torch.device("cpu")
+    assert sm.limit(cpu) is None and sm.state_tile(cpu, torch.float32, 256, 64, 64) == (64, 64)
+    configs = [Config({}, num_warps=w, num_stages=s) for w in (4, 8) for s in (2, 3)]
+    prune = sm.prune(sm.state_pass_estimate)
+    for dtype, prec in ((torch.float32, "ieee"), (torch.bfloat16, "default")):
+        for bq in (128, 256):
+            with sm.assume_limit(sm.ARCH_LIMITS[90], 90):
+                assert sm.state_tile(cpu, dtype, bq, 64, 64) == (64, 64)
+                assert sm.varlen_block(cpu, dtype, 128, 64, 64, 3) == 128
+                assert sm.dbc_tile(cpu, dtype, 64, 64) == 64
+                kept = prune(configs, {"x_ptr": torch.empty(0)}, BQ=bq, BP=64, BN=64, PREC=prec)
+                deep_fp32 = dtype == torch.float32 and bq == 256
+                assert len(kept) == (2 if deep_fp32 else 4)  # fp32 chunk 256, 3 stages: 333840 B
+            limit = sm.ARCH_LIMITS[120]
+            with sm.assume_limit(limit, 120):
+                bp, bn = sm.state_tile(cpu, dtype, bq, 64, 64)
+                elem = 4 if dtype == torch.float32 else 2
+                assert sm.state_pass_bytes(bq, bp, bn, elem, 2, 120) <= limit
+                kept = prune(configs, {"x_ptr": torch.empty(0)}, BQ=bq, BP=bp, BN=bn, PREC=prec)
+                assert kept and all(
+                    sm.state_pass_bytes(bq, bp, bn, elem, c.num_stages, 120) <= limit for c in kept)
+                block = sm.varlen_block(cpu, dtype, 128, 64, 64, 3)
+                assert sm.state_pass_bytes(block, 64, 64, elem, 3, 120) <= limit
+    assert sm.limit(cpu) is None
+
+
+def test_shared_memory_estimates_bound_ptxas():
+    """The estimates are upper bounds of the shared memory ptxas gave these kernels' binaries
+    (benchmarks/results/kernel_compile_sm90_sm100_sm120.json: Triton 3.9, every arch, bf16 and
+    fp32, every autotune config), and not loose enough to change a decision on Hopper: every
+    binary that fits sm_90 is estimated to fit it."""
+    import json
+    from pathlib import Path
+
+    from fastpath.kernels.ssd import shared_memory as sm
+
+    path = (Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+            / "kernel_compile_sm90_sm100_sm120.json")
+    rows = [r for r in json.loads(path.read_text())["rows"]
+            if r.get("family") == "ssd" and r.get("shared_bytes") is not None]
+    checked = 0
+    for r in rows:
+        c, elem, stages = r["constexprs"], 4 if r["dtype"] == "fp32" else 2, r["num_stages"]
+        if r["kernel"] in ("_states_kernel", "_dstates_kernel", "_varlen_states_kernel"):
+            bound = sm.state_pass_bytes(c["BQ"], c["BP"], c["BN"], elem, stages, r["arch"])
+        elif r["kernel"] == "_dbc_kernel":
+            bound = sm.dbc_bytes(c["BM"], c["BN"], elem, stages, r["arch"])
+        else:
+            continue
+        assert r["shared_bytes"] <= bound, r
+        if r["arch"] in (90, 100):
+            limit = sm.ARCH_LIMITS[r["arch"]]
+            assert (r["shared_bytes"] <= limit) == (bound <= limit), r
+        checked += 1
+    assert checked >= 100
+
+
+@pytest.mark.skipif(EXPECTED_IMPL != "triton", reason="needs the Triton kernels (TRITON_INTERPRET=1)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernels_at_the_tiles_a_small_shared_memory_picks(dtype):
+    """Under a small stated limit the launchers pick smaller state tiles (P and N split over
+    programs), a shorter varlen token block and a narrower dB/dC tile: forward, every gradient
+    and the varlen states still match float64."""
+    from fastpath.kernels.ssd import shared_memory as sm
+
+    cpu = torch.device("cpu")
+    with sm.assume_limit(30000, 120):
+        assert sm.state_tile(cpu, torch.float32, 64, 64, 32) == (32, 32)
+        assert sm.varlen_block(cpu, torch.float32, 64, 64, 32, 3) == 16
+        assert sm.dbc_tile(cpu, torch.float32, 64, 32) == 16
+        t, seq = make_case(1, 100, 2, 64, 1, 32, npacked=3, seed=5)
+        run_case(t, seq, 64, dtype, ALL)
+        cuts = torch.nonzero(torch.diff(seq[0])).flatten().add(1).tolist()
+        cu = torch.tensor([0, *cuts, 100], dtype=torch.int32)
+        args = [t[k].to(dtype) if k == "x" or k in "BC" else t[k].float()
+                for k in ("x", "dt", "A", "B", "C")]
+        _, varlen = mamba_chunk_scan_combined(*args, 64, seq_idx=seq, cu_seqlens=cu,
+                                              return_varlen_states=True)
+    for i, (s, e) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
+        _, want = ssd_recurrent_ref(*[t[k][:, s:e] if t[k].dim() > 1 else t[k]
+                                      for k in ("x", "dt", "A", "B", "C")])
+        assert rel_err(varlen[i], want[0]) < TOL[dtype]

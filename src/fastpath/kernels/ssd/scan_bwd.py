@@ -30,6 +30,7 @@ import triton.language as tl
 from torch import Tensor
 
 from fastpath.kernels.ssd import scan_fwd as fwd
+from fastpath.kernels.ssd import shared_memory
 from fastpath.kernels.ssd.scan_fwd import (
     _carry,
     _chunk_bounds,
@@ -60,7 +61,8 @@ DBC_BLOCK_M = 64
 DBC_BLOCK_N = 64
 
 
-@light_autotune(["Q", "P", "N", "BP", "BN"], loop=True)
+@light_autotune(["Q", "P", "N", "BP", "BN"], loop=True,
+                prune=shared_memory.prune(shared_memory.state_pass_estimate))
 @triton.jit
 def _dstates_kernel(
     dy_ptr, C_ptr, cum_ptr, seq_ptr, dfinal_ptr, dstates_ptr, dinit_ptr,
@@ -243,7 +245,8 @@ def _dcb_kernel(
     tl.store(dcb_ptr + blk, acc, mask=blk_ok)
 
 
-@light_autotune(["Q", "P", "N", "BM", "BN"], loop=True)
+@light_autotune(["Q", "P", "N", "BM", "BN"], loop=True,
+                prune=shared_memory.prune(shared_memory.dbc_estimate))
 @triton.jit
 def _dbc_kernel(
     x_ptr, dy_ptr, B_ptr, C_ptr, dtp_ptr, cum_ptr, seq_ptr, states_ptr, dstates_ptr, dcb_ptr,
@@ -363,6 +366,7 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
     dstates = torch.empty_like(states)
     dinit = torch.empty((batch, nheads, headdim, dstate), device=x.device, dtype=torch.float32)
     bp, bn = min(bp_full, fwd.STATE_BLOCK), min(bn_full, fwd.STATE_BLOCK)
+    bp, bn = shared_memory.state_tile(x.device, x.dtype, bq, bp, bn)
     grid = (triton.cdiv(headdim, bp) * triton.cdiv(dstate, bn), batch * nheads)
     _dstates_kernel[grid](
         dy, C, cum, seq_arg, dfinal.contiguous() if dfinal is not None else dtp, dstates, dinit,
@@ -404,8 +408,8 @@ def ssd_scan_bwd_triton(dout, dfinal, x, dt, A, B, C, D, z, dt_bias, initial_sta
     )
     dB = torch.empty(B.shape, device=x.device, dtype=B.dtype)
     dC = torch.empty(C.shape, device=x.device, dtype=C.dtype)
-    bn_bc = min(bn_full, DBC_BLOCK_N)
     bm_bc = min(DBC_BLOCK_M, bq)
+    bn_bc = shared_memory.dbc_tile(x.device, x.dtype, bm_bc, min(bn_full, DBC_BLOCK_N))
     n_nt = triton.cdiv(dstate, bn_bc)
     dsi = torch.zeros((n_nt, *dtp.shape), device=x.device, dtype=torch.float32)
     rh = torch.empty((batch, nchunks, nheads, n_nt), device=x.device, dtype=torch.float32)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
 
 import torch
 import triton
@@ -25,6 +26,7 @@ import triton.language as tl
 from torch import Tensor
 
 from fastpath.kernels.dispatch import triton_interpreter_on
+from fastpath.kernels.ssd import shared_memory
 
 # Tile knobs (benchmarks/ssd.py --sweep times alternatives): output rows per program, the
 # P/N tile of the sequential state pass, the blocks of the CB (and backward dCB) programs.
@@ -69,18 +71,20 @@ def mm(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
 _KEEP_DECISIONS = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
 
 
-def light_autotune(key: list[str], loop: bool = False):
+def light_autotune(key: list[str], loop: bool = False, prune: Callable | None = None):
     """A few warp/stage configs timed once per shape on a compiled device, the decision kept in
     Triton's cache where Triton can; the plain kernel under the interpreter (nothing to time
     there). Safe to re-run: the kernels only overwrite their outputs. `loop`: the kernel streams
-    a loop, so deeper pipelining is worth a try."""
+    a loop, so deeper pipelining is worth a try. `prune`: an early_config_prune
+    (shared_memory.prune: configs past the device's shared memory are not tried)."""
     stages = (2, 3) if loop else (1, 2)
     configs = [triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8) for s in stages]
+    by = {"prune_configs_by": {"early_config_prune": prune}} if prune is not None else {}
 
     def wrap(fn):
         if triton_interpreter_on():
             return fn
-        return triton.autotune(configs=configs, key=key, **_KEEP_DECISIONS)(fn)
+        return triton.autotune(configs=configs, key=key, **_KEEP_DECISIONS, **by)(fn)
 
     return wrap
 
@@ -188,7 +192,8 @@ def _chunk_rows(head_ptr, group_ptr, rows, valid, SH, SG, h, g, P, N, offs_p, of
     return head, group
 
 
-@light_autotune(["Q", "P", "N", "BP", "BN"], loop=True)
+@light_autotune(["Q", "P", "N", "BP", "BN"], loop=True,
+                prune=shared_memory.prune(shared_memory.state_pass_estimate))
 @triton.jit
 def _states_kernel(
     x_ptr, B_ptr, dtp_ptr, cum_ptr, seq_ptr, init_ptr, states_ptr, final_ptr,
@@ -382,6 +387,7 @@ def chunk_states(x: Tensor, B: Tensor, dtp: Tensor, cum: Tensor, seq_idx: Tensor
     )
     final = torch.empty((batch, nheads, headdim, dstate), device=x.device, dtype=torch.float32)
     bp, bn = min(pow2(headdim), STATE_BLOCK), min(pow2(dstate), STATE_BLOCK)
+    bp, bn = shared_memory.state_tile(x.device, x.dtype, pow2(chunk_size), bp, bn)
     grid = (triton.cdiv(headdim, bp) * triton.cdiv(dstate, bn), batch * nheads)
     _states_kernel[grid](
         x, B, dtp, cum, seq_idx if seq_idx is not None else dtp,

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from fastpath.kernels.ssd import shared_memory
 from fastpath.kernels.ssd.scan_fwd import (
     _chunk_rows,
     _decay,
@@ -72,6 +73,8 @@ def varlen_states_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, cu_seqlens
     nseq = cu_seqlens.numel() - 1
     out = torch.empty((nseq, nheads, headdim, dstate), device=x.device, dtype=out_dtype)
     bp, bn = min(pow2(headdim), 64), min(pow2(dstate), 64)
+    # Triton's default 3 pipeline stages; the token block shrinks where they would not fit
+    bq = shared_memory.varlen_block(x.device, x.dtype, pow2(min(chunk_size, 128)), bp, bn, 3)
     grid = (triton.cdiv(headdim, bp) * triton.cdiv(dstate, bn), nseq * nheads)
     _varlen_states_kernel[grid](
         x, B, dtp, A.contiguous(), cu_seqlens.to(device=x.device, dtype=torch.int32).contiguous(),
@@ -79,6 +82,6 @@ def varlen_states_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, cu_seqlens
         nheads, ngroups, headdim, dstate, dtp.shape[-1], x.stride(1), B.stride(1),
         HAS_INIT=initial_states is not None, CUM64=cum_dtype(x.dtype) == torch.float64,
         PREC=dot_precision(x.dtype),
-        UPCAST=needs_upcast(x.dtype), BQ=pow2(min(chunk_size, 128)), BP=bp, BN=bn,
+        UPCAST=needs_upcast(x.dtype), BQ=bq, BP=bp, BN=bn,
     )
     return out
