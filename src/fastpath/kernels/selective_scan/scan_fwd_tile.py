@@ -85,17 +85,18 @@ MAGIC_BITS = tl.constexpr(0x4B400000)  # its float32 bit pattern
 def exp2_poly(x):
     """2^x on the FMA/ALU pipes, for float32 x: x = j + f (j = round(x), |f| <= 1/2), 2^f by
     the polynomial, j added to the exponent bits. x is clamped to [-127, 128] (2^-127 -> 0,
-    2^128 -> inf, as the SFU's flush-to-zero exp2 gives)."""
-    x = tl.minimum(tl.maximum(x, -127.0), 128.0)
-    r = x + ROUND_MAGIC
+    2^128 -> inf, as the SFU's flush-to-zero exp2 gives); NaN stays NaN."""
+    xc = tl.minimum(tl.maximum(x, -127.0), 128.0)
+    r = xc + ROUND_MAGIC
     j = r.to(tl.int32, bitcast=True) - MAGIC_BITS
-    f = x - (r - ROUND_MAGIC)
+    f = xc - (r - ROUND_MAGIC)
     p = P5 * f + P4
     p = p * f + P3
     p = p * f + P2
     p = p * f + P1
     p = p * f + 1.0
-    return (p.to(tl.int32, bitcast=True) + (j << 23)).to(tl.float32, bitcast=True)
+    y = (p.to(tl.int32, bitcast=True) + (j << 23)).to(tl.float32, bitcast=True)
+    return tl.where(x == x, y, x)
 
 
 @triton.jit
@@ -134,7 +135,8 @@ def softplus_fast(v, ASM: tl.constexpr, AUX_POLY: tl.constexpr):
     """softplus(v) = log(1 + e^v) in float32, the same branches as scan_fwd.softplus (identity
     above 20; log1p's series below e^v = 1/16, where 1 + e would drop e's low bits), with the
     exponential by exp2 and the logarithm on the SFU: about a third of its instructions."""
-    e = _exp2_aux(tl.minimum(v, 20.0) * LOG2E, AUX_POLY >= 1)
+    # NaN propagated through the clamp (a plain minimum returns 20 for NaN: delta' would be 20)
+    e = _exp2_aux(tl.minimum(v, 20.0, propagate_nan=tl.PropagateNan.ALL) * LOG2E, AUX_POLY >= 1)
     series = e * (1.0 - e * (0.5 - e * (0.3333333333333333 - e * (0.25 - e * (
         0.2 - e * 0.16666666666666666)))))
     logged = _log2_fast(1.0 + e, ASM) * LN2
