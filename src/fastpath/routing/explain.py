@@ -3,7 +3,9 @@
 It reads the same hooks transformers reads at call time (instance attributes, module globals,
 the closure of 5.15+ `use_kernel_func_from_hub_with_fallback` wrappers, 4.57's lazy cache, the
 <=5.14 all-or-nothing `is_fast_path_available` + CUDA gates), without calling any kernel and
-without triggering a Hub download.
+without triggering a Hub download. Rows that a route of routing/routes.py describes itself (a
+module it patched: the gated norm, the glue, the zero-centred norm; or the whole model) come from
+that route's `explain_layer` / `explain_model`, in table order.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.routing import glue_route, mamba1_route, mamba_route, norm_route, zc_norm_route
+from fastpath.routing import mamba1_route, mamba_route
 from fastpath.routing.conv_route import FASTPATH_ROUTE_ATTR
 from fastpath.routing.fla_route import DQKWG_IMPL
 from fastpath.routing.fla_route import ROUTE_ATTR as GDN_ROUTE_ATTR
@@ -151,42 +153,23 @@ def explain_model(model: Any) -> Explanation:
 
 
 def _explain_model(model: Any) -> Explanation:
+    from fastpath.routing.routes import ROUTES
+
     out = Explanation()
+    layer_rows = [r.explain_layer for r in ROUTES if r.explain_layer is not None]
     for name, layer in model.named_modules():
         cls = type(layer)
         module = sys.modules.get(cls.__module__)
         if module is None or not cls.__module__.startswith("transformers.models."):
             continue
-        ops = _ops_of_class(cls)
-        glue = glue_route.describe_layer(layer, _device_of(layer))  # the fused glue, when enabled
-        if not ops:
-            if glue is not None:
-                out.rows.append({"layer": name or "<root>", "layer_type": cls.__name__, "op": glue[0],
-                                 "impl": glue[1], "fast": glue[2]})
-            zc = zc_norm_route.describe_layer(layer, _device_of(layer))  # the zero-centred norm, when enabled
-            if zc is not None:
-                out.rows.append({"layer": name or "<root>", "layer_type": cls.__name__, "op": zc_norm_route.OP,
-                                 "impl": zc[0], "fast": zc[1]})
-            continue
         device = _device_of(layer)
-        gate = _all_or_nothing_gate(layer, module, device) or mamba1_route.config_gate(layer)
-        limit = _kernel_limit(layer)
-        for op in ops:
-            impl, fast = _resolve(op, layer, module, device)
-            if gate is not None and (op in CONV_OPS or op in mamba_route.MAMBA_OPS or op in mamba1_route.MAMBA1_OPS):
-                impl, fast = f"torch ({gate})", False
-            elif limit is not None and op in CONV_OPS and impl.startswith("fastpath-triton"):
-                impl, fast = f"fastpath (torch reference: {limit})", False
+        for op, impl, fast in _hook_rows(layer, module, device) + [row for rows in layer_rows
+                                                                     for row in rows(layer, device)]:
             out.rows.append({"layer": name or "<root>", "layer_type": cls.__name__, "op": op,
                              "impl": impl, "fast": fast})
-        norm = _gated_norm_child(layer)
-        if norm is not None:
-            impl, fast = norm_route.describe_layer_norm(norm, device)
-            out.rows.append({"layer": name or "<root>", "layer_type": cls.__name__, "op": norm_route.OP,
-                             "impl": impl, "fast": fast})
-        if glue is not None:
-            out.rows.append({"layer": name or "<root>", "layer_type": cls.__name__, "op": glue[0],
-                             "impl": glue[1], "fast": glue[2]})
+    for r in ROUTES:
+        if r.explain_model is not None:
+            out.rows.extend(r.explain_model(model))
     if "liger_kernel" in sys.modules:  # Liger's ops, when its patches are in place
         from fastpath.routing import liger_route
 
@@ -201,6 +184,24 @@ def _explain_model(model: Any) -> Explanation:
     if hub and out.rows:
         out.notes.append(hub)
     return out
+
+
+def _hook_rows(layer: Any, module: ModuleType, device: str) -> list[tuple[str, str, bool]]:
+    """(op, impl, fast) for each kernel op a layer reaches through transformers' hooks."""
+    ops = _ops_of_class(type(layer))
+    if not ops:
+        return []
+    rows = []
+    gate = _all_or_nothing_gate(layer, module, device) or mamba1_route.config_gate(layer)
+    limit = _kernel_limit(layer)
+    for op in ops:
+        impl, fast = _resolve(op, layer, module, device)
+        if gate is not None and (op in CONV_OPS or op in mamba_route.MAMBA_OPS or op in mamba1_route.MAMBA1_OPS):
+            impl, fast = f"torch ({gate})", False
+        elif limit is not None and op in CONV_OPS and impl.startswith("fastpath-triton"):
+            impl, fast = f"fastpath (torch reference: {limit})", False
+        rows.append((op, impl, fast))
+    return rows
 
 
 def _hub_kernels_note() -> str | None:
@@ -225,16 +226,6 @@ def _hub_kernels_note() -> str | None:
             "installed: from_pretrained(use_kernels=None) kernelizes causal_conv1d and the gated "
             "delta rule with Hub kernels (downloads) in the models it loads; fastpath.enable() "
             f"sets {hub_kernels_env.ENV}=0 unless you set it")
-
-
-def _gated_norm_child(layer: Any) -> Any:
-    """A GatedDeltaNet layer's gated RMSNorm (transformers' class or FLA's FusedRMSNormGated)."""
-    if "GatedDeltaNet" not in type(layer).__name__:
-        return None
-    for child in layer.children():
-        if type(child).__name__.endswith("RMSNormGated"):
-            return child
-    return None
 
 
 @cache

@@ -215,6 +215,17 @@ def use_dqkwg_route(status: FlaStatus) -> bool:
     return True
 
 
+def enter_dqkwg_route(status: FlaStatus) -> None:
+    """enable() and the end of suspended(): the FLA #640 dqkwg route in place when `status` calls
+    for it (installed the first time by use_dqkwg_route, which also rewrites `status`)."""
+    if status.chunk_impl == DQKWG_IMPL:
+        from fastpath.routing.fla_backend import install_dqkwg_route
+
+        install_dqkwg_route()
+    elif status.route:
+        use_dqkwg_route(status)
+
+
 def undo_dqkwg_route() -> None:
     try:
         from fastpath.routing.fla_backend import uninstall_dqkwg_route

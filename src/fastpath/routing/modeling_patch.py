@@ -10,8 +10,8 @@ covered. Per module, the hooks every transformers era reads are patched:
   * <=5.14 GatedDeltaNet instance attributes copied at __init__ (built layers found through gc);
   * gated delta rule globals (5.15+ `torch_*_gated_delta_rule`, <=5.14 `*_gated_delta_rule`)
     when FLA is routed; Kimi-Linear's KDA globals (5.17+) likewise;
-  * the `forward` of GatedDeltaNet's gated RMSNorm class, when FLA's fused op computes the same
-    function (routing/norm_route.py).
+Each route of routing/routes.py patches its own hooks (the gated delta rule's and KDA's
+here, the conv's last: it recomputes the <=5.14 gates from every global set before it).
 Modules imported later are patched by an import hook right after they execute.
 """
 
@@ -25,12 +25,12 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.routing import fla_route, norm_route
+from fastpath.routing import fla_route
 from fastpath.routing.hub_kernels import kernels_func_inner
 from fastpath.routing.patch_registry import PatchRegistry
 
@@ -74,7 +74,8 @@ def discover_modeling_modules() -> list[str]:
 
 @dataclass
 class Routes:
-    """The callables enable() installs (built once per enable())."""
+    """The conv and gated-delta-rule callables enable() installs (built once per enable()): what
+    modules and, <=5.14, built layers get."""
 
     conv_fn: Callable[..., Any]
     conv_update: Callable[..., Any]
@@ -82,12 +83,31 @@ class Routes:
     make_gdn: Callable[[str, Callable[..., Any]], Callable[..., Any]] | None  # (kind, torch_fn) -> route
     make_kda: Callable[[str, Callable[..., Any]], Callable[..., Any]] | None = None  # Kimi's KDA, same shape
     lift_device_gate: bool = False
-    gated_norm: norm_route.NormStatus | None = None  # FLA's fused gated RMSNorm, when routed
-    notes: list[str] = field(default_factory=list)    # what patching left alone, and why
 
 
 def patch_module(module: ModuleType, routes: Routes, reg: PatchRegistry) -> None:
-    """Point one modeling module's causal_conv1d (and gated delta rule) hooks at fastpath."""
+    """Point one modeling module's causal_conv1d (and, when routed, gated delta rule and KDA) hooks
+    at fastpath: every hook this module's routes own, in the order enable() uses."""
+    if routes.make_gdn is not None:
+        patch_gdn_globals(module, routes, reg)
+    if routes.make_kda is not None:
+        patch_kda_globals(module, routes, reg)
+    patch_conv_globals(module, routes, reg)
+
+
+def patch_kda_globals(module: ModuleType, routes: Routes, reg: PatchRegistry) -> None:
+    """5.17+ kimi_linear: the KDA call-time globals -> FLA's KDA (routing/fla_route.py)."""
+    g = module.__dict__
+    assert routes.make_kda is not None
+    for name, kind in fla_route.KDA_GLOBALS.items():
+        fn = g.get(name)
+        if callable(fn) and hasattr(fn, "__wrapped__"):
+            reg.set_attr(module, name, routes.make_kda(kind, fn))
+
+
+def patch_conv_globals(module: ModuleType, routes: Routes, reg: PatchRegistry) -> None:
+    """causal_conv1d's hooks, then the <=5.14 gates computed from every kernel global (run after the
+    other routes have set theirs)."""
     g = module.__dict__
     for name, route in (("causal_conv1d_fn", routes.conv_fn), ("causal_conv1d_update", routes.conv_update)):
         # a `kernels` Func still here means enable(hub_kernels="keep"): the Hub kernel stays
@@ -97,15 +117,6 @@ def patch_module(module: ModuleType, routes: Routes, reg: PatchRegistry) -> None
         reg.set_attr(module, "_causal_conv1d_cache", (routes.conv_update, routes.conv_fn))
     if "causal_conv1d" in g and isinstance(g["causal_conv1d"], (ModuleType, type(None))):
         reg.set_attr(module, "causal_conv1d", routes.conv_module)  # 5.x mamba keeps the module too
-    if routes.make_gdn is not None:
-        _patch_gdn_globals(module, routes, reg)
-    if routes.make_kda is not None:
-        for name, kind in fla_route.KDA_GLOBALS.items():  # 5.17+ kimi_linear, call-time globals
-            fn = g.get(name)
-            if callable(fn) and hasattr(fn, "__wrapped__"):
-                reg.set_attr(module, name, routes.make_kda(kind, fn))
-    if routes.gated_norm is not None and routes.gated_norm.route:
-        routes.notes.extend(norm_route.patch_module(module, routes.gated_norm, reg))
     if "kernel_modules" in g:  # lfm2 / lfm2_moe <=5.14
         reg.set_attr(module, "kernel_modules", (g.get("causal_conv1d_fn"), g.get("causal_conv1d_update")))
     if isinstance(g.get("is_fast_path_available"), bool):
@@ -115,7 +126,9 @@ def patch_module(module: ModuleType, routes: Routes, reg: PatchRegistry) -> None
         _lift_device_gates(module, reg)
 
 
-def _patch_gdn_globals(module: ModuleType, routes: Routes, reg: PatchRegistry) -> None:
+def patch_gdn_globals(module: ModuleType, routes: Routes, reg: PatchRegistry) -> None:
+    """The gated delta rule's globals -> FLA's (routing/fla_route.py): 5.15+ call-time wrappers,
+    <=5.14 the globals GatedDeltaNet copies at __init__."""
     g = module.__dict__
     assert routes.make_gdn is not None
     # 5.15+: the decorated torch functions are what forward() calls

@@ -234,7 +234,17 @@ def interpreter_single_config(reg: PatchRegistry) -> None:
                 break
 
 
-def describe_layer_norm(norm: Any, device: str) -> tuple[str, bool]:
+def gated_norm_child(layer: Any) -> Any:
+    """A GatedDeltaNet layer's gated RMSNorm (transformers' class or FLA's FusedRMSNormGated)."""
+    if "GatedDeltaNet" not in type(layer).__name__:
+        return None
+    for child in layer.children():
+        if type(child).__name__.endswith("RMSNormGated"):
+            return child
+    return None
+
+
+def describe_layer(norm: Any, device: str) -> tuple[str, bool]:
     """explain()'s (impl, fast) for a GatedDeltaNet layer's gated-norm child module."""
     cls = type(norm)
     if cls.__module__.split(".")[0] == "fla":

@@ -2,17 +2,17 @@
 
 enable() works before or after transformers (or a model) exists: it patches the modeling
 modules already imported, the layers already built, and installs an import hook for modules
-imported later (see modeling_patch for the per-version hooks, hub_kernels for the offline
-handling, fla_route for the gated delta rule, norm_route for GatedDeltaNet's gated RMSNorm, zc_norm_route
-for Qwen3.5 / Qwen3-Next's zero-centred RMSNorm). Everything goes through one undo log, so
-disable() restores exactly what was there and enable/disable/enable works in one process.
+imported later. What it routes is the table routing/routes.py declares (ROUTES: the Hub-kernel
+wrappers, the Mamba-2 and Mamba-1 ops, the gated delta rule and KDA, GatedDeltaNet's gated
+RMSNorm, causal_conv1d, the Qwen3.5 glue, the zero-centred RMSNorm); enable(), disable(),
+suspended() and EnableReport loop over it, modeling_patch holds the per-version hooks.
+Everything goes through one undo log, so disable() restores exactly what was there and
+enable/disable/enable works in one process.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.util
 import sys
 import threading
 import warnings
@@ -22,26 +22,20 @@ from typing import Any
 
 from fastpath.errors import FastpathError, UsageError
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.routing import (
-    conv_route,
-    fla_route,
-    glue_route,
-    mamba1_route,
-    mamba_route,
-    norm_route,
-    zc_norm_route,
-)
 from fastpath.routing import hub_kernels as hub_route
+from fastpath.routing import mamba_common
 from fastpath.routing.explain import Explanation, explain_model
-from fastpath.routing.modeling_patch import (
-    ModelingImportHook,
-    Routes,
-    discover_modeling_modules,
-    patch_built_layers,
-    patch_module,
-    unroute_layers_built_while_enabled,
-)
+from fastpath.routing.modeling_patch import ModelingImportHook, discover_modeling_modules
 from fastpath.routing.patch_registry import PatchRegistry
+from fastpath.routing.routes import (
+    ROUTES,
+    SUMMARY_ORDER,
+    EnableRequest,
+    Session,
+    build_hooks,
+    route,
+    route_of_op,
+)
 
 __all__ = ["EnableReport", "Explanation", "assert_fast", "disable", "enable", "explain", "is_enabled"]
 
@@ -54,12 +48,13 @@ SUMMARY_WIDTH = 80
 
 @dataclass
 class EnableReport:
-    """What enable() changed, in words a user can act on."""
+    """What enable() changed, in words a user can act on (each route of routing/routes.py fills
+    its own fields)."""
 
-    conv_impl: str                      # "fastpath" or "override:<name>"
-    gated_delta_rule: str               # "fla" | "fla-fwd+torch-bwd" | "torch"
-    gated_delta_rule_reason: str
-    transformers_version: str | None
+    conv_impl: str = "fastpath"         # "fastpath" or "override:<name>"
+    gated_delta_rule: str = "torch"     # "fla" | "fla-fwd+torch-bwd" | "torch"
+    gated_delta_rule_reason: str = ""
+    transformers_version: str | None = None
     kda: str = "torch"                  # Kimi-Linear KDA (chunk_kda, fused_recurrent_kda): "fla" | "torch"
     kda_reason: str = ""
     mamba_ssd: str = "fastpath"         # Mamba-2 ops: "fastpath" | "mamba_ssm" | "off"
@@ -81,29 +76,12 @@ class EnableReport:
         """One decision per line, each wrapped between words to `width` columns (80: it is
         printed to stderr, pasted into issues and logs)."""
         tf = self.transformers_version or "not installed yet"
-        lines = [
-            (f"fastpath enabled (transformers {tf}: {len(self.modules_patched)} modeling modules "
-             f"patched, {len(self.modules_pending)} on import, {self.layers_patched} built layers)", ""),
-            (f"causal_conv1d -> {self.conv_impl}", "  "),
-            (f"gated delta rule -> {self.gated_delta_rule} ({self.gated_delta_rule_reason})", "  "),
-        ]
-        if self.gated_delta_rule == fla_route.DQKWG_IMPL:  # read now: checks run at first backward
-            from fastpath.routing import fla_selfcheck
-
-            lines += [(f"dqkwg {r.config.label()}: {'PASS' if r.passed else 'FAIL'}", "    ")
-                      for r in fla_selfcheck.RESULTS.values()]
-        lines += [(f"Kimi-Linear KDA -> {self.kda} ({self.kda_reason})", "  "),
-                  (f"gated RMSNorm -> {self.gated_norm} ({self.gated_norm_reason})", "  "),
-                  (f"zero-centred RMSNorm -> {self.zc_norm} ({self.zc_norm_reason})", "  "),
-                  (f"Mamba-2 SSD ops -> {self.mamba_ssd}", "  "),
-                  (f"Mamba-1 scan ops -> {self.mamba1_scan}", "  ")]
-        if self.hub_kernels == "keep":
-            lines.append((f"Hub-kernel wrappers -> kept ({hub_route.MODE_ENV}=keep): on transformers "
-                          "5.25 with `kernels`, the ops it wraps stay Hub kernels (kernelized models) "
-                          "or transformers' own path; fastpath routes only the rest", "  "))
-        elif self.hub_globals:
-            lines.append((f"Hub-kernel wrappers -> routed to fastpath ({self.hub_globals} module globals; "
-                          f"{hub_route.MODE_ENV}=keep keeps Hub kernels)", "  "))
+        lines = [(f"fastpath enabled (transformers {tf}: {len(self.modules_patched)} modeling modules "
+                  f"patched, {len(self.modules_pending)} on import, {self.layers_patched} built layers)", "")]
+        for name in SUMMARY_ORDER:
+            for text in route(name).summary(self):
+                deeper = text.startswith("  ")
+                lines.append((text.strip(), "    " if deeper else "  "))
         return "\n".join(wrapped for text, indent in lines
                          for wrapped in _wrap(text, width, indent))
 
@@ -122,13 +100,8 @@ def _wrap(text: str, width: int, indent: str) -> list[str]:
 
 @dataclass
 class _State:
-    registry: PatchRegistry
-    env: dict[str, str | None]
-    routes: Routes
+    session: Session
     hook: ModelingImportHook
-    report: EnableReport
-    fla: fla_route.FlaStatus
-    hub_mode: str = "route"
 
 
 _LOCK = threading.RLock()
@@ -176,151 +149,78 @@ def enable(
     version_note = check_transformers_version(_transformers_version())
     if gated_delta_rule not in _GDN_MODES:
         raise UsageError(f"gated_delta_rule must be one of {_GDN_MODES}, got {gated_delta_rule!r}")
-    if mamba_ssm not in mamba_route.MODES:
-        raise UsageError(f"mamba_ssm must be one of {mamba_route.MODES}, got {mamba_ssm!r}")
+    if mamba_ssm not in mamba_common.MODES:
+        raise UsageError(f"mamba_ssm must be one of {mamba_common.MODES}, got {mamba_ssm!r}")
     if lift_device_gate and not triton_interpreter_on():
         raise UsageError("lift_device_gate=True is a testing option and needs TRITON_INTERPRET=1")
-    hub_mode = hub_route.route_mode(hub_kernels)
+    request = EnableRequest(causal_conv1d_fn, causal_conv1d_update, gated_delta_rule, mamba_ssm, glue,
+                            lift_device_gate, hub_route.route_mode(hub_kernels))
     with _LOCK:
         if _STATE is not None:
             disable()
-        from fastpath import causal_conv1d as face
-
-        fla = fla_route.detect_fla(gated_delta_rule)
-        mamba = mamba_route.detect_mamba(mamba_ssm)
-        mamba1 = mamba1_route.detect_mamba1(mamba_ssm)
-        norm = norm_route.detect_norm()
-        glue_status = glue_route.detect_glue(glue)
-        zc_norm = zc_norm_route.detect_zc_norm()
-        if gated_delta_rule == "fla" and not fla.route:
-            raise FastpathError(f"gated_delta_rule='fla' but FLA cannot be used: {fla.reason}")
-        if norm_route.route_mode() == "fla" and not norm.route:
-            raise FastpathError(f"{norm_route.ENV_MODE}=fla but FLA's gated RMSNorm cannot be used: {norm.reason}")
-        if fla.route:
-            fla_route.use_dqkwg_route(fla)  # FLA #640 only; undone by disable()
-
-        fn_impl = causal_conv1d_fn or face.causal_conv1d_fn
-        upd_impl = causal_conv1d_update or face.causal_conv1d_update
-        conv_fn = conv_route.make_causal_conv1d_fn(fn_impl)
-        conv_update = conv_route.make_causal_conv1d_update(upd_impl)
-        make_gdn = make_kda = None
-        if fla.route:
-            def make_gdn(kind: str, torch_fn: Callable[..., Any], _fla: Any = fla) -> Callable[..., Any]:
-                return fla_route.make_gdn_route(kind, _fla, torch_fn)
-        if fla.kda_route:
-            def make_kda(kind: str, torch_fn: Callable[..., Any], _fla: Any = fla) -> Callable[..., Any]:
-                return fla_route.make_kda_route(kind, _fla, torch_fn)
-        routes = Routes(
-            conv_fn=conv_fn,
-            conv_update=conv_update,
-            conv_module=hub_route.conv_route_module(conv_fn, conv_update),
-            make_gdn=make_gdn,
-            make_kda=make_kda,
-            lift_device_gate=lift_device_gate,
-            gated_norm=norm,
-        )
-        reg = PatchRegistry()
-        env: dict[str, str | None] = {}
-        overridden = causal_conv1d_fn is not None or causal_conv1d_update is not None
-        report = EnableReport(
-            conv_impl="override:" + getattr(fn_impl, "__name__", "fn") if overridden else "fastpath",
-            gated_delta_rule=fla.chunk_impl if fla.route else "torch",
-            gated_delta_rule_reason=fla.reason,
-            kda="fla" if fla.kda_route else "torch",
-            kda_reason=fla.kda_reason if fla.route else fla.reason,
-            transformers_version=_transformers_version(),
-            mamba_ssd=mamba.impl,
-            mamba1_scan=mamba1.impl,
-            gated_norm=norm.impl,
-            gated_norm_reason=norm.reason,
-            glue=glue_status.impl,
-            glue_reason=glue_status.reason,
-            zc_norm=zc_norm.impl,
-            zc_norm_reason=zc_norm.reason,
-            hub_kernels=hub_mode,
-        )
-        routes.notes = report.notes  # norm classes left alone, also those of modules imported later
-        if mamba_ssm != "auto" or not mamba.route:
-            report.notes.append(f"Mamba-2 SSD ops: {mamba.reason}")
-        if mamba_ssm != "auto" or not mamba1.route:
-            report.notes.append(f"Mamba-1 selective scan ops: {mamba1.reason}")
+        s = Session(request, PatchRegistry(), EnableReport(transformers_version=_transformers_version()))
+        for r in ROUTES:  # decisions first: a forced mode that cannot be met raises before any change
+            s.decisions[r.name] = r.detect(s)
+        s.hooks = build_hooks(s)
         targets = set(discover_modeling_modules()) | {hub_route.HUB_MODULE}
 
         def on_loaded(module: Any) -> None:
             if module.__name__ == hub_route.HUB_MODULE:
-                hub_route.seed_lazy_kernel_mapping(module, routes.conv_module, reg)
-                if mamba.route:
-                    mamba_route.seed_lazy_kernel_mapping(module, reg)
-                if mamba1.route:
-                    mamba1_route.seed_lazy_kernel_mapping(module, reg, mamba.route)
-            else:
-                if hub_mode == "route":  # 5.25 + `kernels`: see through the Hub-kernel wrappers first
-                    report.hub_globals += len(hub_route.unwrap_module_globals(module, reg))
-                # before patch_module: it recomputes a <=5.14 `is_fast_path_available` from these
-                if mamba.route and mamba_route.patch_module(module, conv_fn, conv_update, reg) \
-                        and lift_device_gate:
-                    mamba_route.lift_device_gates(module, reg)
-                if mamba1.route and mamba1_route.patch_module(module, conv_fn, conv_update,
-                                                              routes.conv_module, reg) \
-                        and lift_device_gate:
-                    mamba1_route.lift_device_gates(module, reg)
-                patch_module(module, routes, reg)
-                report.notes.extend(glue_route.patch_module(module, glue_status, reg))
-                report.notes.extend(zc_norm_route.patch_module(module, zc_norm, reg))
-                if module.__name__ in report.modules_pending:
-                    report.modules_pending.remove(module.__name__)
-                report.modules_patched.append(module.__name__)
+                for r in ROUTES:
+                    if r.seed is not None:
+                        r.seed(module, s.decisions[r.name], s)
+                return
+            for r in ROUTES:
+                if r.patch is not None:
+                    r.patch(module, s.decisions[r.name], s)
+            if module.__name__ in s.report.modules_pending:
+                s.report.modules_pending.remove(module.__name__)
+            s.report.modules_patched.append(module.__name__)
 
         hook = ModelingImportHook(targets, on_loaded)
         try:
-            if hub_mode == "route":
-                report.notes.append(hub_route.disable_hub_downloads(env))
-            else:
-                report.notes.append(f"{hub_route.MODE_ENV}=keep: Hub-kernel wrappers and "
-                                    f"{hub_route.ENV} left as they are; a model loaded with "
-                                    "use_kernels=True downloads Hub kernels at its first call "
-                                    "(offline: torch fallback)")
-            reg.set_attr(norm_route, "ACTIVE", norm)  # what explain() says of an unrouted norm
-            reg.set_attr(glue_route, "ACTIVE", glue_status)
-            reg.set_attr(zc_norm_route, "ACTIVE", zc_norm)
-            if norm.route and triton_interpreter_on():
-                norm_route.interpreter_single_config(reg)
-            _provide_causal_conv1d_module(face, reg, report)
+            for r in ROUTES:
+                note = r.enter(s.decisions[r.name], s) if r.enter is not None else None
+                if note:
+                    s.report.notes.append(note)
+            for r in ROUTES:
+                r.report(s.decisions[r.name], s)
+            for r in ROUTES:
+                if r.install is not None:
+                    r.install(s.decisions[r.name], s)
             loaded = []
             for name in sorted(targets):
                 module = sys.modules.get(name)
                 if module is None:
                     if name != hub_route.HUB_MODULE:
-                        report.modules_pending.append(name)
+                        s.report.modules_pending.append(name)
                     continue
                 on_loaded(module)
                 loaded.append(name)
-            report.layers_patched = patch_built_layers(set(loaded), routes, reg)
+            for r in ROUTES:
+                if r.patch_built is not None:
+                    r.patch_built(set(loaded), s.decisions[r.name], s)
             sys.meta_path.insert(0, hook)
         except BaseException:  # leave nothing half-patched behind
             hook.active = False
             if hook in sys.meta_path:
                 sys.meta_path.remove(hook)
-            reg.undo()
-            hub_route.restore_env(env)
-            if fla.chunk_impl == fla_route.DQKWG_IMPL:
-                fla_route.undo_dqkwg_route()
+            s.registry.undo()
+            _leave_all(s)
             raise
-        if hub_route.kernels_installed() and hub_mode == "route":
-            report.notes.append("`kernels` is installed: fastpath's routes replace transformers' "
-                                "Hub-kernel wrappers; kernelize() maps none of them")
         if version_note:
-            report.notes.append(version_note)
-        if lift_device_gate:
-            report.notes.append("lift_device_gate: CUDA-gated lfm2 kernel paths run on CPU (Triton interpreter)")
-        if fla.chunk_impl == fla_route.DQKWG_IMPL:
-            report.notes.append(f"FLA #640 here: {fla.reason}. Real fix: {fla_route.REMEDY_640}")
-        elif fla.chunk_impl == "fla-fwd+torch-bwd":
-            warnings.warn(f"fastpath: {fla.reason}", RuntimeWarning, stacklevel=2)
-        _STATE = _State(reg, env, routes, hook, report, fla, hub_mode)
+            s.report.notes.append(version_note)
+        _STATE = _State(s, hook)
         if warn:
-            print(report.summary(), file=sys.stderr)
-        return report
+            print(s.report.summary(), file=sys.stderr)
+        return s.report
+
+
+def _leave_all(s: Session) -> None:
+    """Each route's process state outside the registry, left in reverse table order."""
+    for r in reversed(ROUTES):
+        if r.leave is not None and r.name in s.decisions:
+            r.leave(s.decisions[r.name], s)
 
 
 @contextlib.contextmanager
@@ -334,21 +234,18 @@ def suspended() -> Iterator[None]:
             resume = None
         else:
             state.hook.active = False
-            resume = state.registry.suspend()
-            dqkwg = state.fla.chunk_impl == fla_route.DQKWG_IMPL
-            if dqkwg:
-                fla_route.undo_dqkwg_route()
-            hub_route.restore_env(state.env)
+            resume = state.session.registry.suspend()
+            _leave_all(state.session)
     try:
         yield
     finally:
         # resume only the state that was suspended: a disable() or enable() inside wins
         if resume is not None and state is not None and _STATE is state:
             with _LOCK:
-                if state.hub_mode == "route":
-                    hub_route.disable_hub_downloads(state.env)
-                if dqkwg:
-                    fla_route.use_dqkwg_route(state.fla)
+                s = state.session
+                for r in ROUTES:
+                    if r.enter is not None:
+                        r.enter(s.decisions[r.name], s)
                 resume()
                 state.hook.active = True
 
@@ -361,20 +258,20 @@ def disable() -> None:
         state = _STATE
         if state is None:
             return
+        s = state.session
         state.hook.active = False
         try:
             sys.meta_path.remove(state.hook)
         except ValueError:
             pass
-        state.registry.undo()
-        if _layers_copy_globals(state.report.transformers_version):
-            unroute_layers_built_while_enabled(set(state.report.modules_patched))
-        if state.fla.chunk_impl == fla_route.DQKWG_IMPL:
-            fla_route.undo_dqkwg_route()
-        hub_route.restore_env(state.env)
+        s.registry.undo()
+        for r in ROUTES:
+            if r.after_undo is not None:
+                r.after_undo(s.decisions[r.name], s)
+        _leave_all(s)
         _STATE = None
-        if state.registry.kept:  # e.g. Liger Kernel patched over a route after enable()
-            warnings.warn(f"fastpath.disable(): {', '.join(state.registry.kept)} changed after enable() "
+        if s.registry.kept:  # e.g. Liger Kernel patched over a route after enable()
+            warnings.warn(f"fastpath.disable(): {', '.join(s.registry.kept)} changed after enable() "
                           "(another library's patch); left as it is", RuntimeWarning, stacklevel=2)
 
 
@@ -391,23 +288,8 @@ def assert_fast(model: Any) -> None:
     if all(is_liger_row(r) for r in table.rows):
         raise FastpathError(f"no causal_conv1d / gated-delta-rule layers found in {type(model).__name__}")
     if table.slow_count:
-        raise FastpathError(f"{table.slow_count} op(s) take a slow path:\n{table}")
-
-
-def _provide_causal_conv1d_module(face: Any, reg: PatchRegistry, report: EnableReport) -> None:
-    """Make `import causal_conv1d` give fastpath's face when the real package is absent and
-    mamba_ssm (which imports it) is installed. transformers itself is routed via module globals, so
-    the face is not injected otherwise: that keeps disable() exact for modules imported meanwhile."""
-    if "causal_conv1d" in sys.modules or importlib.util.find_spec("causal_conv1d") is not None:
-        report.notes.append("a real causal_conv1d package is installed; transformers is still routed to fastpath")
-        return
-    if importlib.util.find_spec("mamba_ssm") is None:
-        return
-    reg.set_item(sys.modules, "causal_conv1d", face)
-    for sub in ("causal_conv1d_interface", "cpp_functions", "causal_conv1d_varlen"):
-        mod = importlib.import_module(f"fastpath.causal_conv1d.{sub}")
-        reg.set_item(sys.modules, f"causal_conv1d.{sub}", mod)
-    report.notes.append("sys.modules['causal_conv1d'] -> fastpath.causal_conv1d (for mamba_ssm)")
+        slow = sorted({route_of_op(str(r["op"])) or str(r["op"]) for r in table.rows if not r["fast"]})
+        raise FastpathError(f"{table.slow_count} op(s) take a slow path (routes: {', '.join(slow)}):\n{table}")
 
 
 def check_transformers_version(found: str | None) -> str | None:
@@ -435,16 +317,6 @@ def check_transformers_version(found: str | None) -> str | None:
         warnings.warn(f"fastpath: {text}", RuntimeWarning, stacklevel=3)
         return text
     return None
-
-
-def _layers_copy_globals(version: str | None) -> bool:
-    """transformers <= 5.14: GatedDeltaNet layers copy the kernel globals at __init__."""
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return version is not None and Version(version).release[:2] <= (5, 14)
-    except InvalidVersion:
-        return True
 
 
 def _next_minor(version: str) -> str:
