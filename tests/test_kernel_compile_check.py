@@ -52,3 +52,28 @@ def test_every_kernel_family_compiles_for_hopper_and_blackwell(tmp_path: Path) -
         assert {r["kernel"] for r in norms} == {"_zc_rmsnorm_fwd_kernel", "_zc_rmsnorm_bwd_kernel"}
         for row in norms:  # Qwen3.5-27B's hidden rows fit in registers both ways
             assert row["spill_store_bytes"] == 0 and row["constexprs"]["BLOCK_H"] == 8192
+
+
+def test_markdown_table_of_saved_rows(tmp_path: Path) -> None:
+    """--table prints the registers / spills / shared-memory table of an earlier --out file:
+    per kernel and arch, binaries ok / recorded, max registers, spilling binaries (max bytes),
+    max shared bytes, failures in bold."""
+    rows = [
+        {"arch": 90, "family": "ssd", "kernel": "_states_kernel", "ok": True, "regs": 200,
+         "spill_store_bytes": 0, "shared_bytes": 99848},
+        {"arch": 90, "family": "ssd", "kernel": "_states_kernel", "ok": True, "regs": 255,
+         "spill_store_bytes": 64, "shared_bytes": 166928},
+        {"arch": 120, "family": "ssd", "kernel": "_states_kernel", "ok": False, "regs": 255,
+         "spill_store_bytes": 0, "shared_bytes": 166928, "error": "OutOfResources at load"},
+        {"arch": 120, "family": "ssd", "kernel": "_states_kernel", "ok": True, "regs": 162,
+         "spill_store_bytes": 0, "shared_bytes": 67080},
+    ]
+    saved = tmp_path / "rows.json"
+    saved.write_text(json.dumps({"archs": [90, 120], "rows": rows}))
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--table", str(saved)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("| family | kernel | sm_90:") and "sm_120:" in lines[0]
+    assert lines[2] == ("| ssd | `_states_kernel` | 2/2, 255, 1 (64 B), 166928 "
+                        "| 1/2, 162, 0, 67080 **1 FAILED** |")
