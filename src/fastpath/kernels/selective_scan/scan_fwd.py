@@ -66,11 +66,13 @@ def softplus(v):
     """log(1 + e^v) in float32; identity above 20 (as mamba_ssm and torch's threshold).
     log(1 + e) in float32 keeps only e's high bits (relative error ~eps/e: 1e-3 at v = -10,
     where trained dt biases put delta), so below e = 1/16 it takes log1p's series instead
-    (truncation error < e^7/7: float32-exact)."""
+    (truncation error < e^7/7: float32-exact). A NaN stays NaN: the GPU's min(NaN, 20) is 20,
+    which would turn a NaN delta into a finite 20."""
     e = tl.exp(tl.minimum(v, 20.0))
     series = e * (1.0 - e * (0.5 - e * (0.3333333333333333 - e * (0.25 - e * (
         0.2 - e * 0.16666666666666666)))))
-    return tl.where(v > 20.0, v, tl.where(e < 0.0625, series, tl.log(1.0 + e)))
+    out = tl.where(v > 20.0, v, tl.where(e < 0.0625, series, tl.log(1.0 + e)))
+    return tl.where(v == v, out, v)
 
 
 @triton.jit
