@@ -216,14 +216,12 @@ def use_dqkwg_route(status: FlaStatus) -> bool:
 
 
 def enter_dqkwg_route(status: FlaStatus) -> None:
-    """enable() and the end of suspended(): the FLA #640 dqkwg route in place when `status` calls
-    for it (installed the first time by use_dqkwg_route, which also rewrites `status`)."""
+    """enable() and the end of suspended(): the FLA #640 dqkwg route back in place when `status`
+    says it is routed (use_dqkwg_route installed it the first time and rewrote `status`)."""
     if status.chunk_impl == DQKWG_IMPL:
         from fastpath.routing.fla_backend import install_dqkwg_route
 
         install_dqkwg_route()
-    elif status.route:
-        use_dqkwg_route(status)
 
 
 def undo_dqkwg_route() -> None:

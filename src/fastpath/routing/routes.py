@@ -2,7 +2,7 @@
 
 Each entry is a frozen `Route`: its name and the explain() ops it owns, `detect` (the decision for
 this enable() call, from its arguments and what is installed; raises for a forced mode that cannot
-be met), `report` (the EnableReport fields and notes it fills) and `summary` (its lines of
+be met; enable() undoes what earlier detections did through their `leave`), `report` (the EnableReport fields and notes it fills) and `summary` (its lines of
 enable()'s summary), `install` (once per enable(), changes recorded in the PatchRegistry: explain()'s
 `ACTIVE` markers, autotuner configs), `enter` / `leave` (process state outside the registry: an
 environment variable, FLA's backend; entered by enable() and on leaving suspended(), left by
@@ -189,11 +189,13 @@ def _gdn_detect(s: Session) -> fla_route.FlaStatus:
     fla = fla_route.detect_fla(s.request.gated_delta_rule)
     if s.request.gated_delta_rule == "fla" and not fla.route:
         raise FastpathError(f"gated_delta_rule='fla' but FLA cannot be used: {fla.reason}")
+    if fla.route:
+        fla_route.use_dqkwg_route(fla)  # FLA #640 only (rewrites fla); left by _gdn_leave
     return fla
 
 
 def _gdn_enter(fla: fla_route.FlaStatus, _: Session) -> str | None:
-    fla_route.enter_dqkwg_route(fla)  # FLA #640 only
+    fla_route.enter_dqkwg_route(fla)  # FLA #640 only; installed by _gdn_detect, again on resume
     return None
 
 

@@ -159,9 +159,6 @@ def enable(
         if _STATE is not None:
             disable()
         s = Session(request, PatchRegistry(), EnableReport(transformers_version=_transformers_version()))
-        for r in ROUTES:  # decisions first: a forced mode that cannot be met raises before any change
-            s.decisions[r.name] = r.detect(s)
-        s.hooks = build_hooks(s)
         targets = set(discover_modeling_modules()) | {hub_route.HUB_MODULE}
 
         def on_loaded(module: Any) -> None:
@@ -179,6 +176,9 @@ def enable(
 
         hook = ModelingImportHook(targets, on_loaded)
         try:
+            for r in ROUTES:  # decisions first: a forced mode that cannot be met raises before a patch
+                s.decisions[r.name] = r.detect(s)
+            s.hooks = build_hooks(s)
             for r in ROUTES:
                 note = r.enter(s.decisions[r.name], s) if r.enter is not None else None
                 if note:
