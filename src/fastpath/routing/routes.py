@@ -408,10 +408,14 @@ ROUTES: tuple[Route, ...] = (
     Route("zc_norm", (zc_norm_route.OP,), lambda s: zc_norm_route.detect_zc_norm(), report=_zc_report,
           summary=lambda r: [f"zero-centred RMSNorm -> {r.zc_norm} ({r.zc_norm_reason})"],
           install=_active(zc_norm_route), patch=_zc_patch, explain_layer=_zc_rows),
-    # The causal-LM loss (fused LM head + cross-entropy) goes here, one entry beside its module
-    # routing/lm_head_route.py: detect from its detect_lm_head, patch from its patch_module,
-    # install=_active(lm_head_route), explain_model=lm_head_route.explain_rows, ops=("lm loss",),
-    # and its EnableReport fields filled by `report`.
+    # lm_head_loss: the causal-LM loss through the fused LM head + cross-entropy
+    # (routing/lm_head_route.py). Its entry, once enable() should take it (with `lm_loss` /
+    # `lm_loss_reason` fields on EnableReport and a name in SUMMARY_ORDER):
+    #   Route("lm_head_loss", (lm_head_route.OP,), lambda s: lm_head_route.detect_lm_head(),
+    #         report=_lm_report, summary=lambda r: [f"LM head + loss -> {r.lm_loss} ({r.lm_loss_reason})"],
+    #         install=_active(lm_head_route),
+    #         patch=lambda m, d, s: s.report.notes.extend(lm_head_route.patch_module(m, d, s.registry)),
+    #         explain_model=lm_head_route.explain_rows),
 )
 
 #: the order enable()'s summary lists the routes in
