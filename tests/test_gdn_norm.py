@@ -439,7 +439,7 @@ def _run(model: torch.nn.Module, ids: torch.Tensor) -> tuple[list[torch.Tensor],
     model.zero_grad(set_to_none=True)
     out = model(ids, labels=ids, output_hidden_states=True, use_cache=False)
     out.loss.backward()
-    states = [h.detach() for h in out.hidden_states] + [out.logits.detach()]
+    states = [h.detach() for h in out.hidden_states] + [out.loss.detach()]  # no logits: fused loss
     return states, {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 

@@ -54,8 +54,8 @@ def tiny_model(seed: int = 0):
 def _step(model, ids):
     model.zero_grad(set_to_none=True)
     out = model(input_ids=ids, labels=ids, use_cache=False)
-    out.loss.backward()
-    return out.logits.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    out.loss.backward()  # enable() fuses the LM head into the loss: no logits, the same loss
+    return out.loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
 def test_candidates_are_the_gated_delta_net_and_gated_attention() -> None:
@@ -90,15 +90,15 @@ def test_tiny_model_matches_the_reference_path_and_disable_restores() -> None:
     gdn_forward, attn_forward = module.Qwen3_5GatedDeltaNet.forward, module.Qwen3_5Attention.forward
     model = tiny_model()
     ids = torch.randint(0, 64, (2, 11), generator=torch.Generator().manual_seed(1))
-    want_logits, want_grads = _step(model, ids)
+    want_loss, want_grads = _step(model, ids)
     report = enable(warn=False)
     assert report.glue == glue_route.IMPL
     assert getattr(module.Qwen3_5GatedDeltaNet.forward, glue_route.ROUTE_ATTR) == glue_route.OP_GATES
     CALLS.clear()
-    logits, grads = _step(model, ids)
+    loss, grads = _step(model, ids)
     for op in ("gdn_gates_fwd", "gdn_gates_bwd", "sigmoid_gate_fwd", "sigmoid_gate_bwd"):
         assert CALLS[f"{op}:triton"] == 1, dict(CALLS)
-    torch.testing.assert_close(logits, want_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-5)
     for name, grad in want_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
     rows = {(r["layer"], r["op"]): r for r in explain(model).rows}

@@ -369,6 +369,66 @@ def test_cpu_tensors_without_the_interpreter_keep_transformers(monkeypatch: pyte
         reg.undo()
 
 
+def test_enable_routes_the_loss_and_disable_puts_every_class_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """enable() takes the route from the table: its report, summary and explain() row; the classes
+    of modules imported before and after enable(); disable() restores each forward exactly;
+    enable(lm_loss=False) leaves them and says why."""
+    import fastpath
+
+    monkeypatch.delenv(route.ENV_MODE, raising=False)
+    for name in FAMILIES:
+        importlib.import_module(name)
+    originals = _classes()
+    report = fastpath.enable(warn=False)
+    try:
+        assert (report.lm_loss, route.ENV_MODE in report.lm_loss_reason) == (route.IMPL, True)
+        assert f"LM head + loss -> {route.IMPL}" in " ".join(report.summary().split())
+        assert all(hasattr(cls.__dict__["forward"], route.ROUTE_ATTR) for cls in originals)
+        rows = [r for r in fastpath.explain(tiny()).rows if r["op"] == route.OP]
+        assert len(rows) == 1 and rows[0]["fast"] is INTERP, rows
+    finally:
+        fastpath.disable()
+    assert _classes() == originals and route.ACTIVE is None
+    report = fastpath.enable(warn=False, lm_loss=False)
+    try:
+        assert report.lm_loss == "torch" and report.lm_loss_reason == "turned off by the caller"
+        assert _classes() == originals
+        assert fastpath.explain(tiny()).rows and all(r["op"] != route.OP or not r["fast"]
+                                                    for r in fastpath.explain(tiny()).rows)
+    finally:
+        fastpath.disable()
+    assert _classes() == originals and route.ACTIVE is None
+
+
+def test_enable_hands_autotune_decisions_to_the_process(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FASTPATH_AUTOTUNE_DECISIONS reaches enable(): a file for another device is refused in the
+    report (this host has no CUDA GPU), a file that is not one is a usage error before any patch."""
+    import fastpath
+    from fastpath.errors import UsageError
+    from fastpath.kernels.dispatch import cuda_capability
+    from fastpath.routing import autotune_decisions
+    from fastpath.routing.transformers import is_enabled
+
+    if cuda_capability() is not None:
+        pytest.skip("checks the refusal on a host without a CUDA GPU")
+    doc = {"schema": autotune_decisions.SCHEMA, "device": {"name": "NVIDIA H200", "capability": [9, 0]},
+           "versions": {}, "kernels": {}}
+    path = tmp_path / "sm_90.json"
+    path.write_text(__import__("json").dumps(doc))
+    monkeypatch.setenv(autotune_decisions.ENV, str(path))
+    report = fastpath.enable(warn=False)
+    try:
+        assert ("autotune decisions not applied: recorded on compute capability 9.0, this device is not "
+                "a CUDA GPU") in report.notes
+    finally:
+        fastpath.disable()
+    path.write_text("{not json")
+    originals = _classes()
+    with pytest.raises(UsageError, match="cannot read autotune decisions"):
+        fastpath.enable(warn=False)
+    assert not is_enabled() and _classes() == originals
+
+
 # ---------------------------------------------------------------- device only
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -68,12 +68,13 @@ def _always_disable():
 
 
 def _step(model, ids=IDS):
-    """Logits and every parameter gradient of one next-token loss."""
+    """One next-token loss and every parameter gradient (enable() fuses the LM head into the loss:
+    the routed call returns no logits)."""
     model.zero_grad(set_to_none=True)
     out = model(input_ids=ids, labels=ids, use_cache=False)
     out.loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    return out.logits.detach(), grads
+    return out.loss.detach(), grads
 
 
 def _rel(a, b) -> float:
@@ -90,16 +91,16 @@ def test_routed_model_matches_transformers_and_disable_restores(dtype, tol) -> N
     module = _module()
     original = module.Qwen3_5RMSNorm.__dict__["forward"]
     model = tiny_qwen3_5(dtype=dtype)
-    ref_logits, ref_grads = _step(model)
+    ref_loss, ref_grads = _step(model)
     report = fastpath.enable(warn=False)
     assert report.zc_norm == zc_norm_route.IMPL and zc_norm_route.ENV_MODE in report.zc_norm_reason
     assert "zero-centred RMSNorm -> fastpath-triton" in report.summary()
     assert hasattr(module.Qwen3_5RMSNorm.forward, zc_norm_route.ROUTE_ATTR)
     CALLS.clear()
-    logits, grads = _step(model)
+    loss, grads = _step(model)
     assert CALLS["zc_rmsnorm_fwd:triton"] == len(NORMS) and CALLS["zc_rmsnorm_bwd:triton"] == len(NORMS)
     assert not any(k.startswith("zc_rmsnorm") and k.endswith(":reference") for k in CALLS), dict(CALLS)
-    assert _rel(logits, ref_logits) <= tol
+    assert _rel(loss, ref_loss) <= tol
     assert set(grads) == set(ref_grads)
     for name, g in ref_grads.items():
         assert _rel(grads[name], g) <= (1e-4 if dtype == torch.float32 else 5e-2), name
@@ -111,8 +112,8 @@ def test_routed_model_matches_transformers_and_disable_restores(dtype, tol) -> N
     assert module.Qwen3_5RMSNorm.__dict__["forward"] is original
     assert zc_norm_route.SKIP_ATTR not in module.Qwen3_5RMSNorm.__dict__ and zc_norm_route.ACTIVE is None
     CALLS.clear()
-    logits, grads = _step(model)
-    assert torch.equal(logits, ref_logits) and all(torch.equal(grads[n], g) for n, g in ref_grads.items())
+    loss, grads = _step(model)
+    assert torch.equal(loss, ref_loss) and all(torch.equal(grads[n], g) for n, g in ref_grads.items())
     assert not CALLS and not _zc_rows(model)
 
 
@@ -140,13 +141,13 @@ def test_cpu_without_interpreter_keeps_transformers_bit_for_bit(monkeypatch) -> 
     model = tiny_qwen3_5()
     monkeypatch.setenv(zc_norm_route.ENV_MODE, "torch")
     fastpath.enable(warn=False)
-    ref_logits, ref_grads = _step(model)
+    ref_loss, ref_grads = _step(model)
     monkeypatch.delenv(zc_norm_route.ENV_MODE)
     fastpath.enable(warn=False)
     CALLS.clear()
-    logits, grads = _step(model)
+    loss, grads = _step(model)
     assert not any(k.startswith("zc_rmsnorm") for k in CALLS), dict(CALLS)
-    assert torch.equal(logits, ref_logits) and all(torch.equal(grads[n], g) for n, g in ref_grads.items())
+    assert torch.equal(loss, ref_loss) and all(torch.equal(grads[n], g) for n, g in ref_grads.items())
     rows = _zc_rows(model)
     assert {r["layer"] for r in rows} == NORMS
     assert all(not r["fast"] and r["impl"] == "torch (cpu tensors; fastpath routed for CUDA)" for r in rows)

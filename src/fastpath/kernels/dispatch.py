@@ -26,6 +26,17 @@ def triton_interpreter_on() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def cuda_capability() -> tuple[int, int] | None:
+    """The current CUDA device's compute capability, or None without a usable CUDA device."""
+    try:
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            return int(major), int(minor)
+    except Exception:  # a broken driver reads as "no CUDA device", never as a crash in enable()
+        return None
+    return None
+
+
 def use_triton(x: torch.Tensor) -> bool:
     """True when `x`'s device can run our Triton kernels right now."""
     if x.is_cuda:

@@ -85,7 +85,9 @@ def detect_fla(mode: str) -> FlaStatus:
         return FlaStatus(False, "torch", "torch",
                          f"fla is installed but does not import ({type(exc).__name__}: {exc}); "
                          "reinstall fla-core matching your Triton")
-    cc = _cuda_capability()
+    from fastpath.kernels.dispatch import cuda_capability
+
+    cc = cuda_capability()
     triton_version = _triton_version()
     tilelang = importlib.util.find_spec("tilelang") is not None
     unsafe = chunk_backward_unsafe(cc, triton_version, tilelang)
@@ -106,17 +108,6 @@ def detect_fla(mode: str) -> FlaStatus:
     except Exception as exc:
         status.kda_reason = f"fla.ops.kda does not import ({type(exc).__name__}: {exc})"
     return status
-
-
-def _cuda_capability() -> tuple[int, int] | None:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return tuple(torch.cuda.get_device_capability())  # type: ignore[return-value]
-    except Exception:
-        return None
-    return None
 
 
 def _triton_version() -> str | None:

@@ -26,11 +26,13 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from fastpath.kernels.dispatch import triton_interpreter_on
+from fastpath.kernels.dispatch import cuda_capability, triton_interpreter_on
 from fastpath.routing import (
+    autotune_decisions,
     conv_route,
     fla_route,
     glue_route,
+    lm_head_route,
     mamba1_route,
     mamba_route,
     modeling_patch,
@@ -52,6 +54,7 @@ class EnableRequest:
     glue: bool = True
     lift_device_gate: bool = False
     hub_mode: str = "route"
+    lm_loss: bool = True
 
 
 @dataclass
@@ -372,6 +375,36 @@ def _zc_rows(layer: Any, device: str) -> list[Row]:
     return [(zc_norm_route.OP, *found)] if found is not None else []
 
 
+def _lm_report(d: lm_head_route.LmHeadStatus, s: Session) -> None:
+    s.report.lm_loss, s.report.lm_loss_reason = d.impl, d.reason
+
+
+def _lm_patch(module: ModuleType, d: lm_head_route.LmHeadStatus, s: Session) -> None:
+    if module.__name__ in lm_head_route.MODULES:
+        s.report.notes.extend(lm_head_route.patch_module(module, d, s.registry))
+
+
+# ---------------------------------------------------------------- autotune decisions (no op of its own)
+@dataclass
+class AutotuneSeed:
+    """The decisions seeded into this process's autotuners (routing/autotune_decisions.py): the
+    file FASTPATH_AUTOTUNE_DECISIONS names, else the one shipped for this GPU. Speed only: every
+    config an autotuner offers computes the same function."""
+
+    applied: autotune_decisions.SeedReport | None = None
+
+
+def _seed_enter(d: AutotuneSeed, _: Session) -> str | None:
+    d.applied = autotune_decisions.seed_for_process(cuda_capability())
+    return d.applied.summary() if d.applied is not None else None
+
+
+def _seed_leave(d: AutotuneSeed, _: Session) -> None:
+    if d.applied is not None:
+        d.applied.undo()
+        d.applied = None
+
+
 def _active(module: ModuleType) -> Callable[[Any, Session], None]:
     """install: the route module's ACTIVE decision (explain() and the routed forwards read it),
     recorded so disable() clears it and suspended() suspends it."""
@@ -408,19 +441,16 @@ ROUTES: tuple[Route, ...] = (
     Route("zc_norm", (zc_norm_route.OP,), lambda s: zc_norm_route.detect_zc_norm(), report=_zc_report,
           summary=lambda r: [f"zero-centred RMSNorm -> {r.zc_norm} ({r.zc_norm_reason})"],
           install=_active(zc_norm_route), patch=_zc_patch, explain_layer=_zc_rows),
-    # lm_head_loss: the causal-LM loss through the fused LM head + cross-entropy
-    # (routing/lm_head_route.py). Its entry, once enable() should take it (with `lm_loss` /
-    # `lm_loss_reason` fields on EnableReport and a name in SUMMARY_ORDER):
-    #   Route("lm_head_loss", (lm_head_route.OP,), lambda s: lm_head_route.detect_lm_head(),
-    #         report=_lm_report, summary=lambda r: [f"LM head + loss -> {r.lm_loss} ({r.lm_loss_reason})"],
-    #         install=_active(lm_head_route),
-    #         patch=lambda m, d, s: s.report.notes.extend(lm_head_route.patch_module(m, d, s.registry)),
-    #         explain_model=lm_head_route.explain_rows),
+    # after the routes that may patch the same modules: it replaces the causal-LM classes' forward
+    Route("lm_head_loss", (lm_head_route.OP,), lambda s: lm_head_route.detect_lm_head(s.request.lm_loss),
+          report=_lm_report, summary=lambda r: [f"LM head + loss -> {r.lm_loss} ({r.lm_loss_reason})"],
+          install=_active(lm_head_route), patch=_lm_patch, explain_model=lm_head_route.explain_rows),
+    Route("autotune_decisions", (), lambda s: AutotuneSeed(), enter=_seed_enter, leave=_seed_leave),
 )
 
 #: the order enable()'s summary lists the routes in
 SUMMARY_ORDER = ("causal_conv1d", "gated_delta_rule", "kda", "gated_norm", "zc_norm", "mamba_ssd",
-                 "mamba1_scan", "glue", "hub_kernels")
+                 "mamba1_scan", "glue", "lm_head_loss", "hub_kernels", "autotune_decisions")
 
 
 def route(name: str) -> Route:

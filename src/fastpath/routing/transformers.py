@@ -4,8 +4,9 @@ enable() works before or after transformers (or a model) exists: it patches the 
 modules already imported, the layers already built, and installs an import hook for modules
 imported later. What it routes is the table routing/routes.py declares (ROUTES: the Hub-kernel
 wrappers, the Mamba-2 and Mamba-1 ops, the gated delta rule and KDA, GatedDeltaNet's gated
-RMSNorm, causal_conv1d, the Qwen3.5 glue, the zero-centred RMSNorm); enable(), disable(),
-suspended() and EnableReport loop over it, modeling_patch holds the per-version hooks.
+RMSNorm, causal_conv1d, the Qwen3.5 glue, the zero-centred RMSNorm, the causal-LM loss, the
+autotune decisions); enable(), disable(), suspended() and EnableReport loop over it,
+modeling_patch holds the per-version hooks.
 Everything goes through one undo log, so disable() restores exactly what was there and
 enable/disable/enable works in one process.
 """
@@ -65,6 +66,8 @@ class EnableReport:
     glue_reason: str = ""
     zc_norm: str = "torch"              # Qwen3.5 / Qwen3-Next zero-centred RMSNorm: zc_norm_route.IMPL | "torch"
     zc_norm_reason: str = ""
+    lm_loss: str = "torch"              # the causal-LM loss: lm_head_route.IMPL | "torch"
+    lm_loss_reason: str = ""
     hub_kernels: str = "route"          # 5.25 + `kernels` Func globals: hub_route.MODES
     hub_globals: int = 0                # how many such globals enable() put back to transformers' function
     modules_patched: list[str] = field(default_factory=list)
@@ -122,6 +125,7 @@ def enable(
     mamba_ssm: str = "auto",
     glue: bool = True,
     hub_kernels: str | None = None,
+    lm_loss: bool = True,
 ) -> EnableReport:
     """Route transformers' causal_conv1d (and, when safe, the gated delta rule) to fastpath.
 
@@ -143,6 +147,11 @@ def enable(
     (routing/hub_kernels.py). "route" (default; FASTPATH_HUB_KERNELS) sees through the wrappers
     and routes every op to fastpath, offline; "keep" leaves them and USE_HUB_KERNELS alone, so a
     model kernelized by from_pretrained(use_kernels=True) keeps its Hub kernels.
+    lm_loss: route the causal-LM loss of Qwen3.5 / Qwen3.5-MoE / Qwen3-Next to fastpath's fused
+    LM head + cross-entropy (routing/lm_head_route.py): a training forward with labels returns the
+    loss and logits=None, as Liger Kernel's skip_logits does; FASTPATH_LM_LOSS=off too.
+    Autotune decisions recorded by `fastpath warmup --save-decisions` (FASTPATH_AUTOTUNE_DECISIONS,
+    or the file shipped for this GPU) are handed to the autotuners (routing/autotune_decisions.py).
     Calling enable() again replaces the previous routing (disable() first, then enable).
     """
     global _STATE
@@ -154,7 +163,7 @@ def enable(
     if lift_device_gate and not triton_interpreter_on():
         raise UsageError("lift_device_gate=True is a testing option and needs TRITON_INTERPRET=1")
     request = EnableRequest(causal_conv1d_fn, causal_conv1d_update, gated_delta_rule, mamba_ssm, glue,
-                            lift_device_gate, hub_route.route_mode(hub_kernels))
+                            lift_device_gate, hub_route.route_mode(hub_kernels), lm_loss)
     with _LOCK:
         if _STATE is not None:
             disable()
