@@ -105,7 +105,7 @@ def run_path(name: str, args: argparse.Namespace, data: Path, short: Path | None
 
     import fastpath
     from fastpath.capture.run import CaptureOptions, run_capture
-    from fastpath.errors import FastpathError
+    from fastpath.shared.errors import FastpathError
 
     def opts(rows_file: Path, out: Path) -> CaptureOptions:
         return CaptureOptions(

@@ -71,7 +71,7 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from fastpath.models.build import build_model
-    from fastpath.routing import transformers as routes
+    from fastpath.routing import engine as routes
 
     mark("imports")
     result: dict[str, Any] = {}

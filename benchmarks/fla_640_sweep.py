@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         print("fla_640_sweep: error: needs a CUDA device", file=sys.stderr)
         return 2
     from fastpath.kernels.gated_delta_rule.dqkwg import chunk_bwd_dqkwg
-    from fastpath.known_issues import fla_640
     from fastpath.routing import fla_selfcheck
+    from fastpath.shared.known_issues import fla_640
 
     fla_fn = fla_selfcheck.unguarded_fla_dqkwg()
     if fla_fn is None:

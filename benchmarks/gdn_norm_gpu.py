@@ -41,7 +41,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 def preset_dims(batch: int, seq_len: int) -> dict[str, Any]:
     """Rows, width and eps of the GatedDeltaNet norm in the qwen3.5-27b preset."""
-    from fastpath.model_source import load_preset_with_source
+    from fastpath.shared.model_source import load_preset_with_source
 
     cfg = load_preset_with_source("qwen3.5-27b")
     text = cfg.get("text_config", cfg)

@@ -36,7 +36,7 @@ from gdn_layer_profile import cuda_times  # same folder: sys.path[0]
 
 def head_dims() -> tuple[int, int]:
     """(hidden, vocab) of the qwen3.5-27b preset."""
-    from fastpath.model_source import load_preset_with_source
+    from fastpath.shared.model_source import load_preset_with_source
 
     cfg = load_preset_with_source("qwen3.5-27b")
     text = cfg.get("text_config", cfg)

@@ -98,7 +98,7 @@ def measure(model: Any, ids: torch.Tensor, iters: int, time_cap: float, device: 
 
 def run_model(source: str, layers: int, args: argparse.Namespace, doc: dict[str, Any], save: Any) -> None:
     from fastpath.models.build import build_model
-    from fastpath.routing import transformers as routes
+    from fastpath.routing import engine as routes
 
     device = torch.device(args.device)
     routes.disable()

@@ -73,11 +73,11 @@ def _by_signature(fn: Any) -> Any:
 
 def use_mamba_ssm(ops: dict[str, Any]) -> list[tuple[Any, str, Any]]:
     """Point nemotron_h's SSD globals at mamba_ssm's ops (split-conv: None). Returns an undo list."""
-    from fastpath.routing import mamba_route
+    from fastpath.routing import ssd_route
 
     module = sys.modules["transformers.models.nemotron_h.modeling_nemotron_h"]
     undo = []
-    for op, gname in mamba_route.op_globals(module).items():
+    for op, gname in ssd_route.op_globals(module).items():
         undo.append((module, gname, getattr(module, gname)))
         if op == "mamba_split_conv1d_scan_combined":
             setattr(module, gname, lambda *a, **k: None)

@@ -286,7 +286,7 @@ def child(config: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from fastpath.models.build import build_model
-    from fastpath.routing.transformers import enable
+    from fastpath.routing.engine import enable
 
     device = "cpu" if args.smoke else "cuda"
     dtype = "fp32" if args.smoke else "bf16"

@@ -17,7 +17,7 @@ def main() -> None:
 
     from fastpath.doctor.diagnosis import diagnose
     from fastpath.doctor.probe import collect
-    from fastpath.routing.transformers import disable, enable, explain
+    from fastpath.routing.engine import disable, enable, explain
 
     facts = collect(skip=["imports"])  # the real probe of this interpreter (static: no imports)
     plan = diagnose(facts, "qwen3.5-27b").model_plan
@@ -46,11 +46,11 @@ def main() -> None:
 
 
 def _env_semantics() -> dict[str, list[bool]]:
-    """fastpath.hub_kernels_env.on(value) next to transformers' own reading of the variable
+    """fastpath.shared.hub_kernels_env.on(value) next to transformers' own reading of the variable
     (5.25's `_kernels_enabled()` reads it at call time; older releases once, at import)."""
     from transformers.integrations import hub_kernels
 
-    import fastpath.hub_kernels_env as hub_kernels_env
+    import fastpath.shared.hub_kernels_env as hub_kernels_env
 
     if not callable(getattr(hub_kernels, "_kernels_enabled", None)):
         return {}

@@ -14,8 +14,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import fastpath  # noqa: E402
-from fastpath.errors import UsageError  # noqa: E402
-from fastpath.routing.transformers import SUPPORTED_TRANSFORMERS, check_transformers_version  # noqa: E402
+from fastpath.routing.engine import SUPPORTED_TRANSFORMERS, check_transformers_version  # noqa: E402
+from fastpath.shared.errors import UsageError  # noqa: E402
 
 
 def tiny_qwen3_5():

@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from fastpath.errors import UsageError
 from fastpath.routing import autotune_decisions as ad
+from fastpath.shared.errors import UsageError
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 KERNELS = textwrap.dedent('''

@@ -12,9 +12,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
-from fastpath.errors import UsageError
 from fastpath.proof.bench_outputs import compare_docs, load_previous, markdown, speedups
 from fastpath.proof.bench_spec import SCHEMA
+from fastpath.shared.errors import UsageError
 
 TINY_QWEN35 = {
     "model_type": "qwen3_5_text", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
@@ -186,7 +186,7 @@ def test_bench_without_matplotlib_or_the_interpreter_loses_nothing_and_claims_no
     assert proc.returncode == 0, proc.stderr
     assert "| config |" in proc.stdout and "| fastpath (" in proc.stdout  # the table, printed
     assert sorted(p.name for p in out.iterdir()) == ["bench.json", "bench.md"]
-    from fastpath.extras import install_line
+    from fastpath.shared.extras import install_line
 
     assert (f"fastpath bench: no bench.png: matplotlib is not installed; run: {install_line('bench')}"
             in proc.stderr.splitlines())

@@ -34,9 +34,9 @@ from fastpath.capture.layers import default_aux_layers, parse_layers
 from fastpath.capture.packing import batches_for_rank, make_batches
 from fastpath.capture.run import CaptureCheckError, CaptureOptions, run_capture
 from fastpath.causal_conv1d import causal_conv1d_fn as real_causal_conv1d_fn
-from fastpath.errors import FastpathError, UsageError
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.models.build import build_model
+from fastpath.shared.errors import FastpathError, UsageError
 
 # Without the interpreter, fastpath's kernels cannot run on CPU: captures then need --allow-slow.
 ALLOW_SLOW = not triton_interpreter_on()
@@ -472,7 +472,7 @@ def test_fsdp_checkpoint_directory_is_read_once_and_matches_one_process(qwen_dir
 _FAILING_RANK_SCRIPT = """
 import json, os, sys
 import torch
-from fastpath.errors import FastpathError
+from fastpath.shared.errors import FastpathError
 from fastpath.capture.run import CaptureOptions, run_capture
 
 config, data, out, tokenizer, allow_slow = sys.argv[1:6]

@@ -15,7 +15,7 @@ from fastpath.capture.formats import (
     capture_format,
     format_of,
 )
-from fastpath.errors import UsageError
+from fastpath.shared.errors import UsageError
 
 CAPTURE = Path(__file__).resolve().parents[1] / "src" / "fastpath" / "capture"
 

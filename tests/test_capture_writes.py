@@ -27,7 +27,7 @@ from fastpath.capture.writers import (
     atomic_write,
     remove_stale_temps,
 )
-from fastpath.errors import FastpathError, UsageError
+from fastpath.shared.errors import FastpathError, UsageError
 
 # One key: safetensors keeps metadata in a Rust HashMap, so with several keys their order in the
 # header changes from call to call (it did before staging too); the tensor bytes never do.

@@ -30,8 +30,8 @@ import torch
 
 from fastpath.capture.clients import divergence, write_client_target
 from fastpath.capture.run import CaptureOptions, run_capture
-from fastpath.errors import UsageError
 from fastpath.models.build import build_model
+from fastpath.shared.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("clients_worker.py")
@@ -316,7 +316,7 @@ def test_without_speculators_a_capture_says_once_that_the_check_exists(targets, 
 
 @pytest.mark.parametrize("client", ["speculators", "specforge"])
 def test_the_install_hint_names_a_side_venv_and_never_touches_this_transformers(client, targets):
-    from fastpath.capture.clients import require_client
+    from fastpath.capture.client_check import require_client
 
     if _installed(client):
         pytest.skip(f"{client} is importable in this Python")

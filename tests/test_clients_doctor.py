@@ -10,7 +10,7 @@ import copy
 from fakeenv import seed_facts, write_dist_info
 from fastpath.doctor import probe
 from fastpath.doctor.diagnosis import diagnose
-from fastpath.known_issues import speculators_zero_centred_norm
+from fastpath.shared.known_issues import speculators_zero_centred_norm
 
 RULE = "speculators-zero-centred-verifier-norm"
 

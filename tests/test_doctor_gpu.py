@@ -15,7 +15,7 @@ import pytest
 from fakeenv import seed_facts, write_story_site
 from fastpath.doctor.diagnosis import diagnose
 from fastpath.doctor.gpu_models import GPU_MODELS, parse_gpu_spec
-from fastpath.errors import UsageError
+from fastpath.shared.errors import UsageError
 
 
 def _cpu_builder(tmp_path):
@@ -154,7 +154,7 @@ def test_after_enable_says_what_each_op_needs_without_a_gpu(tmp_path):
     assert needs["chunk_gated_delta_rule"] == "needs fla-core: pip install fla-core"
     assert needs["causal_conv1d_fn"] == "needs a GPU"
     assert {"fla-missing", "causal-conv1d-missing"} <= {f.id for f in d.findings}
-    # Mamba-2: enable() routes the SSD ops too (routing/mamba_route.py), so on the assumed GPU
+    # Mamba-2: enable() routes the SSD ops too (routing/ssd_route.py), so on the assumed GPU
     # every op is fastpath's, and without one each op names the GPU as what it needs
     mamba = diagnose(_no_gpu_seed(["sm_90"]), "mamba2", parse_gpu_spec("sm_90"))
     rows = [r for t in mamba.model_plan["layer_types"] for r in t["ops"]]
@@ -167,7 +167,7 @@ def test_after_enable_says_what_each_op_needs_without_a_gpu(tmp_path):
                if r["op"] == "mamba_chunk_scan_combined")
     assert ssm["with_fastpath_needs"] == "needs a GPU"
     # Mamba-1: enable() routes selective_scan_fn, mamba_inner_fn and the state update as well
-    # (routing/mamba1_route.py): fastpath's on the assumed GPU, each op needing the GPU here
+    # (routing/selective_scan_route.py): fastpath's on the assumed GPU, each op needing the GPU here
     cfg = tmp_path / "config.json"
     cfg.write_text('{"model_type": "mamba", "num_hidden_layers": 4}')
     mamba1 = diagnose(_no_gpu_seed(["sm_90"]), str(cfg), parse_gpu_spec("sm_90"))

@@ -19,10 +19,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import fastpath  # noqa: E402
-from fastpath.errors import FastpathError, UsageError  # noqa: E402
 from fastpath.kernels.counters import CALLS, reset  # noqa: E402
 from fastpath.routing.conv_route import seq_idx_from_cu_seqlens  # noqa: E402
 from fastpath.routing.fla_route import chunk_backward_unsafe  # noqa: E402
+from fastpath.shared.errors import FastpathError, UsageError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FLA_DIR = ROOT / ".venvs" / "fla"
@@ -150,7 +150,7 @@ def test_suspended_is_the_reference_path_and_resumes_the_same_routing() -> None:
     """capture's re-checks run the reference inside an enabled run: suspended() must be exactly
     disable() inside and exactly the same enable() after (a wrong kernel proves which one runs)."""
     from fastpath import causal_conv1d as face
-    from fastpath.routing.transformers import is_enabled, suspended
+    from fastpath.routing.engine import is_enabled, suspended
 
     def scaled(x, weight, bias=None, **kwargs):
         return 100.0 * face.causal_conv1d_fn(x, weight, bias, **kwargs)

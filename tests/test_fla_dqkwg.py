@@ -31,11 +31,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastpath.errors import UsageError
 from fastpath.kernels.gated_delta_rule.dqkwg import chunk_bwd_dqkwg
 from fastpath.kernels.gated_delta_rule.naive import gated_delta_rule_reference
 from fastpath.routing.fla_backend import dqkwg_route_needed
 from fastpath.routing.fla_selfcheck import DqkwgConfig, SelfCheckResult, run_selfcheck
+from fastpath.shared.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
 LN2 = math.log(2.0)
@@ -436,8 +436,8 @@ def test_failed_selfcheck_warns_and_keeps_torch(monkeypatch, tmp_path) -> None:
 
 def test_enable_summary_and_explain_name_the_checked_configs(monkeypatch) -> None:
     from fastpath.routing import fla_route, fla_selfcheck
+    from fastpath.routing.engine import EnableReport
     from fastpath.routing.explain import Explanation
-    from fastpath.routing.transformers import EnableReport
 
     config = _small_config("bfloat16")
     monkeypatch.setattr(fla_selfcheck, "RESULTS",

@@ -33,9 +33,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import fastpath  # noqa: E402
-from fastpath.errors import FastpathError, UsageError  # noqa: E402
 from fastpath.routing import norm_route  # noqa: E402
-from fastpath.routing.transformers import is_enabled  # noqa: E402
+from fastpath.routing.engine import is_enabled  # noqa: E402
+from fastpath.shared.errors import FastpathError, UsageError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))

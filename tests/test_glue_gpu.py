@@ -73,8 +73,8 @@ def test_27b_layers_route_and_match_the_reference() -> None:  # pragma: no cover
     bf16 tolerance verify uses for a layer (relative L2 <= 2e-2)."""
     from fastpath.kernels.counters import CALLS
     from fastpath.models.build import build_model
-    from fastpath.routing import glue_route
-    from fastpath.routing.transformers import disable, enable
+    from fastpath.routing import gates_route
+    from fastpath.routing.engine import disable, enable
 
     built = build_model("qwen3.5-27b", layers=4, dtype="bf16", device="cuda", seed=0)
     layers = built.model.model.layers
@@ -99,7 +99,7 @@ def test_27b_layers_route_and_match_the_reference() -> None:  # pragma: no cover
         enable(warn=False, glue=False)
         want = run()
         report = enable(warn=False)
-        assert report.glue == glue_route.IMPL
+        assert report.glue == gates_route.IMPL
         CALLS.clear()
         got = run()
         assert CALLS["gdn_gates_fwd:triton"] == 1 and CALLS["sigmoid_gate_fwd:triton"] == 1, dict(CALLS)

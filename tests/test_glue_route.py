@@ -1,4 +1,4 @@
-"""routing/glue_route.py: enable() routes the Qwen3.5 GatedDeltaNet gates and the gated
+"""routing/gates_route.py: enable() routes the Qwen3.5 GatedDeltaNet gates and the gated
 attention's output gate to fastpath's fused ops after a probe, the tiny random model matches the
 reference path (logits and every gradient), disable() restores exactly, FASTPATH_GLUE=off /
 enable(glue=False) turn it off, explain() lists the ops, torch.compile sees no fastpath break."""
@@ -13,17 +13,17 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("triton")
 
-from fastpath.errors import UsageError  # noqa: E402
 from fastpath.kernels.counters import CALLS  # noqa: E402
-from fastpath.routing import glue_route  # noqa: E402
-from fastpath.routing.transformers import disable, enable, explain  # noqa: E402
+from fastpath.routing import gates_route  # noqa: E402
+from fastpath.routing.engine import disable, enable, explain  # noqa: E402
+from fastpath.shared.errors import UsageError  # noqa: E402
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch):
-    monkeypatch.delenv(glue_route.ENV_MODE, raising=False)
+    monkeypatch.delenv(gates_route.ENV_MODE, raising=False)
     disable()
     yield
     disable()
@@ -59,14 +59,14 @@ def _step(model, ids):
 
 
 def test_candidates_are_the_gated_delta_net_and_gated_attention() -> None:
-    found = {cls.__name__: op for cls, op in glue_route.candidates(_module())}
-    assert found == {"Qwen3_5GatedDeltaNet": glue_route.OP_GATES, "Qwen3_5Attention": glue_route.OP_OUTPUT_GATE}
+    found = {cls.__name__: op for cls, op in gates_route.candidates(_module())}
+    assert found == {"Qwen3_5GatedDeltaNet": gates_route.OP_GATES, "Qwen3_5Attention": gates_route.OP_OUTPUT_GATE}
 
 
 def test_probe_accepts_transformers_layers_and_rejects_another_function() -> None:
     module = _module()
-    assert glue_route.same_function(module.Qwen3_5GatedDeltaNet, glue_route.OP_GATES, module) is None
-    assert glue_route.same_function(module.Qwen3_5Attention, glue_route.OP_OUTPUT_GATE, module) is None
+    assert gates_route.same_function(module.Qwen3_5GatedDeltaNet, gates_route.OP_GATES, module) is None
+    assert gates_route.same_function(module.Qwen3_5Attention, gates_route.OP_OUTPUT_GATE, module) is None
 
     class ShiftedGates(module.Qwen3_5GatedDeltaNet):
         def forward(self, hidden_states, cache_params=None, attention_mask=None, **kwargs):
@@ -80,7 +80,7 @@ def test_probe_accepts_transformers_layers_and_rejects_another_function() -> Non
                 with torch.no_grad():
                     self.dt_bias.sub_(0.5)
 
-    why = glue_route.same_function(ShiftedGates, glue_route.OP_GATES, module)
+    why = gates_route.same_function(ShiftedGates, gates_route.OP_GATES, module)
     assert why is not None and "ShiftedGates" in why and "float32 probe" in why
 
 
@@ -92,8 +92,8 @@ def test_tiny_model_matches_the_reference_path_and_disable_restores() -> None:
     ids = torch.randint(0, 64, (2, 11), generator=torch.Generator().manual_seed(1))
     want_loss, want_grads = _step(model, ids)
     report = enable(warn=False)
-    assert report.glue == glue_route.IMPL
-    assert getattr(module.Qwen3_5GatedDeltaNet.forward, glue_route.ROUTE_ATTR) == glue_route.OP_GATES
+    assert report.glue == gates_route.IMPL
+    assert getattr(module.Qwen3_5GatedDeltaNet.forward, gates_route.ROUTE_ATTR) == gates_route.OP_GATES
     CALLS.clear()
     loss, grads = _step(model, ids)
     for op in ("gdn_gates_fwd", "gdn_gates_bwd", "sigmoid_gate_fwd", "sigmoid_gate_bwd"):
@@ -103,11 +103,11 @@ def test_tiny_model_matches_the_reference_path_and_disable_restores() -> None:
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
     rows = {(r["layer"], r["op"]): r for r in explain(model).rows}
     assert rows[("model.layers.0.linear_attn", "gdn_gates")]["fast"]
-    assert rows[("model.layers.1.self_attn", "attn_output_gate")]["impl"] == f"{glue_route.IMPL} (interpreter)"
+    assert rows[("model.layers.1.self_attn", "attn_output_gate")]["impl"] == f"{gates_route.IMPL} (interpreter)"
     disable()
     assert module.Qwen3_5GatedDeltaNet.forward is gdn_forward
     assert module.Qwen3_5Attention.forward is attn_forward
-    assert glue_route.ACTIVE is None
+    assert gates_route.ACTIVE is None
     assert not any(r["op"] in ("gdn_gates", "attn_output_gate") for r in explain(model).rows)
 
 
@@ -119,12 +119,12 @@ def test_off_by_env_or_option(monkeypatch) -> None:
     assert module.Qwen3_5GatedDeltaNet.forward is gdn_forward
     assert not any(r["op"] == "gdn_gates" for r in explain(tiny_model()).rows)
     disable()
-    monkeypatch.setenv(glue_route.ENV_MODE, "off")
+    monkeypatch.setenv(gates_route.ENV_MODE, "off")
     report = enable(warn=False)
     assert report.glue == "torch" and module.Qwen3_5Attention.forward is not None
-    assert not hasattr(module.Qwen3_5Attention.forward, glue_route.ROUTE_ATTR)
+    assert not hasattr(module.Qwen3_5Attention.forward, gates_route.ROUTE_ATTR)
     disable()
-    monkeypatch.setenv(glue_route.ENV_MODE, "fast-please")
+    monkeypatch.setenv(gates_route.ENV_MODE, "fast-please")
     with pytest.raises(UsageError, match="FASTPATH_GLUE"):
         enable(warn=False)
 
@@ -154,7 +154,7 @@ def test_compiled_routed_model_has_no_fastpath_graph_break() -> None:
     ids = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(3))
     enable(warn=False)
     module = _module()
-    assert hasattr(module.Qwen3_5GatedDeltaNet.forward, glue_route.ROUTE_ATTR)
+    assert hasattr(module.Qwen3_5GatedDeltaNet.forward, gates_route.ROUTE_ATTR)
 
     def loss(ids):
         return model(input_ids=ids, labels=ids, use_cache=False).loss

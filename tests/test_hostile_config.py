@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fastpath.errors import UsageError
-from fastpath.model_source import load_config, load_preset_with_source
+from fastpath.shared.errors import UsageError
+from fastpath.shared.model_source import load_config, load_preset_with_source
 from hostile_fakes import fastpath, one_line_error
 
 BASE = {k: v for k, v in load_preset_with_source("qwen3-next").items() if k != "_fastpath_source"}

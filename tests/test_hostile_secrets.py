@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fastpath.doctor.redact import REDACTED, redact_text
+from fastpath.shared.redact import REDACTED, redact_text
 from hostile_fakes import facts, fake_target, fastpath, framed
 
 SHAPES = {

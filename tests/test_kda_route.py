@@ -82,7 +82,7 @@ import json, os, sys, torch
 from fastpath.models.build import build_model
 from fastpath.models.paths import hidden_compiled_peers
 from fastpath.routing import fla_route
-from fastpath.routing import transformers as routes
+from fastpath.routing import engine as routes
 
 with hidden_compiled_peers():  # as verify builds its reference: transformers binds the torch KDA
     built = build_model(os.environ["KIMI_CONFIG"], dtype="fp32", device="cpu", seed=0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastpath.known_issues import dao_sm103_nvcc13, fla_640, host_gcc_unsupported
+from fastpath.shared.known_issues import dao_sm103_nvcc13, fla_640, host_gcc_unsupported
 
 
 def test_fla_640_reads_versions_like_fla():

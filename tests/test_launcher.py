@@ -21,7 +21,7 @@ PROBE = textwrap.dedent(
     """
     import json, os, subprocess, sys
     import transformers
-    from fastpath.routing.transformers import is_enabled
+    from fastpath.routing.engine import is_enabled
     level = int(sys.argv[1])
     out = {"level": level, "enabled": is_enabled(), "pid": os.getpid()}
     if level < 2:
@@ -107,7 +107,7 @@ def test_torchrun_workers_get_enable(tmp_path: Path) -> None:
         """
         import json, os
         import transformers
-        from fastpath.routing.transformers import is_enabled
+        from fastpath.routing.engine import is_enabled
         print(json.dumps({"rank": int(os.environ["RANK"]), "enabled": is_enabled()}), flush=True)
         """
     ))

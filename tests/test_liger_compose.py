@@ -53,7 +53,7 @@ JOBS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 ORDERS = ("enable_then_liger", "liger_then_enable")
 # (family, newest transformers minor) where fastpath's kernels cannot run on CPU tensors: falcon_h1's
-# <=5.14 cuda_kernels_forward enters torch.cuda.device() (routing/mamba_route.lift_device_gates)
+# <=5.14 cuda_kernels_forward enters torch.cuda.device() (routing/ssd_route.lift_device_gates)
 CPU_UNROUTED = {"falcon_h1": (5, 14)}
 FP32 = {"rel": 1e-5, "grad_rel": 1e-3}  # verify's fp32 limits (models/compare.py TOLERANCES)
 LIGER_NODES = {"LigerRMSNormFunctionBackward", "LigerFusedLinearCrossEntropyFunctionBackward"}

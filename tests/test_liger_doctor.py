@@ -11,7 +11,7 @@ import pytest
 
 from fakeenv import seed_facts, write_dist_info
 from fastpath.doctor.diagnosis import diagnose
-from fastpath.liger_families import PATCH_FUNCTIONS
+from fastpath.shared.liger_families import PATCH_FUNCTIONS
 
 RULE = "liger-kernel-composes"
 

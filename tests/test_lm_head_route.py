@@ -341,7 +341,7 @@ def test_off_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     finally:
         reg.undo()
     monkeypatch.setenv(route.ENV_MODE, "sometimes")
-    from fastpath.errors import UsageError
+    from fastpath.shared.errors import UsageError
 
     with pytest.raises(UsageError, match=route.ENV_MODE):
         route.detect_lm_head()
@@ -404,10 +404,10 @@ def test_enable_hands_autotune_decisions_to_the_process(tmp_path, monkeypatch: p
     """FASTPATH_AUTOTUNE_DECISIONS reaches enable(): a file for another device is refused in the
     report (this host has no CUDA GPU), a file that is not one is a usage error before any patch."""
     import fastpath
-    from fastpath.errors import UsageError
     from fastpath.kernels.dispatch import cuda_capability
     from fastpath.routing import autotune_decisions
-    from fastpath.routing.transformers import is_enabled
+    from fastpath.routing.engine import is_enabled
+    from fastpath.shared.errors import UsageError
 
     if cuda_capability() is not None:
         pytest.skip("checks the refusal on a host without a CUDA GPU")

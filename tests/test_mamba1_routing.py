@@ -1,4 +1,4 @@
-"""In-process checks of the Mamba-1 routing (routing/mamba1_route.py) on the system transformers
+"""In-process checks of the Mamba-1 routing (routing/selective_scan_route.py) on the system transformers
 (5.17): mamba_ssm detection on fake installed packages, the enable(mamba_ssm=...) option, exact
 undo, the CPU branch without the interpreter, the 5.0-5.14 lazy-loader modules, Falcon-Mamba's
 normed fused op, and that a combination the kernels refuse reaches the user as a warning.
@@ -19,7 +19,7 @@ import torch
 import fastpath
 from fastpath.kernels import dispatch
 from fastpath.kernels.counters import CALLS, reset
-from fastpath.routing import mamba1_route, mamba_route
+from fastpath.routing import selective_scan_route, ssd_route
 
 transformers = pytest.importorskip("transformers")
 MAMBA = "transformers.models.mamba.modeling_mamba"
@@ -70,7 +70,7 @@ def test_mamba_ssm_detection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wo
     if working is True:  # a build with its compiled Mamba-1 scan
         (tmp_path / "selective_scan_cuda.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
-    status = mamba1_route.detect_mamba1("auto")
+    status = selective_scan_route.detect_mamba1("auto")
     if working is True:
         assert (status.route, status.impl) == (False, "mamba_ssm") and "kept" in status.reason
     elif working == "no-extension":
@@ -80,8 +80,8 @@ def test_mamba_ssm_detection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wo
     else:
         assert (status.route, status.impl) == (True, "fastpath")
         assert "do not import" in status.reason and "selective_scan_cuda" in status.reason
-    assert mamba1_route.detect_mamba1("fastpath").route
-    assert not mamba1_route.detect_mamba1("off").route
+    assert selective_scan_route.detect_mamba1("fastpath").route
+    assert not selective_scan_route.detect_mamba1("off").route
 
 
 def test_kept_mamba_ssm_leaves_the_wrappers_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -92,16 +92,16 @@ def test_kept_mamba_ssm_leaves_the_wrappers_alone(tmp_path: Path, monkeypatch: p
     monkeypatch.syspath_prepend(str(tmp_path))
     report = fastpath.enable(warn=False)
     assert report.mamba1_scan == "mamba_ssm"
-    assert all(vars(module)[g] is before[g] for g in mamba1_route.op_globals(module).values())
+    assert all(vars(module)[g] is before[g] for g in selective_scan_route.op_globals(module).values())
     fastpath.disable()
     report = fastpath.enable(warn=False, mamba_ssm="fastpath")
     assert report.mamba1_scan == "fastpath"
-    assert {op: getattr(vars(module)[g], mamba1_route.ROUTE_ATTR, None)
-            for op, g in mamba1_route.op_globals(module).items()} == {op: op for op in mamba1_route.MAMBA1_OPS}
+    assert {op: getattr(vars(module)[g], selective_scan_route.ROUTE_ATTR, None)
+            for op, g in selective_scan_route.op_globals(module).items()} == {op: op for op in selective_scan_route.MAMBA1_OPS}
     fastpath.disable()
     report = fastpath.enable(warn=False, mamba_ssm="off")
     assert report.mamba1_scan == "off" and any("Mamba-1" in n for n in report.notes)
-    assert all(vars(module)[g] is before[g] for g in mamba1_route.op_globals(module).values())
+    assert all(vars(module)[g] is before[g] for g in selective_scan_route.op_globals(module).values())
 
 
 def test_disable_restores_every_global_exactly() -> None:
@@ -123,8 +123,8 @@ def test_cpu_without_interpreter_keeps_transformers_torch_functions(monkeypatch:
     with torch.no_grad():
         ref = model(ids).logits
     fastpath.enable(warn=False, mamba_ssm="fastpath")
-    rows = [r for r in fastpath.explain(model).rows if r["op"] in mamba1_route.MAMBA1_OPS]
-    assert {r["op"] for r in rows} == set(mamba1_route.MAMBA1_OPS)
+    rows = [r for r in fastpath.explain(model).rows if r["op"] in selective_scan_route.MAMBA1_OPS]
+    assert {r["op"] for r in rows} == set(selective_scan_route.MAMBA1_OPS)
     assert all(r["impl"] == "torch (cpu tensors; fastpath routed for CUDA)" and not r["fast"] for r in rows)
     reset()
     with torch.no_grad():
@@ -137,22 +137,22 @@ def test_route_modules_are_what_the_lazy_loader_finds() -> None:
     """5.0-5.14: lazy_load_kernel returns these; the mixers read them as the 5.12 sources do."""
     from transformers.utils.import_utils import resolve_internal_import
 
-    for kernel, inner in mamba1_route.LAZY_KERNELS.items():
-        mod = mamba1_route.route_module(kernel)
+    for kernel, inner in selective_scan_route.LAZY_KERNELS.items():
+        mod = selective_scan_route.route_module(kernel)
         found = resolve_internal_import(mod, chained_path="ops.triton.selective_state_update.selective_state_update")
-        assert getattr(found, mamba1_route.ROUTE_ATTR) == "selective_state_update"
-        assert getattr(mod.selective_scan_fn, mamba1_route.ROUTE_ATTR) == "selective_scan_fn"
-        assert getattr(getattr(mod, inner), mamba1_route.ROUTE_ATTR) == "mamba_inner_fn"
-    shared = mamba_route.route_module()  # "mamba-ssm" also serves the Mamba-2 families
-    mamba1_route.route_module("mamba-ssm", shared)
-    assert getattr(shared.mamba_chunk_scan_combined, mamba_route.ROUTE_ATTR) == "mamba_chunk_scan_combined"
-    assert getattr(shared.selective_state_update, mamba_route.ROUTE_ATTR) == "selective_state_update"
+        assert getattr(found, selective_scan_route.ROUTE_ATTR) == "selective_state_update"
+        assert getattr(mod.selective_scan_fn, selective_scan_route.ROUTE_ATTR) == "selective_scan_fn"
+        assert getattr(getattr(mod, inner), selective_scan_route.ROUTE_ATTR) == "mamba_inner_fn"
+    shared = ssd_route.route_module()  # "mamba-ssm" also serves the Mamba-2 families
+    selective_scan_route.route_module("mamba-ssm", shared)
+    assert getattr(shared.mamba_chunk_scan_combined, ssd_route.ROUTE_ATTR) == "mamba_chunk_scan_combined"
+    assert getattr(shared.selective_state_update, ssd_route.ROUTE_ATTR) == "selective_state_update"
 
 
 def test_state_update_route_takes_both_state_layouts() -> None:
     """One selective_state_update serves Mamba-1 (3-D state) and Mamba-2 (4-D) callers of the shared
     lazily loaded module; each matches the float64 recurrence and updates the state in place."""
-    route = mamba1_route.make_state_update_route(None)
+    route = selective_scan_route.make_state_update_route(None)
     gen = torch.Generator().manual_seed(0)
     for heads in (None, 2):
         lead = (2,) if heads is None else (2, heads)
@@ -178,7 +178,7 @@ def test_a_refused_combination_warns_through_the_route(monkeypatch: pytest.Monke
     warns naming it and runs the float reference (never a silent wrong number)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     dispatch._warn_once.cache_clear()
-    route = mamba1_route.make_scan_route(None)
+    route = selective_scan_route.make_scan_route(None)
     gen = torch.Generator().manual_seed(0)
     u, delta = torch.randn(1, 4, 5, generator=gen), torch.rand(1, 4, 5, generator=gen)
     A = torch.complex(-torch.rand(4, 3, generator=gen), torch.randn(4, 3, generator=gen))
@@ -219,7 +219,7 @@ def test_mamba_runs_fastpaths_triton_kernels_and_the_fused_training_op() -> None
     ref_loss, ref_grads = train_step(model, ids)
     fastpath.enable(warn=False, mamba_ssm="fastpath")
     reset()
-    rows = [r for r in fastpath.explain(model).rows if r["op"] in mamba1_route.MAMBA1_OPS]
+    rows = [r for r in fastpath.explain(model).rows if r["op"] in selective_scan_route.MAMBA1_OPS]
     assert rows and all(r["impl"] == "fastpath-triton (interpreter)" and r["fast"] for r in rows), rows
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, ref, atol=1e-4, rtol=1e-4)

@@ -8,7 +8,7 @@ import pytest
 from fakeenv import seed_facts
 from fastpath.doctor.families import family_for
 from fastpath.doctor.plan import VERSION_RANGES, plan_model
-from fastpath.model_source import load_config
+from fastpath.shared.model_source import load_config
 
 MAMBA2_PRESETS = {  # preset -> (model_type, layers, Mamba-2 layers)
     "nemotron-h-8b": ("nemotron_h", 52, 24),
@@ -87,7 +87,7 @@ MAMBA1_PRESETS = {  # preset -> (model_type, layers, layers running a Mamba-1 mi
 @pytest.mark.parametrize("preset", sorted(MAMBA1_PRESETS))
 @pytest.mark.parametrize("version", ["4.57.6", "5.12.1", "5.17.0", "5.25.0"])
 def test_mamba1_families_are_slow_without_mamba_ssm_and_fast_after_enable(preset: str, version: str) -> None:
-    """routing/mamba1_route.py routes selective_scan_fn, selective_state_update and mamba_inner_fn."""
+    """routing/selective_scan_route.py routes selective_scan_fn, selective_state_update and mamba_inner_fn."""
     model_type, total, mamba, ops = MAMBA1_PRESETS[preset]
     facts = seed_facts()
     facts["packages"]["transformers"]["version"] = version

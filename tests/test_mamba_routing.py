@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import fastpath
-from fastpath.errors import UsageError
 from fastpath.kernels.counters import CALLS, reset
-from fastpath.routing import mamba_route
+from fastpath.routing import ssd_route
+from fastpath.shared.errors import UsageError
 
 transformers = pytest.importorskip("transformers")
 NEMOTRON = "transformers.models.nemotron_h.modeling_nemotron_h"
@@ -70,14 +70,14 @@ def test_mamba_ssm_detection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wo
     monkeypatch.syspath_prepend(str(tmp_path))
     for name in [n for n in sys.modules if n == "mamba_ssm" or n.startswith("mamba_ssm.")]:
         monkeypatch.delitem(sys.modules, name)
-    status = mamba_route.detect_mamba("auto")
+    status = ssd_route.detect_mamba("auto")
     if working:
         assert (status.route, status.impl) == (False, "mamba_ssm") and "kept" in status.reason
     else:
         assert (status.route, status.impl) == (True, "fastpath")
         assert "does not import" in status.reason and "selective_scan_cuda" in status.reason
-    assert mamba_route.detect_mamba("fastpath").route
-    assert not mamba_route.detect_mamba("off").route
+    assert ssd_route.detect_mamba("fastpath").route
+    assert not ssd_route.detect_mamba("off").route
 
 
 def test_kept_mamba_ssm_leaves_the_wrappers_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,13 +88,13 @@ def test_kept_mamba_ssm_leaves_the_wrappers_alone(tmp_path: Path, monkeypatch: p
     monkeypatch.syspath_prepend(str(tmp_path))
     report = fastpath.enable(warn=False)
     assert report.mamba_ssd == "mamba_ssm"
-    for gname in mamba_route.op_globals(module).values():
+    for gname in ssd_route.op_globals(module).values():
         assert vars(module)[gname] is before[gname]
     fastpath.disable()
     report = fastpath.enable(warn=False, mamba_ssm="fastpath")
     assert report.mamba_ssd == "fastpath"
-    assert all(getattr(vars(module)[g], mamba_route.ROUTE_ATTR, None) == op
-               for op, g in mamba_route.op_globals(module).items())
+    assert all(getattr(vars(module)[g], ssd_route.ROUTE_ATTR, None) == op
+               for op, g in ssd_route.op_globals(module).items())
 
 
 def test_disable_restores_every_global_exactly() -> None:
@@ -117,7 +117,7 @@ def test_cpu_without_interpreter_keeps_transformers_torch_functions(monkeypatch:
         ref = model(ids).logits
     fastpath.enable(warn=False, mamba_ssm="fastpath")
     rows = {r["op"]: r for r in fastpath.explain(model).rows}
-    for op in mamba_route.MAMBA_OPS:
+    for op in ssd_route.MAMBA_OPS:
         assert rows[op]["impl"] == "torch (cpu tensors; fastpath routed for CUDA)" and not rows[op]["fast"]
     reset()
     with torch.no_grad():
@@ -125,17 +125,17 @@ def test_cpu_without_interpreter_keeps_transformers_torch_functions(monkeypatch:
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)  # the conv reference rounds differently
     assert not any(k.startswith(("ssd_fwd", "ssd_update", "ssd_split")) for k in CALLS), dict(CALLS)
     module = sys.modules[NEMOTRON]
-    split = getattr(module, mamba_route.op_globals(module)["mamba_split_conv1d_scan_combined"])
+    split = getattr(module, ssd_route.op_globals(module)["mamba_split_conv1d_scan_combined"])
     assert split(torch.zeros(1, 2, 3), None, None, None, None, None, 8) is None
 
 
 def test_route_module_is_what_resolve_internal_import_finds() -> None:
     from transformers.utils.import_utils import resolve_internal_import
 
-    mod = mamba_route.route_module()
+    mod = ssd_route.route_module()
     for op, path in (("selective_state_update", "ops.triton.selective_state_update.selective_state_update"),
                      ("mamba_chunk_scan_combined", "ops.triton.ssd_combined.mamba_chunk_scan_combined"),
                      ("mamba_split_conv1d_scan_combined",
                       "ops.triton.ssd_combined.mamba_split_conv1d_scan_combined")):
         found = resolve_internal_import(mod, chained_path=path)
-        assert getattr(found, mamba_route.ROUTE_ATTR) == op
+        assert getattr(found, ssd_route.ROUTE_ATTR) == op

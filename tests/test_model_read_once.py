@@ -1,7 +1,7 @@
 """A model source is read once per command: `resolve_model` reads MODEL's config.json and every later
 step (sizing, the build, the weight count, capture's layer / tokenizer / client checks) reads the
 ResolvedModel it made. Counted on a real config.json on disk, through the one function that reads
-config files (fastpath.model_source._read_json), wrapped so every call still reads the file.
+config files (fastpath.shared.model_source._read_json), wrapped so every call still reads the file.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import fastpath
-from fastpath import model_source
-from fastpath.errors import UsageError
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.models.build import ResolvedModel, build_model, build_resolved, resolve_model
+from fastpath.shared import model_source
+from fastpath.shared.errors import UsageError
 
 TINY_LFM2 = {
     "model_type": "lfm2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from fastpath.errors import UsageError
-from fastpath.model_source import (
+from fastpath.shared.errors import UsageError
+from fastpath.shared.model_source import (
     SOURCE_KEY,
     list_presets,
     load_config,

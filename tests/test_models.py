@@ -13,8 +13,6 @@ pytest.importorskip("transformers")
 
 import torch
 
-from fastpath.errors import UsageError
-from fastpath.model_source import load_config
 from fastpath.models.build import (
     build_model,
     cut_layers,
@@ -23,6 +21,8 @@ from fastpath.models.build import (
     transformers_config,
 )
 from fastpath.models.dtypes import torch_dtype
+from fastpath.shared.errors import UsageError
+from fastpath.shared.model_source import load_config
 
 TINY_QWEN35 = {
     "model_type": "qwen3_5_text", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,

@@ -12,9 +12,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from fastpath.errors import UsageError
-from fastpath.model_source import load_config
 from fastpath.models.build import transformers_config
+from fastpath.shared.errors import UsageError
+from fastpath.shared.model_source import load_config
 
 
 @pytest.mark.parametrize(("preset", "layers", "enough", "kind"),

@@ -108,7 +108,7 @@ def _tiny_qwen3_5():
 
 @pytest.fixture
 def enabled():
-    from fastpath.routing.transformers import disable, enable
+    from fastpath.routing.engine import disable, enable
 
     try:
         yield enable

@@ -6,7 +6,7 @@ import copy
 
 from fakeenv import seed_facts
 from fastpath.doctor.plan import plan_model
-from fastpath.model_source import load_config
+from fastpath.shared.model_source import load_config
 
 
 def _ok(facts, dist, version="1.0"):

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from fastpath.doctor.redact import REDACTED, is_secret_name, redact_text
+from fastpath.shared.redact import REDACTED, is_secret_name, redact_text
 from hostile_fakes import fastpath
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "fastpath"
 # Modules whose every string reaches an output that is redacted (doctor reports, fleet tables,
 # one-line errors); elsewhere only the messages of raised exceptions do.
-REDACTED_OUTPUT_MODULES = ("doctor", "cli.py", "model_source.py", "extras.py", "known_issues.py")
+REDACTED_OUTPUT_MODULES = ("doctor", "cli.py", "shared/model_source.py", "shared/extras.py", "shared/known_issues.py")
 
 
 def _text(node: ast.AST) -> str | None:

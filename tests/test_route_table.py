@@ -17,8 +17,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import fastpath
+from fastpath.routing import engine as tf_routing
 from fastpath.routing import routes
-from fastpath.routing import transformers as tf_routing
 from fastpath.routing.routes import ROUTES, Route, Session
 
 

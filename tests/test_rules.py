@@ -233,7 +233,7 @@ def test_mamba_family_needs_mamba_ssm_too():
     d = diagnose(seed_facts(), "mamba2")
     f = _by_id(d, "mamba-needs-mamba-ssm")
     assert "all 64 of 64 layers" in f.detail
-    # fastpath.enable() routes the Mamba-2 SSD ops as well as the conv (routing/mamba_route.py):
+    # fastpath.enable() routes the Mamba-2 SSD ops as well as the conv (routing/ssd_route.py):
     # the finding says so and offers that route first, as the plan's after-enable column does
     assert d.model_plan["layers_slow_with_fastpath"] == 0
     assert "fastpath.enable() routes all of this family's ops" in f.detail
@@ -242,7 +242,7 @@ def test_mamba_family_needs_mamba_ssm_too():
 
 
 def test_mamba1_family_needs_mamba_ssm_and_fastpath_routes_it(tmp_path):
-    # enable() routes the Mamba-1 ops too (routing/mamba1_route.py): offered first, as for Mamba-2
+    # enable() routes the Mamba-1 ops too (routing/selective_scan_route.py): offered first, as for Mamba-2
     cfg = tmp_path / "config.json"
     cfg.write_text('{"model_type": "mamba", "num_hidden_layers": 4}')
     d = diagnose(seed_facts(), str(cfg))
@@ -287,7 +287,7 @@ def test_torch_cannot_see_the_gpu_old_driver():
 
 
 def test_no_facts_cannot_be_diagnosed_exit_3():
-    from fastpath.errors import TargetError
+    from fastpath.shared.errors import TargetError
 
     with pytest.raises(TargetError) as info:
         diagnose({}, "qwen3.5-27b")

@@ -19,7 +19,6 @@ import triton.language as tl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fastpath.errors import UsageError
 from fastpath.kernels.counters import CALLS
 from fastpath.kernels.dispatch import use_triton
 from fastpath.kernels.selective_scan.interface import (
@@ -37,6 +36,7 @@ from fastpath.kernels.selective_scan.scan_fwd_tile import (
     selective_scan_fwd_tile_triton,
     tile_along_time,
 )
+from fastpath.shared.errors import UsageError
 
 ON_CPU_TRITON = use_triton(torch.empty(0))  # TRITON_INTERPRET=1
 

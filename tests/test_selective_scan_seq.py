@@ -15,13 +15,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fastpath.errors import UsageError
 from fastpath.kernels.counters import CALLS
 from fastpath.kernels.dispatch import use_triton
 from fastpath.kernels.selective_scan.interface import FWD_ENV, fwd_kernel, selective_scan_fn
 from fastpath.kernels.selective_scan.naive import selective_scan_ref
 from fastpath.kernels.selective_scan.scan_fwd import selective_scan_fwd_triton
 from fastpath.kernels.selective_scan.scan_fwd_seq import SEQ_SWEEP, selective_scan_fwd_seq_triton
+from fastpath.shared.errors import UsageError
 
 ON_CPU_TRITON = use_triton(torch.empty(0))  # TRITON_INTERPRET=1
 

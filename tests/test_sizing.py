@@ -105,8 +105,8 @@ def _sized(raw, **job):
 
 def _refusal(raw, free_fraction, **job):
     """The one-line refusal of a job given `free_fraction` of its estimated peak as free memory."""
-    from fastpath.errors import UsageError
     from fastpath.models.sizing import scaled_peak
+    from fastpath.shared.errors import UsageError
 
     config, size, s = _sized(raw, **job)
     size.free_bytes, size.free_source = int(size.peak_bytes * free_fraction), "RAM"

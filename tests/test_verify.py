@@ -19,10 +19,10 @@ import torch
 
 import fastpath
 from fastpath.causal_conv1d import causal_conv1d_fn as real_causal_conv1d_fn
-from fastpath.errors import FastpathError
 from fastpath.models.compare import TOLERANCES
 from fastpath.proof.run_paths import make_inputs, verify_model
-from fastpath.routing.transformers import is_enabled as fastpath_is_enabled
+from fastpath.routing.engine import is_enabled as fastpath_is_enabled
+from fastpath.shared.errors import FastpathError
 
 # Qwen3.5's GatedDeltaNet: conv without bias, 3 linear-attention layers + 1 attention layer.
 TINY_QWEN35 = {

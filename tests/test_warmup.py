@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from fastpath.errors import UsageError
 from fastpath.proof.warmup import (
     NO_CUDA,
     CacheCount,
@@ -23,6 +22,7 @@ from fastpath.proof.warmup import (
     count_cache,
     refuse_here,
 )
+from fastpath.shared.errors import UsageError
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 TINY_QWEN35 = {
@@ -139,7 +139,7 @@ def test_warm_model_runs_each_phase_on_a_tiny_model(tmp_path, monkeypatch, train
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     from fastpath.kernels.counters import CALLS
     from fastpath.proof.warmup import warm_model
-    from fastpath.routing import transformers as routes
+    from fastpath.routing import engine as routes
 
     source = tmp_path / "tiny.json"
     source.write_text(json.dumps(TINY_QWEN35))
@@ -229,7 +229,7 @@ def test_warmup_on_cuda_fills_an_empty_cache_and_a_second_run_compiles_nothing(t
                 "from fastpath.routing import autotune_decisions as ad\n"
                 "from fastpath.proof.warmup import WarmupSettings, warm_model\n"
                 f"s = WarmupSettings({str(source)!r}, batch=1, seq_len=512, dtype='bf16', device='cuda', train=True)\n"
-                "import fastpath.routing.transformers as routes\n"
+                "import fastpath.routing.engine as routes\n"
                 "routes.enable(warn=False)\n"
                 "r = ad.seed_for_process(ad.this_device()[1])\n"
                 "print(r.summary())\n"

@@ -21,11 +21,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import fastpath  # noqa: E402
-from fastpath.errors import UsageError  # noqa: E402
 from fastpath.kernels.counters import CALLS  # noqa: E402
 from fastpath.routing import zc_norm_route  # noqa: E402
+from fastpath.routing.engine import suspended  # noqa: E402
 from fastpath.routing.patch_registry import PatchRegistry  # noqa: E402
-from fastpath.routing.transformers import suspended  # noqa: E402
+from fastpath.shared.errors import UsageError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"

@@ -3,7 +3,7 @@
 `fastpath doctor` explains why a model runs the slow PyTorch fallback; `fastpath.enable()` routes
 transformers to compiler-free Triton kernels; `fastpath verify` / `fastpath bench` prove it.
 Heavy imports (torch, triton, transformers) happen only inside the functions that need them;
-without them, a call says in one line which `pip install` brings them (fastpath/extras.py).
+without them, a call says in one line which `pip install` brings them (fastpath/shared/extras.py).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ __all__ = ["__version__", "assert_fast", "disable", "enable", "explain"]
 
 def enable(**kwargs: Any) -> Any:
     """Route transformers' causal_conv1d (and safe FLA) calls to fastpath's kernels."""
-    from fastpath.extras import require_for_api
+    from fastpath.shared.extras import require_for_api
 
     require_for_api("enable")
-    from fastpath.routing.transformers import enable as _enable
+    from fastpath.routing.engine import enable as _enable
 
     return _enable(**kwargs)
 
@@ -29,9 +29,9 @@ def disable() -> None:
     """Undo enable(): transformers takes the paths it would have taken without fastpath."""
     import sys
 
-    if "fastpath.routing.transformers" not in sys.modules:
+    if "fastpath.routing.engine" not in sys.modules:
         return  # enable() never ran in this process: nothing to undo
-    from fastpath.routing.transformers import disable as _disable
+    from fastpath.routing.engine import disable as _disable
 
     _disable()
 
@@ -41,10 +41,10 @@ def explain(model: Any, width: int | None = None) -> Any:
 
     str() of the result is a table that fits `width` columns (default: the terminal, else 100).
     """
-    from fastpath.extras import require_for_api
+    from fastpath.shared.extras import require_for_api
 
     require_for_api("explain")
-    from fastpath.routing.transformers import explain as _explain
+    from fastpath.routing.engine import explain as _explain
 
     table = _explain(model)
     if width is not None:
@@ -54,9 +54,9 @@ def explain(model: Any, width: int | None = None) -> Any:
 
 def assert_fast(model: Any) -> None:
     """Raise (with the explain() table) if any op of the model would take a torch fallback."""
-    from fastpath.extras import require_for_api
+    from fastpath.shared.extras import require_for_api
 
     require_for_api("explain")
-    from fastpath.routing.transformers import assert_fast as _assert_fast
+    from fastpath.routing.engine import assert_fast as _assert_fast
 
     _assert_fast(model)

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from fastpath._version import __version__
-from fastpath.errors import FastpathError
+from fastpath.shared.errors import FastpathError
 
 # command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -53,8 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _printable(exc: BaseException) -> str:
     """An error message as one inert, secret-free line: messages quote target output, file
     contents and prefixes, which may hold escapes (`\x1b[2J`) or passwords (`sshpass -p X`)."""
-    from fastpath.doctor.plain_text import plain
-    from fastpath.doctor.redact import redact_text
+    from fastpath.shared.plain_text import plain
+    from fastpath.shared.redact import redact_text
 
     return plain(redact_text(str(exc)[:8192]), 2000)
 

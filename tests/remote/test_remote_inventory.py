@@ -13,7 +13,7 @@ from sshd_server import ThrowawaySshd
 
 from fastpath.doctor.fleet import probe_fleet
 from fastpath.doctor.inventory import load_targets
-from fastpath.errors import UsageError
+from fastpath.shared.errors import UsageError
 
 INI = """\
 # a Proxmox node and the containers behind it

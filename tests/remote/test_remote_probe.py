@@ -16,7 +16,7 @@ import pytest
 from sshd_server import ThrowawaySshd, closed_port, pid_alive
 
 from fastpath.doctor.remote import parse_facts, parse_prefix, probe_remote, probe_target
-from fastpath.errors import TargetError, UsageError
+from fastpath.shared.errors import TargetError, UsageError
 
 
 def _script(path: Path, body: str) -> Path:

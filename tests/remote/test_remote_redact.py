@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastpath.doctor.redact import REDACTED, is_secret_name, redact_facts, redact_text
+from fastpath.shared.redact import REDACTED, is_secret_name, redact_facts, redact_text
 
 
 def test_secret_names() -> None:

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from fastpath.capture.formats import DEFAULT_FORMAT, FORMAT_NAMES
-from fastpath.errors import UsageError
+from fastpath.shared.errors import UsageError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,7 +78,7 @@ def main(args: argparse.Namespace) -> int:
     import os
 
     from fastpath.capture.distributed import world_from_env
-    from fastpath.extras import require
+    from fastpath.shared.extras import require
 
     env = {name: os.environ[name] for name in RESUME_ENV if name in os.environ}  # before fastpath sets any
     require("capture")  # before any work: one line naming the pip install, exit 2

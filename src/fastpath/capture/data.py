@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastpath.errors import UsageError, first_line
+from fastpath.shared.errors import UsageError, first_line
 
 # ShareGPT speaker names -> chat roles.
 SHAREGPT_ROLES = {

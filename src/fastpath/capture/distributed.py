@@ -116,7 +116,7 @@ def choose_shard(mode: str, world_size: int, device_type: str, weight_bytes: Cal
     dtype) take more than AUTO_FSDP_FRACTION of one GPU's memory, leaving the rest for the
     activations of --batch-tokens; replicate otherwise (one process, or CPU). The sizes are
     callables so they are only computed when the answer depends on them."""
-    from fastpath.errors import UsageError
+    from fastpath.shared.errors import UsageError
 
     if mode not in SHARD_MODES:
         raise UsageError(f"--shard must be one of {', '.join(SHARD_MODES)}, got {mode!r}")

@@ -10,13 +10,17 @@ FORMATS, so a layout is described in one place and nothing else compares format 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
+from fastpath.capture.clients import (
+    ZERO_CENTRED,
+    ClientResult,
+    specforge_index_note,
+    specforge_results,
+    speculators_results,
+)
 from fastpath.capture.writers import SpecForgeWriter, SpeculatorsWriter, Writer, need
-from fastpath.errors import UsageError
-
-if TYPE_CHECKING:
-    from fastpath.capture.clients import ClientResult
+from fastpath.shared.errors import UsageError
 
 
 class CaptureFormat:
@@ -72,14 +76,11 @@ class SpeculatorsFormat(CaptureFormat):
     def client_results(self, verifier: Path, out: Path, rows: list[int], targets: dict[int, Any], *,
                        writer: Writer, aux_ids: list[int], convention: str, eps: float,
                        target_kind: str) -> list[ClientResult]:
-        from fastpath.capture.clients import speculators_results
-
         return speculators_results(verifier, out, rows, targets, aux_ids, convention, eps, target_kind)
 
     def client_target_norm(self, model: Any, convention: str) -> Any | None:
         """1 + w for a zero-centred final norm: the client's x̂·w verifier norm then computes the
         target's x̂·(1 + w) (capture.clients' module doc)."""
-        from fastpath.capture.clients import ZERO_CENTRED
         from fastpath.capture.layers import decoder_parts
 
         if convention != ZERO_CENTRED:
@@ -103,15 +104,11 @@ class SpecForgeFormat(CaptureFormat):
                              f"and cannot read {dtype} states (specforge/modeling/target/target_head.py)")
 
     def capture_note(self, model_dir: Path | None) -> str | None:
-        from fastpath.capture.clients import specforge_index_note
-
         return specforge_index_note(model_dir)
 
     def client_results(self, verifier: Path, out: Path, rows: list[int], targets: dict[int, Any], *,
                        writer: Writer, aux_ids: list[int], convention: str, eps: float,
                        target_kind: str) -> list[ClientResult]:
-        from fastpath.capture.clients import specforge_results
-
         return specforge_results(verifier, out, rows, targets, lambda idx: writer.row_paths(idx)[0])
 
 

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastpath.errors import UsageError
+from fastpath.shared.errors import UsageError
 
 # Attribute names of the final norm on a decoder stack, in the order families use them.
 _FINAL_NORM_NAMES = ("norm", "final_layernorm", "embedding_norm", "norm_f", "ln_f")

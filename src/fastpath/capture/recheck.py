@@ -27,11 +27,11 @@ def recheck_rows(parts: DecoderParts, rows: list[tuple[Any, dict[str, Any]]], ca
     """TensorDiffs (verify.compare) of every captured state of each row against the reference.
 
     rows: (ids [T], captured) with captured "layer {i}" -> [T, H] for each capture id, plus
-    "final norm" -> [T, H]. The rows run with fastpath suspended (routing.transformers.suspended:
+    "final norm" -> [T, H]. The rows run with fastpath suspended (routing.engine.suspended:
     every patch undone, then re-applied as it was). A disable() + enable() per re-check would
     repeat enable()'s discovery, a scan of every live object: 0.3 s on a small CPU process."""
     from fastpath.models.compare import compare
-    from fastpath.routing.transformers import suspended
+    from fastpath.routing.engine import suspended
 
     if not rows:
         return []

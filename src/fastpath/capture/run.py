@@ -33,9 +33,9 @@ from fastpath.capture.packing import batches_for_rank, make_batches
 from fastpath.capture.recheck import recheck_rows
 from fastpath.capture.staging import RowWrites, slot_bytes
 from fastpath.capture.writers import SUMMARY_NAME, atomic_json, remove_stale_temps
-from fastpath.errors import FastpathError, UsageError, first_line
 from fastpath.models.build import ResolvedModel
-from fastpath.out_paths import probe_dir
+from fastpath.shared.errors import FastpathError, UsageError, first_line
+from fastpath.shared.output_files import probe_dir
 
 STATE_DIR = ".capture"  # per-rank records and the settings a resume must match
 SETTINGS_KEYS = ("model", "data", "data_sha256", "format", "max_len", "batch_tokens", "layers", "dtype", "seed",
@@ -187,7 +187,7 @@ def _write_settings(out: Path, settings: dict[str, Any]) -> None:
 
 def _gate_fast_path(model: Any, opts: CaptureOptions) -> tuple[str, bool]:
     """enable() + assert_fast, or a clear refusal. Returns (path label, on_fast_path)."""
-    from fastpath.routing import transformers as routes
+    from fastpath.routing import engine as routes
 
     if opts.reference_path:
         if not opts.allow_slow:
@@ -281,7 +281,7 @@ def check_client_options(opts: CaptureOptions, model_dir: Path | None) -> None:
     """--check-client refused in one line before the load: it needs the client installed, a model
     directory (`model_dir`, from resolve_target) and the client's own layout."""
     if opts.check_client:
-        from fastpath.capture.clients import require_client
+        from fastpath.capture.client_check import require_client
 
         require_client(opts.check_client, model_dir)
         if opts.check_client != opts.format:
@@ -303,7 +303,7 @@ def _auto_client_check(opts: CaptureOptions, out: Path, writer: Any, model: Any,
     if model_dir is None:
         return None  # random weights: no checkpoint a client would train against
     if importlib.util.find_spec(client) is None:
-        from fastpath.capture.clients import side_venv_hint
+        from fastpath.capture.client_check import side_venv_hint
 
         say(f"note: {client} is not installed in this Python, so what it trains against was not checked; "
             f"`--check-client {client}` does ({fmt.unasked_why}). {side_venv_hint(client)}")
@@ -319,8 +319,8 @@ def _auto_client_check(opts: CaptureOptions, out: Path, writer: Any, model: Any,
 
 def client_check(opts: CaptureOptions, out: Path, writer: Any, model: Any, aux_ids: list[int],
                  say: Any, model_dir: Path | None, client: str | None = None) -> dict[str, Any]:
-    """capture.clients.check_client for this capture; the record also lands in capture_summary.json."""
-    from fastpath.capture.clients import check_client
+    """capture.client_check.check_client for this capture; the record also lands in capture_summary.json."""
+    from fastpath.capture.client_check import check_client
     from fastpath.capture.layers import decoder_parts, norm_convention
 
     norm = decoder_parts(model).norm
@@ -353,7 +353,7 @@ def check_existing_capture(opts: CaptureOptions) -> dict[str, Any]:
     if opts.check_client != opts.format:
         raise UsageError(f"--check-client {opts.check_client} reads the {opts.check_client} layout; {out} holds "
                          f"the {opts.format} layout")
-    from fastpath.capture.clients import require_client
+    from fastpath.capture.client_check import require_client
 
     target = resolve_target(opts, opts.device)
     require_client(opts.check_client, target.model_dir)
@@ -417,7 +417,7 @@ def run_capture(opts: CaptureOptions) -> CaptureResult:
         with guard:
             return _run(opts, target, fmt, world, device, shard, out, writer, active, guard)
     finally:
-        from fastpath.routing import transformers as routes
+        from fastpath.routing import engine as routes
 
         routes.disable()
         distributed.shutdown(owned)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fastpath.errors import FastpathError
+from fastpath.shared.errors import FastpathError
 
 _ALIGN = 256  # bytes; every staged tensor starts on this boundary
 _COPY_STREAMS: dict[Any, Any] = {}  # device -> side stream for device->host copies

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fastpath.errors import UsageError
+from fastpath.shared.errors import UsageError
 
 SPECFORGE_GROUP = 2000  # rows per rows_{g}-{g+2000} folder (SpecForge's default file_group_size)
 SUMMARY_NAME = "capture_summary.json"
@@ -41,7 +41,7 @@ def need(module: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError:
-        from fastpath.extras import install_line
+        from fastpath.shared.extras import install_line
 
         raise UsageError(f"fastpath capture needs {module.split('.')[0]}: {install_line('capture')}") from None
 

@@ -7,8 +7,8 @@ mamba_ssm and friends that `import causal_conv1d` get compiler-free kernels.
 __version__ = "1.7.0"
 __fastpath__ = True
 
-from ..extras import raise_one_line as _raise_one_line
-from ..extras import requirement_error as _requirement_error
+from fastpath.shared.extras import raise_one_line as _raise_one_line
+from fastpath.shared.extras import requirement_error as _requirement_error
 
 if _requirement_error("kernels") is not None:  # no torch: one line with the pip command, exit 2
     _raise_one_line(_requirement_error("kernels"))

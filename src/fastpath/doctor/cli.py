@@ -13,10 +13,10 @@ from typing import Any
 
 from fastpath.doctor.diagnosis import diagnose
 from fastpath.doctor.facts_check import check_json
-from fastpath.doctor.plain_text import plain
-from fastpath.doctor.redact import redact_facts
 from fastpath.doctor.remote import arrived, parse_facts, positive_int, positive_seconds
-from fastpath.errors import FastpathError, TargetError, UsageError
+from fastpath.shared.errors import FastpathError, TargetError, UsageError
+from fastpath.shared.plain_text import plain
+from fastpath.shared.redact import redact_facts
 
 EXIT_CODES_HELP = (
     "exit status (the verdict decides it): 0 FAST: every op of every layer runs a fast kernel, as "
@@ -113,7 +113,7 @@ def _check_usage(args: argparse.Namespace) -> Any:
 
         assumed = parse_gpu_spec(args.gpu)
     if args.model:  # bad input fails before any probing
-        from fastpath.model_source import load_config
+        from fastpath.shared.model_source import load_config
 
         load_config(args.model)
     return assumed

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fastpath.errors import TargetError
+from fastpath.shared.errors import TargetError
 
 SCHEMA_VERSION = 1
 EXIT_FAST, EXIT_SLOW, EXIT_USAGE, EXIT_UNDIAGNOSED = 0, 1, 2, 3
@@ -64,7 +64,7 @@ def failure_json(error: str, exit_code: int, target: str | None = None) -> dict[
 
 def _plan(model: str | dict[str, Any] | None, fv: Any) -> dict[str, Any] | None:
     from fastpath.doctor.plan import plan_model
-    from fastpath.model_source import load_config, model_label
+    from fastpath.shared.model_source import load_config, model_label
 
     if model is None:
         return None

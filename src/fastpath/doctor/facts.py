@@ -14,10 +14,10 @@ from typing import Any
 
 from packaging.version import Version
 
-import fastpath.hub_kernels_env as hub_kernels_env
+import fastpath.shared.hub_kernels_env as hub_kernels_env
 from fastpath.doctor.gpu_models import AssumedGpu
 from fastpath.doctor.probe import arch_runs_on
-from fastpath.known_issues import parse_version
+from fastpath.shared.known_issues import parse_version
 
 # fla ships as flash-linear-attention (the meta package) or fla-core: either provides `fla`.
 _ALIASES = {"flash-linear-attention": ("flash-linear-attention", "fla-core")}
@@ -199,7 +199,7 @@ class FactsView:
 
     @property
     def hub_kernels_enabled(self) -> bool:
-        """transformers' Hub kernels are on in this environment (fastpath.hub_kernels_env)."""
+        """transformers' Hub kernels are on in this environment (fastpath.shared.hub_kernels_env)."""
         return hub_kernels_env.on(self._hub_env)
 
     @property

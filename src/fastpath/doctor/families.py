@@ -35,13 +35,13 @@ KDA_OPS = (
     Op("chunk_kda", "flash-linear-attention", "fla"),
     Op("fused_recurrent_kda", "flash-linear-attention", "fla"),
 )
-# Mamba-2 families: fastpath routes all three (routing/mamba_route.py)
+# Mamba-2 families: fastpath routes all three (routing/ssd_route.py)
 MAMBA2_OPS = (
     Op("mamba_chunk_scan_combined", "mamba-ssm", "mamba_ssm", fastpath=True),
     Op("mamba_split_conv1d_scan_combined", "mamba-ssm", "mamba_ssm", fastpath=True),
     Op("selective_state_update", "mamba-ssm", "mamba_ssm", fastpath=True),
 )
-# Mamba-1 families: fastpath routes all three (routing/mamba1_route.py); mamba and falcon_mamba
+# Mamba-1 families: fastpath routes all three (routing/selective_scan_route.py); mamba and falcon_mamba
 # also call mamba_inner_fn (the fused training op) where jamba and zamba only need it importable
 # (<=5.14 all-or-nothing gate, same mamba-ssm distribution)
 MAMBA1_OPS = (

@@ -22,8 +22,6 @@ from typing import Any
 
 from fastpath.doctor.facts_check import check_json
 from fastpath.doctor.inventory import Target, load_targets
-from fastpath.doctor.plain_text import plain
-from fastpath.doctor.redact import redact_facts, redact_text
 from fastpath.doctor.remote import (
     DEFAULT_TIMEOUT,
     OutputBudget,
@@ -31,7 +29,9 @@ from fastpath.doctor.remote import (
     probe_sources,
     probe_target,
 )
-from fastpath.errors import FastpathError, TargetError, UsageError
+from fastpath.shared.errors import FastpathError, TargetError, UsageError
+from fastpath.shared.plain_text import plain
+from fastpath.shared.redact import redact_facts, redact_text
 
 DEFAULT_JOBS = 32
 FLEET_SCHEMA = "fastpath.fleet/1"
@@ -392,7 +392,7 @@ def run_fleet(args: Any) -> int:
     targets = load_targets(args.hosts, getattr(args, "limit", None))
     model = getattr(args, "model", None)
     if model:
-        from fastpath.model_source import load_config
+        from fastpath.shared.model_source import load_config
 
         load_config(model)  # bad --model fails now, before any target is contacted
 

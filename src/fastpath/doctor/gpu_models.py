@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from fastpath.errors import UsageError
+from fastpath.shared.errors import UsageError
 
 CUDA_GPUS = "https://developer.nvidia.com/cuda-gpus"
 CUDA_GUIDE = "https://docs.nvidia.com/cuda/cuda-c-programming-guide/#compute-capabilities"

@@ -17,7 +17,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-import fastpath.hub_kernels_env as hub_kernels_env
+import fastpath.shared.hub_kernels_env as hub_kernels_env
 
 TRANSFORMERS_HUB_SOURCE = ("https://github.com/huggingface/transformers/blob/v5.25.0/src/"
                            "transformers/integrations/hub_kernels.py")
@@ -54,7 +54,7 @@ class HubStatus:
 
     @property
     def label(self) -> str:
-        """The state in the words every report uses (fastpath.hub_kernels_env)."""
+        """The state in the words every report uses (fastpath.shared.hub_kernels_env)."""
         if self.state == CACHED:
             return hub_kernels_env.hub_cached_label(str(self.path))
         if self.state == OFFLINE_MISSING:

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastpath.doctor.plain_text import plain
-from fastpath.doctor.redact import redact_text
 from fastpath.doctor.remote import target_label
-from fastpath.errors import UsageError
+from fastpath.shared.errors import UsageError
+from fastpath.shared.plain_text import plain
+from fastpath.shared.redact import redact_text
 
 
 @dataclass

@@ -32,9 +32,9 @@ from fastpath.doctor.hub_kernels import (
     hub_status,
     hub_status_for_op,
 )
-from fastpath.errors import UsageError
-from fastpath.known_issues import MAMBA_PR_977, mamba1_cuda_scan_missing, parse_version
-from fastpath.model_source import text_config
+from fastpath.shared.errors import UsageError
+from fastpath.shared.known_issues import MAMBA_PR_977, mamba1_cuda_scan_missing, parse_version
+from fastpath.shared.model_source import text_config
 
 FAST = "fast-kernel"
 HUB = "hub-kernel"
@@ -139,10 +139,10 @@ def after_enable(op: Op, impl: str, tv: Version, fv: FactsView) -> tuple[str, st
     who serves the op then: "fastpath" | "hub" | "package" | "torch").
 
     What enable() does, read from the same facts explain() would see after it: Hub kernels stay
-    on only where the user set USE_HUB_KERNELS (fastpath.hub_kernels_env decides, for both);
+    on only where the user set USE_HUB_KERNELS (fastpath.shared.hub_kernels_env decides, for both);
     causal_conv1d goes to fastpath even next to a working Dao package (routing/modeling_patch.py
     patches every modeling module); the other ops fastpath routes (families.Op.fastpath: the
-    Mamba-2 ones) go there unless their package works (routing/mamba_route.py, mamba_ssm="auto")."""
+    Mamba-2 ones) go there unless their package works (routing/ssd_route.py, mamba_ssm="auto")."""
     if hub_kernel_525(op, tv, fv, fv.hub_kernels_after_enable):
         row = _hub_row(op, fv)
         if row is not None:

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fastpath.doctor.facts_check import check_facts
-from fastpath.doctor.plain_text import plain
-from fastpath.doctor.redact import redact_facts, redact_text
-from fastpath.errors import FastpathError, TargetError, UsageError
+from fastpath.shared.errors import FastpathError, TargetError, UsageError
+from fastpath.shared.plain_text import plain
+from fastpath.shared.redact import redact_facts, redact_text
 
 T = TypeVar("T")
 

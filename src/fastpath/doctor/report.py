@@ -4,7 +4,7 @@ Fits the console width (COLUMNS when piped, 80 by default): prose wraps between 
 `command` in backticks is never broken across lines, and a table that would not fit without
 splitting a cell becomes a `key: value` list. Everything is printed as rich Text: no markup,
 emoji code or highlighting is read from the strings, so facts from the target (made plain by
-fastpath.doctor.plain_text: control characters visible, long strings cut) show as they are.
+fastpath.shared.plain_text: control characters visible, long strings cut) show as they are.
 """
 
 from __future__ import annotations
@@ -280,10 +280,10 @@ def merged_range(first: str, last: str) -> str:
 def _plain_view(diagnosis: Any) -> Any:
     """The diagnosis with every string that came from a target, a file or the environment (facts,
     model plan, findings' text, headline) made plain: control characters visible, long strings
-    cut (see fastpath.doctor.plain_text). Not markup-escaped: the layout prints only Text."""
+    cut (see fastpath.shared.plain_text). Not markup-escaped: the layout prints only Text."""
     import dataclasses
 
-    from fastpath.doctor.plain_text import plain, plain_tree
+    from fastpath.shared.plain_text import plain, plain_tree
 
     findings = [dataclasses.replace(f, title=plain(f.title),
                                     detail=plain(f.detail, multiline=True),

@@ -28,7 +28,7 @@ from fastpath.doctor.hub_kernels import (
 )
 from fastpath.doctor.plan import FALLBACK, INSTALL, MAMBA1_CUDA_SCAN_OPS, hub_kernel_525
 from fastpath.doctor.probe import arch_runs_on
-from fastpath.known_issues import (
+from fastpath.shared.known_issues import (
     MAMBA_PR_977,
     SPECULATORS_NORM_SOURCES,
     ZERO_CENTRED_FINAL_NORM,
@@ -38,11 +38,11 @@ from fastpath.known_issues import (
     mamba1_cuda_scan_missing,
     speculators_zero_centred_norm,
 )
-from fastpath.liger_families import MEASURED_EFFECT as LIGER_EFFECT
-from fastpath.liger_families import MIN_TRANSFORMERS as LIGER_MIN_TRANSFORMERS
-from fastpath.liger_families import READ_VERSION as LIGER_READ
-from fastpath.liger_families import SOURCE as LIGER_SOURCE
-from fastpath.liger_families import patch_function as liger_patch_function
+from fastpath.shared.liger_families import MEASURED_EFFECT as LIGER_EFFECT
+from fastpath.shared.liger_families import MIN_TRANSFORMERS as LIGER_MIN_TRANSFORMERS
+from fastpath.shared.liger_families import READ_VERSION as LIGER_READ
+from fastpath.shared.liger_families import SOURCE as LIGER_SOURCE
+from fastpath.shared.liger_families import patch_function as liger_patch_function
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 CONV_DIST = "causal-conv1d"

@@ -21,8 +21,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from fastpath.errors import UsageError, first_line
 from fastpath.models.dtypes import dtype_label, resolve_device, torch_dtype
+from fastpath.shared.errors import UsageError, first_line
 
 # Keys that hold the number of decoder layers, in the order families use them.
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
@@ -57,7 +57,7 @@ class ModelSource:
 
 def resolve_source(source: str) -> ModelSource:
     """Classify `source` and read its config (UsageError on an unknown preset, bad JSON, no dir)."""
-    from fastpath.model_source import load_config
+    from fastpath.shared.model_source import load_config
 
     config = load_config(source)
     path = Path(source).expanduser()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastpath.errors import UsageError
+from fastpath.shared.errors import UsageError
 
 DTYPE_NAMES: dict[str, str] = {
     "bf16": "bfloat16",

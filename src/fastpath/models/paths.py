@@ -1,7 +1,7 @@
 """The reference path kept honest: transformers' torch fallback, whatever compiled peers exist.
 
-verify and bench compare the reference with the fast path (routing.transformers enable/disable),
-capture re-checks its rows on it (routing.transformers.suspended); all three need the reference to
+verify and bench compare the reference with the fast path (routing.engine enable/disable),
+capture re-checks its rows on it (routing.engine.suspended); all three need the reference to
 be the *torch fallback* on every machine, also where Dao's causal-conv1d or FLA is installed.
 """
 

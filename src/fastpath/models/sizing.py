@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastpath.errors import UsageError, first_line
+from fastpath.shared.errors import UsageError, first_line
 
 # Keys that set a decoder's size; when a config omits one, transformers fills in its default.
 SIZE_KEYS = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size")
@@ -95,7 +95,7 @@ class JobSize:
 
 def defaults_used(raw: dict[str, Any], config: Any) -> list[str]:
     """Size keys the user's (text) config leaves to transformers' defaults, with the value used."""
-    from fastpath.model_source import text_config
+    from fastpath.shared.model_source import text_config
 
     given = text_config(raw)
     out = []

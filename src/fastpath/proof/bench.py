@@ -24,7 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fastpath.errors import UsageError
 from fastpath.proof.bench_outputs import (
     compare_docs,
     load_previous,
@@ -47,6 +46,7 @@ from fastpath.proof.bench_spec import (
     default_phases,
     phase_label,
 )
+from fastpath.shared.errors import UsageError
 
 
 def _src_root() -> str:
@@ -288,12 +288,12 @@ class _BenchProgress:
 
 
 def main(args: argparse.Namespace) -> int:
-    from fastpath.extras import require, requirement_error
+    from fastpath.shared.extras import require, requirement_error
 
     require("bench")  # before any work: torch and transformers
     no_chart = requirement_error("chart")  # matplotlib: only the PNG depends on it
     from fastpath.models.dtypes import resolve_device, resolve_dtype
-    from fastpath.out_paths import check_out_dir, free_dir
+    from fastpath.shared.output_files import check_out_dir, free_dir
 
     if args.out is None:  # the default folder never replaces an earlier run: the next free name
         out = free_dir(Path(DEFAULT_OUT), OUTPUT_NAMES)

@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fastpath.errors import UsageError
 from fastpath.models.sizing import human_count
 from fastpath.proof.bench_spec import PHASE_REGISTRY, SCHEMA, phase_label
+from fastpath.shared.errors import UsageError
 
 SAME_AS_REFERENCE = "same implementation as reference"
 
@@ -444,7 +444,7 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, comparison: list[dict[str,
         return paths, "no configuration measured anything (see the notes in bench.md)"
     if not draw_chart:
         stale.unlink(missing_ok=True)
-        from fastpath.extras import install_line
+        from fastpath.shared.extras import install_line
 
         return paths, f"matplotlib is not installed; run: {install_line('bench')}"
     try:

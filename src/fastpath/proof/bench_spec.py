@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastpath.errors import UsageError
+from fastpath.shared.errors import UsageError
 
 SCHEMA = "fastpath.bench/1"
 PROGRESS_PREFIX = "@fastpath-bench-progress "

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fastpath.errors import FastpathError, first_line
 from fastpath.proof.bench_spec import (
     COMPILED_PHASES,
     CONFIGS,
@@ -31,6 +30,7 @@ from fastpath.proof.bench_spec import (
     Phase,
 )
 from fastpath.proof.verdict import kernel_impls
+from fastpath.shared.errors import FastpathError, first_line
 
 TORCH = "torch"  # what a configuration ran when no fast kernel executed
 INTERPRETED = "(interpreter)"
@@ -81,7 +81,7 @@ def run_config(spec: ConfigSpec, settings: BenchSettings, report: Callable[[str]
 
     from fastpath.kernels.counters import CALLS
     from fastpath.models.build import build_model
-    from fastpath.routing import transformers as routes
+    from fastpath.routing import engine as routes
 
     result: dict[str, Any] = {"config": spec.name, "label": spec.label, "phases": {}}
     if spec.enable:

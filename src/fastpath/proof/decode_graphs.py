@@ -271,7 +271,7 @@ def graph_greedy(model: Any, input_ids: Any, new_tokens: int = 64, warmup: int =
 
 
 def _one_line(exc: BaseException) -> str:
-    from fastpath.errors import first_line
+    from fastpath.shared.errors import first_line
 
     return first_line(exc, with_type=True)[:240]
 

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastpath.errors import FastpathError, UsageError, first_line
 from fastpath.models.build import BuiltModel, ResolvedModel, resolve_model
 from fastpath.models.compare import (
     NOISE_RUNS,
@@ -25,6 +24,7 @@ from fastpath.models.compare import (
 from fastpath.models.moe_pin import PinReport, TopkPin
 from fastpath.models.paths import hidden_compiled_peers
 from fastpath.proof.verdict import CannotVerify, VerifyResult
+from fastpath.shared.errors import FastpathError, UsageError, first_line
 
 # ---------------------------------------------------------------------------------------------
 # Inputs
@@ -234,7 +234,7 @@ def _call_delta(before: Counter[str], after: Counter[str]) -> dict[str, int]:
 
 
 def _explain_rows(model: Any) -> list[dict[str, Any]]:
-    from fastpath.routing import transformers as routes
+    from fastpath.routing import engine as routes
 
     try:
         rows = routes.explain(model).rows
@@ -543,7 +543,7 @@ def _run_both_paths(built: BuiltModel, inputs: Inputs, run: _Settings) -> _Runs:
     set of inputs; fastpath is left disabled. A path that raises is one FastpathError line."""
     import torch
 
-    from fastpath.routing import transformers as routes
+    from fastpath.routing import engine as routes
 
     model = built.model
     stage = _Stage()

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fastpath.errors import FastpathError
 from fastpath.models.compare import NOISE_SLACK, DecodeCheck, GradDiff, TensorDiff, Tolerance
+from fastpath.shared.errors import FastpathError
 
 CONV_OPS = ("fwd", "bwd", "update", "varlen_states")
 PASS = "PASS"

@@ -230,8 +230,8 @@ def _refuse_liger_off_cuda(model: Any) -> None:
     call ("'float' object has no attribute 'to'": the interpreter passes float arguments as Python
     floats, triton/runtime/interpreter.py `_implicit_cvt`), which cost the build and the reference
     path's setup before exit 1. A family Liger has no patch for is said first (a different fix)."""
-    from fastpath.errors import UsageError
     from fastpath.routing.liger_route import check_usable
+    from fastpath.shared.errors import UsageError
 
     if model.device.type == "cuda":
         return
@@ -241,7 +241,7 @@ def _refuse_liger_off_cuda(model: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from fastpath.extras import require
+    from fastpath.shared.extras import require
 
     require("verify")  # the command's one check: verify_model, below, assumes it
     from rich.console import Console
@@ -253,7 +253,7 @@ def main(args: argparse.Namespace) -> int:
 
     save = None
     if args.save:  # checked before any work: a bad path used to cost the whole run
-        from fastpath.out_paths import resolve_save_file
+        from fastpath.shared.output_files import resolve_save_file
 
         save = resolve_save_file(args.save, "--save", SAVE_NAME, force=args.force)
     dtype = resolve_dtype(args.dtype, args.device)

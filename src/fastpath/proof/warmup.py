@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastpath.errors import FastpathError, UsageError, first_line
+from fastpath.shared.errors import FastpathError, UsageError, first_line
 
 NO_CUDA = "warmup compiles GPU kernels: no CUDA device"
 INTERPRETER = ("warmup compiles GPU kernels: TRITON_INTERPRET=1 runs them in Triton's interpreter, "
@@ -158,7 +158,7 @@ def warm_model(settings: WarmupSettings, say: Callable[[str], None]) -> WarmupRe
 
     from fastpath.models.build import build_model, plan_job
     from fastpath.proof.bench_spec import PHASE_REGISTRY, BenchSettings
-    from fastpath.routing import transformers as routes
+    from fastpath.routing import engine as routes
 
     done("import")
     layers = settings.layers
@@ -312,7 +312,7 @@ def _terminate_as_interrupt() -> Iterator[None]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from fastpath.model_source import load_config
+    from fastpath.shared.model_source import load_config
 
     settings = WarmupSettings(source=args.model, layers=args.layers, batch=args.batch, seq_len=args.seq,
                               dtype="bf16" if args.dtype == "auto" else args.dtype, device=args.device,
@@ -320,7 +320,7 @@ def main(args: argparse.Namespace) -> int:
     settings.validate()
     load_config(args.model)  # an unknown preset is one line before anything is imported
     if args.save_decisions:  # before any work: a bad path used to cost the whole run
-        from fastpath.out_paths import resolve_save_file
+        from fastpath.shared.output_files import resolve_save_file
 
         settings.save_decisions = str(resolve_save_file(args.save_decisions, "--save-decisions",
                                                         "autotune-decisions.json", force=True))
@@ -328,7 +328,7 @@ def main(args: argparse.Namespace) -> int:
     check_cache_dir(where)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise NothingToCompile(INTERPRETER)
-    from fastpath.extras import require
+    from fastpath.shared.extras import require
 
     require("verify")  # torch and transformers: one install line, before torch is imported
     refuse_here(settings.device)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastpath.errors import UsageError
+from fastpath.shared.errors import UsageError
 
 SCHEMA = "fastpath.autotune-decisions/1"
 ENV = "FASTPATH_AUTOTUNE_DECISIONS"

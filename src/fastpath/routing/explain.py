@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.routing import mamba1_route, mamba_route
+from fastpath.routing import selective_scan_route, ssd_route
 from fastpath.routing.conv_route import FASTPATH_ROUTE_ATTR
 from fastpath.routing.fla_route import DQKWG_IMPL
 from fastpath.routing.fla_route import ROUTE_ATTR as GDN_ROUTE_ATTR
@@ -192,11 +192,11 @@ def _hook_rows(layer: Any, module: ModuleType, device: str) -> list[tuple[str, s
     if not ops:
         return []
     rows = []
-    gate = _all_or_nothing_gate(layer, module, device) or mamba1_route.config_gate(layer)
+    gate = _all_or_nothing_gate(layer, module, device) or selective_scan_route.config_gate(layer)
     limit = _kernel_limit(layer)
     for op in ops:
         impl, fast = _resolve(op, layer, module, device)
-        if gate is not None and (op in CONV_OPS or op in mamba_route.MAMBA_OPS or op in mamba1_route.MAMBA1_OPS):
+        if gate is not None and (op in CONV_OPS or op in ssd_route.MAMBA_OPS or op in selective_scan_route.MAMBA1_OPS):
             impl, fast = f"torch ({gate})", False
         elif limit is not None and op in CONV_OPS and impl.startswith("fastpath-triton"):
             impl, fast = f"fastpath (torch reference: {limit})", False
@@ -206,11 +206,11 @@ def _hook_rows(layer: Any, module: ModuleType, device: str) -> list[tuple[str, s
 
 def _hub_kernels_note() -> str | None:
     """The doctor's plan says "hub-kernel" where transformers >= 5.25 with `kernels` installed
-    keeps Hub kernels on (fastpath.hub_kernels_env decides, for both): from_pretrained then
+    keeps Hub kernels on (fastpath.shared.hub_kernels_env decides, for both): from_pretrained then
     kernelizes the mapped ops, which a table of this model's hooks cannot show."""
     import os
 
-    import fastpath.hub_kernels_env as hub_kernels_env
+    import fastpath.shared.hub_kernels_env as hub_kernels_env
     from fastpath.routing.hub_kernels import kernels_installed
 
     module = sys.modules.get("transformers")
@@ -249,9 +249,9 @@ def _ops_of_class(cls: type) -> tuple[str, ...]:
             ops.append(op)
     if module is not None:  # 5.15+: every other hub-fallback op the layer calls (mamba_ssm, fla KDA)
         src = src + _helpers_source(module, src)
-        mamba_globals = mamba_route.op_globals(module)  # Mamba-2 ops under their mamba_ssm names
+        mamba_globals = ssd_route.op_globals(module)  # Mamba-2 ops under their mamba_ssm names
         ops.extend(op for op, gname in mamba_globals.items() if f"{gname}(" in src)
-        mamba1_globals = mamba1_route.op_globals(module)  # Mamba-1 ops likewise
+        mamba1_globals = selective_scan_route.op_globals(module)  # Mamba-1 ops likewise
         ops.extend(op for op, gname in mamba1_globals.items() if f"{gname}(" in src)
         for gname, value in vars(module).items():
             routed = hasattr(value, GDN_ROUTE_ATTR)  # a hub-fallback op enable() routed (Kimi's KDA)
@@ -349,13 +349,13 @@ def _resolve(op: str, layer: Any, module: ModuleType, device: str) -> tuple[str,
         if value is None:
             return "torch", False
         return _classify(value, device, "fla")
-    mamba1_globals = mamba1_route.op_globals(module) if op in mamba1_route.MAMBA1_OPS else {}
+    mamba1_globals = selective_scan_route.op_globals(module) if op in selective_scan_route.MAMBA1_OPS else {}
     if mamba1_globals:  # a Mamba-1 module: 5.15+ wrapper global names, <=5.14 mamba_ssm's
         value = g.get(mamba1_globals.get(op, op))
-        return mamba1_route.classify(value, device, layer) or _classify(value, device, None)
-    if op in mamba_route.MAMBA_OPS:  # 5.15+ under its wrapper's global name, <=5.14 its own
-        value = g.get(mamba_route.op_globals(module).get(op, op))
-        return mamba_route.classify(value, device, layer) or _classify(value, device, None)
+        return selective_scan_route.classify(value, device, layer) or _classify(value, device, None)
+    if op in ssd_route.MAMBA_OPS:  # 5.15+ under its wrapper's global name, <=5.14 its own
+        value = g.get(ssd_route.op_globals(module).get(op, op))
+        return ssd_route.classify(value, device, layer) or _classify(value, device, None)
     return _classify(g.get(op), device, None)
 
 

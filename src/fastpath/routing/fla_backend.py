@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from fastpath.known_issues import fla_640
+from fastpath.shared.known_issues import fla_640
 
 __all__ = [
     "ROUTE_CALLS",

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fastpath.known_issues import FLA_ISSUE_640, fla_640
+from fastpath.shared.known_issues import FLA_ISSUE_640, fla_640
 
 REMEDY_640 = "pip install -U 'triton>=3.7.1'  (or: pip install tilelang)"
 ROUTE_ATTR = "__fastpath_gdn_route__"

@@ -25,7 +25,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-import fastpath.hub_kernels_env as hub_kernels_env
+import fastpath.shared.hub_kernels_env as hub_kernels_env
 from fastpath.routing.patch_registry import PatchRegistry
 
 HUB_MODULE = "transformers.integrations.hub_kernels"
@@ -39,7 +39,7 @@ def route_mode(requested: str | None = None) -> str:
     """enable(hub_kernels=...) if given, else FASTPATH_HUB_KERNELS, else "route"; validated."""
     mode = requested if requested is not None else (os.environ.get(MODE_ENV, "").strip().lower() or "route")
     if mode not in MODES:
-        from fastpath.errors import UsageError
+        from fastpath.shared.errors import UsageError
 
         raise UsageError(f"hub_kernels / {MODE_ENV}={mode!r}: expected one of {', '.join(MODES)}")
     return mode

@@ -27,8 +27,8 @@ import re
 import sys
 from typing import Any
 
-from fastpath.errors import FastpathError, first_line
-from fastpath.liger_families import DIST, MODULE
+from fastpath.shared.errors import FastpathError, first_line
+from fastpath.shared.liger_families import DIST, MODULE
 
 # explain()'s op names for Liger's rows (every such row's impl starts with "liger ")
 RMSNORM, LAYERNORM, MLP, ROPE, LM_LOSS = "rmsnorm", "layernorm", "swiglu", "rope", "lm loss"
@@ -54,7 +54,7 @@ def liger_version() -> str | None:
 def patch_function(model_type: str | None) -> Any:
     """The installed Liger's `apply_liger_kernel_to_<family>` for `model_type` (its own
     MODEL_TYPE_TO_APPLY_LIGER_FN decides); LigerUnsupported when there is none or it cannot load."""
-    from fastpath.extras import require
+    from fastpath.shared.extras import require
 
     require("liger")
     found = liger_version() or "?"
@@ -73,8 +73,8 @@ def patch_function(model_type: str | None) -> Any:
 def check_usable(model_type: str | None, device: Any) -> str:
     """Before any work (verify --liger): the name of Liger's patch for `model_type`; a UsageError
     (one line) when Liger is missing, has no patch for it, or its kernels cannot run on `device`."""
-    from fastpath.errors import UsageError
     from fastpath.kernels.dispatch import triton_interpreter_on
+    from fastpath.shared.errors import UsageError
 
     try:
         fn = patch_function(model_type)

@@ -99,7 +99,7 @@ def route_mode() -> str:
     """FASTPATH_LM_LOSS, validated (a bad value is a usage error, not a silent default)."""
     mode = os.environ.get(ENV_MODE, "auto").strip().lower() or "auto"
     if mode not in MODES:
-        from fastpath.errors import UsageError
+        from fastpath.shared.errors import UsageError
 
         raise UsageError(f"{ENV_MODE}={mode!r}: expected one of {', '.join(MODES)}")
     return mode

@@ -1,6 +1,6 @@
 """What the Mamba-1 and Mamba-2 routes share: one decision shape, one device test, one way to read
 transformers' hub-fallback closures and modeling sources, one testing-only device-gate lift and one
-explain() classification. routing/mamba_route.py (Mamba-2) and routing/mamba1_route.py (Mamba-1)
+explain() classification. routing/ssd_route.py (Mamba-2) and routing/selective_scan_route.py (Mamba-1)
 keep only what differs: their ops, signatures, lazy-loader names and kernel limits.
 """
 

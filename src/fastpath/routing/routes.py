@@ -14,7 +14,7 @@ which recomputes the <=5.14 gates from every kernel global, comes after the rout
 the registry's undo) and `explain_layer` / `explain_model` (explain()'s rows for one module / the
 whole model, besides the transformers hooks explain() reads itself).
 
-enable() / disable() / suspended() in routing/transformers.py, explain() in routing/explain.py
+enable() / disable() / suspended() in routing/engine.py, explain() in routing/explain.py
 and EnableReport.summary() loop over this table; nothing else names a route.
 """
 
@@ -31,12 +31,12 @@ from fastpath.routing import (
     autotune_decisions,
     conv_route,
     fla_route,
-    glue_route,
+    gates_route,
     lm_head_route,
-    mamba1_route,
-    mamba_route,
     modeling_patch,
     norm_route,
+    selective_scan_route,
+    ssd_route,
     zc_norm_route,
 )
 from fastpath.routing import hub_kernels as hub_route
@@ -64,7 +64,7 @@ class Session:
 
     request: EnableRequest
     registry: PatchRegistry
-    report: Any                                   # routing.transformers.EnableReport
+    report: Any                                   # routing.engine.EnableReport
     decisions: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str | None] = field(default_factory=dict)
     hooks: modeling_patch.Routes | None = None
@@ -152,8 +152,8 @@ def _hub_patch(module: ModuleType, d: HubDecision, s: Session) -> None:
 
 
 # ---------------------------------------------------------------- Mamba-2 and Mamba-1 ops
-def _mamba_report(field_name: str, label: str) -> Callable[[mamba_route.MambaStatus, Session], None]:
-    def report(d: mamba_route.MambaStatus, s: Session) -> None:
+def _mamba_report(field_name: str, label: str) -> Callable[[ssd_route.MambaStatus, Session], None]:
+    def report(d: ssd_route.MambaStatus, s: Session) -> None:
         setattr(s.report, field_name, d.impl)
         if s.request.mamba_ssm != "auto" or not d.route:
             s.report.notes.append(f"{label}: {d.reason}")
@@ -161,33 +161,33 @@ def _mamba_report(field_name: str, label: str) -> Callable[[mamba_route.MambaSta
     return report
 
 
-def _mamba2_seed(hub: ModuleType, d: mamba_route.MambaStatus, s: Session) -> None:
+def _mamba2_seed(hub: ModuleType, d: ssd_route.MambaStatus, s: Session) -> None:
     if d.route:
-        mamba_route.seed_lazy_kernel_mapping(hub, s.registry)
+        ssd_route.seed_lazy_kernel_mapping(hub, s.registry)
 
 
-def _mamba2_patch(module: ModuleType, d: mamba_route.MambaStatus, s: Session) -> None:
+def _mamba2_patch(module: ModuleType, d: ssd_route.MambaStatus, s: Session) -> None:
     # before the conv route: it recomputes a <=5.14 `is_fast_path_available` from these globals
-    if d.route and mamba_route.patch_module(module, s.conv.conv_fn, s.conv.conv_update, s.registry) \
+    if d.route and ssd_route.patch_module(module, s.conv.conv_fn, s.conv.conv_update, s.registry) \
             and s.request.lift_device_gate:
-        mamba_route.lift_device_gates(module, s.registry)
+        ssd_route.lift_device_gates(module, s.registry)
 
 
-def _mamba1_seed(hub: ModuleType, d: mamba_route.MambaStatus, s: Session) -> None:
+def _mamba1_seed(hub: ModuleType, d: ssd_route.MambaStatus, s: Session) -> None:
     if d.route:
-        mamba1_route.seed_lazy_kernel_mapping(hub, s.registry, s.decisions["mamba_ssd"].route)
+        selective_scan_route.seed_lazy_kernel_mapping(hub, s.registry, s.decisions["mamba_ssd"].route)
 
 
-def _mamba1_patch(module: ModuleType, d: mamba_route.MambaStatus, s: Session) -> None:
-    if d.route and mamba1_route.patch_module(module, s.conv.conv_fn, s.conv.conv_update,
+def _mamba1_patch(module: ModuleType, d: ssd_route.MambaStatus, s: Session) -> None:
+    if d.route and selective_scan_route.patch_module(module, s.conv.conv_fn, s.conv.conv_update,
                                              s.conv.conv_module, s.registry) \
             and s.request.lift_device_gate:
-        mamba1_route.lift_device_gates(module, s.registry)
+        selective_scan_route.lift_device_gates(module, s.registry)
 
 
 # ---------------------------------------------------------------- the gated delta rule and KDA (FLA)
 def _gdn_detect(s: Session) -> fla_route.FlaStatus:
-    from fastpath.errors import FastpathError
+    from fastpath.shared.errors import FastpathError
 
     fla = fla_route.detect_fla(s.request.gated_delta_rule)
     if s.request.gated_delta_rule == "fla" and not fla.route:
@@ -245,7 +245,7 @@ def _kda_patch(module: ModuleType, fla: fla_route.FlaStatus, s: Session) -> None
 
 # ---------------------------------------------------------------- GatedDeltaNet's gated RMSNorm (FLA)
 def _norm_detect(_: Session) -> norm_route.NormStatus:
-    from fastpath.errors import FastpathError
+    from fastpath.shared.errors import FastpathError
 
     norm = norm_route.detect_norm()
     if norm_route.route_mode() == "fla" and not norm.route:
@@ -349,16 +349,16 @@ def _layers_copy_globals(version: str | None) -> bool:
 
 
 # ---------------------------------------------------------------- Qwen3.5 glue and the zero-centred norm
-def _glue_report(d: glue_route.GlueStatus, s: Session) -> None:
+def _glue_report(d: gates_route.GlueStatus, s: Session) -> None:
     s.report.glue, s.report.glue_reason = d.impl, d.reason
 
 
-def _glue_patch(module: ModuleType, d: glue_route.GlueStatus, s: Session) -> None:
-    s.report.notes.extend(glue_route.patch_module(module, d, s.registry))
+def _glue_patch(module: ModuleType, d: gates_route.GlueStatus, s: Session) -> None:
+    s.report.notes.extend(gates_route.patch_module(module, d, s.registry))
 
 
 def _glue_rows(layer: Any, device: str) -> list[Row]:
-    row = glue_route.describe_layer(layer, device)
+    row = gates_route.describe_layer(layer, device)
     return [row] if row is not None else []
 
 
@@ -418,10 +418,10 @@ def _active(module: ModuleType) -> Callable[[Any, Session], None]:
 ROUTES: tuple[Route, ...] = (
     Route("hub_kernels", (), _hub_detect, report=_hub_report, summary=_hub_summary,
           enter=_hub_enter, leave=_hub_leave, patch=_hub_patch),
-    Route("mamba_ssd", mamba_route.MAMBA_OPS, lambda s: mamba_route.detect_mamba(s.request.mamba_ssm),
+    Route("mamba_ssd", ssd_route.MAMBA_OPS, lambda s: ssd_route.detect_mamba(s.request.mamba_ssm),
           report=_mamba_report("mamba_ssd", "Mamba-2 SSD ops"),
           summary=lambda r: [f"Mamba-2 SSD ops -> {r.mamba_ssd}"], seed=_mamba2_seed, patch=_mamba2_patch),
-    Route("mamba1_scan", mamba1_route.MAMBA1_OPS, lambda s: mamba1_route.detect_mamba1(s.request.mamba_ssm),
+    Route("mamba1_scan", selective_scan_route.MAMBA1_OPS, lambda s: selective_scan_route.detect_mamba1(s.request.mamba_ssm),
           report=_mamba_report("mamba1_scan", "Mamba-1 selective scan ops"),
           summary=lambda r: [f"Mamba-1 scan ops -> {r.mamba1_scan}"], seed=_mamba1_seed, patch=_mamba1_patch),
     Route("gated_delta_rule", ("chunk_gated_delta_rule", "recurrent_gated_delta_rule"), _gdn_detect,
@@ -436,8 +436,8 @@ ROUTES: tuple[Route, ...] = (
     Route("causal_conv1d", ("causal_conv1d_fn", "causal_conv1d_update"), _conv_detect, report=_conv_report,
           summary=lambda r: [f"causal_conv1d -> {r.conv_impl}"], install=_conv_install, seed=_conv_seed,
           patch=_conv_patch, patch_built=_conv_patch_built, after_undo=_conv_after_undo),
-    Route("glue", (glue_route.OP_GATES, glue_route.OP_OUTPUT_GATE), lambda s: glue_route.detect_glue(s.request.glue),
-          report=_glue_report, install=_active(glue_route), patch=_glue_patch, explain_layer=_glue_rows),
+    Route("glue", (gates_route.OP_GATES, gates_route.OP_OUTPUT_GATE), lambda s: gates_route.detect_glue(s.request.glue),
+          report=_glue_report, install=_active(gates_route), patch=_glue_patch, explain_layer=_glue_rows),
     Route("zc_norm", (zc_norm_route.OP,), lambda s: zc_norm_route.detect_zc_norm(), report=_zc_report,
           summary=lambda r: [f"zero-centred RMSNorm -> {r.zc_norm} ({r.zc_norm_reason})"],
           install=_active(zc_norm_route), patch=_zc_patch, explain_layer=_zc_rows),

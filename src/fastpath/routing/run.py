@@ -16,7 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from fastpath.errors import UsageError
+from fastpath.shared.errors import UsageError
 
 ENABLE_ENV = "FASTPATH_ENABLE"
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
@@ -59,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise UsageError("no command given; usage: fastpath run -- python train.py")
-    from fastpath.extras import require
+    from fastpath.shared.extras import require
 
     require("run")  # enable() in every process needs torch; say so once, here
     if shutil.which(cmd[0]) is None and not os.path.exists(cmd[0]):

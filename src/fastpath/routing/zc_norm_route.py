@@ -83,7 +83,7 @@ def route_mode() -> str:
     """FASTPATH_ZC_NORM, validated (a bad value is a usage error, not a silent default)."""
     mode = os.environ.get(ENV_MODE, DEFAULT_MODE).strip().lower() or DEFAULT_MODE
     if mode not in MODES:
-        from fastpath.errors import UsageError
+        from fastpath.shared.errors import UsageError
 
         raise UsageError(f"{ENV_MODE}={mode!r}: expected one of {', '.join(MODES)}")
     return mode
@@ -101,7 +101,7 @@ def detect_zc_norm() -> ZcNormStatus:
     except Exception as exc:
         status = ZcNormStatus(False, f"fastpath's zc_rmsnorm kernel does not import ({type(exc).__name__}: {exc})")
         if mode == "fastpath":
-            from fastpath.errors import FastpathError
+            from fastpath.shared.errors import FastpathError
 
             raise FastpathError(f"{ENV_MODE}=fastpath but {status.reason}") from None
         return status

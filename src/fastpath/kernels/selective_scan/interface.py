@@ -30,11 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fastpath.errors import UsageError
 from fastpath.kernels.causal_conv1d.interface import conv_fwd
 from fastpath.kernels.counters import CALLS
 from fastpath.kernels.dispatch import TRITON_DTYPES, use_triton, warn_fallback
 from fastpath.kernels.selective_scan import naive as reference
+from fastpath.shared.errors import UsageError
 
 FAMILY = "selective_scan"
 FWD_ENV = "FASTPATH_SSCAN_FWD"

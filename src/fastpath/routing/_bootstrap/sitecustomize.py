@@ -20,7 +20,7 @@ _TRIGGER = "transformers"
 
 def _enable_now() -> None:
     try:
-        from fastpath.routing.transformers import enable
+        from fastpath.routing.engine import enable
 
         enable(warn=os.environ.get("FASTPATH_ENABLE_QUIET", "") != "1")
     except Exception as exc:  # never break the user's program at start-up

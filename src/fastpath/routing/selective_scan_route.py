@@ -33,7 +33,7 @@ src/transformers/models/{mamba,falcon_mamba,jamba,zamba}/modeling_*.py):
   scan is a Python loop over the sequence, torch's associative_scan (>= 2.9, under dynamo only)
   or mambapy's pscan (`use_mambapy`).
 
-What enable() does (exact undo through the PatchRegistry, as routing/mamba_route.py for Mamba-2):
+What enable() does (exact undo through the PatchRegistry, as routing/ssd_route.py for Mamba-2):
 * 5.15+: each wrapper global is replaced by a route with mamba_ssm's signature; CUDA tensors (or CPU
   tensors under TRITON_INTERPRET=1) go to fastpath's kernels, other CPU tensors to the torch
   function transformers wrapped.
@@ -67,11 +67,11 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from fastpath.known_issues import mamba1_cuda_scan_missing
-from fastpath.routing import mamba_common, mamba_route
+from fastpath.routing import mamba_common, ssd_route
 from fastpath.routing.hub_kernels import kernels_func_inner
 from fastpath.routing.mamba_common import MambaStatus, module_source, runs_here
 from fastpath.routing.patch_registry import PatchRegistry
+from fastpath.shared.known_issues import mamba1_cuda_scan_missing
 
 MAMBA1_OPS = ("selective_scan_fn", "selective_state_update", "mamba_inner_fn")
 ROUTE_ATTR = "__fastpath_mamba1_route__"  # value: the op name
@@ -118,7 +118,7 @@ def make_scan_route(torch_fn: Callable[..., Any] | None) -> Callable[..., Any]:
 def make_state_update_route(torch_fn: Callable[..., Any] | None) -> Callable[..., Any]:
     """selective_state_update route (decode, state updated in place). A 4-D state is a Mamba-2 call
     (5.0-5.14 Mamba-2 layers read the same lazily loaded "mamba-ssm" module): Mamba-2's route."""
-    mamba2 = mamba_route.make_state_update_route(None)
+    mamba2 = ssd_route.make_state_update_route(None)
 
     def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
                                state_batch_indices=None, **kwargs):
@@ -133,7 +133,7 @@ def make_state_update_route(torch_fn: Callable[..., Any] | None) -> Callable[...
                     state_batch_indices=state_batch_indices)
 
     fn = _mark(selective_state_update, "selective_state_update", torch_fn)
-    setattr(fn, mamba_route.ROUTE_ATTR, "selective_state_update")  # explain() of Mamba-2 layers
+    setattr(fn, ssd_route.ROUTE_ATTR, "selective_state_update")  # explain() of Mamba-2 layers
     return fn
 
 

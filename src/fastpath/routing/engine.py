@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastpath.errors import FastpathError, UsageError
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.routing import hub_kernels as hub_route
 from fastpath.routing import mamba_common
@@ -37,6 +36,7 @@ from fastpath.routing.routes import (
     route,
     route_of_op,
 )
+from fastpath.shared.errors import FastpathError, UsageError
 
 __all__ = ["EnableReport", "Explanation", "assert_fast", "disable", "enable", "explain", "is_enabled"]
 
@@ -59,10 +59,10 @@ class EnableReport:
     kda: str = "torch"                  # Kimi-Linear KDA (chunk_kda, fused_recurrent_kda): "fla" | "torch"
     kda_reason: str = ""
     mamba_ssd: str = "fastpath"         # Mamba-2 ops: "fastpath" | "mamba_ssm" | "off"
-    mamba1_scan: str = "fastpath"       # Mamba-1 ops (routing/mamba1_route.py): same choices
+    mamba1_scan: str = "fastpath"       # Mamba-1 ops (routing/selective_scan_route.py): same choices
     gated_norm: str = "torch"           # GatedDeltaNet gated RMSNorm: norm_route.IMPL | "torch"
     gated_norm_reason: str = ""
-    glue: str = "torch"                 # GatedDeltaNet gates + attention output gate: glue_route.IMPL | "torch"
+    glue: str = "torch"                 # GatedDeltaNet gates + attention output gate: gates_route.IMPL | "torch"
     glue_reason: str = ""
     zc_norm: str = "torch"              # Qwen3.5 / Qwen3-Next zero-centred RMSNorm: zc_norm_route.IMPL | "torch"
     zc_norm_reason: str = ""
@@ -136,11 +136,11 @@ def enable(
     mixers gate their kernel path on CUDA tensors; this lets CPU tensors take it so the interpreter
     runs the kernels.
     mamba_ssm: the Mamba-2 ops (mamba_chunk_scan_combined, selective_state_update,
-    mamba_split_conv1d_scan_combined; see routing/mamba_route.py) and the Mamba-1 ops
-    (selective_scan_fn, mamba_inner_fn, selective_state_update; routing/mamba1_route.py): "auto"
+    mamba_split_conv1d_scan_combined; see routing/ssd_route.py) and the Mamba-1 ops
+    (selective_scan_fn, mamba_inner_fn, selective_state_update; routing/selective_scan_route.py): "auto"
     routes them to fastpath unless a working mamba_ssm is installed, "fastpath" always, "off" never.
     glue: route the Qwen3.5 GatedDeltaNet gates and attention output gate to fastpath's fused
-    ops where a probe shows the same function (routing/glue_route.py); FASTPATH_GLUE=off too.
+    ops where a probe shows the same function (routing/gates_route.py); FASTPATH_GLUE=off too.
     The zero-centred RMSNorm of Qwen3.5 / Qwen3-Next goes to fastpath's fused kernel likewise
     (routing/zc_norm_route.py; FASTPATH_ZC_NORM=auto|fastpath|torch).
     hub_kernels: transformers 5.25 with `kernels` installed wraps each op in a Hub-kernel module
@@ -306,7 +306,7 @@ def check_transformers_version(found: str | None) -> str | None:
     newest release fastpath knows (it may work: the hooks change rarely); an error otherwise."""
     from packaging.version import InvalidVersion, Version
 
-    from fastpath.extras import MissingDependency, raise_one_line
+    from fastpath.shared.extras import MissingDependency, raise_one_line
 
     oldest, newest = SUPPORTED_TRANSFORMERS
     supported = f"fastpath.enable() supports transformers {oldest} to {newest}"
@@ -334,7 +334,7 @@ def _next_minor(version: str) -> str:
 
 
 def _transformers_version() -> str | None:
-    from fastpath.extras import missing_modules
+    from fastpath.shared.extras import missing_modules
 
     if missing_modules(("transformers",)):  # not installed, or made unimportable (None in sys.modules)
         return None

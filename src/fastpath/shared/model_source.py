@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from fastpath.errors import UsageError
+from fastpath.shared.errors import UsageError
 
 # Short names people type -> preset file stem.
 PRESET_ALIASES: dict[str, str] = {

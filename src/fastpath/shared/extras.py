@@ -13,7 +13,7 @@ import importlib.util
 import sys
 from typing import Any
 
-from fastpath.errors import UsageError
+from fastpath.shared.errors import UsageError
 
 DIST = "fastpath-kit"
 

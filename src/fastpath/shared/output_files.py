@@ -17,7 +17,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from fastpath.errors import UsageError
+from fastpath.shared.errors import UsageError
 
 
 def _why(exc: OSError) -> str:
