@@ -1,17 +1,12 @@
-"""`fastpath capture MODEL DATA --out DIR`: dump a target's hidden states for EAGLE-3 drafter
-training, on the fast path, with every written row checked.
+"""`fastpath capture MODEL DATA --out DIR`: a target's hidden states for EAGLE-3 drafter training,
+captured on the fast path with every written row checked (engine-side dumps have shipped all-zero
+or un-captured states: vLLM PR #46301, speculators #613, vLLM PR #36527).
 
-Why here: drafter training runs the target over hundreds of thousands of sequences; a hybrid
-target on transformers' torch fallback makes that the bottleneck, and engine-side dumps have
-shipped all-zero or un-captured states (vLLM PR #46301, speculators #613, vLLM PR #36527). This
-package runs the transformers target with `fastpath.enable()`, refuses a fallback unless told,
-checks every tensor it writes, re-runs sampled rows on the reference path, and writes the offline
-layouts that speculators and SpecForge read.
-
-Modules: data (JSONL -> token rows, chat rendering, loss masks), packing (length-sorted batches),
-layers (which states, hooks, norm convention), formats (one class per layout: its name, dtype
-rule, writer, client and notes), writers (one per layout, atomic files),
-staging (device->host copies and background writes that overlap the next batch),
-checks (tensor and file checks, batched on the device), recheck (reference re-run),
-distributed (torchrun split; replicated or FSDP2-sharded target), run (the loop), cli.
+run.py drives data (JSONL -> token rows, chat rendering, loss masks) -> packing (length-sorted
+batches) -> layers (which states, hooks, norm convention) -> forward -> checks (on the device) ->
+recheck (sampled rows on the reference path) -> staging (background copies) -> writers (atomic
+files). formats holds one class per offline layout (FORMATS); clients and client_check run a
+client's own code for --check-client; distributed (torchrun, FSDP2), interrupts (Ctrl-C).
+May import: kernels, routing, models, shared; never proof.
+Entry points: cli.add_arguments / cli.main (`fastpath capture`), run.run_capture.
 """

@@ -1,16 +1,12 @@
-"""Compiler-free kernels (Triton), each op with its float64 reference beside it.
+"""Compiler-free kernels (Triton), one subpackage per op, each with its float reference beside it.
 
-One subpackage per op family, each shaped the same way: `interface.py` (torch custom ops with fake
-implementations, autograd, validation, and the Triton-or-reference dispatch), the Triton kernels by
-strategy in their own modules, and `naive.py` (the float64 spec the tests check against, also the
-runtime fallback for combinations a kernel does not take, with a warning):
-- causal_conv1d/: depthwise causal conv1d forward, backward, decode update, varlen states (the
-  engine behind the Dao-compatible face `fastpath.causal_conv1d`).
-- gated_delta_rule/: the gated delta rule's dq/dk/dw/dg backward piece for Hopper (FLA #640).
-- ssd/: Mamba-2's chunked state-space scan, its state update and the fused split-conv-scan op.
-- selective_scan/: Mamba-1's selective scan, its state update and mamba_inner_fn.
-Shared: dispatch (Triton or reference, and the fallback warning), counters (which implementation
-ran, read by explain() and verify), compiled_launch (cached calls into Triton's launcher).
-Never imports routing, models, proof, capture or doctor; nothing here imports triton at package
-import time.
+Ops: causal_conv1d (the engine of the `fastpath.causal_conv1d` face), ssd (Mamba-2),
+selective_scan (Mamba-1), gated_delta_rule (a torch dqkwg for FLA #640), gdn_gates,
+sigmoid_gate, zc_rmsnorm, linear_ce. An op's entry point is its interface.py (torch custom ops
+with fake implementations, autograd, validation, the Triton-or-reference dispatch); its Triton
+kernels sit in modules by strategy, and naive.py is the float64 spec the tests check against and
+the runtime fallback (with a warning). Shared by the ops: dispatch (cuda_capability decides the
+device once; which implementation a call takes), counters (which one ran, read by explain() and
+verify), compiled_launch, layout, rounding.
+May import: shared only; never routing, models, proof, capture or doctor. No triton at import.
 """

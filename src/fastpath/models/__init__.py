@@ -1,10 +1,12 @@
-"""The models every workload runs on: build one from a preset, a config.json or a local checkpoint
-directory (random weights or safetensors, never a download), size it before allocating, and keep
-the reference path honest.
+"""The models every workload runs on: built from a preset, a config.json or a local checkpoint
+directory (random weights or safetensors, never a download), sized before allocating, with a
+reference path that stays transformers' torch fallback.
 
-Modules: build (source -> ResolvedModel, read once -> model, `--layers N` keeping the layer
-pattern), dtypes (CLI dtype/device names), sizing (parameters, memory estimate, the refusal when
-it will not fit), compare (tolerances and tensor statistics that verify and capture's re-check
-share), paths (the torch reference with compiled peers hidden).
-May import: kernels, routing. Imported by: proof, capture.
+build (resolve_model reads the source once into a ResolvedModel, build_resolved builds it,
+`--layers N` keeps the layer pattern), dtypes (CLI dtype and device names), sizing (parameters,
+memory estimate, the refusal when it will not fit), compare (tolerances and tensor statistics
+that verify and capture's re-check share), paths (compiled peers hidden for the reference),
+moe_pin (an MoE's top-k choices pinned to the reference's).
+May import: kernels, routing, shared. Imported by proof and capture.
+Entry points: build.resolve_model, build.build_resolved.
 """

@@ -1,9 +1,10 @@
-"""Proof on the user's model: `fastpath verify` (the reference path and the fast path compute the
-same function, and the fast path really ran Triton kernels) and `fastpath bench` (what it bought,
-side by side with the peers, each configuration in its own process).
+"""Proof on the user's model: `fastpath verify` (the reference and the fast path compute the same
+function, and the fast path really ran fast kernels), `fastpath bench` (what it bought, next to
+the peers, each configuration in its own process) and `fastpath warmup` (compile and autotune once).
 
-Modules: verify / run_paths / verdict (the verify command, running both paths, the verdict), bench /
-bench_spec / bench_worker / bench_outputs (the bench command, its phases and configurations, the
-worker process, its JSON/markdown/PNG), decode_graphs and greedy (decode phases), progress.
-May import: kernels, routing, models. Never imported by capture.
+verify / run_paths / verdict (the command, running both paths, the verdict), bench / bench_spec /
+bench_worker / bench_outputs (the command, its phases and configurations, the worker process,
+its JSON / markdown / PNG), warmup, greedy and decode_graphs (decode phases), progress.
+May import: kernels, routing, models, shared. Never imported by capture.
+Entry points: verify.main, bench.main, warmup.main (through cli.py); run_paths.verify_model.
 """

@@ -1,8 +1,12 @@
-"""Integrations that route other libraries (transformers) to fastpath's kernels.
+"""The only room that reaches into other libraries: routes transformers (and its Hub kernels, FLA,
+Liger Kernel) to fastpath's kernels, and undoes it exactly.
 
-The routes enable() installs are one declared table, ``ROUTES`` in routing/routes.py: a frozen
-``Route`` per route (name, ops, detect, install / enter / leave, seed, patch, patch_built,
-after_undo, explain rows) that enable(), disable(), suspended(), explain(), assert_fast() and
-EnableReport loop over. Adding a route is one table entry plus its module (routing/<name>_route.py:
-its detection, the patch of one modeling module, its explain() rows).
+engine.py holds enable() / disable() / suspended() / explain() / assert_fast(); they loop over
+ROUTES in routes.py, one frozen Route per route (detect, enter / leave, report, install, seed,
+patch, patch_built, after_undo, explain rows). Route code sits in per-route modules (conv_route,
+ssd_route, selective_scan_route, fla_route, norm_route, gates_route, zc_norm_route,
+lm_head_route, hub_kernels, autotune_decisions); modeling_patch finds and hooks modeling
+modules, patch_registry is the undo log, run.py and _bootstrap/ make `fastpath run`.
+May import: causal_conv1d, kernels, shared.
+Entry points: engine (behind the package root's enable/disable/explain/assert_fast), run.main.
 """

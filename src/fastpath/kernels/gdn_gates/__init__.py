@@ -1,1 +1,6 @@
-"""GatedDeltaNet's decay and beta gates in one kernel each way (see interface.py)."""
+"""GatedDeltaNet's decay and beta gates (g, beta) in one kernel each way.
+
+interface.py (entry point: gdn_gates, a torch custom op with autograd and dispatch),
+triton_gates.py (the kernels), naive.py (the spec, in a chosen float precision).
+May import: the kernels' shared modules and fastpath.shared. Routed by routing/gates_route.py.
+"""
