@@ -76,8 +76,10 @@ from triton.runtime.jit import JITFunction, create_function_from_signature
 
 from fastpath.kernels.causal_conv1d import interface as conv_if
 from fastpath.kernels.gdn_gates import interface as gates_if
+from fastpath.kernels.selective_scan import inner as scan_inner
 from fastpath.kernels.selective_scan import interface as scan_if
 from fastpath.kernels.selective_scan import scan_bwd, scan_fwd, scan_fwd_seq
+from fastpath.kernels.selective_scan import state_update as scan_update
 from fastpath.kernels.sigmoid_gate import interface as gate_if
 from fastpath.kernels.ssd import interface as ssd_if
 from fastpath.kernels.ssd import shared_memory as ssd_shared
@@ -310,7 +312,7 @@ def scan_training(dtype: torch.dtype, seqlen: int) -> None:
     mk = lambda *s, dt=dtype: (torch.randn(*s, dtype=dt) * 0.02).requires_grad_()  # noqa: E731
     xz = mk(1, seqlen, 2 * dim).transpose(1, 2)  # in_proj(h).transpose(1, 2), as transformers
     A = (-torch.rand(dim, n) - 0.5).requires_grad_()  # -exp(A_log.float()): float32
-    y = scan_if.mamba_inner_fn(
+    y = scan_inner.mamba_inner_fn(
         xz, mk(dim, 1, FM["conv"]), mk(dim), mk(r + 2 * n, dim), mk(dim, r), mk(FM["hidden"], dim),
         None, A, None, None, mk(dim, dt=torch.float32), mk(dim, dt=torch.float32),
         delta_softplus=True, b_rms_weight=mk(n), c_rms_weight=mk(n), dt_rms_weight=mk(dim),
@@ -361,10 +363,10 @@ def state_update(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
         col = lambda rows=batch: torch.randn(rows, dim, 1, dtype=dtype)[..., 0]  # noqa: E731
         BC = lambda rows=batch: torch.randn(rows, 1, n, dtype=dtype)[:, 0]  # noqa: E731
         idx = torch.arange(batch, dtype=torch.int32) if pooled else None
-        with triton_on(scan_if):
-            scan_if.selective_state_update(state, col(), col(), -torch.rand(dim, n), BC(), BC(),
-                                           torch.randn(dim), col(), torch.randn(dim),
-                                           dt_softplus=True, state_batch_indices=idx)
+        with triton_on(scan_update):
+            scan_update.selective_state_update(state, col(), col(), -torch.rand(dim, n), BC(), BC(),
+                                               torch.randn(dim), col(), torch.randn(dim),
+                                               dt_softplus=True, state_batch_indices=idx)
     if quick:
         return
     cfg = SSD["nemotron-h-8b"]

@@ -63,12 +63,8 @@ from pathlib import Path
 import torch
 
 from fastpath.kernels.selective_scan import scan_bwd, scan_fwd, scan_fwd_seq, scan_fwd_tile
-from fastpath.kernels.selective_scan.interface import (
-    FWD_ENV,
-    FWD_KERNELS,
-    selective_scan_fn,
-    selective_state_update,
-)
+from fastpath.kernels.selective_scan.interface import FWD_ENV, FWD_KERNELS, selective_scan_fn
+from fastpath.kernels.selective_scan.state_update import selective_state_update
 
 DIM, N = 8192, 16
 SMOKE_DIM = 16

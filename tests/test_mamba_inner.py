@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from fastpath.kernels.counters import CALLS
 from fastpath.kernels.dispatch import use_triton
-from fastpath.kernels.selective_scan.interface import mamba_inner_fn
+from fastpath.kernels.selective_scan.inner import mamba_inner_fn
 from fastpath.kernels.selective_scan.naive import mamba_inner_ref
 
 IMPL = "triton" if use_triton(torch.empty(0)) else "reference"

@@ -14,12 +14,10 @@ import torch
 
 from fastpath.kernels.counters import CALLS
 from fastpath.kernels.selective_scan import scan_bwd, scan_fwd
-from fastpath.kernels.selective_scan.interface import (
-    mamba_inner_fn,
-    selective_scan_fn,
-    selective_state_update,
-)
+from fastpath.kernels.selective_scan.inner import mamba_inner_fn
+from fastpath.kernels.selective_scan.interface import selective_scan_fn
 from fastpath.kernels.selective_scan.naive import mamba_inner_ref, selective_scan_ref
+from fastpath.kernels.selective_scan.state_update import selective_state_update
 
 pytestmark = [
     pytest.mark.gpu,

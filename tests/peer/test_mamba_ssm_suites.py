@@ -134,7 +134,7 @@ FAKE_TESTS = {
             device = 'cuda'
             assert device == 'cpu'
             assert selective_scan_fn.__module__ == 'fastpath.kernels.selective_scan.interface'
-            assert mamba_inner_fn.__module__ == 'fastpath.kernels.selective_scan.interface'
+            assert mamba_inner_fn.__module__ == 'fastpath.kernels.selective_scan.inner'
             assert mamba_inner_ref() == 'upstream reference'
             assert 'mamba_ssm' not in sys.modules
     '''),

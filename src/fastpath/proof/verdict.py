@@ -218,17 +218,6 @@ def packed_route_problems(explain_rows: list[dict[str, Any]]) -> list[str]:
             f"which ignores cu_seqlens, so state leaks from one sequence into the next "
             f"(first: {slow[0]}; FLA on a GPU keeps them apart)"]
 
-def route_summary(rows: list[dict[str, Any]]) -> str:
-    """'causal_conv1d_fn: torch fallback (...) x3; ...' — what each op resolved to, counted."""
-    counts: dict[tuple[str, str], int] = {}
-    for r in rows:
-        if "op" in r:
-            key = (str(r["op"]), str(r.get("impl")))
-            counts[key] = counts.get(key, 0) + 1
-    if not counts:
-        return "no causal_conv1d / gated-delta-rule layers found"
-    return "; ".join(f"{op}: {impl} x{n}" for (op, impl), n in counts.items())
-
 
 def layer_names(layer_types: list[str], count: int, starts_with_embeddings: bool = True) -> list[tuple[str, str]]:
     """(name, type) for the output_hidden_states entries.

@@ -1,6 +1,6 @@
 """Mamba-1 state-space ops -> fastpath: selective_scan_fn, mamba_inner_fn and the Mamba-1
 selective_state_update for mamba, falcon_mamba, jamba and zamba, on every transformers version of
-the matrix, with no mamba-ssm installed (the kernels: fastpath/kernels/selective_scan/interface.py).
+the matrix, with no mamba-ssm installed (the kernels: fastpath/kernels/selective_scan/).
 
 How transformers reaches the three ops (read in each release's
 src/transformers/models/{mamba,falcon_mamba,jamba,zamba}/modeling_*.py):
@@ -127,7 +127,7 @@ def make_state_update_route(torch_fn: Callable[..., Any] | None) -> Callable[...
                           state_batch_indices=state_batch_indices)
         if not runs_here(x) and torch_fn is not None and state_batch_indices is None:
             return torch_fn(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus)
-        from fastpath.kernels.selective_scan.interface import selective_state_update as impl
+        from fastpath.kernels.selective_scan.state_update import selective_state_update as impl
 
         return impl(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=bool(dt_softplus),
                     state_batch_indices=state_batch_indices)
@@ -155,7 +155,7 @@ def make_inner_route(torch_fn: Callable[..., Any] | None) -> Callable[..., Any]:
             return unfused_inner(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight,
                                  out_proj_weight, out_proj_bias, A, D=D, delta_bias=delta_bias,
                                  delta_softplus=delta_softplus, eps=b_c_dt_rms_eps, B=B, C=C)
-        from fastpath.kernels.selective_scan.interface import mamba_inner_fn as impl
+        from fastpath.kernels.selective_scan.inner import mamba_inner_fn as impl
 
         return impl(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, out_proj_weight,
                     out_proj_bias, A, B, C, D, delta_bias, B_proj_bias, C_proj_bias, bool(delta_softplus),
