@@ -16,8 +16,8 @@ import venv
 from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 # fastpath-kit is not on PyPI: the line names the checkout the venv was installed from (PEP 610)
 KERNELS = 'pip install "{checkout}[kernels]"'
 BENCH = 'pip install "{checkout}[bench]"'

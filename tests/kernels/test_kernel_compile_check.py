@@ -1,0 +1,80 @@
+"""benchmarks/kernel_compile_check.py on the CPU: every fastpath Triton kernel family (conv, SSD,
+selective scan, the decode updates, GatedDeltaNet gates, sigmoid gate, zero-centred RMSNorm)
+compiles for sm_90, sm_100 and sm_120 with the installed Triton's bundled ptxas, 0 failures, and the
+rows carry ptxas's numbers (the script's point is catching GPU-compiler refusals, and Blackwell's
+smaller shared memory, without a GPU). CI runs --quick (default configs, one shape per family,
+bf16); the full sweep is the benchmark (BENCHMARKS.md). Runs in a subprocess: the script clears
+TRITON_INTERPRET for itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from repo_paths import ROOT
+
+triton = pytest.importorskip("triton")
+
+SCRIPT = ROOT / "benchmarks" / "kernel_compile_check.py"
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+ARCHS = (90, 100, 120)
+FAMILIES = {"causal_conv1d", "ssd", "selective_scan", "state_update", "gdn_gates", "sigmoid_gate",
+            "zc_rmsnorm"}
+
+
+@pytest.mark.skipif(not PTXAS.exists(), reason="this Triton wheel has no bundled ptxas")
+def test_every_kernel_family_compiles_for_hopper_and_blackwell(tmp_path: Path) -> None:
+    out = tmp_path / "rows.json"
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--dtype", "bf16", "--jobs", "2",
+                           "--out", str(out)], capture_output=True, text=True, env=env, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["archs"] == list(ARCHS) and data["triton"] == triton.__version__
+    rows = data["rows"]
+    assert not [r for r in rows if "error" in r]
+    for arch in ARCHS:
+        mine = [r for r in rows if r["arch"] == arch]
+        assert {r["family"] for r in mine} == FAMILIES, arch
+        assert data["summary"][str(arch)]["failed"] == 0
+        for row in mine:
+            assert row["ok"] and 0 < row["regs"] <= 255, row
+            assert row["shared_bytes"] <= data["shared_limit_bytes"][str(arch)] or row.get("autotuned")
+        gates = [r for r in mine if r["kernel"] in ("_gate_fwd_kernel", "_gate_bwd_kernel")]
+        assert {r["kernel"] for r in gates} == {"_gate_fwd_kernel", "_gate_bwd_kernel"}
+        for row in gates:  # an elementwise kernel has nothing to spill
+            assert row["spill_store_bytes"] == 0 and row["constexprs"]["BLOCK_D"] == 1024
+            assert "*bf16" in row["pointer_dtypes"]
+        norms = [r for r in mine if r["family"] == "zc_rmsnorm" and r["case"].startswith("hidden 5120")]
+        assert {r["kernel"] for r in norms} == {"_zc_rmsnorm_fwd_kernel", "_zc_rmsnorm_bwd_kernel"}
+        for row in norms:  # Qwen3.5-27B's hidden rows fit in registers both ways
+            assert row["spill_store_bytes"] == 0 and row["constexprs"]["BLOCK_H"] == 8192
+
+
+def test_markdown_table_of_saved_rows(tmp_path: Path) -> None:
+    """--table prints the registers / spills / shared-memory table of an earlier --out file:
+    per kernel and arch, binaries ok / recorded, max registers, spilling binaries (max bytes),
+    max shared bytes, failures in bold."""
+    rows = [
+        {"arch": 90, "family": "ssd", "kernel": "_states_kernel", "ok": True, "regs": 200,
+         "spill_store_bytes": 0, "shared_bytes": 99848},
+        {"arch": 90, "family": "ssd", "kernel": "_states_kernel", "ok": True, "regs": 255,
+         "spill_store_bytes": 64, "shared_bytes": 166928},
+        {"arch": 120, "family": "ssd", "kernel": "_states_kernel", "ok": False, "regs": 255,
+         "spill_store_bytes": 0, "shared_bytes": 166928, "error": "OutOfResources at load"},
+        {"arch": 120, "family": "ssd", "kernel": "_states_kernel", "ok": True, "regs": 162,
+         "spill_store_bytes": 0, "shared_bytes": 67080},
+    ]
+    saved = tmp_path / "rows.json"
+    saved.write_text(json.dumps({"archs": [90, 120], "rows": rows}))
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--table", str(saved)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("| family | kernel | sm_90:") and "sm_120:" in lines[0]
+    assert lines[2] == ("| ssd | `_states_kernel` | 2/2, 255, 1 (64 B), 166928 "
+                        "| 1/2, 162, 0, 67080 **1 FAILED** |")

@@ -1,0 +1,307 @@
+"""enable() routes Qwen3.5 / Qwen3-Next's zero-centred RMSNorm to fastpath's fused kernel
+(routing/zc_norm_route.py): the routed model computes what transformers computes (logits and every
+gradient, float32 and bfloat16), explain() shows each norm, disable() restores the class exactly,
+a class that only looks zero-centred is left alone with the reason, CPU tensors without the
+interpreter keep transformers' own forward bit for bit, and the route survives `kernels`'
+kernelize() on transformers 5.25. Kernel calls are counted at fastpath's entry points.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from repo_paths import ROOT  # noqa: E402
+
+import fastpath  # noqa: E402
+from fastpath.kernels.counters import CALLS  # noqa: E402
+from fastpath.routing import zc_norm_route  # noqa: E402
+from fastpath.routing.engine import suspended  # noqa: E402
+from fastpath.routing.patch_registry import PatchRegistry  # noqa: E402
+from fastpath.shared.errors import UsageError  # noqa: E402
+
+INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+IDS = torch.randint(3, 64, (2, 9), generator=torch.Generator().manual_seed(0))
+# every Qwen3_5RMSNorm of the tiny model: two per decoder layer, q/k norms of its attention layer, the final norm
+NORMS = {"model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm",
+         "model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm",
+         "model.layers.1.self_attn.q_norm", "model.layers.1.self_attn.k_norm", "model.norm"}
+
+
+def tiny_qwen3_5(seed: int = 0, dtype: torch.dtype = torch.float32):
+    """A tiny random Qwen3.5 whose norm weights are O(1) (transformers initialises them to 0)."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    cfg = Qwen3_5TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                            linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=8,
+                            linear_value_head_dim=8, layer_types=["linear_attention", "full_attention"])
+    torch.manual_seed(seed)
+    model = Qwen3_5ForCausalLM(cfg)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    return model.to(dtype).eval()
+
+
+def _module():
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    return modeling_qwen3_5
+
+
+@pytest.fixture(autouse=True)
+def _always_disable():
+    fastpath.disable()
+    yield
+    fastpath.disable()
+
+
+def _step(model, ids=IDS):
+    """One next-token loss and every parameter gradient (enable() fuses the LM head into the loss:
+    the routed call returns no logits)."""
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=ids, use_cache=False)
+    out.loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.loss.detach(), grads
+
+
+def _rel(a, b) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def _zc_rows(model):
+    return [r for r in fastpath.explain(model).rows if r["op"] == zc_norm_route.OP]
+
+
+@pytest.mark.skipif(not INTERP, reason="runs the fused kernels: needs TRITON_INTERPRET=1")
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_routed_model_matches_transformers_and_disable_restores(dtype, tol) -> None:
+    module = _module()
+    original = module.Qwen3_5RMSNorm.__dict__["forward"]
+    model = tiny_qwen3_5(dtype=dtype)
+    ref_loss, ref_grads = _step(model)
+    report = fastpath.enable(warn=False)
+    assert report.zc_norm == zc_norm_route.IMPL and zc_norm_route.ENV_MODE in report.zc_norm_reason
+    assert "zero-centred RMSNorm -> fastpath-triton" in report.summary()
+    assert hasattr(module.Qwen3_5RMSNorm.forward, zc_norm_route.ROUTE_ATTR)
+    CALLS.clear()
+    loss, grads = _step(model)
+    assert CALLS["zc_rmsnorm_fwd:triton"] == len(NORMS) and CALLS["zc_rmsnorm_bwd:triton"] == len(NORMS)
+    assert not any(k.startswith("zc_rmsnorm") and k.endswith(":reference") for k in CALLS), dict(CALLS)
+    assert _rel(loss, ref_loss) <= tol
+    assert set(grads) == set(ref_grads)
+    for name, g in ref_grads.items():
+        assert _rel(grads[name], g) <= (1e-4 if dtype == torch.float32 else 5e-2), name
+    rows = _zc_rows(model)
+    assert {r["layer"] for r in rows} == NORMS
+    assert all(r["fast"] and r["impl"] == "fastpath-triton (interpreter)" for r in rows), rows
+    assert {r["layer_type"] for r in rows} == {"Qwen3_5RMSNorm"}
+    fastpath.disable()
+    assert module.Qwen3_5RMSNorm.__dict__["forward"] is original
+    assert zc_norm_route.SKIP_ATTR not in module.Qwen3_5RMSNorm.__dict__ and zc_norm_route.ACTIVE is None
+    CALLS.clear()
+    loss, grads = _step(model)
+    assert torch.equal(loss, ref_loss) and all(torch.equal(grads[n], g) for n, g in ref_grads.items())
+    assert not CALLS and not _zc_rows(model)
+
+
+@pytest.mark.skipif(not INTERP, reason="runs the fused kernels: needs TRITON_INTERPRET=1")
+def test_suspended_runs_transformers_norm_and_resumes() -> None:
+    model = tiny_qwen3_5()
+    with torch.no_grad():
+        ref = model(IDS).logits
+    fastpath.enable(warn=False)
+    with suspended():
+        CALLS.clear()
+        with torch.no_grad():
+            assert torch.equal(model(IDS).logits, ref)
+        assert not any(k.startswith("zc_rmsnorm") for k in CALLS)
+    CALLS.clear()
+    with torch.no_grad():
+        model(IDS)
+    assert CALLS["zc_rmsnorm_fwd:triton"] == len(NORMS)
+
+
+def test_cpu_without_interpreter_keeps_transformers_bit_for_bit(monkeypatch) -> None:
+    """The reference: the same enable() with this route off (the conv route on CPU runs fastpath's
+    torch reference, which is not transformers' bits; only the norm is under test)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    model = tiny_qwen3_5()
+    monkeypatch.setenv(zc_norm_route.ENV_MODE, "torch")
+    fastpath.enable(warn=False)
+    ref_loss, ref_grads = _step(model)
+    monkeypatch.delenv(zc_norm_route.ENV_MODE)
+    fastpath.enable(warn=False)
+    CALLS.clear()
+    loss, grads = _step(model)
+    assert not any(k.startswith("zc_rmsnorm") for k in CALLS), dict(CALLS)
+    assert torch.equal(loss, ref_loss) and all(torch.equal(grads[n], g) for n, g in ref_grads.items())
+    rows = _zc_rows(model)
+    assert {r["layer"] for r in rows} == NORMS
+    assert all(not r["fast"] and r["impl"] == "torch (cpu tensors; fastpath routed for CUDA)" for r in rows)
+
+
+def test_env_switch_turns_the_route_off_and_explain_says_so(monkeypatch) -> None:
+    module = _module()
+    monkeypatch.setenv(zc_norm_route.ENV_MODE, "torch")
+    report = fastpath.enable(warn=False)
+    assert report.zc_norm == "torch" and report.zc_norm_reason == "FASTPATH_ZC_NORM=torch"
+    assert not hasattr(module.Qwen3_5RMSNorm.forward, zc_norm_route.ROUTE_ATTR)
+    rows = _zc_rows(tiny_qwen3_5())
+    assert len(rows) == len(NORMS)
+    assert all(not r["fast"] and r["impl"] == "torch (eager; FASTPATH_ZC_NORM=torch)" for r in rows)
+    fastpath.disable()
+    assert zc_norm_route.SKIP_ATTR not in module.Qwen3_5RMSNorm.__dict__
+    monkeypatch.setenv(zc_norm_route.ENV_MODE, "fast-please")
+    with pytest.raises(UsageError, match="FASTPATH_ZC_NORM"):
+        fastpath.enable(warn=False)
+
+
+_LOOKALIKES = '''
+import torch
+from torch import nn
+
+
+class ScaleFirstRMSNorm(nn.Module):
+    """Scales by (1 + w) before normalising: says `1 + self.weight`, is another function."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        x = x.float() * (1.0 + self.weight.float())
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class FixedEpsRMSNorm(nn.Module):
+    """Zero-centred, but with an eps fixed in the code instead of the instance's."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        out = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (out * (1 + self.weight.float())).type_as(x)
+
+
+class PlainRMSNorm(nn.Module):
+    """x * rsqrt(mean(x^2) + eps) * w (Llama's): not zero-centred, not a candidate at all."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.variance_epsilon = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon) * self.weight
+'''
+
+
+def test_a_class_that_is_not_zero_centred_is_not_routed_with_a_reason(tmp_path, monkeypatch) -> None:
+    import importlib
+
+    (tmp_path / "zc_lookalikes.py").write_text(_LOOKALIKES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("zc_lookalikes")
+    assert [c.__name__ for c in zc_norm_route.candidates(module)] == ["ScaleFirstRMSNorm", "FixedEpsRMSNorm"]
+    eps_attr, why = zc_norm_route.same_function(module.PlainRMSNorm, module.PlainRMSNorm.forward)
+    assert eps_attr is None and "(1+weight)" in why
+    forwards = {c: c.__dict__["forward"] for c in (module.ScaleFirstRMSNorm, module.FixedEpsRMSNorm)}
+    reg = PatchRegistry()
+    status = zc_norm_route.ZcNormStatus(True, "test")
+    reg.set_attr(zc_norm_route, "ACTIVE", status)
+    notes = zc_norm_route.patch_module(module, status, reg)
+    try:
+        assert len(notes) == 2 and all("not routed" in n and "rel. error" in n for n in notes), notes
+        for cls, forward in forwards.items():
+            assert cls.__dict__["forward"] is forward
+            impl, fast = zc_norm_route.describe_layer(cls(8), "cuda")
+            assert not fast and impl.startswith("torch (eager; ") and cls.__name__ in impl
+        assert zc_norm_route.describe_layer(module.PlainRMSNorm(8), "cuda") is None
+    finally:
+        reg.undo()
+    assert all(zc_norm_route.SKIP_ATTR not in c.__dict__ for c in forwards)
+    assert zc_norm_route.ACTIVE is None
+
+
+def test_transformers_classes_pass_the_probe() -> None:
+    from transformers.models.qwen3_next import modeling_qwen3_next
+
+    for cls in (_module().Qwen3_5RMSNorm, modeling_qwen3_next.Qwen3NextRMSNorm):
+        assert zc_norm_route.same_function(cls, cls.__dict__["forward"]) == ("eps", None)
+
+
+_KERNELIZE = textwrap.dedent("""
+    import json, sys, torch
+    sys.path.insert(0, str(SUPPORT))
+    from matrix_worker import build
+    import fastpath
+    from fastpath.kernels.counters import CALLS
+    from kernels import Mode, kernelize
+    model = build("qwen3_5_text")
+    ids = torch.randint(3, 64, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = model(ids).logits
+    fastpath.enable(warn=False)
+    kernelize(model, mode=Mode.INFERENCE, device="cpu")  # no Hub kernel for RMSNormZeroCentered
+    CALLS.clear()
+    with torch.no_grad():
+        got = model(ids).logits
+    out = {"calls": dict(CALLS), "diff": float((got - ref).abs().max()),
+           "rows": [r for r in fastpath.explain(model).rows if r["op"] == "zc_rmsnorm"],
+           "hub_name": getattr(type(model.model.norm), "kernel_layer_name", None)}
+    fastpath.disable()
+    with torch.no_grad():
+        out["disabled_equal"] = bool(torch.equal(model(ids).logits, ref))
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.skipif(not INTERP, reason="runs the fused kernels: needs TRITON_INTERPRET=1")
+def test_route_survives_kernelize_on_transformers_525_with_kernels() -> None:
+    python = ROOT / ".venvs" / "tf-default" / "bin" / "python"
+    if not python.exists():
+        pytest.skip("tf-default venv missing (scripts/setup_default_stack.sh)")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT / "src"), TRITON_INTERPRET="1")
+    env.pop("USE_HUB_KERNELS", None)
+    proc = subprocess.run([str(python), "-c", _KERNELIZE], capture_output=True, text=True, env=env,
+                          cwd=str(ROOT), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["hub_name"] == zc_norm_route.HUB_NAME  # 5.25 + kernels: the class is kernelizable
+    assert out["calls"].get("zc_rmsnorm_fwd:triton") == len(NORMS), out["calls"]
+    assert out["diff"] <= 1e-4
+    assert len(out["rows"]) == len(NORMS) and all(r["fast"] for r in out["rows"]), out["rows"]
+    assert out["disabled_equal"]
+
+
+def test_fastpath_mode_needs_the_kernel(tmp_path) -> None:
+    """FASTPATH_ZC_NORM=fastpath with no Triton: enable() fails in one line instead of going slow."""
+    (tmp_path / "triton").mkdir()
+    (tmp_path / "triton" / "__init__.py").write_text("raise ImportError('no triton here')\n")
+    code = ("import fastpath, sys\n"
+            "try:\n    fastpath.enable(warn=False)\n"
+            "except Exception as exc:\n    print(type(exc).__name__, exc); sys.exit(0)\n"
+            "sys.exit(1)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "src")]),
+               FASTPATH_ZC_NORM="fastpath")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "FASTPATH_ZC_NORM=fastpath" in proc.stdout and "does not import" in proc.stdout, proc.stdout

@@ -1,0 +1,33 @@
+"""Where things are, for tests at any depth and for the workers here: the repository root (the
+folder holding pyproject.toml), src/, this support folder, the side-by-side venvs and fla."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+SUPPORT = Path(__file__).resolve().parent
+ROOT = next(p for p in SUPPORT.parents if (p / "pyproject.toml").is_file())
+SRC = ROOT / "src"
+BENCHMARKS = ROOT / "benchmarks"
+# scripts/setup_transformers_matrix.sh, setup_clients.sh, setup_fla.sh install here
+VENVS = Path(os.environ.get("FASTPATH_VENVS", ROOT / ".venvs"))
+
+
+def fla_aside() -> str | None:
+    """fla-core installed aside (FASTPATH_FLA_PATH, or .venvs/fla from scripts/setup_fla.sh; never
+    into the test interpreter): the directory to put on sys.path, None if there is none."""
+    env = os.environ.get("FASTPATH_FLA_PATH")
+    for cand in ([env] if env else []) + [str(ROOT / ".venvs" / "fla")]:
+        if cand and (Path(cand) / "fla" / "__init__.py").is_file():
+            return cand
+    return None
+
+
+def fla_path() -> str | None:
+    """Directory to put on sys.path for fla, '' if this python has it, None if absent."""
+    aside = fla_aside()
+    if aside is not None:
+        return aside
+    return "" if importlib.util.find_spec("fla") is not None else None
