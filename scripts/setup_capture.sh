@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The optional dependencies of `fastpath capture` (safetensors, datasets, pyarrow: the speculators
-# offline layout), so tests/test_capture*.py run their layout checks instead of skipping them.
+# offline layout), so tests/capture/test_capture*.py run their layout checks instead of skipping
+# them.
 # Named one by one, not as ".[capture]": that extra includes [kernels], whose fla-core must stay out
 # of the system python (transformers binds FLA at import wherever it imports; see setup_fla.sh).
 set -euo pipefail

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The drafter-training clients of `fastpath capture`, for tests/test_clients_*.py: speculators and
+# The drafter-training clients of `fastpath capture`, for tests/capture/test_clients_capture.py and
+# tests/doctor/test_clients_doctor.py: speculators and
 # SpecForge, each in its own venv under .venvs/ (created with --system-site-packages, so torch,
 # triton, transformers and fastpath come from the system python and nothing installed here changes
 # what the rest of the suite sees). Each venv is pinned, and a second leg takes the newest release
@@ -81,7 +82,8 @@ install_client specforge "$SPECFORGE_PIN" "${SPECFORGE_DEPS[@]}"
 
 # Second leg: the newest release, when it is not the pin. Its runtime requirements are assumed
 # unchanged; if it does not install or import on CPU the leg is skipped with the reason (the pinned
-# leg still runs), and tests/test_clients_*.py run against every .venvs/<client>-* that exists.
+# leg still runs), and tests/capture/test_clients_capture.py runs against every .venvs/<client>-*
+# that exists.
 for client in speculators specforge; do
   pin_var="${client^^}_PIN"
   deps_var="${client^^}_DEPS[@]"

@@ -2,7 +2,7 @@
 # The stack a new user gets today: a plain venv (no system site-packages) with exactly what
 # `pip install ".[kernels]"` resolves from the package index on the day (newest transformers,
 # the `kernels` it requires, torch and the Triton torch pins), plus fla-core, the package the
-# GatedDeltaNet route needs. tests/test_enable_matrix.py runs the whole enable matrix there as
+# GatedDeltaNet route needs. tests/routing/test_enable_matrix.py runs the whole enable matrix there as
 # version "default" and fails the day a release changes how an op is reached.
 #
 # No pins on purpose: every run resolves again (`pip install -U`), so CI tests what users install

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# fla-core for tests/test_fla_dqkwg.py, installed into its own directory (.venvs/fla), NOT into the
+# fla-core for tests/kernels/gated_delta_rule/test_fla_dqkwg.py (and the other fla tests),
+# installed into its own directory (.venvs/fla), NOT into the
 # system python: transformers 5.17 routes chunk_gated_delta_rule to fla whenever `import fla`
 # works, which would change what other tests exercise. The tests put the directory on sys.path
 # of a subprocess only.

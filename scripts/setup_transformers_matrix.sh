@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Side-by-side transformers versions for tests/test_enable_matrix.py.
+# Side-by-side transformers versions for tests/routing/test_enable_matrix.py.
 # One venv per version under .venvs/, created with --system-site-packages so they all share the
 # system python's CPU torch, triton and the editable fastpath; only transformers and the hub
 # packages it pins are installed per venv. Idempotent: a venv with a matching stamp is skipped.

@@ -11,17 +11,19 @@
 #
 # Groups (MEMCHECK_GROUPS, comma list; all by default), each one pytest process under
 # `compute-sanitizer --tool memcheck`, all at once (MEMCHECK_PARALLEL=0: one after another):
-#   conv    tests/test_causal_conv1d.py tests/test_launch.py (not the torch.compile test)
-#   ssd     tests/test_ssd_gpu.py tests/test_ssd_update.py tests/test_mamba_split_conv_scan.py
+# (files under tests/kernels/ but the decode graphs' tests/proof/test_decode_graphs.py)
+#   conv    causal_conv1d/test_causal_conv1d.py, causal_conv1d/test_launch.py (not the
+#           torch.compile test)
+#   ssd     ssd/test_ssd_gpu.py, ssd/test_ssd_update.py, ssd/test_mamba_split_conv_scan.py
 #           (not the mamba_ssm comparison: its kernels are not ours; MAMBA_SRC is unset)
-#   sscan   tests/test_selective_scan_gpu.py without the 1x8192x4096 / 2x5120x1024 / 8x1024x4096
-#           cases (the float64 step-loop reference at those lengths alone outlasts the limit), the
-#           swept tile configs cut to config0 (tl.flip adjoint) and config7 (reverse scan)
-#   glue    tests/test_glue*gpu*.py (not the 4-layer 27B routing test)
-#   norm    tests/test_zc_rmsnorm.py, its GPU test (the zero-centred RMSNorm at 27B row widths)
-#   lce     tests/test_linear_ce.py, its small odd-shape GPU test (the 27B head is too large)
-#   decode  tests/test_decode_graphs.py, eager (CPU-or-GPU) tests
-#   graphs  tests/test_decode_graphs.py, the CUDA-graph tests: with the caching allocator ON,
+#   sscan   selective_scan/test_selective_scan_gpu.py without the 1x8192x4096 / 2x5120x1024 /
+#           8x1024x4096 cases (the float64 step-loop reference at those lengths alone outlasts the
+#           limit), the swept tile configs cut to config0 (tl.flip adjoint) and config7 (reverse scan)
+#   glue    gdn_gates/test_gates_gpu.py (not the 4-layer 27B routing test)
+#   norm    zc_rmsnorm/test_zc_rmsnorm.py, its GPU test (the zero-centred RMSNorm at 27B row widths)
+#   lce     linear_ce/test_linear_ce.py, its small odd-shape GPU test (the 27B head is too large)
+#   decode  tests/proof/test_decode_graphs.py, eager (CPU-or-GPU) tests
+#   graphs  tests/proof/test_decode_graphs.py, the CUDA-graph tests: with the caching allocator ON,
 #           because PyTorch refuses PYTORCH_NO_CUDA_MEMORY_CACHING during graph capture
 #           ("Deliberately don't use cudaMallocMaybeCapturing here, to force an error",
 #           https://github.com/pytorch/pytorch/blob/main/c10/cuda/CUDACachingAllocator.cpp);
@@ -120,22 +122,23 @@ echo "memcheck flags: ${flags[*]}"
 echo "groups: $groups; $limit s each; Hypothesis examples <= $examples; TRITON_CACHE_DIR=$TRITON_CACHE_DIR"
 
 declare -A files kexpr caching
-files[conv]="tests/test_causal_conv1d.py tests/test_launch.py"
+kt=tests/kernels
+files[conv]="$kt/causal_conv1d/test_causal_conv1d.py $kt/causal_conv1d/test_launch.py"
 kexpr[conv]="not torch_compile"
-files[ssd]="tests/test_ssd_gpu.py tests/test_ssd_update.py tests/test_mamba_split_conv_scan.py"
+files[ssd]="$kt/ssd/test_ssd_gpu.py $kt/ssd/test_ssd_update.py $kt/ssd/test_mamba_split_conv_scan.py"
 kexpr[ssd]="not agrees_with_mamba_ssm"
-files[sscan]="tests/test_selective_scan_gpu.py"
+files[sscan]="$kt/selective_scan/test_selective_scan_gpu.py"
 kexpr[sscan]="not falcon_and_mamba_shapes and not forward_only_long_batch and not (every_swept_config and not (config0 or config7))"
-files[glue]=$(ls tests/test_glue*gpu*.py 2>/dev/null | tr '\n' ' ')
+files[glue]="$kt/gdn_gates/test_gates_gpu.py"
 kexpr[glue]="not 27b_layers"
-files[decode]="tests/test_decode_graphs.py"
+files[decode]="tests/proof/test_decode_graphs.py"
 kexpr[decode]="not on_cuda"
-files[graphs]="tests/test_decode_graphs.py"
+files[graphs]="tests/proof/test_decode_graphs.py"
 kexpr[graphs]="on_cuda"
 caching[graphs]=1
-files[norm]="tests/test_zc_rmsnorm.py"
+files[norm]="$kt/zc_rmsnorm/test_zc_rmsnorm.py"
 kexpr[norm]="gpu_at_27b_sizes"
-files[lce]="tests/test_linear_ce.py"
+files[lce]="$kt/linear_ce/test_linear_ce.py"
 kexpr[lce]="small_odd_shapes"
 
 declare -A pids

@@ -24,7 +24,7 @@
 #             skipped), so no device time goes to timing kernels that are wrong
 #   sweep     FLA #640 reproduction, all 48 cases: one process per tiling, in the background
 #   verify    fastpath verify --backward, bf16 on the GPU; VERIFY="preset:layers[:batch] ..."
-#   dqkwg     tests/test_verify_gpu.py -k bf16 under FASTPATH_FLA_DQKWG=auto, torch, fla
+#   dqkwg     tests/proof/test_verify_gpu.py -k bf16 under FASTPATH_FLA_DQKWG=auto, torch, fla
 #   fla       FLA dqkwg self-check route accuracy/speed
 #   doctor    doctor vs collect_env, 5 runs each
 #   conv      benchmarks/conv_kernels.py with every peer (Dao if built)
@@ -121,19 +121,21 @@ group() {  # group NAME PYTEST-ARGS...
 }
 part_tests() {
   echo "== tests (${TESTS:-conv,fla,ssd,sscan,glue}) in the background at $(at)"
-  group conv tests/test_causal_conv1d.py tests/test_launch.py tests/test_decode_graphs.py
-  group fla -v -m gpu tests/test_fla_dqkwg.py tests/test_gdn_norm.py tests/test_verify_gpu.py \
-    tests/test_bench_gpu.py
-  MAMBA_SRC="$msrc" group ssd -m gpu tests/test_ssd_gpu.py tests/test_ssd_update.py \
-    tests/test_mamba_split_conv_scan.py
-  group capture -m gpu tests/test_capture_writes.py
-  group sscan -m gpu $(ls tests/test_selective_scan_gpu.py tests/test_mamba1_*gpu*.py tests/test_mamba_inner.py \
-    tests/test_selective_scan_update.py tests/test_selective_scan_seq.py 2>/dev/null)
-  group layouts tests/test_selective_scan_layouts.py  # every test, compiled on CUDA
-  group glue -m gpu $(ls tests/test_glue*gpu*.py tests/test_liger_compose.py 2>/dev/null)
-  group norm -m gpu tests/test_zc_rmsnorm.py
-  group lce -m gpu tests/test_linear_ce.py tests/test_lm_head_route.py
-  group warmup -m gpu tests/test_warmup.py
+  local k=tests/kernels r=tests/routing p=tests/proof
+  group conv $k/causal_conv1d/test_causal_conv1d.py $k/causal_conv1d/test_launch.py $p/test_decode_graphs.py
+  group fla -v -m gpu $k/gated_delta_rule/test_fla_dqkwg.py $r/test_norm_route.py $p/test_verify_gpu.py \
+    $p/test_bench_gpu.py
+  MAMBA_SRC="$msrc" group ssd -m gpu $k/ssd/test_ssd_gpu.py $k/ssd/test_ssd_update.py \
+    $k/ssd/test_mamba_split_conv_scan.py
+  group capture -m gpu tests/capture/test_capture_writes.py
+  group sscan -m gpu $k/selective_scan/test_selective_scan_gpu.py $k/selective_scan/test_mamba1_gpu.py \
+    $k/selective_scan/test_mamba_inner.py $k/selective_scan/test_selective_scan_update.py \
+    $k/selective_scan/test_selective_scan_seq.py $k/selective_scan/test_selective_scan_fwd_variants.py
+  group layouts $k/selective_scan/test_selective_scan_layouts.py  # every test, compiled on CUDA
+  group glue -m gpu $k/gdn_gates/test_gates_gpu.py $r/test_liger_compose.py
+  group norm -m gpu $k/zc_rmsnorm/test_zc_rmsnorm.py
+  group lce -m gpu $k/linear_ce/test_linear_ce.py $r/test_lm_head_route.py
+  group warmup -m gpu $p/test_warmup.py
 }
 part_check() {  # foreground GPU tests; a failure spends no more device time on this call
   echo "== check (${TESTS:-conv,fla,ssd,sscan,glue}) at $(at)"
@@ -170,7 +172,7 @@ part_dqkwg() {  # the tiny-Qwen3.5 GPU verify (bf16, backward) per FLA dqkwg rou
   for mode in ${DQKWG_MODES:-auto torch fla}; do
     mkdir -p "$w/fpcache-$mode"
     run "dqkwg-$mode" 150 env FASTPATH_CACHE_DIR="$w/fpcache-$mode" FASTPATH_FLA_DQKWG="$mode" \
-      python3 -m pytest -q -p no:cacheprovider --tb=line -m gpu tests/test_verify_gpu.py -k bf16
+      python3 -m pytest -q -p no:cacheprovider --tb=line -m gpu tests/proof/test_verify_gpu.py -k bf16
   done
 }
 part_fla() {
