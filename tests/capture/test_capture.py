@@ -27,6 +27,7 @@ pytest.importorskip("safetensors")
 pytest.importorskip("datasets")  # the speculators layout (pip install 'fastpath-kit[capture]')
 
 import torch
+from tiny_configs import LFM2_4L as TINY_LFM2
 
 import fastpath
 from fastpath.capture.data import load_rows, tokenize_chat
@@ -41,11 +42,6 @@ from fastpath.shared.errors import FastpathError, UsageError
 # Without the interpreter, fastpath's kernels cannot run on CPU: captures then need --allow-slow.
 ALLOW_SLOW = not triton_interpreter_on()
 
-TINY_LFM2 = {
-    "model_type": "lfm2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "conv_bias": True,
-    "layer_types": ["conv", "full_attention", "conv", "conv"],
-}
 TINY_QWEN35 = {
     "model_type": "qwen3_5_text", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "linear_num_key_heads": 2,

@@ -23,17 +23,13 @@ pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 pytest.importorskip("datasets")
 
+from tiny_configs import LFM2_4L as TINY_LFM2
+
 from fastpath.capture import distributed
 from fastpath.capture.cli import resume_command, summary_text
 from fastpath.capture.run import CaptureResult, _Progress
 from fastpath.cli import build_parser
 from fastpath.kernels.dispatch import triton_interpreter_on
-
-TINY_LFM2 = {
-    "model_type": "lfm2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "conv_bias": True,
-    "layer_types": ["conv", "full_attention", "conv", "conv"],
-}
 
 
 def _result(written: int, checks: list[dict], path: str = "fast") -> CaptureResult:

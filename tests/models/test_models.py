@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import torch
-from tiny_configs import TINY_QWEN35
+from tiny_configs import QWEN35_4L as TINY_QWEN35
 
 from fastpath.models.build import (
     build_model,

@@ -12,16 +12,12 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
+from tiny_configs import QWEN35_2L as TINY_QWEN35
+
 from fastpath.proof.bench_outputs import compare_docs, load_previous, markdown, speedups
 from fastpath.proof.bench_spec import SCHEMA
 from fastpath.shared.errors import UsageError
 
-TINY_QWEN35 = {
-    "model_type": "qwen3_5_text", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2,
-    "linear_num_value_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
-    "linear_conv_kernel_dim": 4, "vocab_size": 64, "layer_types": ["linear_attention", "full_attention"],
-}
 PHASES = ("prefill", "train", "decode")
 
 

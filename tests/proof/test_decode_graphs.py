@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 from repo_paths import ROOT, VENVS
-from tiny_configs import TINY_QWEN35  # the tiny Qwen3.5 hybrid the model tests build
+from tiny_configs import QWEN35_4L as TINY_QWEN35  # the tiny Qwen3.5 hybrid the model tests build
 
 from fastpath.models.build import build_model
 from fastpath.proof import greedy

@@ -37,14 +37,10 @@ pytest.importorskip("transformers")
 
 from repo_paths import ROOT
 from test_verify_cli_first_contact import TINY_QWEN35
+from tiny_configs import LFM2_4L as TINY_LFM2
 
 # the sources the subprocesses run (point it at an older tree to see a test fail before its fix)
 SRC = Path(os.environ.get("FASTPATH_HOSTILE_SRC") or ROOT / "src")
-TINY_LFM2 = {
-    "model_type": "lfm2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "conv_bias": True,
-    "layer_types": ["conv", "full_attention", "conv", "conv"],
-}
 RAW_NONE = re.compile(r"\bNone\b")
 
 

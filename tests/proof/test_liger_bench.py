@@ -2,15 +2,12 @@
 model's family to the built model, the train phase takes its loss through Liger's fused linear
 cross-entropy, explain() lists Liger's ops, and a model type Liger has no patch for is skipped with
 the reason. Each configuration runs in its own process (as bench runs them), under the Triton
-interpreter with tests/liger_interpreter.py's adaptations so Liger's kernels execute (in `fastpath
+interpreter with tests/support/liger_interpreter.py's adaptations so Liger's kernels execute (in `fastpath
 bench` itself the +liger configurations need CUDA). Timings are not looked at."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,24 +16,13 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("liger_kernel")
 
-from repo_paths import ROOT, SUPPORT
+from liger_run import run_with_liger
+from tiny_configs import LFM2_2L as TINY_LFM2
+from tiny_configs import QWEN35_2L as TINY_QWEN35
 
 from fastpath.proof.bench_spec import CONFIGS, DEFAULT_CONFIGS
 
-TINY_QWEN35 = {
-    "model_type": "qwen3_5_text", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2,
-    "linear_num_value_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
-    "linear_conv_kernel_dim": 4, "vocab_size": 64, "layer_types": ["linear_attention", "full_attention"],
-}
-TINY_LFM2 = {"model_type": "lfm2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-             "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 64, "conv_L_cache": 3,
-             "layer_types": ["conv", "full_attention"], "block_auto_adjust_ff_dim": False}
 SCRIPT = """
-import json, sys
-sys.path.insert(0, {tests!r})
-from liger_interpreter import install
-install()
 from fastpath.proof.bench_spec import CONFIGS, BenchSettings
 from fastpath.proof.bench_worker import run_config
 settings = BenchSettings(source={source!r}, device="cpu", seq_len=8, batch=1, repeats=1, warmup=0,
@@ -48,12 +34,7 @@ print(json.dumps(run_config(CONFIGS[{config!r}], settings), default=str))
 def _run_config(config: str, model: dict, tmp_path: Path) -> dict:
     source = tmp_path / f"{model['model_type']}.json"
     source.write_text(json.dumps(model))
-    code = SCRIPT.format(tests=str(SUPPORT), source=str(source), config=config)
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "src"), HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          timeout=900, cwd=str(ROOT))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_with_liger(SCRIPT.format(source=str(source), config=config))
 
 
 def test_liger_configurations_are_opt_in_and_cuda_only():

@@ -1,6 +1,6 @@
 """`fastpath verify MODEL --liger`: Liger's patch on the built model before both runs, the backward
 through Liger's fused linear cross-entropy, PASS at fp32 limits on a tiny Qwen3.5 (CPU, Triton
-interpreter with tests/liger_interpreter.py so Liger's kernels run), and bad input refused in one
+interpreter with tests/support/liger_interpreter.py so Liger's kernels run), and bad input refused in one
 line before any work: a family Liger does not patch, a CPU without the interpreter."""
 
 from __future__ import annotations
@@ -12,26 +12,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from repo_paths import ROOT, SUPPORT
+from liger_run import run_with_liger
+from repo_paths import ROOT
+from tiny_configs import LFM2_2L as TINY_LFM2
+from tiny_configs import QWEN35_2L as TINY_QWEN35
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("liger_kernel")
 
-TINY_QWEN35 = {
-    "model_type": "qwen3_5_text", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2,
-    "linear_num_value_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
-    "linear_conv_kernel_dim": 4, "vocab_size": 64, "layer_types": ["linear_attention", "full_attention"],
-}
-TINY_LFM2 = {"model_type": "lfm2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-             "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 64, "conv_L_cache": 3,
-             "layer_types": ["conv", "full_attention"], "block_auto_adjust_ff_dim": False}
 SCRIPT = """
-import json, sys
-sys.path.insert(0, {tests!r})
-from liger_interpreter import install
-install()
 from fastpath.proof.run_paths import verify_model
 result = verify_model({source!r}, dtype="fp32", seq_len=12, batch=2, backward=True, decode_tokens=2,
                       device="cpu", liger=True)
@@ -49,11 +39,7 @@ def _env(**extra: str) -> dict[str, str]:
 def test_verify_liger_passes_with_both_sets_of_kernels(tmp_path: Path) -> None:
     source = tmp_path / "tiny.json"
     source.write_text(json.dumps(TINY_QWEN35))
-    code = SCRIPT.format(tests=str(SUPPORT), source=str(source))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
-                          env=_env(TRITON_INTERPRET="1"), cwd=str(ROOT))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    doc = run_with_liger(SCRIPT.format(source=str(source)))
     # the same function; on CPU tensors Liger's and FLA's ops are in place but not fast: SLOW
     assert not doc["problems"] and doc["verdict"] == "SLOW", doc.get("problems")
     assert all("need a GPU" in line or "fla" in line.lower() for line in doc["slow_ops"]), doc["slow_ops"]

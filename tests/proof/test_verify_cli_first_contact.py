@@ -12,14 +12,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from tiny_configs import QWEN35_2L as TINY_QWEN35
+
 import fastpath
 
-TINY_QWEN35 = {
-    "model_type": "qwen3_5_text", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2,
-    "linear_num_value_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
-    "linear_conv_kernel_dim": 4, "vocab_size": 64, "layer_types": ["linear_attention", "full_attention"],
-}
 TINY_LFM2 = {
     "model_type": "lfm2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "layer_types": ["conv", "full_attention"],

@@ -17,6 +17,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from tiny_configs import QWEN35_2L as TINY_QWEN35
+
 import fastpath
 from fastpath.causal_conv1d import causal_conv1d_fn as real_causal_conv1d_fn
 from fastpath.kernels.dispatch import triton_interpreter_on
@@ -24,12 +26,6 @@ from fastpath.proof.run_paths import verify_model
 
 pytestmark = pytest.mark.skipif(not triton_interpreter_on(), reason="needs TRITON_INTERPRET=1 (kernels on CPU)")
 
-TINY_QWEN35 = {
-    "model_type": "qwen3_5_text", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2,
-    "linear_num_value_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
-    "linear_conv_kernel_dim": 4, "vocab_size": 64, "layer_types": ["linear_attention", "full_attention"],
-}
 # Seed 6 of this model: dt_bias's gradient differs by 1.5e-2 between the paths (limit 1e-3),
 # A_log's by 2.9e-3; a float64 run puts the reference 1.5e-2 and the fast path 2.9e-2 from exact.
 ILL_CONDITIONED_SEED = 6

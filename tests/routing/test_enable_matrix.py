@@ -4,7 +4,7 @@ from scripts/setup_transformers_matrix.sh, sharing the system CPU torch) and "de
 (scripts/setup_default_stack.sh: transformers 5.25 + kernels 0.19.1 + torch 2.14 + Triton 3.8 on
 2026-12-04), where transformers reaches every op through Hub-kernel wrappers.
 
-Each version runs tests/matrix_worker.py in a subprocess (its own interpreter, its own transformers)
+Each version runs tests/support/matrix_worker.py in a subprocess (its own interpreter, its own transformers)
 and these tests assert on the JSON: for every family the version has, outputs with enable() match
 the reference path, fastpath's kernels really ran (counted at their entry points, no mocks) where the
 version can route them, explain() says so, and disable() restores the reference path exactly.
@@ -14,52 +14,27 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import subprocess
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache
 from typing import Any
 
 import pytest
-from repo_paths import ROOT, SUPPORT, VENVS
+from matrix_runs import DEFAULT, VERSIONS, WORKER, major_minor, release
+from matrix_runs import kernel_calls as _kernel_calls
+from matrix_runs import python_for as _python_for
+from matrix_runs import run_matrix_worker as _run
+from matrix_runs import venv_python as _venv_python
 
 from fastpath.doctor.families import CONV_MODEL_TYPES, family_for
 
-WORKER = SUPPORT / "matrix_worker.py"
-VERSIONS = ["4.57.6", "5.12.1", "5.17.0", "5.23.0", "5.25.0", "default"]
-DEFAULT = "default"  # the venv of today's `pip install ".[kernels]"`: its release is read from it
 ATOL = 1e-4  # float32 tiny models; the kernels differ from F.conv1d by rounding only
-
-
-def _python_for(version: str) -> str | None:
-    if version == "5.17.0":
-        try:
-            import transformers
-        except ImportError:
-            return None
-        return sys.executable if transformers.__version__ == "5.17.0" else _venv_python(version)
-    return _venv_python(version)
-
-
-def _venv_python(version: str) -> str | None:
-    exe = VENVS / f"tf-{version}" / "bin" / "python"
-    return str(exe) if exe.exists() else None
-
-
 OFFLINE_ARGS = ("--families", "lfm2", "--skip-packed", "--offline-load", "qwen3_5_text")
 # every worker run the module needs; started together (one per core) the first time any is needed
 JOBS: list[tuple[str, tuple[str, ...]]] = [(v, ()) for v in VERSIONS] + [
     ("5.25.0", OFFLINE_ARGS), ("5.25.0-kernels", OFFLINE_ARGS)]
 _POOL: ThreadPoolExecutor | None = None
 _FUTURES: dict[tuple[str, tuple[str, ...]], Future] = {}
-
-
-def _run(python: str, extra: tuple[str, ...]) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(ROOT / "src"))
-    env.pop("USE_HUB_KERNELS", None)
-    return subprocess.run([python, str(WORKER), *extra], capture_output=True, text=True, env=env,
-                          timeout=1200, cwd=str(ROOT))
 
 
 def _start_all() -> None:
@@ -88,25 +63,6 @@ def run_worker(version: str, *extra: str) -> dict[str, Any]:
 
 
 @cache
-def release(version: str) -> str:
-    """The transformers release a matrix entry runs: the entry itself, or (DEFAULT) the version
-    installed in its venv, read from the dist-info folder without starting it."""
-    if version != DEFAULT:
-        return version
-    found = sorted((VENVS / f"tf-{DEFAULT}").glob("lib/python*/site-packages/transformers-*.dist-info"))
-    match = re.search(r"transformers-([0-9][^-]*)\.dist-info$", str(found[-1])) if found else None
-    return match.group(1) if match else "0.0"
-
-
-def _major_minor(version: str) -> tuple[int, int]:
-    major, minor = release(version).split(".")[:2]
-    return int(major), int(minor)
-
-
-def _kernel_calls(calls: dict[str, int], op: str) -> int:
-    return sum(n for key, n in calls.items() if key.startswith(op + ":"))
-
-
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_family_of_the_version_is_exercised(version: str) -> None:
     data = run_worker(version)
@@ -124,7 +80,7 @@ def test_every_family_of_the_version_is_exercised(version: str) -> None:
 def test_outputs_match_reference_and_kernels_ran(version: str) -> None:
     data = run_worker(version)
     interp = os.environ.get("TRITON_INTERPRET") == "1"
-    old = _major_minor(version) <= (5, 14)
+    old = major_minor(version) <= (5, 14)
     for model_type, res in data["families"].items():
         if "error" in res:
             continue
@@ -177,7 +133,7 @@ def test_packed_sequences_stay_apart(version: str) -> None:
     packed = data.get("packed_lfm2")
     if packed is None:
         pytest.skip(f"lfm2 not in transformers {version}")
-    if _major_minor(version) <= (5, 14):
+    if major_minor(version) <= (5, 14):
         pytest.skip("lfm2 <=5.14 has no seq_idx input (no packed-sequence support to keep)")
     assert "error" not in packed, packed
     tol = ATOL * max(1.0, packed["scale"])
@@ -245,7 +201,7 @@ def test_default_stack_is_todays_resolution_with_hub_wrappers() -> None:
     `kernels` it requires (its ops behind Hub-kernel wrappers), plus fla-core."""
     data = run_worker(DEFAULT)
     stack = data["stack"]
-    assert _major_minor(DEFAULT) >= (5, 25), stack
+    assert major_minor(DEFAULT) >= (5, 25), stack
     assert data["kernels_installed"] and stack["kernels"], stack
     assert stack["fla-core"], stack
 

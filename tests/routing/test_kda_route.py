@@ -29,20 +29,8 @@ pytest.importorskip("transformers")
 
 import torch
 from repo_paths import ROOT, fla_aside
+from tiny_configs import KIMI_LINEAR_2L as TINY_KIMI
 
-# Kimi-Linear 48B's structure at toy size: KDA layer, MLA attention layer with sigmoid-routed MoE.
-TINY_KIMI = {
-    "model_type": "kimi_linear", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
-    "moe_intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
-    "head_dim": 16, "kv_lora_rank": 32, "q_lora_rank": None, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
-    "v_head_dim": 16, "mla_use_nope": True, "num_experts": 8, "num_experts_per_token": 2,
-    "num_shared_experts": 1, "first_k_dense_replace": 1, "moe_layer_freq": 1, "routed_scaling_factor": 2.446,
-    "moe_renormalize": True, "moe_router_activation_func": "sigmoid", "num_expert_group": 1, "topk_group": 1,
-    "hidden_act": "silu", "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "pad_token_id": 0,
-    "bos_token_id": 1, "eos_token_id": 2,
-    "linear_attn_config": {"full_attn_layers": [2], "kda_layers": [1], "num_heads": 2, "head_dim": 16,
-                           "short_conv_kernel_size": 4},
-}
 KIMI_MODULE = "transformers.models.kimi_linear.modeling_kimi_linear"
 
 

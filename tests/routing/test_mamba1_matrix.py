@@ -1,6 +1,6 @@
 """fastpath.enable() on the four Mamba-1 families (mamba, falcon_mamba, jamba, zamba) across
 transformers 4.57.6 / 5.12.1 / 5.17.0 / 5.23.0 / 5.25.0 without mamba-ssm installed
-(tests/matrix_worker.py --mamba1, one subprocess per version).
+(tests/support/matrix_worker.py --mamba1, one subprocess per version).
 
 Per family: logits, greedy decode with cache (selective_state_update), one training step (loss and
 every parameter gradient; mamba's fused mamba_inner_fn where the version calls it) agree with the
@@ -16,56 +16,24 @@ which enable(lift_device_gate=True) lifts for the test. No release carries packe
 
 from __future__ import annotations
 
-import json
-import os
-from concurrent.futures import Future, ThreadPoolExecutor
-from functools import cache
 from typing import Any
 
 import pytest
-from test_enable_matrix import VERSIONS, _major_minor, _python_for, _run, release
+from matrix_runs import (
+    VERSIONS,
+    VersionRuns,
+    assert_routed_case_matches,
+    major_minor,
+    old,
+)
+from matrix_runs import kernel_calls as _calls
 
 MAMBA1_OPS = ("selective_scan_fn", "selective_state_update", "mamba_inner_fn")
-TOL = 1e-4          # float32 tiny models, relative to the logits' scale
-GRAD_TOL = 1e-3     # max |dgrad| / max |grad| over every parameter
-_POOL = ThreadPoolExecutor(max_workers=max(1, min(len(VERSIONS), os.cpu_count() or 1)))
-_FUTURES: dict[str, Future] = {}
-
-
-def _old(version: str) -> bool:
-    return _major_minor(version) <= (5, 14)
-
-
-def _start(version: str) -> Future | None:
-    if version not in _FUTURES:
-        python = _python_for(version)
-        if python is None:
-            return None
-        _FUTURES[version] = _POOL.submit(_run, python, ("--mamba1", "--scan-reference", "--gen-tokens", "2"))
-    return _FUTURES[version]
-
-
-@cache
-def run_worker(version: str) -> dict[str, Any]:
-    for v in VERSIONS:  # start them all at once: the pool runs one per core
-        _start(v)
-    future = _start(version)
-    if future is None:
-        pytest.skip(f"transformers {version} venv missing (run scripts/setup_transformers_matrix.sh)")
-    proc = future.result()
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
-
-
-def _calls(calls: dict[str, int], op: str) -> int:
-    return sum(n for key, n in calls.items() if key.startswith(op + ":"))
+RUNS = VersionRuns(lambda version: ("--mamba1", "--scan-reference", "--gen-tokens", "2"), "Mamba-1")
 
 
 def _families(version: str) -> dict[str, Any]:
-    data = run_worker(version)
-    if os.environ.get("TRITON_INTERPRET") != "1" or not data["interp"]:
-        pytest.skip("the Mamba-1 matrix runs the kernels under TRITON_INTERPRET=1")
-    assert data["transformers"] == release(version)
+    data = RUNS.interpreted(version)
     assert set(data["families"]) == {"mamba", "falcon_mamba", "jamba", "zamba"}
     return data["families"]
 
@@ -73,15 +41,7 @@ def _families(version: str) -> dict[str, Any]:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_outputs_decode_and_training_match_the_reference(version: str) -> None:
     for family, res in _families(version).items():
-        assert "error" not in res, (family, res.get("traceback"))
-        tol = TOL * max(1.0, res["scale"])
-        assert res["max_abs_diff"] <= tol, (family, res["max_abs_diff"])
-        assert res["gen_equal"], f"{family}: greedy decode differs with enable()"
-        assert res["loss_diff"] <= TOL * 10, (family, res["loss_diff"])
-        assert res["grad_names_equal"] and res["grad_rel_diff"] <= GRAD_TOL, (family, res["grad_rel_diff"])
-        assert res["after_build_diff"] <= tol, family
-        assert res["disabled_diff"] == 0.0 and res["disabled_diff_built_during"] == 0.0, family
-        assert res["calls_after_disable"] == {}, family
+        assert_routed_case_matches(family, res)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -114,9 +74,9 @@ def test_falcon_mamba_fused_op_follows_the_reference_path(version: str) -> None:
     """Falcon-Mamba's normed fused call is declined (5.15-5.24: transformers' unfused path runs on
     the routed ops) or composed from them (<=5.14); 5.25 no longer calls it."""
     rows = [r for r in _families(version)["falcon_mamba"]["explain"] if r["op"] == "mamba_inner_fn"]
-    if _major_minor(version) >= (5, 25):
+    if major_minor(version) >= (5, 25):
         assert rows == []
-    elif _old(version):
+    elif old(version):
         assert rows and all(r["impl"].startswith("fastpath (torch reference") for r in rows), rows
     else:
         assert rows and all(r["impl"].startswith("declined") and r["fast"] for r in rows), rows

@@ -1,5 +1,5 @@
 """fastpath.enable() on the six Mamba-2 families across transformers 4.57.6 / 5.12.1 / 5.17.0 / 5.23.0 /
-5.25.0, without mamba-ssm installed (tests/matrix_worker.py --mamba, one subprocess per version).
+5.25.0, without mamba-ssm installed (tests/support/matrix_worker.py --mamba, one subprocess per version).
 
 Per family: logits, greedy decode with cache (selective_state_update), one training step (loss and
 every parameter gradient; the fused split-conv op where the layer calls it) agree with the reference
@@ -13,20 +13,20 @@ path on CUDA weights, which enable(lift_device_gate=True) lifts for the test (no
 
 from __future__ import annotations
 
-import json
-import os
-from concurrent.futures import Future, ThreadPoolExecutor
-from functools import cache
-from typing import Any
-
 import pytest
-from test_enable_matrix import VERSIONS, _major_minor, _python_for, _run, release
+from matrix_runs import (
+    TOL,
+    VERSIONS,
+    VersionRuns,
+    assert_routed_case_matches,
+    major_minor,
+    old,
+)
+from matrix_runs import kernel_calls as _calls
 
 from fastpath.kernels.ssd import interface as ssd_interface
 
 MAMBA_OPS = ("mamba_chunk_scan_combined", "selective_state_update", "mamba_split_conv1d_scan_combined")
-TOL = 1e-4          # float32 tiny models, relative to the logits' scale
-GRAD_TOL = 1e-3     # max |dgrad| / max |grad| over every parameter
 # families whose model forward carries seq_idx down to the Mamba-2 mixer, by release (read off the
 # worker runs): <=5.14 bamba and granitemoehybrid; 5.15-5.24 all but mamba2; 5.25 all six
 PACKED_SUPPORT = {"old": {"bamba", "granitemoehybrid"},
@@ -35,52 +35,22 @@ PACKED_SUPPORT = {"old": {"bamba", "granitemoehybrid"},
 
 
 def _packed_support(version: str) -> set[str]:
-    if _old(version):
+    if old(version):
         return PACKED_SUPPORT["old"]
-    return PACKED_SUPPORT["5.25" if _major_minor(version) >= (5, 25) else "5.15"]
+    return PACKED_SUPPORT["5.25" if major_minor(version) >= (5, 25) else "5.15"]
+
+
 TRITON_SCAN_VERSION = "5.17.0"
-_POOL = ThreadPoolExecutor(max_workers=max(1, min(len(VERSIONS), os.cpu_count() or 1)))
-_FUTURES: dict[str, Future] = {}
 
 
-def _old(version: str) -> bool:
-    return _major_minor(version) <= (5, 14)
+def _worker_args(version: str) -> tuple[str, ...]:
+    # the Triton SSD scan under the CPU interpreter costs minutes per version: it runs on one
+    # version (the kernels are the same code everywhere), the others check the routing around it
+    return ("--mamba",) if version == TRITON_SCAN_VERSION else ("--mamba", "--scan-reference")
 
 
-def _start(version: str) -> Future | None:
-    if version not in _FUTURES:
-        python = _python_for(version)
-        if python is None:
-            return None
-        # the Triton SSD scan under the CPU interpreter costs minutes per version: it runs on one
-        # version (the kernels are the same code everywhere), the others check the routing around it
-        extra = ("--mamba",) if version == TRITON_SCAN_VERSION else ("--mamba", "--scan-reference")
-        _FUTURES[version] = _POOL.submit(_run, python, extra)
-    return _FUTURES[version]
-
-
-@cache
-def run_worker(version: str) -> dict[str, Any]:
-    for v in VERSIONS:  # start them all at once: the pool runs one per core
-        _start(v)
-    future = _start(version)
-    if future is None:
-        pytest.skip(f"transformers {version} venv missing (run scripts/setup_transformers_matrix.sh)")
-    proc = future.result()
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
-
-
-def _calls(calls: dict[str, int], op: str) -> int:
-    return sum(n for key, n in calls.items() if key.startswith(op + ":"))
-
-
-def _families(version: str) -> dict[str, Any]:
-    data = run_worker(version)
-    if os.environ.get("TRITON_INTERPRET") != "1" or not data["interp"]:
-        pytest.skip("the Mamba-2 matrix runs the kernels under TRITON_INTERPRET=1")
-    assert data["transformers"] == release(version)
-    return data
+RUNS = VersionRuns(_worker_args, "Mamba-2")
+_families = RUNS.interpreted
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -88,15 +58,7 @@ def test_outputs_decode_and_training_match_the_reference(version: str) -> None:
     data = _families(version)
     assert data["families"], "no Mamba-2 family found"
     for family, res in data["families"].items():
-        assert "error" not in res, (family, res.get("traceback"))
-        tol = TOL * max(1.0, res["scale"])
-        assert res["max_abs_diff"] <= tol, (family, res["max_abs_diff"])
-        assert res["gen_equal"], f"{family}: greedy decode differs with enable()"
-        assert res["loss_diff"] <= TOL * 10, (family, res["loss_diff"])
-        assert res["grad_names_equal"] and res["grad_rel_diff"] <= GRAD_TOL, (family, res["grad_rel_diff"])
-        assert res["after_build_diff"] <= tol, family
-        assert res["disabled_diff"] == 0.0 and res["disabled_diff_built_during"] == 0.0, family
-        assert res["calls_after_disable"] == {}, family
+        assert_routed_case_matches(family, res)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -110,7 +72,7 @@ def test_kernels_ran_and_explain_says_so(version: str) -> None:
         after = [r for r in res["explain_after_disable"] if r["op"] in MAMBA_OPS]
         assert before and all(not r["fast"] for r in before), (family, before)
         assert all(not r["impl"].startswith("fastpath") for r in after), (family, after)
-        if _old(version) and family == "falcon_h1":
+        if old(version) and family == "falcon_h1":
             assert res["calls"] == {} and res["train_calls"] == {}, res["calls"]
             assert all("gated on CUDA" in r["impl"] for r in rows), rows
             continue

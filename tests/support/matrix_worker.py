@@ -268,15 +268,16 @@ def train_step(model: Any, ids: torch.Tensor) -> tuple[float, dict[str, torch.Te
     return float(loss), grads
 
 
-def mamba_case(model_type: str, interp: bool, gen_tokens: int) -> dict[str, Any]:
-    """Reference path vs enable(): logits, greedy decode (cache), one training step (loss and every
-    parameter gradient), explain() before/with/after, kernel entry counts, exact disable()."""
+def routed_case(build: Any, model_type: str, interp: bool, gen_tokens: int, seq_len: int) -> dict[str, Any]:
+    """Reference path vs enable() on build(model_type): logits, greedy decode (cache), one training
+    step (loss and every parameter gradient), explain() before/with/after, kernel entry counts,
+    exact disable()."""
     import fastpath
     from fastpath.kernels.counters import reset
 
     res: dict[str, Any] = {"family": model_type}
-    ids = torch.randint(3, 64, (2, 9), generator=torch.Generator().manual_seed(1))
-    model = build_mamba(model_type)
+    ids = torch.randint(3, 64, (2, seq_len), generator=torch.Generator().manual_seed(1))
+    model = build(model_type)
     ref_logits, ref_gen = run_model(model, ids, gen_tokens)
     ref_loss, ref_grads = train_step(model, ids)
     res["scale"] = float(ref_logits.abs().max())
@@ -298,7 +299,7 @@ def mamba_case(model_type: str, interp: bool, gen_tokens: int) -> dict[str, Any]
         res["grad_rel_diff"] = max(float((grads[n] - g).abs().max()) / max(1e-6, float(g.abs().max()))
                                    for n, g in ref_grads.items() if n in grads)
         reset()
-        model2 = build_mamba(model_type)  # built after enable()
+        model2 = build(model_type)  # built after enable()
         with torch.no_grad():
             res["after_build_diff"] = float((model2(ids).logits - ref_logits).abs().max())
         res["calls_after_build"] = calls()
@@ -311,6 +312,11 @@ def mamba_case(model_type: str, interp: bool, gen_tokens: int) -> dict[str, Any]
     res["calls_after_disable"] = calls()
     res["explain_after_disable"] = fastpath.explain(model).rows
     return res
+
+
+def mamba_case(model_type: str, interp: bool, gen_tokens: int) -> dict[str, Any]:
+    """routed_case for a Mamba-2 family."""
+    return routed_case(build_mamba, model_type, interp, gen_tokens, seq_len=9)
 
 
 def mamba_packed(model_type: str, interp: bool) -> dict[str, Any]:
@@ -390,47 +396,8 @@ def build_mamba1(model_type: str, seed: int = 0) -> Any:
 
 
 def mamba1_case(model_type: str, interp: bool, gen_tokens: int) -> dict[str, Any]:
-    """mamba_case for a Mamba-1 family (no packed case: no release carries seq_idx to its scan)."""
-    import fastpath
-    from fastpath.kernels.counters import reset
-
-    res: dict[str, Any] = {"family": model_type}
-    ids = torch.randint(3, 64, (2, 5), generator=torch.Generator().manual_seed(1))
-    model = build_mamba1(model_type)
-    ref_logits, ref_gen = run_model(model, ids, gen_tokens)
-    ref_loss, ref_grads = train_step(model, ids)
-    res["scale"] = float(ref_logits.abs().max())
-    res["explain_before"] = fastpath.explain(model).rows
-    reset()
-    report = fastpath.enable(warn=False, lift_device_gate=interp)
-    try:
-        res["report"] = str(report)
-        res["explain"] = fastpath.explain(model).rows
-        fast_logits, fast_gen = run_model(model, ids, gen_tokens)
-        res["calls"] = calls()
-        res["max_abs_diff"] = float((fast_logits - ref_logits).abs().max())
-        res["gen_equal"] = fast_gen == ref_gen
-        reset()
-        loss, grads = train_step(model, ids)
-        res["train_calls"] = calls()
-        res["loss_diff"] = abs(loss - ref_loss)
-        res["grad_names_equal"] = sorted(grads) == sorted(ref_grads)
-        res["grad_rel_diff"] = max(float((grads[n] - g).abs().max()) / max(1e-6, float(g.abs().max()))
-                                   for n, g in ref_grads.items() if n in grads)
-        reset()
-        model2 = build_mamba1(model_type)  # built after enable()
-        with torch.no_grad():
-            res["after_build_diff"] = float((model2(ids).logits - ref_logits).abs().max())
-        res["calls_after_build"] = calls()
-    finally:
-        fastpath.disable()
-    reset()
-    with torch.no_grad():
-        res["disabled_diff"] = float((model(ids).logits - ref_logits).abs().max())
-        res["disabled_diff_built_during"] = float((model2(ids).logits - ref_logits).abs().max())
-    res["calls_after_disable"] = calls()
-    res["explain_after_disable"] = fastpath.explain(model).rows
-    return res
+    """routed_case for a Mamba-1 family (no packed case: no release carries seq_idx to its scan)."""
+    return routed_case(build_mamba1, model_type, interp, gen_tokens, seq_len=5)
 
 
 def mamba1_main(interp: bool, gen_tokens: int, wanted: list[str]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernel_checks import rel_err
 
 from fastpath.kernels import dispatch
 from fastpath.kernels.counters import CALLS
@@ -29,13 +30,6 @@ needs_triton = pytest.mark.skipif(
 # relative L2 error allowed against float64, by input dtype
 TOL = {torch.float32: 1e-4, torch.float16: 6e-3, torch.bfloat16: 3e-2}
 NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
-
-
-def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    assert got.shape == ref.shape, (got.shape, ref.shape)
-    assert torch.isfinite(got).all(), "non-finite value in result"
-    got, ref = got.double(), ref.double()
-    return ((got - ref).norm() / ref.norm().clamp_min(1e-12)).item()
 
 
 def make_case(batch, dim, nstate, length, layout="shared", groups=1, seed=0):

@@ -18,6 +18,8 @@ import triton
 import triton.language as tl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernel_checks import rel_err
+from kernel_checks import selective_scan_inputs as make_inputs
 
 from fastpath.kernels.counters import CALLS
 from fastpath.kernels.dispatch import use_triton
@@ -52,38 +54,6 @@ def _cpu_cases_need_the_interpreter(request):
 VARIANTS = ("seq", "tile", "tile-poly")
 TOL = {torch.float32: 1e-4, torch.float16: 6e-3, torch.bfloat16: 3e-2}
 ALL_TILE_CONFIGS = tuple(dict.fromkeys(TILE_SWEEP + TILE_POLY_SWEEP))
-
-
-def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    assert got.shape == ref.shape, (got.shape, ref.shape)
-    assert torch.isfinite(got).all(), "non-finite value in result"
-    got, ref = got.double(), ref.double()
-    return ((got - ref).norm() / ref.norm().clamp_min(1e-12)).item()
-
-
-def make_inputs(batch, dim, nstate, length, layout, groups, seed, dtype):
-    """Random inputs rounded to `dtype` (A, D, delta_bias float32, as transformers passes)."""
-    g = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape, scale=1.0, dt=dtype):
-        return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dt)
-
-    if layout == "shared":
-        B, C = rnd(batch, nstate, length), rnd(batch, nstate, length)
-    elif layout == "grouped":
-        B, C = rnd(batch, groups, nstate, length), rnd(batch, groups, nstate, length)
-    else:  # time-invariant
-        B, C = rnd(dim, nstate), rnd(dim, nstate)
-    return {
-        "u": rnd(batch, dim, length),
-        "delta": rnd(batch, dim, length, scale=0.8),
-        "A": -(torch.rand(dim, nstate, generator=g, dtype=torch.float64) * 1.5 + 0.2).float(),
-        "B": B,
-        "C": C,
-        "D": rnd(dim, dt=torch.float32),
-        "z": rnd(batch, dim, length),
-        "delta_bias": rnd(dim, scale=0.5, dt=torch.float32),
-    }
 
 
 def channel_last(t: torch.Tensor) -> torch.Tensor:

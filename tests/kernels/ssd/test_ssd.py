@@ -14,6 +14,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from kernel_checks import rel_err
 from repo_paths import ROOT
 
 from fastpath.kernels import dispatch
@@ -32,13 +33,6 @@ EXPECTED_IMPL = "triton" if use_triton(torch.empty(0)) else "reference"
 # relative L2 error allowed against float64, by input dtype
 TOL = {torch.float32: 1e-4, torch.float16: 8e-3, torch.bfloat16: 3e-2}
 NAMES = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
-
-
-def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    assert got.shape == ref.shape, (got.shape, ref.shape)
-    assert torch.isfinite(got).all(), "non-finite value in result"
-    got, ref = got.double(), ref.double()
-    return ((got - ref).norm() / ref.norm().clamp_min(1e-12)).item()
 
 
 def make_case(batch, seqlen, nheads, headdim, ngroups, dstate, *, seed=0, per_channel_d=True,

@@ -1,0 +1,41 @@
+"""What the kernel tests (tests/kernels/...) share: the relative error they judge by, and the
+selective scan's random inputs."""
+
+from __future__ import annotations
+
+import torch
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """|got - ref| / |ref| over the whole tensor (in float64), after checking the shape and that
+    every value is finite."""
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    assert torch.isfinite(got).all(), "non-finite value in result"
+    got, ref = got.double(), ref.double()
+    return ((got - ref).norm() / ref.norm().clamp_min(1e-12)).item()
+
+
+def selective_scan_inputs(batch, dim, nstate, length, layout, groups, seed, dtype):
+    """Random inputs of selective_scan_fn rounded to `dtype` (A, D, delta_bias float32, as
+    transformers passes); B and C "shared", "grouped" or (anything else) time-invariant."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=1.0, dt=dtype):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dt)
+
+    if layout == "shared":
+        B, C = rnd(batch, nstate, length), rnd(batch, nstate, length)
+    elif layout == "grouped":
+        B, C = rnd(batch, groups, nstate, length), rnd(batch, groups, nstate, length)
+    else:  # time-invariant
+        B, C = rnd(dim, nstate), rnd(dim, nstate)
+    return {
+        "u": rnd(batch, dim, length),
+        "delta": rnd(batch, dim, length, scale=0.8),
+        "A": -(torch.rand(dim, nstate, generator=g, dtype=torch.float64) * 1.5 + 0.2).float(),
+        "B": B,
+        "C": C,
+        "D": rnd(dim, dt=torch.float32),
+        "z": rnd(batch, dim, length),
+        "delta_bias": rnd(dim, scale=0.5, dt=torch.float32),
+    }
