@@ -2,7 +2,7 @@
 writing the stacked tensors directly, a failed write names its row in the main thread, staged
 rows never exceed the slots, and --shard auto picks FSDP only when the weights do not fit.
 
-CPU, no model forwards (the end-to-end runs, FSDP included, are in tests/test_capture.py).
+CPU, no model forwards (the end-to-end runs, FSDP included, are in tests/capture/test_capture.py).
 """
 
 from __future__ import annotations

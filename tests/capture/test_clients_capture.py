@@ -1,14 +1,14 @@
 """fastpath capture meets its drafter-training clients (issue #25): speculators and SpecForge, each
 in its own venv (scripts/setup_clients.sh: .venvs/speculators-*, .venvs/specforge-*), read
 fastpath's captures of tiny random targets (Qwen3.5 and Nemotron-H, a Mamba-2 hybrid) through
-their own public readers (tests/clients_worker.py runs in the client's python); rows, token ids,
+their own public readers (tests/support/clients_worker.py runs in the client's python); rows, token ids,
 layers and values are checked against a direct forward of the target here; a tiny speculators
 EAGLE-3 drafter trains a few steps on a capture; and `--check-client` measures what each client
 trains against, finds speculators' zero-centred-norm mismatch on Qwen3.5 and proves the
 `--client-target` directory fixes it with the client's own code.
 
 CPU only. Captures run on transformers' reference path (--allow-slow --reference-path): the fast
-path is not what is tested here (tests/test_capture.py covers it), and it keeps the group short.
+path is not what is tested here (tests/capture/test_capture.py covers it), and it keeps the group short.
 Without the client venvs every client test skips, naming the setup script.
 """
 

@@ -1,5 +1,5 @@
 """Memory safety on CPU: every kernel case runs under TRITON_INTERPRET=1 on tensors that end (or
-begin) at a PROT_NONE page (tests/guard_pages.py), in a subprocess, so a load or store one element
+begin) at a PROT_NONE page (tests/support/guard_pages.py), in a subprocess, so a load or store one element
 past any input or output faults and names the case. compute-sanitizer does the same on the GPU
 (benchmarks/device/memcheck.sh); this keeps the masks honest in CI, where no GPU runs.
 

@@ -86,7 +86,7 @@ def test_outputs_match_reference_and_kernels_ran(version: str) -> None:
             continue
         fam = family_for(model_type)
         if fam is not None and fam.name in ("mamba2", "mamba1"):
-            continue  # their SSM ops are routed too: tests/test_mamba_matrix.py / test_mamba1_matrix.py
+            continue  # their SSM ops are routed too: tests/routing/test_mamba_matrix.py / test_mamba1_matrix.py
         family = res["family"]
         tol = ATOL * max(1.0, res["scale"])
         assert res["max_abs_diff"] <= tol, (model_type, res["max_abs_diff"])

@@ -3,7 +3,7 @@ goes to the Hub kernel even after fastpath.enable() ("after fastpath.enable(): h
 while enable() routes it to fastpath. Now one function (fastpath.shared.hub_kernels_env) decides whether
 Hub kernels are on, before and after enable(), for the doctor's plan and for routing.
 
-Each case runs tests/hub_story_worker.py in the interpreter of a side-by-side venv (as
+Each case runs tests/support/hub_story_worker.py in the interpreter of a side-by-side venv (as
 test_enable_matrix.py does): the real probe and plan of that environment, then a real enable()
 and explain() on a tiny Qwen3.5; the two must name the same implementation for every op.
 """

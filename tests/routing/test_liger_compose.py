@@ -1,6 +1,6 @@
 """Liger Kernel composed with fastpath.enable(), in either order, across the transformers matrix.
 
-tests/liger_worker.py runs under each transformers (the system python's 5.17, .venvs/tf-*) and
+tests/support/liger_worker.py runs under each transformers (the system python's 5.17, .venvs/tf-*) and
 reports per family Liger patches (qwen3_5, qwen3_5_moe, qwen3_next, falcon_h1): the model under
 enable() + Liger (Liger on the built model, and Liger's class-level patch before enable()) against
 plain transformers (logits, the next-token loss through Liger's fused linear cross-entropy, every
@@ -9,7 +9,7 @@ Liger's autograd nodes behind the loss), explain(), and what disable() left: Lig
 place, fastpath's gone, the modeling module as it was before enable().
 
 Liger's own kernels run in the Triton interpreter with the test-process adaptations of
-tests/liger_interpreter.py (the interpreter passes float arguments unwrapped and leaves
+tests/support/liger_interpreter.py (the interpreter passes float arguments unwrapped and leaves
 libdevice's rsqrt unmapped). Findings per version are asserted as findings: liger-kernel 0.8.5
 refuses transformers < 5.0 at import.
 """

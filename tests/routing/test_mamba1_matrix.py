@@ -8,8 +8,8 @@ reference path; fastpath's kernels ran (counted at their entry points); explain(
 disable() restores the reference exactly, also for a model built while enabled.
 Under TRITON_INTERPRET=1 (scripts/test.sh) the conv and decode kernels run on CPU; the selective
 scan takes its float reference here (--scan-reference: its Triton kernels under the interpreter
-cost minutes per version; tests/test_mamba1_routing.py runs them through a routed model and
-tests/test_selective_scan*.py check them). <=5.14 mixers gate their kernel path on CUDA weights,
+cost minutes per version; tests/routing/test_selective_scan_route.py runs them through a routed model and
+tests/kernels/selective_scan/test_selective_scan*.py check them). <=5.14 mixers gate their kernel path on CUDA weights,
 which enable(lift_device_gate=True) lifts for the test. No release carries packed sequences
 (seq_idx) through the Mamba-1 scan, so there is no packed case.
 """

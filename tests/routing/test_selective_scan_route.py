@@ -3,7 +3,7 @@
 undo, the CPU branch without the interpreter, the 5.0-5.14 lazy-loader modules, Falcon-Mamba's
 normed fused op, and that a combination the kernels refuse reaches the user as a warning.
 One tiny Mamba model runs the Triton kernels under TRITON_INTERPRET=1 (logits, greedy decode, a
-training step through the fused mamba_inner_fn); tests/test_mamba1_matrix.py runs all four
+training step through the fused mamba_inner_fn); tests/routing/test_mamba1_matrix.py runs all four
 families on every transformers version of the matrix."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 "pass a model directory or --tokenizer DIR" came out as "... --tokenizer <redacted>" (and
 "tokenizer: pass" as "tokenizer: <redacted>"): a name was secret when its letters held TOKEN.
 Now a name is secret by its words. The planted secrets of test_hostile_secrets.py and
-tests/remote/test_remote_redact.py still go; these check the other side: every message the tool
+tests/doctor/remote/test_remote_redact.py still go; these check the other side: every message the tool
 itself can print through the redactor comes out unchanged, and so does a real usage error.
 """
 

@@ -1,4 +1,4 @@
-"""Fake hostile targets for the tests/test_hostile_*.py suite (real processes, no network).
+"""Fake hostile targets for the tests/doctor/test_hostile_*.py suite (real processes, no network).
 
 A fake target is a small Python program used as the target prefix: `python3 fake_target.py
 SPEC.json`. The doctor appends `python3 - --framed [--static]` (or `sh -s` for the sh fallback)

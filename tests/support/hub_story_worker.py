@@ -2,7 +2,7 @@
 to after fastpath.enable(), and what explain() says after a real enable(), in THIS environment
 (the transformers / `kernels` / USE_HUB_KERNELS of the interpreter running it). Prints JSON.
 
-Run by tests/test_hub_story.py under each side-by-side venv (.venvs/tf-*), like matrix_worker.py.
+Run by tests/routing/test_hub_story.py under each side-by-side venv (.venvs/tf-*), like matrix_worker.py.
 """
 
 from __future__ import annotations

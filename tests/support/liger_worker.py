@@ -1,6 +1,6 @@
 """Runs under one transformers version (a venv's python) and prints one JSON object: Liger Kernel
 composed with fastpath.enable(), in both orders, for each family Liger patches that this
-transformers has (tests/test_liger_compose.py asserts on the JSON; this file decides nothing).
+transformers has (tests/routing/test_liger_compose.py asserts on the JSON; this file decides nothing).
 
 Per family, one process, weights from one seed everywhere (loaded into every model built):
   reference    plain transformers: logits (no grad), then the mean next-token loss on the logits
@@ -19,9 +19,9 @@ kernel calls (counters at its entry points), the autograd nodes of the loss (Lig
 fastpath's autograd Functions appear there only if their kernels ran), explain() rows, and which
 modules' forwards are Liger's.
 
-usage: python tests/liger_worker.py [--families qwen3_5_text,...] [--device cpu|cuda] [--fla DIR]
+usage: python tests/support/liger_worker.py [--families qwen3_5_text,...] [--device cpu|cuda] [--fla DIR]
                                     [--hide fla,causal_conv1d]
-Under TRITON_INTERPRET=1 on CPU, tests/liger_interpreter.py lets Liger's kernels run.
+Under TRITON_INTERPRET=1 on CPU, tests/support/liger_interpreter.py lets Liger's kernels run.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from matrix_worker import FAMILIES, build  # tests/ is on sys.path (above)
+from matrix_worker import FAMILIES, build  # tests/support is on sys.path (above)
 
 LIGER_TYPES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "falcon_h1")
 MODULE_OF = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}

@@ -5,7 +5,7 @@ generate (with cache) on the reference path, then again after fastpath.enable() 
 BEFORE enable, and a second one built AFTER it), count calls at fastpath's kernel entry points
 (fastpath.kernels.counters.CALLS) and record fastpath.explain(). Also: lfm2 packed sequences vs the
 sequences run one by one, and (with --offline-load) save_pretrained + from_pretrained offline.
-tests/test_enable_matrix.py asserts on the JSON; this file decides nothing.
+tests/routing/test_enable_matrix.py asserts on the JSON; this file decides nothing.
 """
 
 from __future__ import annotations
@@ -464,7 +464,7 @@ def main() -> int:
                   **mamba_main(interp, args.gen_tokens, [f for f in args.families.split(",") if f])}
         json.dump(result, sys.stdout)
         return 0
-    # the Mamba-1 families' scans run their float reference here: tests/test_mamba1_matrix.py
+    # the Mamba-1 families' scans run their float reference here: tests/routing/test_mamba1_matrix.py
     # (--mamba1) checks them, and their Triton scans under the CPU interpreter cost minutes
     from fastpath.kernels.selective_scan import interface as scan_interface
 

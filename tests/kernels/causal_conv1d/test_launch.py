@@ -1,5 +1,5 @@
 """kernels.compiled_launch: the cached launcher of the conv kernels (decode step, forward, backward). The cached path itself needs a CUDA device
-(tests/test_causal_conv1d.py exercises it there, alternating aligned and misaligned inputs);
+(tests/kernels/causal_conv1d/test_causal_conv1d.py exercises it there, alternating aligned and misaligned inputs);
 these tests pin what it rests on, on any machine."""
 
 from __future__ import annotations
