@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fastpath.routing.route_modes import env_mode
+
 ENV_MODE = "FASTPATH_FLA_DQKWG"
 MODES = ("auto", "fla", "torch")
 OUTPUTS = ("dq", "dk", "dw", "dg")
@@ -285,12 +287,7 @@ RESULTS: dict[DqkwgConfig, SelfCheckResult] = {}
 
 def route_mode() -> str:
     """FASTPATH_FLA_DQKWG, validated (bad values are a usage error, not a silent default)."""
-    mode = os.environ.get(ENV_MODE, "auto").strip().lower() or "auto"
-    if mode not in MODES:
-        from fastpath.shared.errors import UsageError
-
-        raise UsageError(f"{ENV_MODE}={mode!r}: expected one of {', '.join(MODES)}")
-    return mode
+    return env_mode(ENV_MODE, MODES)
 
 
 def fla_allowed(call: dict[str, Any], fla_fn: Callable[..., Any] | None,

@@ -34,14 +34,14 @@ FASTPATH_GLUE=auto|off (read by enable(), or enable(glue=False)) turns the route
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.routing.patch_registry import PatchRegistry
+from fastpath.routing.route_modes import RouteStatus, env_mode
 
 ENV_MODE = "FASTPATH_GLUE"
 MODES = ("auto", "off")
@@ -72,25 +72,15 @@ ACTIVE: GlueStatus | None = None
 
 
 @dataclass
-class GlueStatus:
+class GlueStatus(RouteStatus):
     """enable()'s decision for the glue route."""
 
-    route: bool
-    reason: str  # one line
-
-    @property
-    def impl(self) -> str:
-        return IMPL if self.route else "torch"
+    FAST_IMPL: ClassVar[str] = IMPL
 
 
 def route_mode() -> str:
     """FASTPATH_GLUE, validated (a bad value is a usage error, not a silent default)."""
-    mode = os.environ.get(ENV_MODE, "auto").strip().lower() or "auto"
-    if mode not in MODES:
-        from fastpath.shared.errors import UsageError
-
-        raise UsageError(f"{ENV_MODE}={mode!r}: expected one of {', '.join(MODES)}")
-    return mode
+    return env_mode(ENV_MODE, MODES)
 
 
 def detect_glue(enabled: bool = True) -> GlueStatus:

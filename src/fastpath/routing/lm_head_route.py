@@ -42,16 +42,16 @@ from __future__ import annotations
 
 import ast
 import inspect
-import os
 import sys
 import textwrap
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.routing.patch_registry import PatchRegistry
+from fastpath.routing.route_modes import RouteStatus, env_mode
 
 ENV_MODE = "FASTPATH_LM_LOSS"
 MODES = ("auto", "off")
@@ -84,25 +84,15 @@ ACTIVE: LmHeadStatus | None = None
 
 
 @dataclass
-class LmHeadStatus:
+class LmHeadStatus(RouteStatus):
     """The decision for the causal-LM loss route."""
 
-    route: bool
-    reason: str  # one line
-
-    @property
-    def impl(self) -> str:
-        return IMPL if self.route else "torch"
+    FAST_IMPL: ClassVar[str] = IMPL
 
 
 def route_mode() -> str:
     """FASTPATH_LM_LOSS, validated (a bad value is a usage error, not a silent default)."""
-    mode = os.environ.get(ENV_MODE, "auto").strip().lower() or "auto"
-    if mode not in MODES:
-        from fastpath.shared.errors import UsageError
-
-        raise UsageError(f"{ENV_MODE}={mode!r}: expected one of {', '.join(MODES)}")
-    return mode
+    return env_mode(ENV_MODE, MODES)
 
 
 def detect_lm_head(enabled: bool = True) -> LmHeadStatus:

@@ -39,15 +39,15 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.routing.patch_registry import PatchRegistry
+from fastpath.routing.route_modes import RouteStatus, env_mode
 
 ENV_MODE = "FASTPATH_FLA_NORM"
 MODES = ("auto", "fla", "torch")
@@ -68,26 +68,16 @@ ACTIVE: NormStatus | None = None
 
 
 @dataclass
-class NormStatus:
+class NormStatus(RouteStatus):
     """enable()'s decision for the gated RMSNorm of GatedDeltaNet layers."""
 
-    route: bool
-    reason: str                               # one line, with the fix when not routed
+    FAST_IMPL: ClassVar[str] = IMPL
     fn: Callable[..., Any] | None = None      # FLA's rms_norm_gated
-
-    @property
-    def impl(self) -> str:
-        return IMPL if self.route else "torch"
 
 
 def route_mode() -> str:
     """FASTPATH_FLA_NORM, validated (a bad value is a usage error, not a silent default)."""
-    mode = os.environ.get(ENV_MODE, DEFAULT_MODE).strip().lower() or DEFAULT_MODE
-    if mode not in MODES:
-        from fastpath.shared.errors import UsageError
-
-        raise UsageError(f"{ENV_MODE}={mode!r}: expected one of {', '.join(MODES)}")
-    return mode
+    return env_mode(ENV_MODE, MODES, DEFAULT_MODE)
 
 
 def detect_norm() -> NormStatus:

@@ -36,15 +36,15 @@ imports, fastpath makes enable() fail if it does not, torch keeps transformers' 
 from __future__ import annotations
 
 import inspect
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.routing.patch_registry import PatchRegistry
+from fastpath.routing.route_modes import RouteStatus, env_mode
 
 ENV_MODE = "FASTPATH_ZC_NORM"
 MODES = ("auto", "fastpath", "torch")
@@ -68,25 +68,15 @@ ACTIVE: ZcNormStatus | None = None
 
 
 @dataclass
-class ZcNormStatus:
+class ZcNormStatus(RouteStatus):
     """enable()'s decision for the zero-centred RMSNorm."""
 
-    route: bool
-    reason: str  # one line, with the fix when not routed
-
-    @property
-    def impl(self) -> str:
-        return IMPL if self.route else "torch"
+    FAST_IMPL: ClassVar[str] = IMPL
 
 
 def route_mode() -> str:
     """FASTPATH_ZC_NORM, validated (a bad value is a usage error, not a silent default)."""
-    mode = os.environ.get(ENV_MODE, DEFAULT_MODE).strip().lower() or DEFAULT_MODE
-    if mode not in MODES:
-        from fastpath.shared.errors import UsageError
-
-        raise UsageError(f"{ENV_MODE}={mode!r}: expected one of {', '.join(MODES)}")
-    return mode
+    return env_mode(ENV_MODE, MODES, DEFAULT_MODE)
 
 
 def detect_zc_norm() -> ZcNormStatus:

@@ -122,26 +122,12 @@ def rms_norm_ref(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
 
 
 def mamba_inner_ref(
-    xz: Tensor,
-    conv1d_weight: Tensor,
-    conv1d_bias: Tensor | None,
-    x_proj_weight: Tensor,
-    delta_proj_weight: Tensor,
-    out_proj_weight: Tensor,
-    out_proj_bias: Tensor | None,
-    A: Tensor,
-    B: Tensor | None = None,
-    C: Tensor | None = None,
-    D: Tensor | None = None,
-    delta_bias: Tensor | None = None,
-    B_proj_bias: Tensor | None = None,
-    C_proj_bias: Tensor | None = None,
-    delta_softplus: bool = True,
-    checkpoint_lvl: int = 1,
-    b_rms_weight: Tensor | None = None,
-    c_rms_weight: Tensor | None = None,
-    dt_rms_weight: Tensor | None = None,
-    b_c_dt_rms_eps: float = 1e-6,
+    xz: Tensor, conv1d_weight: Tensor, conv1d_bias: Tensor | None, x_proj_weight: Tensor,
+    delta_proj_weight: Tensor, out_proj_weight: Tensor, out_proj_bias: Tensor | None, A: Tensor,
+    B: Tensor | None = None, C: Tensor | None = None, D: Tensor | None = None,
+    delta_bias: Tensor | None = None, B_proj_bias: Tensor | None = None, C_proj_bias: Tensor | None = None,
+    delta_softplus: bool = True, checkpoint_lvl: int = 1, b_rms_weight: Tensor | None = None,
+    c_rms_weight: Tensor | None = None, dt_rms_weight: Tensor | None = None, b_c_dt_rms_eps: float = 1e-6,
 ) -> Tensor:
     """mamba_ssm's `mamba_inner_fn` as a composition (checkpoint_lvl only trades memory there):
 

@@ -301,16 +301,8 @@ def selective_state_step(
 
 
 def selective_state_update_ref(
-    state: Tensor,
-    x: Tensor,
-    dt: Tensor,
-    A: Tensor,
-    B: Tensor,
-    C: Tensor,
-    D: Tensor | None = None,
-    z: Tensor | None = None,
-    dt_bias: Tensor | None = None,
-    dt_softplus: bool = False,
+    state: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,
+    z: Tensor | None = None, dt_bias: Tensor | None = None, dt_softplus: bool = False,
     state_batch_indices: Tensor | None = None,
 ) -> Tensor:
     """mamba_ssm's `selective_state_update`: updates `state` in place, returns out (x's dtype).
