@@ -76,14 +76,11 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
     mark("imports")
     result: dict[str, Any] = {}
     if spec.enable:
-        routes.enable(warn=False)
+        report = routes.enable(warn=False)  # hands FASTPATH_AUTOTUNE_DECISIONS to the autotuners
         mark("enable")
-        from fastpath.routing import autotune_decisions
-
-        device_facts = autotune_decisions.this_device() if str(job["device"]).startswith("cuda") else None
-        seeded = autotune_decisions.seed_from_env(device_facts[1] if device_facts else None)
-        if seeded is not None:
-            result["decisions"] = seeded.summary()
+        seeded = [n for n in report.notes if n.startswith("autotune decisions")]
+        if seeded:
+            result["decisions"] = seeded[0]
             mark("seeded")
     built = build_model(job["model"], layers=job["layers"], dtype=job["dtype"], device=job["device"], seed=0)
     device = built.device
