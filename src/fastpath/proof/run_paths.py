@@ -112,14 +112,19 @@ def _collect_grads(model: Any) -> dict[str, Any]:
 def _forward(model: Any, ids: Any, backward: bool, denom: int, **kwargs: Any) -> tuple[list[Any], Any]:
     import torch
 
+    from fastpath.routing import lm_head_route
     from fastpath.routing.liger_route import fused_loss_in_place, next_token_loss
 
-    if backward and not kwargs and fused_loss_in_place(model):
-        # verify --liger: the loss through Liger's fused linear cross-entropy (a mean over the
-        # B x (L-1) predictions: scaled to the same sum / denom), the logits from a no-grad pass
+    liger = fused_loss_in_place(model)
+    if backward and not kwargs and (liger or lm_head_route.fused_loss_in_place(model)):
+        # The loss a training call takes: Liger's fused linear cross-entropy (verify --liger) or
+        # enable()'s fused LM head + cross-entropy, a mean over the B x (L-1) predictions (scaled
+        # to the same sum / denom); the logits, which that call does not return, from a no-grad pass.
         with torch.no_grad():
             out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
-        (next_token_loss(model, ids) * (ids.shape[0] * (ids.shape[1] - 1)) / denom).backward()
+        loss = (next_token_loss(model, ids) if liger
+                else model(input_ids=ids, labels=ids, use_cache=False).loss)
+        (loss * (ids.shape[0] * (ids.shape[1] - 1)) / denom).backward()
         return [h.detach() for h in out.hidden_states], out.logits.detach()
     with torch.set_grad_enabled(backward):
         out = model(input_ids=ids, output_hidden_states=True, use_cache=False, **kwargs)
