@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from repo_paths import SUPPORT
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux mmap/mprotect")
@@ -145,7 +146,7 @@ CASES: dict[str, Callable[[str], None]] = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_no_access_outside_the_tensors(case: str, side: str) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parents[1] / "support"), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(HERE), str(SUPPORT), os.environ.get("PYTHONPATH", "")])}
     code = f"import test_guard_pages as t; t.CASES[{case!r}]({side!r}); print('ok')"
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=600)
