@@ -131,6 +131,13 @@ def kept_layers(types: list[str], layers: int) -> list[int]:
     return sorted(keep)
 
 
+def check_layers(layers: Any) -> None:
+    """`--layers N`: a positive integer (UsageError, one line, otherwise). The one check every
+    command's option and every cut goes through, before any work."""
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+        raise UsageError(f"--layers must be a positive integer, got {layers!r}")
+
+
 def cut_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:
     """Keep `layers` decoder layers of a (text) config dict (see kept_layers), pattern included.
 
@@ -138,8 +145,7 @@ def cut_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:
     are filtered and renumbered. The result is checked: its layer types must be the original's
     types at the kept indices. The one place `--layers` is validated: every cut comes here.
     """
-    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
-        raise UsageError(f"--layers must be a positive integer, got {layers!r}")
+    check_layers(layers)
     pattern = next((config[k] for k in _PATTERN_KEYS
                     if isinstance(config.get(k), (list, str)) and len(config[k]) > 0), None)
     if pattern is not None and not any(isinstance(config.get(k), int) for k in _LAYER_COUNT_KEYS):

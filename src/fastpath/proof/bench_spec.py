@@ -148,8 +148,10 @@ class BenchSettings:
         unknown = [p for p in self.phases if p not in PHASE_REGISTRY]
         if unknown:
             raise UsageError(f"unknown phase {unknown[0]!r}; phases: {', '.join(PHASE_REGISTRY)}")
-        if self.layers is not None and self.layers < 1:
-            raise UsageError(f"--layers must be a positive integer, got {self.layers}")
+        if self.layers is not None:
+            from fastpath.models.build import check_layers
+
+            check_layers(self.layers)
 
 
 

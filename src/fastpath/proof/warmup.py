@@ -126,8 +126,10 @@ class WarmupSettings:
             raise UsageError(f"--batch must be at least 1, got {self.batch}")
         if self.seq_len < 2:
             raise UsageError(f"--seq must be at least 2, got {self.seq_len}")
-        if self.layers is not None and self.layers < 1:
-            raise UsageError(f"--layers must be a positive integer, got {self.layers}")
+        if self.layers is not None:
+            from fastpath.models.build import check_layers
+
+            check_layers(self.layers)
 
 
 @dataclass
