@@ -433,9 +433,12 @@ def _build(model_type: str, dtype: str) -> torch.nn.Module:
 
 def _run(model: torch.nn.Module, ids: torch.Tensor) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)
-    out = model(ids, labels=ids, output_hidden_states=True, use_cache=False)
-    out.loss.backward()
-    states = [h.detach() for h in out.hidden_states] + [out.loss.detach()]  # no logits: fused loss
+    # the next-token loss computed here, from the logits: this test is about the norm, and a call
+    # with labels would take enable()'s fused LM head + cross-entropy, which returns no logits
+    out = model(ids, output_hidden_states=True, use_cache=False)
+    logits = out.logits
+    torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten()).backward()
+    states = [h.detach() for h in out.hidden_states] + [logits.detach()]
     return states, {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
