@@ -4,7 +4,7 @@ peak memory, losses, and whether every rank was on the fast path.
 Usage (one node, N GPUs; run once per N for a scaling table):
     torchrun --nproc-per-node N benchmarks/multi_gpu.py --out benchmarks/results/multi_gpu
         [--model qwen3.5-27b --layers 8 --seq-len 4096 --phases capture,train --paths fallback,fast]
-CPU smoke test (what CI runs, tests/test_capture_multi.py):
+CPU smoke test (what CI runs, tests/capture/test_capture_multi.py):
     torchrun --nproc-per-node 2 benchmarks/multi_gpu.py --device cpu --dtype fp32 --model tiny.json ...
 
 capture: `fastpath capture` of --capture-rows synthetic rows, target replicated on every rank

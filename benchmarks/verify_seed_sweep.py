@@ -29,7 +29,7 @@ MODELS = {
         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2,
         "linear_num_value_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
         "linear_conv_kernel_dim": 4, "vocab_size": 64, "layer_types": ["linear_attention", "full_attention"]},
-    # the one tests/test_verify.py uses (64 wide, 3 GatedDeltaNet + 1 attention)
+    # the one tests/proof/test_verify.py uses (64 wide, 3 GatedDeltaNet + 1 attention)
     "qwen3.5 tiny (64 wide, 4 layers)": {
         "model_type": "qwen3_5_text", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "linear_num_key_heads": 2,

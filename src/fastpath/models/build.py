@@ -300,7 +300,7 @@ def resolve_model(source: str, *, layers: int | None = None, dtype: str = "fp32"
     return ResolvedModel(src, config, layers, dtype, target, len(set(layer_types(full))) or 1)
 
 
-# The name benchmarks/memory_estimate.py and tests/test_sizing.py call it by.
+# The name benchmarks/memory_estimate.py and tests/models/test_sizing.py call it by.
 plan_job = resolve_model
 
 

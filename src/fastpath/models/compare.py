@@ -28,7 +28,7 @@ class Tolerance:
 
 
 # Calibration (CPU, torch 2.13, Triton 3.9 interpreter, tiny Qwen3.5 / LFM2 / Mamba2 models,
-# 2-4 layers; see tests/test_verify.py): correct kernels measured fp32 <= 4e-7 on hidden states
+# 2-4 layers; see tests/proof/test_verify.py): correct kernels measured fp32 <= 4e-7 on hidden states
 # and logits (worst token <= 5e-7), <= 3e-5 on gradients (A_log, a sum over every token); a
 # packed batch whose gated delta rule leaked state across sequences measured 2e-5 (token 1e-4),
 # so the fp32 limits sit between the two. fp32 means fp32: verify turns TF32 off on CUDA
@@ -228,7 +228,7 @@ def judge_by_oracle(diffs: list[TensorDiff], fast: list[Any], ref: list[Any], or
 # close by chance). It passes when the fast path is within NOISE_SLACK x that. A kernel error
 # still fails: it shows on the well-conditioned gradients (conv and projection weights, noise
 # ~1e-7), which keep grad_rel, and a backward that is off by 1% measured 10-1000x the noise on
-# A_log / dt_bias too (tests/test_verify.py, benchmarks/verify_seed_sweep.py).
+# A_log / dt_bias too (tests/proof/test_verify.py, benchmarks/verify_seed_sweep.py).
 NOISE_RUNS = 3
 NOISE_SLACK = 8.0
 

@@ -107,7 +107,7 @@ CONFIGS: dict[str, ConfigSpec] = {
 # the train phase then takes its loss from the model with labels, logits never materialised).
 # A model type Liger has no patch for is skipped with the reason. Opt-in: a training-memory lever.
 # CUDA only: Liger's kernels have no CPU path (and its RMSNorm / SwiGLU kernels do not run under
-# the Triton 3.9 interpreter: tests/liger_interpreter.py says why).
+# the Triton 3.9 interpreter: tests/support/liger_interpreter.py says why).
 for _base in ("reference", "fastpath", "fla+dao"):
     _spec = CONFIGS[_base]
     CONFIGS[f"{_base}+liger"] = ConfigSpec(

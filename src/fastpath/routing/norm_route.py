@@ -26,11 +26,11 @@ Rounding, the one difference: in bf16/fp16 transformers rounds the normalised x 
 dtype and multiplies by the weight in the weight's dtype before the float32 gate; FLA stays in
 float32 up to its single output rounding (the transformers source notes this difference next to
 the class). Both round the same real-number function; FLA's result is the nearer to float64
-(tests/test_gdn_norm.py measures both). In float32 the two agree to float32 rounding.
+(tests/routing/test_norm_route.py measures both). In float32 the two agree to float32 rounding.
 
 FASTPATH_FLA_NORM=auto|fla|torch (read by enable()): auto (the default) routes when FLA is
 importable, fla makes enable() fail if it is not, torch keeps transformers' eager norm. The route
-was opt-in until its GPU tests passed on the H200 (tests/test_gdn_norm.py -m gpu, the
+was opt-in until its GPU tests passed on the H200 (tests/routing/test_norm_route.py -m gpu, the
 rounding check and a bf16 `verify` with the route, forward and backward; BENCHMARKS.md).
 """
 

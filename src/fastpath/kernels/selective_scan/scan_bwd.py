@@ -53,7 +53,7 @@ from fastpath.kernels.selective_scan.scan_fwd import (
 
 # (BLOCK_D, T, num_warps, flip): the chunk length is a power of two (tl.flip); flip=False runs
 # the adjoint with tl.associative_scan(reverse=True), which has had miscompiles on GPUs
-# (triton-lang/triton#4362, #8412), hence flips by default (tests/test_selective_scan_gpu.py
+# (triton-lang/triton#4362, #8412), hence flips by default (tests/kernels/selective_scan/test_selective_scan_gpu.py
 # checks both).
 BWD_CONFIG = (8, 16, 4, True)  # about a dozen tiles live at once: smaller than the forward's
 # Tile configs the GPU tests check and benchmarks/selective_scan.py times (fwd uses the first 3).
