@@ -107,20 +107,7 @@ def timed(fn: Callable[[], object], device: torch.device, cap: float) -> dict:
         return {"ms": first * 1e3, "reps": 1, "warmup_s": warm,
                 "note": "one call after the warm-up (slow)"}
     reps = max(3, min(50, int(cap / 4 / max(first, 1e-6))))
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return {"ms": statistics.median(times), "reps": reps, "warmup_s": warm}
+    return {"ms": statistics.median(event_ms(fn, device, reps)), "reps": reps, "warmup_s": warm}
 
 
 def copy_bandwidth(device: torch.device, smoke: bool) -> float:
