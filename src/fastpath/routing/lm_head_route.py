@@ -106,8 +106,8 @@ def detect_lm_head(enabled: bool = True) -> LmHeadStatus:
     except Exception as exc:
         return LmHeadStatus(False, f"fastpath.kernels.linear_ce does not import ({type(exc).__name__}: {exc})")
     how = "CUDA tensors" + (", and CPU tensors under TRITON_INTERPRET=1" if triton_interpreter_on() else "")
-    return LmHeadStatus(True, f"fused LM head + cross-entropy for training calls with labels on {how}; "
-                              f"logits=None then ({ENV_MODE}=off turns it off)")
+    return LmHeadStatus(True, f"training calls with labels on {how} return the loss and logits=None "
+                              f"({ENV_MODE}=off turns it off)")
 
 
 # ------------------------------------------------------------------------------ candidates
