@@ -31,7 +31,8 @@ call and mamba_chunk_scan_combined's prefill with initial states and varlen stat
 decode step), selective_scan (forward default + sweep configs, backward default + every SWEEP
 config, flip and reverse-scan adjoints, via mamba_inner_fn's training layout and transformers'
 prefill layout; the time-sequential forward of FASTPATH_SSCAN_FWD=seq at every
-scan_fwd_seq.SEQ_SWEEP config), the Mamba-1 decode step, gdn_gates, sigmoid_gate, zc_rmsnorm.
+scan_fwd_seq.SEQ_SWEEP config), the Mamba-1 decode step, gdn_gates, sigmoid_gate, zc_rmsnorm,
+linear_ce (the fused LM head + cross-entropy row kernel).
 --quick keeps a representative subset per family (the CI test's): default configs, one shape
 each, of an autotuned kernel only the configs with the most pipeline stages (the most shared
 memory).
@@ -76,6 +77,7 @@ from triton.runtime.jit import JITFunction, create_function_from_signature
 
 from fastpath.kernels.causal_conv1d import interface as conv_if
 from fastpath.kernels.gdn_gates import interface as gates_if
+from fastpath.kernels.linear_ce import interface as lce_if
 from fastpath.kernels.selective_scan import inner as scan_inner
 from fastpath.kernels.selective_scan import interface as scan_if
 from fastpath.kernels.selective_scan import scan_bwd, scan_fwd, scan_fwd_seq
@@ -88,7 +90,7 @@ from fastpath.kernels.ssd import state_update as ssd_update
 from fastpath.kernels.zc_rmsnorm import interface as norm_if
 
 FAMILIES = ("causal_conv1d", "ssd", "selective_scan", "state_update", "gdn_gates", "sigmoid_gate",
-            "zc_rmsnorm")
+            "zc_rmsnorm", "linear_ce")
 ARCHS = (90, 100, 120)
 # cudaDevAttrMaxSharedMemoryPerBlockOptin per arch (what Triton checks at load): CCCL arch_traits,
 # kept where the SSD launchers read it to fit their configs
@@ -533,6 +535,23 @@ def zc_rmsnorm(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
                 norm_if.bwd_impl(x, w, torch.randn(x.shape, dtype=dtype), 1e-6)
 
 
+def linear_ce(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
+    """The fused LM head + cross-entropy's row kernel over a chunk of logits: Qwen3.5's 248,320
+    and Qwen3-Next's 151,936 vocabularies (the kernel's tiles depend on the vocabulary, not on the
+    hidden size: hidden 16 keeps the CPU GEMMs cheap), training (gradients written into the
+    chunk) and a no-grad loss."""
+    vocabs = (248320,) if quick else (248320, 151936)
+    for vocab in vocabs:
+        weight = torch.randn(vocab, 16, dtype=dtype) * 0.1
+        hidden = torch.randn(64, 16, dtype=dtype)
+        labels = torch.randint(0, vocab, (64,))
+        labels[:5] = -100
+        for grad in (True,) if quick else (True, False):
+            rec.label = f"vocab {vocab}" + (" train" if grad else " loss only")
+            with triton_on(lce_if):
+                lce_if.fwd_impl(hidden, weight, labels, None, -100, "mean", 0, grad, grad)
+
+
 def record(family: str, dtype_name: str, seqlen: int, quick: bool = False) -> list[tuple]:
     """Every launch of one family's sites: (label, JITFunction, args, kwargs, tune group)."""
     rec = Recorder(deepest_only=quick)
@@ -552,6 +571,8 @@ def record(family: str, dtype_name: str, seqlen: int, quick: bool = False) -> li
             sigmoid_gate(rec, dtype, quick)
         elif family == "zc_rmsnorm":
             zc_rmsnorm(rec, dtype, quick)
+        elif family == "linear_ce":
+            linear_ce(rec, dtype, quick)
     return rec.launches
 
 
