@@ -56,8 +56,8 @@ def test_liger_configuration_runs_both_phases_with_the_fused_loss(config: str, t
         assert "error" not in entry, entry.get("error")
         assert len(entry["samples_s"]) == 1 and "peak_mem_mib" in entry
     ops = {r["op"]: r["impl"] for r in result["explain"] if str(r["impl"]).startswith("liger ")}
-    assert {"rmsnorm", "swiglu", "lm loss"} <= set(ops), ops
-    assert ops["lm loss"].startswith("liger fused linear cross-entropy")
+    assert {"rmsnorm", "swiglu", "lm_loss"} <= set(ops), ops
+    assert ops["lm_loss"].startswith("liger fused linear cross-entropy")
     if config == "fastpath+liger":
         assert result["implementation"] == "fastpath Triton + Liger (interpreter)"
         assert result["kernel_calls"].get("bwd:triton", 0) > 0  # the train phase ran fastpath's backward

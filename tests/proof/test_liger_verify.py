@@ -49,7 +49,7 @@ def test_verify_liger_passes_with_both_sets_of_kernels(tmp_path: Path) -> None:
     assert not any(k.endswith(":triton") for k in doc["reference_calls"]), doc["reference_calls"]
     for rows in (doc["explain"], doc["reference_explain"]):  # Liger on both sides
         ops = {r["op"] for r in rows if str(r.get("impl", "")).startswith("liger ")}
-        assert {"rmsnorm", "swiglu", "lm loss"} <= ops, ops
+        assert {"rmsnorm", "swiglu", "lm_loss"} <= ops, ops
 
 
 @pytest.mark.parametrize("model,interp,says", [

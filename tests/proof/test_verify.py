@@ -111,7 +111,7 @@ def test_qwen35_fast_path_matches_reference_forward_backward_and_decode(qwen):
     # the backward went through the loss a training call takes: enable()'s fused LM head + CE
     assert result.fast_calls.get("linear_ce_fwd:triton", 0) == 1, result.fast_calls
     assert not any(k.startswith("linear_ce") for k in result.reference_calls)
-    assert any(r.get("op") == "lm loss" and r.get("fast") for r in result.explain)
+    assert any(r.get("op") == "lm_loss" and r.get("fast") for r in result.explain)
     doc = result.to_json()
     assert doc["ok"] is False and doc["verdict"] == "SLOW" and doc["slow_ops"] == result.slow
     assert doc["conv_kernel_calls"] == result.conv_kernel_calls

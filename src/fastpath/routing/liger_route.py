@@ -31,7 +31,7 @@ from fastpath.shared.errors import FastpathError, first_line
 from fastpath.shared.liger_families import DIST, MODULE
 
 # explain()'s op names for Liger's rows (every such row's impl starts with "liger ")
-RMSNORM, LAYERNORM, MLP, ROPE, LM_LOSS = "rmsnorm", "layernorm", "swiglu", "rope", "lm loss"
+RMSNORM, LAYERNORM, MLP, ROPE, LM_LOSS = "rmsnorm", "layernorm", "swiglu", "rope", "lm_loss"
 OPS = (RMSNORM, LAYERNORM, MLP, ROPE, LM_LOSS)
 FUSED_LOSS = "liger fused linear cross-entropy (labels=..., in training or with skip_logits=True)"
 _DECODER_LAYER = re.compile(r"^(.*\blayers\.\d+)(\.|$)")

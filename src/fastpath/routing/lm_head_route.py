@@ -55,7 +55,7 @@ from fastpath.routing.route_modes import RouteStatus, env_mode
 
 ENV_MODE = "FASTPATH_LM_LOSS"
 MODES = ("auto", "off")
-OP = "lm loss"
+OP = "lm_loss"
 IMPL = "fastpath fused linear cross-entropy"
 #: the modeling modules whose causal-LM classes are candidates
 MODULES = (
