@@ -106,7 +106,7 @@ def detect_lm_head(enabled: bool = True) -> LmHeadStatus:
     except Exception as exc:
         return LmHeadStatus(False, f"fastpath.kernels.linear_ce does not import ({type(exc).__name__}: {exc})")
     how = "CUDA tensors" + (", and CPU tensors under TRITON_INTERPRET=1" if triton_interpreter_on() else "")
-    return LmHeadStatus(True, f"training calls with labels on {how} return the loss and logits=None "
+    return LmHeadStatus(True, f"training calls with labels on {how} return the loss, no logits "
                               f"({ENV_MODE}=off turns it off)")
 
 
@@ -430,7 +430,7 @@ def explain_rows(model: Any) -> list[dict[str, Any]]:
     weight = getattr(getattr(model, "lm_head", None), "weight", None)
     device = getattr(getattr(weight, "device", None), "type", "cpu")
     if device == "cuda":
-        return [{**row, "impl": f"{IMPL} (labels + autograd; logits=None)", "fast": True}]
+        return [{**row, "impl": f"{IMPL} (labels + autograd: the loss, no logits)", "fast": True}]
     if device == "cpu" and triton_interpreter_on():
         return [{**row, "impl": f"{IMPL} (interpreter)", "fast": True}]
     return [{**row, "impl": f"torch ({device} tensors; fused loss routed for CUDA)", "fast": False}]
