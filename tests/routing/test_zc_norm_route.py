@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from repo_paths import ROOT  # noqa: E402
+from repo_paths import ROOT, SUPPORT  # noqa: E402
 
 import fastpath  # noqa: E402
 from fastpath.kernels.counters import CALLS  # noqa: E402
@@ -248,9 +248,8 @@ def test_transformers_classes_pass_the_probe() -> None:
 
 
 _KERNELIZE = textwrap.dedent("""
-    import json, sys, torch
-    sys.path.insert(0, str(SUPPORT))
-    from matrix_worker import build
+    import json, torch
+    from matrix_worker import build  # tests/support is on PYTHONPATH
     import fastpath
     from fastpath.kernels.counters import CALLS
     from kernels import Mode, kernelize
@@ -278,7 +277,8 @@ def test_route_survives_kernelize_on_transformers_525_with_kernels() -> None:
     python = ROOT / ".venvs" / "tf-default" / "bin" / "python"
     if not python.exists():
         pytest.skip("tf-default venv missing (scripts/setup_default_stack.sh)")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT / "src"), TRITON_INTERPRET="1")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(SUPPORT)]),
+               TRITON_INTERPRET="1")
     env.pop("USE_HUB_KERNELS", None)
     proc = subprocess.run([str(python), "-c", _KERNELIZE], capture_output=True, text=True, env=env,
                           cwd=str(ROOT), timeout=600)
