@@ -35,7 +35,7 @@ from fastpath.capture.staging import RowWrites, slot_bytes
 from fastpath.capture.writers import SUMMARY_NAME, atomic_json, remove_stale_temps
 from fastpath.models.build import ResolvedModel
 from fastpath.shared.errors import FastpathError, UsageError, first_line
-from fastpath.shared.output_files import probe_dir
+from fastpath.shared.output_files import PROBE_PREFIX, probe_dir
 
 STATE_DIR = ".capture"  # per-rank records and the settings a resume must match
 SETTINGS_KEYS = ("model", "data", "data_sha256", "format", "max_len", "batch_tokens", "layers", "dtype", "seed",
@@ -155,7 +155,8 @@ def _check_out(out: Path, resume: bool) -> bool:
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a directory")
     probe_dir(out, "--out")  # tried for real: root passes every permission check, /proc refuses mkdir
-    if not out.exists() or not any(out.iterdir()):
+    # under torchrun another rank may be probing --out at this moment: its probe file is not a capture
+    if not out.exists() or all(p.name.startswith(PROBE_PREFIX) for p in out.iterdir()):
         return False
     if not resume:
         raise UsageError(f"--out {out} is not empty; pass --resume to continue a capture there")

@@ -25,11 +25,15 @@ def _why(exc: OSError) -> str:
     return f"{what} ({exc.filename})" if exc.filename else what
 
 
+#: the name prefix of probe_dir's short-lived file (a directory holding only those is still empty)
+PROBE_PREFIX = ".fastpath-probe-"
+
+
 def _probe_write(path: Path, flag: str) -> None:
     """Create and remove a file in the directory `path` (root passes os.access on a read-only or
     virtual file system; only writing says whether writing works)."""
     try:
-        fd, name = tempfile.mkstemp(prefix=".fastpath-probe-", dir=path)
+        fd, name = tempfile.mkstemp(prefix=PROBE_PREFIX, dir=path)
         os.close(fd)
         os.unlink(name)
     except OSError as exc:
