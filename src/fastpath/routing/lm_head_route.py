@@ -51,7 +51,7 @@ from typing import Any, ClassVar
 
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.routing.patch_registry import PatchRegistry
-from fastpath.routing.route_modes import RouteStatus, env_mode
+from fastpath.routing.route_modes import RouteStatus, classes_to_route, env_mode
 
 ENV_MODE = "FASTPATH_LM_LOSS"
 MODES = ("auto", "off")
@@ -353,15 +353,12 @@ def _compare(cls: type, module: ModuleType) -> str | None:
 
 # ------------------------------------------------------------------------------ patching
 def patch_module(module: ModuleType, status: LmHeadStatus, reg: PatchRegistry) -> list[str]:
-    """Route one modeling module's causal-LM classes; notes for the candidates left alone."""
+    """Route one modeling module's causal-LM classes (those of MODULES; any other module: none);
+    notes for the candidates left alone."""
+    if module.__name__ not in MODULES:
+        return []
     notes: list[str] = []
-    for cls in candidates(module):
-        original = cls.__dict__["forward"]
-        if hasattr(original, ROUTE_ATTR):
-            continue
-        if not status.route:
-            reg.set_attr(cls, SKIP_ATTR, status.reason)
-            continue
+    for cls, original in classes_to_route(candidates(module), status, reg, ROUTE_ATTR, SKIP_ATTR):
         if _from_liger(original):
             why = "Liger Kernel's fused linear cross-entropy forward is in place (its class-level patch)"
         else:

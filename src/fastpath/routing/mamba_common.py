@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Any
 
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.routing.hub_kernels import unwrap
+from fastpath.routing.hub_kernels import kernels_func_inner, unwrap
 from fastpath.routing.patch_registry import PatchRegistry
 
 #: enable(mamba_ssm=...): "auto" routes unless a working mamba_ssm is installed
@@ -94,6 +94,22 @@ def hub_func_name(value: Any) -> str | None:
 def torch_fn_of(current: Any) -> Any:
     """The torch function a module global stands for: a route's, or a hub-fallback wrapper's."""
     return getattr(current, TORCH_FN_ATTR, None) or closure_value(current, "torch_function")
+
+
+def route_op_globals(module: ModuleType, ops: dict[str, str], makers: dict[str, Callable[..., Any]],
+                     reg: PatchRegistry, legacy: bool) -> None:
+    """Each op's module global (`ops`: op -> global name) -> its route from `makers`, built around
+    the torch function transformers 5.15+ wraps there (`legacy`, <= 5.14: none). A Hub kernel that
+    enable(hub_kernels="keep") left in place stays."""
+    g = module.__dict__
+    for op, gname in ops.items():
+        torch_fn = None
+        if not legacy:
+            current = g.get(gname)
+            if kernels_func_inner(current) is not None:
+                continue
+            torch_fn = torch_fn_of(current)
+        reg.set_attr(module, gname, makers[op](torch_fn))
 
 
 def module_source(module: ModuleType) -> str:

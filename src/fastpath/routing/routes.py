@@ -86,6 +86,24 @@ def _no_lines(_: Any) -> list[str]:
     return []
 
 
+def _report_into(impl_field: str, reason_field: str) -> Callable[[Any, Session], None]:
+    """report: the decision's impl and reason into the route's two EnableReport fields."""
+    def report(d: Any, s: Session) -> None:
+        setattr(s.report, impl_field, d.impl)
+        setattr(s.report, reason_field, d.reason)
+
+    return report
+
+
+def _patch_noting(patch_module: Callable[[ModuleType, Any, PatchRegistry], list[str]]
+                  ) -> Callable[[ModuleType, Any, Session], None]:
+    """patch: the route module's patch_module(module, decision, registry), its notes into the report."""
+    def patch(module: ModuleType, d: Any, s: Session) -> None:
+        s.report.notes.extend(patch_module(module, d, s.registry))
+
+    return patch
+
+
 @dataclass(frozen=True)
 class Route:
     """One route of enable(): see the module docstring for when each function runs."""
@@ -253,10 +271,6 @@ def _norm_detect(_: Session) -> norm_route.NormStatus:
     return norm
 
 
-def _norm_report(norm: norm_route.NormStatus, s: Session) -> None:
-    s.report.gated_norm, s.report.gated_norm_reason = norm.impl, norm.reason
-
-
 def _norm_install(norm: norm_route.NormStatus, s: Session) -> None:
     s.registry.set_attr(norm_route, "ACTIVE", norm)  # what explain() says of an unrouted norm
     if norm.route and triton_interpreter_on():
@@ -349,39 +363,14 @@ def _layers_copy_globals(version: str | None) -> bool:
 
 
 # ---------------------------------------------------------------- Qwen3.5 glue and the zero-centred norm
-def _glue_report(d: gates_route.GlueStatus, s: Session) -> None:
-    s.report.glue, s.report.glue_reason = d.impl, d.reason
-
-
-def _glue_patch(module: ModuleType, d: gates_route.GlueStatus, s: Session) -> None:
-    s.report.notes.extend(gates_route.patch_module(module, d, s.registry))
-
-
 def _glue_rows(layer: Any, device: str) -> list[Row]:
     row = gates_route.describe_layer(layer, device)
     return [row] if row is not None else []
 
 
-def _zc_report(d: zc_norm_route.ZcNormStatus, s: Session) -> None:
-    s.report.zc_norm, s.report.zc_norm_reason = d.impl, d.reason
-
-
-def _zc_patch(module: ModuleType, d: zc_norm_route.ZcNormStatus, s: Session) -> None:
-    s.report.notes.extend(zc_norm_route.patch_module(module, d, s.registry))
-
-
 def _zc_rows(layer: Any, device: str) -> list[Row]:
     found = zc_norm_route.describe_layer(layer, device)
     return [(zc_norm_route.OP, *found)] if found is not None else []
-
-
-def _lm_report(d: lm_head_route.LmHeadStatus, s: Session) -> None:
-    s.report.lm_loss, s.report.lm_loss_reason = d.impl, d.reason
-
-
-def _lm_patch(module: ModuleType, d: lm_head_route.LmHeadStatus, s: Session) -> None:
-    if module.__name__ in lm_head_route.MODULES:
-        s.report.notes.extend(lm_head_route.patch_module(module, d, s.registry))
 
 
 # ---------------------------------------------------------------- autotune decisions (no op of its own)
@@ -429,7 +418,7 @@ ROUTES: tuple[Route, ...] = (
     Route("kda", tuple(fla_route.KDA_GLOBALS), lambda s: s.decisions["gated_delta_rule"],
           report=_kda_report, summary=lambda r: [f"Kimi-Linear KDA -> {r.kda} ({r.kda_reason})"],
           patch=_kda_patch),
-    Route("gated_norm", (norm_route.OP,), _norm_detect, report=_norm_report,
+    Route("gated_norm", (norm_route.OP,), _norm_detect, report=_report_into("gated_norm", "gated_norm_reason"),
           summary=lambda r: [f"gated RMSNorm -> {r.gated_norm} ({r.gated_norm_reason})"],
           install=_norm_install, patch=_norm_patch, explain_layer=_norm_rows),
     # after the routes that set kernel globals: it recomputes the <=5.14 gates from all of them
@@ -437,14 +426,18 @@ ROUTES: tuple[Route, ...] = (
           summary=lambda r: [f"causal_conv1d -> {r.conv_impl}"], install=_conv_install, seed=_conv_seed,
           patch=_conv_patch, patch_built=_conv_patch_built, after_undo=_conv_after_undo),
     Route("glue", (gates_route.OP_GATES, gates_route.OP_OUTPUT_GATE), lambda s: gates_route.detect_glue(s.request.glue),
-          report=_glue_report, install=_active(gates_route), patch=_glue_patch, explain_layer=_glue_rows),
-    Route("zc_norm", (zc_norm_route.OP,), lambda s: zc_norm_route.detect_zc_norm(), report=_zc_report,
+          report=_report_into("glue", "glue_reason"), install=_active(gates_route),
+          patch=_patch_noting(gates_route.patch_module), explain_layer=_glue_rows),
+    Route("zc_norm", (zc_norm_route.OP,), lambda s: zc_norm_route.detect_zc_norm(),
+          report=_report_into("zc_norm", "zc_norm_reason"),
           summary=lambda r: [f"zero-centred RMSNorm -> {r.zc_norm} ({r.zc_norm_reason})"],
-          install=_active(zc_norm_route), patch=_zc_patch, explain_layer=_zc_rows),
+          install=_active(zc_norm_route), patch=_patch_noting(zc_norm_route.patch_module), explain_layer=_zc_rows),
     # after the routes that may patch the same modules: it replaces the causal-LM classes' forward
     Route("lm_head_loss", (lm_head_route.OP,), lambda s: lm_head_route.detect_lm_head(s.request.lm_loss),
-          report=_lm_report, summary=lambda r: [f"LM head + loss -> {r.lm_loss} ({r.lm_loss_reason})"],
-          install=_active(lm_head_route), patch=_lm_patch, explain_model=lm_head_route.explain_rows),
+          report=_report_into("lm_loss", "lm_loss_reason"),
+          summary=lambda r: [f"LM head + loss -> {r.lm_loss} ({r.lm_loss_reason})"],
+          install=_active(lm_head_route), patch=_patch_noting(lm_head_route.patch_module),
+          explain_model=lm_head_route.explain_rows),
     Route("autotune_decisions", (), lambda s: AutotuneSeed(), enter=_seed_enter, leave=_seed_leave),
 )
 

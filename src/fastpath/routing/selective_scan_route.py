@@ -68,7 +68,6 @@ from types import ModuleType
 from typing import Any
 
 from fastpath.routing import mamba_common, ssd_route
-from fastpath.routing.hub_kernels import kernels_func_inner
 from fastpath.routing.mamba_common import MambaStatus, module_source, runs_here
 from fastpath.routing.patch_registry import PatchRegistry
 from fastpath.shared.known_issues import mamba1_cuda_scan_missing
@@ -276,14 +275,7 @@ def patch_module(module: ModuleType, conv_fn: Any, conv_update: Any, conv_module
         return False
     g = module.__dict__
     legacy = is_legacy_mamba1(module)
-    for op, gname in ops.items():
-        torch_fn = None
-        if not legacy:
-            current = g.get(gname)
-            if kernels_func_inner(current) is not None:  # enable(hub_kernels="keep"): the Hub kernel stays
-                continue
-            torch_fn = mamba_common.torch_fn_of(current)
-        reg.set_attr(module, gname, _MAKERS[op](torch_fn))
+    mamba_common.route_op_globals(module, ops, _MAKERS, reg, legacy)
     if legacy:
         # 5.0-5.14 __init__ rewrites these globals from the lazy loader: record each (absent ones too)
         # so disable() restores what was there; give them the value a mixer built now would find

@@ -55,7 +55,6 @@ from types import ModuleType
 from typing import Any
 
 from fastpath.routing import mamba_common
-from fastpath.routing.hub_kernels import kernels_func_inner
 from fastpath.routing.mamba_common import MODES, MambaStatus, runs_here
 from fastpath.routing.patch_registry import PatchRegistry
 
@@ -211,14 +210,7 @@ def patch_module(module: ModuleType, conv_fn: Any, conv_update: Any, reg: PatchR
         return False
     g = module.__dict__
     legacy = all(op == gname for op, gname in ops.items()) and _is_legacy_mamba2(module)
-    for op, gname in ops.items():
-        torch_fn = None
-        if not legacy:
-            current = g.get(gname)
-            if kernels_func_inner(current) is not None:  # enable(hub_kernels="keep"): the Hub kernel stays
-                continue
-            torch_fn = mamba_common.torch_fn_of(current)
-        reg.set_attr(module, gname, _MAKERS[op](torch_fn))
+    mamba_common.route_op_globals(module, ops, _MAKERS, reg, legacy)
     if legacy:
         # 5.0-5.14 __init__ rewrites these globals: record them all (even absent ones) so disable()
         # restores what was there, and give `is_fast_path_available` the value an __init__ without

@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.routing.patch_registry import PatchRegistry
-from fastpath.routing.route_modes import RouteStatus, env_mode
+from fastpath.routing.route_modes import RouteStatus, classes_to_route, env_mode
 
 ENV_MODE = "FASTPATH_ZC_NORM"
 MODES = ("auto", "fastpath", "torch")
@@ -202,13 +202,7 @@ def patch_module(module: ModuleType, status: ZcNormStatus, reg: PatchRegistry) -
     """Route the zero-centred RMSNorm classes of one modeling module; notes for the candidates
     left alone (a route turned off marks every candidate with its reason, for explain())."""
     notes = []
-    for cls in candidates(module):
-        original = cls.__dict__["forward"]
-        if hasattr(original, ROUTE_ATTR):
-            continue
-        if not status.route:
-            reg.set_attr(cls, SKIP_ATTR, status.reason)
-            continue
+    for cls, original in classes_to_route(candidates(module), status, reg, ROUTE_ATTR, SKIP_ATTR):
         eps_attr, why = same_function(cls, original)
         if why is not None:
             reg.set_attr(cls, SKIP_ATTR, why)
