@@ -48,6 +48,22 @@ def test_unknown_command_is_a_one_line_usage_error() -> None:
     assert "command not found" in proc.stderr and proc.stderr.strip().count("\n") == 0
 
 
+@pytest.mark.parametrize(("name", "value", "says"), [
+    ("FASTPATH_LM_LOSS", "sometimes", "expected one of auto, off"),
+    ("FASTPATH_GLUE", "maybe", "FASTPATH_GLUE='maybe'"),
+    ("FASTPATH_AUTOTUNE_DECISIONS", "/no/such/decisions.json", "cannot read autotune decisions"),
+])
+def test_a_bad_switch_stops_before_the_program_starts(tmp_path: Path, name: str, value: str, says: str) -> None:
+    """The program's processes enable() only at their first transformers import; a bad switch
+    is refused by `fastpath run` itself, in one line, and the program never runs."""
+    marker = tmp_path / "ran"
+    env = dict(os.environ, **{name: value})
+    proc = _fastpath("run", "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')", env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert says in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert not marker.exists()
+
+
 def test_child_and_grandchild_get_enable(tmp_path: Path) -> None:
     script = tmp_path / "probe.py"
     script.write_text(PROBE)

@@ -459,6 +459,23 @@ def route_of_op(op: str) -> str | None:
     return next((r.name for r in ROUTES if op in r.ops), None)
 
 
+def check_switches() -> None:
+    """Every FASTPATH_* switch enable() and the kernels read, validated now (UsageError, one line):
+    `fastpath run` calls it before it starts the program, whose processes enable() only later, at
+    their first import of transformers, where a bad value could not stop anything."""
+    import os
+
+    from fastpath.kernels.selective_scan.interface import fwd_kernel
+    from fastpath.routing import fla_selfcheck
+
+    for read in (gates_route.route_mode, norm_route.route_mode, zc_norm_route.route_mode,
+                 lm_head_route.route_mode, fla_selfcheck.route_mode, hub_route.route_mode, fwd_kernel):
+        read()
+    decisions = os.environ.get(autotune_decisions.ENV, "").strip()
+    if decisions and decisions.lower() != "off":
+        autotune_decisions.load(decisions)
+
+
 def build_hooks(s: Session) -> modeling_patch.Routes:
     """The conv and gated-delta-rule callables every module and built layer gets, from the decisions."""
     conv: ConvDecision = s.decisions["causal_conv1d"]

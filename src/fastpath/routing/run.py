@@ -62,6 +62,9 @@ def main(args: argparse.Namespace) -> int:
     from fastpath.shared.extras import require
 
     require("run")  # enable() in every process needs torch; say so once, here
+    from fastpath.routing.routes import check_switches
+
+    check_switches()  # a bad FASTPATH_* value stops here, not in each process of the program
     if shutil.which(cmd[0]) is None and not os.path.exists(cmd[0]):
         raise UsageError(f"command not found: {cmd[0]}")
     env = launch_environment(warn=not args.no_warn)
