@@ -144,9 +144,6 @@ def family_case(model_type: str, interp: bool, gen_tokens: int) -> dict[str, Any
 
 def packed_lfm2(interp: bool) -> dict[str, Any]:
     """Two sequences packed into one row (seq_idx) must equal the two run separately."""
-    import fastpath
-    from fastpath.kernels.counters import reset
-
     FAMILIES["lfm2"]["layer_types"] = ["conv", "conv"]  # conv only: packing isolates the kernel
     try:
         model = build("lfm2")
@@ -156,28 +153,7 @@ def packed_lfm2(interp: bool) -> dict[str, Any]:
     with torch.no_grad():  # O(1) weights so a leak across the sequence boundary is visible
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * (0.5 if p.dim() > 1 else 0.1) + (p.dim() == 1))
-    a = torch.randint(3, 64, (1, 5), generator=torch.Generator().manual_seed(2))
-    b = torch.randint(3, 64, (1, 6), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        sep = torch.cat([model(a, use_cache=False).logits, model(b, use_cache=False).logits], dim=1)
-    packed = torch.cat([a, b], dim=1)
-    seq_idx = torch.tensor([[0] * 5 + [1] * 6], dtype=torch.int32)
-    position_ids = torch.tensor([list(range(5)) + list(range(6))])
-    out: dict[str, Any] = {"scale": float(sep.abs().max())}
-    with torch.no_grad():  # reference path, packed without seq_idx: the leak this test must detect
-        out["leak_diff"] = float((model(packed, position_ids=position_ids, use_cache=False).logits - sep).abs().max())
-    reset()
-    fastpath.enable(warn=False, lift_device_gate=interp)
-    try:
-        with torch.no_grad():
-            got = model(packed, seq_idx=seq_idx, position_ids=position_ids, use_cache=False).logits
-        out["diff"] = float((got - sep).abs().max())
-        out["calls"] = calls()
-    except Exception as exc:
-        out["error"] = f"{type(exc).__name__}: {exc}"
-    finally:
-        fastpath.disable()
-    return out
+    return packed_vs_one_by_one(model, 6, interp, leak_with_positions=True)
 
 
 def offline_load(model_type: str) -> dict[str, Any]:
@@ -319,22 +295,24 @@ def mamba_case(model_type: str, interp: bool, gen_tokens: int) -> dict[str, Any]
     return routed_case(build_mamba, model_type, interp, gen_tokens, seq_len=9)
 
 
-def mamba_packed(model_type: str, interp: bool) -> dict[str, Any]:
-    """Two sequences packed in one row (seq_idx, position_ids) vs the two run one by one."""
+def packed_vs_one_by_one(model: Any, second: int, interp: bool, *, leak_with_positions: bool) -> dict[str, Any]:
+    """Two sequences (5 and `second` tokens) packed in one row (seq_idx, position_ids) through
+    enable()'s path vs the two run one by one; `leak_diff`: the reference path on the packed row
+    without seq_idx (position_ids too where `leak_with_positions`), the leak the check must see."""
     import fastpath
     from fastpath.kernels.counters import reset
 
-    model = build_mamba(model_type, **MAMBA_ONLY.get(model_type, {}))
     a = torch.randint(3, 64, (1, 5), generator=torch.Generator().manual_seed(2))
-    b = torch.randint(3, 64, (1, 7), generator=torch.Generator().manual_seed(3))
+    b = torch.randint(3, 64, (1, second), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         sep = torch.cat([model(a, use_cache=False).logits, model(b, use_cache=False).logits], dim=1)
     packed = torch.cat([a, b], dim=1)
-    seq_idx = torch.tensor([[0] * 5 + [1] * 7], dtype=torch.int32)
-    position_ids = torch.tensor([list(range(5)) + list(range(7))])
+    seq_idx = torch.tensor([[0] * 5 + [1] * second], dtype=torch.int32)
+    position_ids = torch.tensor([list(range(5)) + list(range(second))])
     out: dict[str, Any] = {"scale": float(sep.abs().max())}
+    leak_kwargs = {"position_ids": position_ids} if leak_with_positions else {}
     with torch.no_grad():
-        out["leak_diff"] = float((model(packed, use_cache=False).logits - sep).abs().max())
+        out["leak_diff"] = float((model(packed, use_cache=False, **leak_kwargs).logits - sep).abs().max())
     reset()
     fastpath.enable(warn=False, lift_device_gate=interp)
     try:
@@ -347,6 +325,12 @@ def mamba_packed(model_type: str, interp: bool) -> dict[str, Any]:
     finally:
         fastpath.disable()
     return out
+
+
+def mamba_packed(model_type: str, interp: bool) -> dict[str, Any]:
+    """Two sequences packed in one row (seq_idx, position_ids) vs the two run one by one."""
+    model = build_mamba(model_type, **MAMBA_ONLY.get(model_type, {}))
+    return packed_vs_one_by_one(model, 7, interp, leak_with_positions=False)
 
 
 def mamba_main(interp: bool, gen_tokens: int, wanted: list[str]) -> dict[str, Any]:
