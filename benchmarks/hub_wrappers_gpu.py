@@ -45,10 +45,10 @@ def _step(model: Any, ids: Any) -> tuple[float, Any]:
 
 def family(model_type: str, device: str) -> dict[str, Any]:
     import torch
+    from matrix_worker import build
 
     import fastpath
     from fastpath.kernels.counters import CALLS, reset
-    from matrix_worker import build
 
     res: dict[str, Any] = {}
     model = build(model_type).to(device, torch.bfloat16)

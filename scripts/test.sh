@@ -18,5 +18,5 @@ for setup in scripts/setup_*.sh; do
 done
 
 export TRITON_INTERPRET=1
-"$PY" -m ruff check src tests benchmarks
+"$PY" -m ruff check --no-cache src tests benchmarks
 "$PY" -m pytest -q "$@"
