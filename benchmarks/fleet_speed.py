@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "remote"))
+sys.path.insert(0, str(REPO / "tests" / "support"))  # sshd_server
 
 from sshd_server import ThrowawaySshd, sshd_missing_reason, start_sshd  # noqa: E402
 
