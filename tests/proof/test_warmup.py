@@ -222,13 +222,11 @@ def test_warmup_on_cuda_fills_an_empty_cache_and_a_second_run_compiles_nothing(t
         # a fresh process on an EMPTY cache, FLA's autotuners handed the decisions: it times nothing
         seeded = tmp_path / "seeded-cache"
         code = ("import json, torch\n"
-                "from fastpath.routing import autotune_decisions as ad\n"
                 "from fastpath.proof.warmup import WarmupSettings, warm_model\n"
                 f"s = WarmupSettings({str(source)!r}, batch=1, seq_len=512, dtype='bf16', device='cuda', train=True)\n"
                 "import fastpath.routing.engine as routes\n"
-                "routes.enable(warn=False)\n"
-                "r = ad.seed_for_process(ad.this_device()[1])\n"
-                "print(r.summary())\n"
+                "report = routes.enable(warn=False)  # seeds FASTPATH_AUTOTUNE_DECISIONS\n"
+                "print([n for n in report.notes if n.startswith('autotune decisions')])\n"
                 "warm_model(s, lambda _m: None)\n")
         full = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p),
                 "TRITON_CACHE_DIR": str(seeded), "FASTPATH_AUTOTUNE_DECISIONS": str(decisions),
