@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fastpath.kernels.counters import CALLS
@@ -38,11 +38,20 @@ KEEP32 = ("A", "D", "delta_bias")  # float32 in every dtype, as mamba_ssm's test
 LAYOUTS = ("invariant", "shared", "grouped")
 
 
+# where the float64 value is exactly zero (dA at L = 1: no state precedes the only step) a
+# relative distance is undefined; the kernels form a·h_prev as h − x, and on the GPU (FMA
+# contraction) that leaves x's float32 rounding residual (~1e-8 for these O(1) inputs)
+ZERO_ATOL = 1e-6
+
+
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """||got - ref|| / ||ref||; against an exactly-zero ref, 0 when every |got| <= ZERO_ATOL."""
     assert got.shape == ref.shape, (got.shape, ref.shape)
     assert torch.isfinite(got).all(), "non-finite value: a read outside the input's elements?"
     got, ref = got.double(), ref.double()
-    return ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    if not ref.any():
+        return 0.0 if got.abs().max().item() <= ZERO_ATOL else float("inf")
+    return ((got - ref).norm() / ref.norm()).item()
 
 
 def fenced(t: torch.Tensor, transpose: bool = False) -> torch.Tensor:
@@ -257,6 +266,9 @@ def test_transposed_views_of_every_layout(dtype):
     flags=st.integers(0, 63),
     seed=st.integers(0, 2**16),
 )
+# the GPU's shrunk failure before ZERO_ATOL: dA exactly 0 in float64, ~1e-8 from the kernel
+@example(batch=1, per_group=1, nstate=1, length=1, b_layout="invariant", c_layout="invariant",
+         b_groups=1, c_groups=1, dtype=torch.float32, flags=0, seed=0)
 def test_hypothesis_layouts_and_options(batch, per_group, nstate, length, b_layout, c_layout,
                                         b_groups, c_groups, dtype, flags, seed):
     """Any pair of layouts (own group counts), odd N and L from 1, D / z / delta_bias /
