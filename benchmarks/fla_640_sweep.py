@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("fla_640_sweep: error: needs a CUDA device", file=sys.stderr)
         return 2
-    from fastpath.kernels.gated_delta_rule.dqkwg import chunk_bwd_dqkwg
+    from fastpath.kernels.gated_delta_rule.interface import chunk_bwd_dqkwg
     from fastpath.routing import fla_selfcheck
     from fastpath.shared.known_issues import fla_640
 

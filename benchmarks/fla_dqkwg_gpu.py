@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch
 from gdn_layer_profile import cuda_times  # same folder: sys.path[0]
 
-from fastpath.kernels.gated_delta_rule.dqkwg import (
+from fastpath.kernels.gated_delta_rule.interface import (
     MATMUL_PATHS,
     chunk_bwd_dqkwg,
     floor_seconds,

@@ -5,7 +5,7 @@ Triton >= 3.4, < 3.7.1 (its Triton kernel gives wrong results there, FLA issue #
 TileLang backend is usable. That one op is the only blocker of FLA's gated-delta-rule backward,
 so we take exactly that op: per configuration, FLA's own kernel with the refusal switched off where
 :mod:`fastpath.routing.fla_selfcheck` validated it on this device (or ``FASTPATH_FLA_DQKWG``
-forces a route), else :mod:`fastpath.kernels.gated_delta_rule.dqkwg`.
+forces a route), else :mod:`fastpath.kernels.gated_delta_rule.interface` (PyTorch, dqkwg.py).
 
 How: FLA wraps the op with ``@dispatch('common')`` (fla/backends.py): each call walks the
 backends registered for operation ``'common'`` (sorted by priority), asks
@@ -70,7 +70,7 @@ def _route_impl() -> Callable[..., Any]:
     """The implementation our backend hands FLA: per call, FLA's own kernel with the refusal
     switched off where `fla_selfcheck` allows it for the call's configuration (env var, or a
     passed self-check), else fastpath's PyTorch chunk_bwd_dqkwg."""
-    from fastpath.kernels.gated_delta_rule.dqkwg import chunk_bwd_dqkwg
+    from fastpath.kernels.gated_delta_rule.interface import chunk_bwd_dqkwg
     from fastpath.routing import fla_selfcheck
 
     def routed(*args: Any, **kwargs: Any) -> Any:
@@ -97,7 +97,7 @@ def _fla_unguarded() -> Callable[..., Any] | None:
 
 @functools.cache
 def _signature() -> inspect.Signature:
-    from fastpath.kernels.gated_delta_rule.dqkwg import chunk_bwd_dqkwg
+    from fastpath.kernels.gated_delta_rule.interface import chunk_bwd_dqkwg
 
     return inspect.signature(chunk_bwd_dqkwg)
 
@@ -111,7 +111,7 @@ def _bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def _accepts(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, str | None]:
     """Take gated calls our implementation supports; leave the rest to FLA's Triton kernel."""
-    from fastpath.kernels.gated_delta_rule.dqkwg import unsupported_reason
+    from fastpath.kernels.gated_delta_rule.interface import unsupported_reason
 
     call = _bind(args, kwargs)
     if call["g"] is None:

@@ -31,7 +31,7 @@ import pytest
 import torch
 from repo_paths import ROOT, SUPPORT, fla_path
 
-from fastpath.kernels.gated_delta_rule.dqkwg import chunk_bwd_dqkwg
+from fastpath.kernels.gated_delta_rule.interface import chunk_bwd_dqkwg
 from fastpath.kernels.gated_delta_rule.naive import gated_delta_rule_reference
 from fastpath.routing.fla_backend import dqkwg_route_needed
 from fastpath.routing.fla_selfcheck import DqkwgConfig, SelfCheckResult, run_selfcheck
