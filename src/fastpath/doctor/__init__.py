@@ -7,5 +7,5 @@ each op of each layer gets) -> diagnosis (decide_verdict: the one verdict and ex
 report, or --json. remote runs the probe through an argv prefix, fleet and inventory over many
 targets; facts_check validates what arrives, gpu_models reads --gpu.
 May import: shared only (it runs on login nodes and image builders without torch).
-Entry point: cli.add_arguments / cli.main, reached through `fastpath doctor`.
+Entry point: doctor_cli.add_arguments / doctor_cli.main, reached through `fastpath doctor`.
 """
