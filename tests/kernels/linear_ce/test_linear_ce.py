@@ -31,7 +31,7 @@ pytest.importorskip("triton")
 from repo_paths import ROOT  # noqa: E402
 
 from fastpath.kernels.counters import CALLS  # noqa: E402
-from fastpath.kernels.linear_ce import naive, triton_ce  # noqa: E402
+from fastpath.kernels.linear_ce import fwd_bwd, naive  # noqa: E402
 from fastpath.kernels.linear_ce.interface import (  # noqa: E402
     chunk_rows_for,
     linear_ce_fwd,
@@ -213,8 +213,8 @@ def test_chunk_boundaries(chunk_rows: int | None) -> None:
 def test_rows_longer_than_the_kernel_step(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     """V = 300 in steps of 64 (5 steps, the last partial) and 16: the online max / sum across steps."""
     for step in (64, 16):
-        monkeypatch.setattr(triton_ce, "MAX_BLOCK_V", step)
-        assert triton_ce.block_v(300) == step
+        monkeypatch.setattr(fwd_bwd, "MAX_BLOCK_V", step)
+        assert fwd_bwd.block_v(300) == step
         _check(13, 16, 300, dtype, chunk_rows=5, bias=True, seed=8 + step)
 
 
@@ -261,20 +261,20 @@ def test_backward_twice_is_a_clear_error() -> None:
 @needs_interp
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kernel_step_equals_torch_step(dtype: torch.dtype) -> None:
-    """One chunk through triton_ce.ce_rows_ and naive.ce_rows_ref_: the same losses and gradients
+    """One chunk through fwd_bwd.ce_rows_ and naive.ce_rows_ref_: the same losses and gradients
     (float32 arithmetic both; the stored gradient rounds once)."""
     gen = torch.Generator().manual_seed(11)
     logits = (3 * torch.randn(9, 300, generator=gen)).to(dtype)
     y = _labels(9, 300, "some", gen)
     scale = torch.tensor([0.25])
     a, b = logits.clone(), logits.clone()
-    la = triton_ce.ce_rows_(a, y, scale, -100, block=64)
+    la = fwd_bwd.ce_rows_(a, y, scale, -100, block=64)
     lb = naive.ce_rows_ref_(b, y, scale, -100)
     torch.testing.assert_close(la, lb, rtol=1e-6, atol=1e-6)
     one_ulp = {torch.float32: 1e-7, torch.float16: 2e-4, torch.bfloat16: 2e-3}[dtype]
     assert (a.double() - b.double()).abs().max().item() <= one_ulp
     c = logits.clone()
-    triton_ce.ce_rows_(c, y, scale, -100, write_grad=False)
+    fwd_bwd.ce_rows_(c, y, scale, -100, write_grad=False)
     assert torch.equal(c, logits)
 
 
@@ -418,13 +418,13 @@ def test_kernel_compiles_for_hopper() -> None:
         "from triton.backends.compiler import GPUTarget\n"
         "from triton.compiler import make_backend\n"
         "import kernel_compile_check as k\n"
-        "from fastpath.kernels.linear_ce import triton_ce\n"
+        "from fastpath.kernels.linear_ce import fwd_bwd\n"
         "target = GPUTarget('cuda', 90, 32); backend = make_backend(target)\n"
         "v = 248320; logits = torch.empty(4, v, dtype=torch.bfloat16); labels = torch.zeros(4, dtype=torch.int64)\n"
         "args = (logits, v, labels, 1, torch.empty(4), torch.ones(1), v, -100)\n"
-        "kw = dict(WRITE_GRAD=True, RNE=False, BLOCK_V=triton_ce.block_v(v), num_warps=8)\n"
-        "sig, const, attrs, opts, _ = k.specialise(triton_ce._ce_rows_kernel, args, kw, backend)\n"
-        "row = k.compile_launch(triton_ce._ce_rows_kernel, sig, const, attrs, opts, target)\n"
+        "kw = dict(WRITE_GRAD=True, RNE=False, BLOCK_V=fwd_bwd.block_v(v), num_warps=8)\n"
+        "sig, const, attrs, opts, _ = k.specialise(fwd_bwd._ce_rows_kernel, args, kw, backend)\n"
+        "row = k.compile_launch(fwd_bwd._ce_rows_kernel, sig, const, attrs, opts, target)\n"
         "assert row['spill_store_bytes'] == 0 and 0 < row['regs'] <= 255, row\n"
         "print('ok', row)\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

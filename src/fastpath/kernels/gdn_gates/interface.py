@@ -55,7 +55,7 @@ def fwd_impl(a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor) -> tuple[Tens
     """(g float32, beta in b's dtype), both contiguous with a's shape."""
     _check(a, b, a_log, dt_bias)
     if _triton_ok("fwd", a, b, a_log, dt_bias):
-        from fastpath.kernels.gdn_gates.triton_gates import gates_fwd
+        from fastpath.kernels.gdn_gates.fwd_bwd import gates_fwd
 
         CALLS["gdn_gates_fwd:triton"] += 1
         g, beta = gates_fwd(_rows(a), _rows(b), a_log, dt_bias)
@@ -69,7 +69,7 @@ def bwd_impl(a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor, dg: Tensor | 
              dbeta: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(da, db, dA_log, ddt_bias) in the dtypes of (a, b, A_log, dt_bias); None grads are zeros."""
     if _triton_ok("bwd", a, b, a_log, dt_bias, dg, dbeta):
-        from fastpath.kernels.gdn_gates.triton_gates import gates_bwd
+        from fastpath.kernels.gdn_gates.fwd_bwd import gates_bwd
 
         CALLS["gdn_gates_bwd:triton"] += 1
         da, db, d_a_log, d_dt_bias = gates_bwd(

@@ -4,7 +4,7 @@
                                 reduction="mean" | "sum", bias=None, chunk_rows=None)
 
 What it does: rows of `hidden` go through in chunks. Per chunk, one cuBLAS GEMM writes the chunk's
-logits in the input dtype; one Triton kernel (triton_ce.py) turns them, in place, into per-row
+logits in the input dtype; one Triton kernel (fwd_bwd.py) turns them, in place, into per-row
 losses and d loss / d logits (the gradient is known in the forward: loss is a scalar); then the two
 backward GEMMs run at once on that chunk: dhidden[rows] = dlogits @ W (complete: each row is in one
 chunk) and dW += dlogits.T @ hidden[rows] (float32 accumulator when there is more than one chunk
@@ -159,7 +159,7 @@ def fwd_impl(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Tensor | None
 
     triton_ok = bool(n_rows) and use_triton(hidden) and dtypes_fit("fwd", FAMILY, hidden, weight, bias)
     if triton_ok:
-        from fastpath.kernels.linear_ce.triton_ce import ce_rows_ as step
+        from fastpath.kernels.linear_ce.fwd_bwd import ce_rows_ as step
     else:
         step = naive.ce_rows_ref_
     CALLS[f"linear_ce_fwd:{'triton' if triton_ok else 'reference'}"] += 1

@@ -31,7 +31,7 @@ def linear_ce_ref(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Tensor |
 
 def ce_rows_ref_(logits: Tensor, labels: Tensor, scale: Tensor, ignore_index: int,
                  write_grad: bool = True) -> Tensor:
-    """triton_ce.ce_rows_ in torch: per-row float32 (float64 for float64 logits) loss (NaN for a label outside [0, V)); with
+    """fwd_bwd.ce_rows_ in torch: per-row float32 (float64 for float64 logits) loss (NaN for a label outside [0, V)); with
     write_grad, (softmax - onehot) * scale (0 on ignored rows) stored over `logits`."""
     n_cols = logits.shape[1]
     x = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)

@@ -41,7 +41,7 @@ def fwd_impl(x: Tensor, gate: Tensor) -> Tensor:
     _check(x, gate)
     dtype = torch.promote_types(x.dtype, gate.dtype)
     if x.numel() and _triton_ok("fwd", x, gate):
-        from fastpath.kernels.sigmoid_gate.triton_gate import gate_fwd
+        from fastpath.kernels.sigmoid_gate.fwd_bwd import gate_fwd
 
         CALLS["sigmoid_gate_fwd:triton"] += 1
         return gate_fwd(_rows(x), _rows(gate), dtype).view(x.shape)
@@ -51,7 +51,7 @@ def fwd_impl(x: Tensor, gate: Tensor) -> Tensor:
 
 def bwd_impl(x: Tensor, gate: Tensor, dout: Tensor) -> tuple[Tensor, Tensor]:
     if x.numel() and _triton_ok("bwd", x, gate, dout):
-        from fastpath.kernels.sigmoid_gate.triton_gate import gate_bwd
+        from fastpath.kernels.sigmoid_gate.fwd_bwd import gate_bwd
 
         CALLS["sigmoid_gate_bwd:triton"] += 1
         dx, dg = gate_bwd(_rows(x), _rows(gate), _rows(dout))

@@ -25,7 +25,7 @@ from fastpath.kernels.layout import as_rows as _rows
 from fastpath.kernels.zc_rmsnorm import naive
 
 FAMILY = "zc_rmsnorm"
-MAX_WIDTH = 16384  # triton_norm holds whole rows in registers; wider rows spill, then run out
+MAX_WIDTH = 16384  # fwd_bwd.py holds whole rows in registers; wider rows spill, then run out
 
 
 def _check(x: Tensor, weight: Tensor) -> None:
@@ -49,7 +49,7 @@ def _triton_ok(op: str, x: Tensor, *tensors: Tensor) -> bool:
 def fwd_impl(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     _check(x, weight)
     if _triton_ok("fwd", x, weight):
-        from fastpath.kernels.zc_rmsnorm.triton_norm import norm_fwd
+        from fastpath.kernels.zc_rmsnorm.fwd_bwd import norm_fwd
 
         CALLS["zc_rmsnorm_fwd:triton"] += 1
         return norm_fwd(_rows(x), weight, eps).view(x.shape)
@@ -61,7 +61,7 @@ def bwd_impl(x: Tensor, weight: Tensor, dy: Tensor, eps: float) -> tuple[Tensor,
     if dy.shape != x.shape:
         raise ValueError(f"zc_rmsnorm: dy {tuple(dy.shape)} must have x's shape {tuple(x.shape)}")
     if _triton_ok("bwd", x, weight, dy):
-        from fastpath.kernels.zc_rmsnorm.triton_norm import norm_bwd
+        from fastpath.kernels.zc_rmsnorm.fwd_bwd import norm_bwd
 
         CALLS["zc_rmsnorm_bwd:triton"] += 1
         dx, dw = norm_bwd(_rows(x), weight, _rows(dy), eps)
