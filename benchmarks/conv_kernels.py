@@ -27,10 +27,10 @@ import triton
 from triton.testing import do_bench
 
 import fastpath.causal_conv1d as ours
+from fastpath.kernels.causal_conv1d.bwd_tile import causal_conv1d_bwd_triton
+from fastpath.kernels.causal_conv1d.fwd_tile import causal_conv1d_fwd_triton
 from fastpath.kernels.causal_conv1d.interface import update_impl
 from fastpath.kernels.causal_conv1d.naive import causal_conv1d_ref
-from fastpath.kernels.causal_conv1d.tile_bwd import causal_conv1d_bwd_triton
-from fastpath.kernels.causal_conv1d.tile_fwd import causal_conv1d_fwd_triton
 from fastpath.kernels.causal_conv1d.update import causal_conv1d_update_triton
 
 D, W = 10240, 4
@@ -214,7 +214,10 @@ def measure_update(name, upd) -> dict:
 def sweep() -> list[dict]:
     """Tile configs of our kernels at (8, 4096), the decode step, and host-side launch costs."""
     from fastpath.kernels.causal_conv1d import update as conv1d_update
-    from fastpath.kernels.causal_conv1d.rows import causal_conv1d_bwd_rows, causal_conv1d_fwd_rows
+    from fastpath.kernels.causal_conv1d.fwd_bwd_rows import (
+        causal_conv1d_bwd_rows,
+        causal_conv1d_fwd_rows,
+    )
 
     rows = []
     x, w = make_inputs(8, 4096)

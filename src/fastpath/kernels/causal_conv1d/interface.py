@@ -151,12 +151,12 @@ class _Kernels:
     """The Triton launchers, imported on first use (importing them imports triton)."""
 
     def __init__(self) -> None:
-        from fastpath.kernels.causal_conv1d import rows, tile_bwd, tile_fwd
+        from fastpath.kernels.causal_conv1d import bwd_tile, fwd_bwd_rows, fwd_tile
 
-        self.fwd_rows = rows.causal_conv1d_fwd_rows
-        self.bwd_rows = rows.causal_conv1d_bwd_rows
-        self.fwd_tile = tile_fwd.causal_conv1d_fwd_triton
-        self.bwd_tile = tile_bwd.causal_conv1d_bwd_triton
+        self.fwd_rows = fwd_bwd_rows.causal_conv1d_fwd_rows
+        self.bwd_rows = fwd_bwd_rows.causal_conv1d_bwd_rows
+        self.fwd_tile = fwd_tile.causal_conv1d_fwd_triton
+        self.bwd_tile = bwd_tile.causal_conv1d_bwd_triton
 
 
 @cache

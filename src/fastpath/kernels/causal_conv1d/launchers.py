@@ -1,5 +1,6 @@
 """Host side of the causal-conv1d Triton kernels: one forward and one backward launch path that both
-strategies (rows.py for channel-last inputs, tile_fwd.py / tile_bwd.py for the rest) go through.
+strategies (fwd_bwd_rows.py for channel-last inputs, fwd_tile.py / bwd_tile.py for the rest) go
+through.
 
 The forward kernels share their leading arguments (6 pointers, L, D), their 15 strides and their
 first 5 constexprs; the backward kernels their 11 pointers, L, D, n_chunks, 23 strides and first

@@ -1,6 +1,6 @@
 """Sliding-row Triton kernels for causal conv1d: each x / dy element is loaded once.
 
-Why: the 2D-tile kernels (tile_fwd / tile_bwd) load W (fwd) or 2W-1 (bwd) shifted copies
+Why: the 2D-tile kernels (fwd_tile / bwd_tile) load W (fwd) or 2W-1 (bwd) shifted copies
 of every tile; those loads are issued back to back, so each one goes to L2 again and the
 kernels top out at ~0.7x copy bandwidth (fwd) / ~1000 GB/s (bwd) on an H200. Here a program owns
 BLOCK_D channels (16-byte vectors along D in the channel-last layout) and a chunk of rows, walks
