@@ -6,16 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 from fastpath.doctor.diagnosis import diagnose
 from fastpath.doctor.facts_check import check_json
-from fastpath.doctor.remote import arrived, parse_facts, positive_int, positive_seconds
-from fastpath.shared.errors import FastpathError, TargetError, UsageError
-from fastpath.shared.plain_text import plain
+from fastpath.doctor.remote import arrived, positive_int, positive_seconds, probe_with_python
+from fastpath.shared.errors import FastpathError, UsageError
 from fastpath.shared.redact import redact_facts
 
 EXIT_CODES_HELP = (
@@ -67,24 +64,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "subprocesses (~3 CPU-s per target); static: read versions, archs "
                              "and an ELF link check from the files, import nothing (~0.2 CPU-s). "
                              "Default: full for one target, static for --hosts")
-
-
-def probe_with_python(python: str, timeout: float | None, static: bool = False) -> dict[str, Any]:
-    """Run probe.py under another local interpreter (a venv, a conda env) by stdin."""
-    src = Path(__file__).with_name("probe.py").read_bytes()
-    try:
-        out = subprocess.run([python, "-", "--framed", *(["--static"] if static else [])],
-                             input=src, capture_output=True, timeout=timeout or 120)
-    except (FileNotFoundError, PermissionError, NotADirectoryError):
-        raise UsageError(f"--python {python}: no such interpreter") from None
-    except subprocess.TimeoutExpired:
-        raise TargetError(f"probe under {python} timed out") from None
-    facts = parse_facts(out.stdout)
-    if not facts:
-        tail = (out.stderr[-8192:].decode(errors="replace").strip().splitlines() or ["no output"])
-        raise TargetError(f"probe under {python} failed (exit {out.returncode}): "
-                          f"{plain(tail[-1], 300)}")
-    return facts
 
 
 def _check_usage(args: argparse.Namespace) -> Any:

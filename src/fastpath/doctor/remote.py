@@ -9,6 +9,9 @@ facts it can and names the rest in probe.errors.
 
 Each run is its own process group, killed as a whole on timeout, so a stuck target (or a
 ProxyCommand, or a `pct exec` that never returns) never hangs the caller.
+
+`probe_with_python` sends the probe the same way, on stdin to `python -`, to another interpreter
+on this machine (a venv, a conda env): `--python` without `--on`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import math
 import os
 import shlex
 import signal
+import subprocess
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -550,3 +554,21 @@ def probe_remote(
     the target like Ctrl-C does)."""
     return asyncio.run(interruptible(
         probe_target(prefix, python=python, timeout=timeout, static=static)))
+
+
+def probe_with_python(python: str, timeout: float | None, static: bool = False) -> dict[str, Any]:
+    """Run probe.py under another local interpreter (a venv, a conda env) by stdin."""
+    src = Path(__file__).with_name("probe.py").read_bytes()
+    try:
+        out = subprocess.run([python, "-", "--framed", *(["--static"] if static else [])],
+                             input=src, capture_output=True, timeout=timeout or 120)
+    except (FileNotFoundError, PermissionError, NotADirectoryError):
+        raise UsageError(f"--python {python}: no such interpreter") from None
+    except subprocess.TimeoutExpired:
+        raise TargetError(f"probe under {python} timed out") from None
+    facts = parse_facts(out.stdout)
+    if not facts:
+        tail = (out.stderr[-8192:].decode(errors="replace").strip().splitlines() or ["no output"])
+        raise TargetError(f"probe under {python} failed (exit {out.returncode}): "
+                          f"{plain(tail[-1], 300)}")
+    return facts
