@@ -86,7 +86,7 @@ from fastpath.kernels.sigmoid_gate import interface as gate_if
 from fastpath.kernels.ssd import interface as ssd_if
 from fastpath.kernels.ssd import shared_memory as ssd_shared
 from fastpath.kernels.ssd import split_conv_scan as ssd_split
-from fastpath.kernels.ssd import state_update as ssd_update
+from fastpath.kernels.ssd import update as ssd_update
 from fastpath.kernels.zc_rmsnorm import interface as norm_if
 
 FAMILIES = ("causal_conv1d", "ssd", "selective_scan", "state_update", "gdn_gates", "sigmoid_gate",

@@ -184,7 +184,7 @@ def bench_decode(fn: Any, case: dict[str, torch.Tensor]) -> tuple[float, torch.T
 
 def decode_rows(mamba_ops: dict[str, Any] | None) -> list[dict[str, Any]]:
     from fastpath.kernels.ssd.naive import selective_state_update_ref
-    from fastpath.kernels.ssd.state_update import (
+    from fastpath.kernels.ssd.update import (
         selective_state_update,
         selective_state_update_triton,
     )

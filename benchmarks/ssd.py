@@ -37,17 +37,17 @@ import torch
 import triton
 from triton.testing import do_bench
 
+from fastpath.kernels.ssd import bwd as bwd_mod
+from fastpath.kernels.ssd import fwd as fwd_mod
 from fastpath.kernels.ssd import mamba_chunk_scan_combined as ours
-from fastpath.kernels.ssd import scan_bwd as bwd_mod
-from fastpath.kernels.ssd import scan_fwd as fwd_mod
-from fastpath.kernels.ssd.naive import ssd_chunked_ref
-from fastpath.kernels.ssd.scan_bwd import ssd_scan_bwd_triton
-from fastpath.kernels.ssd.scan_fwd import (
+from fastpath.kernels.ssd.bwd import ssd_scan_bwd_triton
+from fastpath.kernels.ssd.fwd import (
     chunk_outputs,
     chunk_states,
     contiguous_inputs,
     prepare_dt,
 )
+from fastpath.kernels.ssd.naive import ssd_chunked_ref
 
 H, P, G, N, CHUNK = 128, 64, 8, 128, 128
 SHAPES = [(1, 4096), (8, 4096)]
@@ -187,7 +187,7 @@ def update_timings(mamba_update) -> list[dict]:
     (mamba_model.py's decode case, gated, fp32 state)."""
     from mamba_model import bench_decode, decode_case
 
-    from fastpath.kernels.ssd.state_update import selective_state_update
+    from fastpath.kernels.ssd.update import selective_state_update
 
     impls = {"fastpath": selective_state_update}
     if mamba_update is not None:
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--update", action="store_true",
                     help="also the decode step (selective_state_update) at B=1 and B=64")
     ap.add_argument("--sweep", action="store_true",
-                    help="also time each tile knob (scan_fwd/scan_bwd constants) alone")
+                    help="also time each tile knob (fwd.py / bwd.py constants) alone")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks/ssd.py: needs a CUDA device", file=sys.stderr)

@@ -24,7 +24,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from fastpath.kernels.ssd import scan_bwd, scan_fwd, shared_memory, varlen
+from fastpath.kernels.ssd import bwd, fwd, shared_memory, varlen
 
 FP32_PTRS = {"dtp_ptr", "cum_ptr", "A_ptr", "bias_ptr", "D_ptr", "final_ptr", "init_ptr",
              "dfinal_ptr", "dinit_ptr", "ddt_ptr", "dA_ptr", "dD_ptr"}
@@ -85,24 +85,22 @@ def cases(dtype: str, arch: int):
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     cpu = torch.device("cpu")
     with shared_memory.assume_limit(shared_memory.ARCH_LIMITS.get(arch, 101376), arch):
-        bp, bn = shared_memory.state_tile(cpu, torch_dtype, 128, scan_fwd.STATE_BLOCK,
-                                          scan_fwd.STATE_BLOCK)
+        bp, bn = shared_memory.state_tile(cpu, torch_dtype, 128, fwd.STATE_BLOCK, fwd.STATE_BLOCK)
         varlen_bq = shared_memory.varlen_block(cpu, torch_dtype, 128, 64, 64, 3)
-        dbc_bn = shared_memory.dbc_tile(cpu, torch_dtype, scan_bwd.DBC_BLOCK_M,
-                                        scan_bwd.DBC_BLOCK_N)
+        dbc_bn = shared_memory.dbc_tile(cpu, torch_dtype, bwd.DBC_BLOCK_M, bwd.DBC_BLOCK_N)
     tile = {"BP": bp, "BN": bn}
     seq = {"HAS_SEQ": True}
-    yield scan_fwd._dt_kernel, {"HAS_BIAS": True, "SOFTPLUS": True, "HAS_LIMIT": True,
-                                "BQ": 128, "BH": 16}
-    yield scan_fwd._states_kernel, {**seq, "HAS_INIT": True, "STORE_STATES": True, "BQ": 128,
-                                    **tile, **common}
-    yield scan_fwd._out_kernel, {**seq, "HAS_D": True, "D_PER_CHANNEL": False, "HAS_Z": True,
-                                 "BM": scan_fwd.OUT_BLOCK_M, **full, **common}
-    yield scan_bwd._dstates_kernel, {**seq, "HAS_DFINAL": True, "BQ": 128, **tile, **common}
-    yield scan_bwd._dx_kernel, {**seq, "HAS_D": True, "D_PER_CHANNEL": False,
-                                "BM": scan_bwd.DX_BLOCK_M, **full, **common}
-    yield scan_bwd._dbc_kernel, {**seq, "BM": scan_bwd.DBC_BLOCK_M, "BP": 64, "BN": dbc_bn,
-                                 **common}
+    yield fwd._dt_kernel, {"HAS_BIAS": True, "SOFTPLUS": True, "HAS_LIMIT": True,
+                           "BQ": 128, "BH": 16}
+    yield fwd._states_kernel, {**seq, "HAS_INIT": True, "STORE_STATES": True, "BQ": 128,
+                               **tile, **common}
+    yield fwd._out_kernel, {**seq, "HAS_D": True, "D_PER_CHANNEL": False, "HAS_Z": True,
+                            "BM": fwd.OUT_BLOCK_M, **full, **common}
+    yield bwd._dstates_kernel, {**seq, "HAS_DFINAL": True, "BQ": 128, **tile, **common}
+    yield bwd._dx_kernel, {**seq, "HAS_D": True, "D_PER_CHANNEL": False,
+                           "BM": bwd.DX_BLOCK_M, **full, **common}
+    yield bwd._dbc_kernel, {**seq, "BM": bwd.DBC_BLOCK_M, "BP": 64, "BN": dbc_bn,
+                            **common}
     yield varlen._varlen_states_kernel, {"HAS_INIT": True, "CUM64": dtype == "fp32",
                                          "BQ": varlen_bq, "BP": 64, "BN": 64, **common}
 

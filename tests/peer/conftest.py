@@ -10,7 +10,7 @@ into this repository:
   extension upstream); here that name inside mamba_ssm is upstream's own `selective_scan_ref`.
 - tests/ops/triton/test_selective_state_update.py: `selective_state_update` becomes fastpath's
   (a 3-D state: the Mamba-1 step of fastpath.kernels.selective_scan.state_update; a 4-D state: the
-  Mamba-2 step of fastpath.kernels.ssd.state_update); the judge stays
+  Mamba-2 step of fastpath.kernels.ssd.update); the judge stays
   `selective_state_update_ref`.
 - tests/ops/triton/test_ssd.py: its one test checks the per-sequence final states of packed
   sequences through mamba_ssm's internal `chunk_state_varlen`; that name answers through

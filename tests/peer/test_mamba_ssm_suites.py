@@ -242,7 +242,7 @@ def test_judge_passes_fastpath_where_the_reference_rounds(monkeypatch, dtype_nam
     import float64_judge as judge
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from fastpath.kernels.ssd.state_update import selective_state_update
+    from fastpath.kernels.ssd.update import selective_state_update
 
     case = _update_case(getattr(torch, dtype_name))
     call = _record(selective_state_update, ("state",), **case)

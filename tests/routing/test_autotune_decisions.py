@@ -93,7 +93,7 @@ def test_a_recorded_decision_is_used_by_a_fresh_process_without_timing(tmp_path)
 
 def test_other_gpu_stale_config_and_bad_files_are_refused(tmp_path):
     doc = {"schema": ad.SCHEMA, "device": {"name": "x", "capability": [9, 0]}, "versions": {},
-           "kernels": {"fastpath.kernels.ssd.scan_fwd:nowhere": [{"key": [1], "config": {}}]}}
+           "kernels": {"fastpath.kernels.ssd.fwd:nowhere": [{"key": [1], "config": {}}]}}
     report = ad.seed(doc, (12, 0))
     assert report.seeded == 0 and "recorded on compute capability 9.0, this device is 12.0" in report.summary()
     assert "not a CUDA GPU" in ad.seed(doc, None).summary()

@@ -156,7 +156,7 @@ def lift_device_gates(module: ModuleType, reg: PatchRegistry, opens: Callable[[A
 
 def state_update_limit(layer: Any) -> str | None:
     """Why the Triton decode update would hand this layer's calls to the float reference."""
-    from fastpath.kernels.ssd.state_update import MAX_DSTATE
+    from fastpath.kernels.ssd.update import MAX_DSTATE
 
     dstate = getattr(layer, "ssm_state_size", None)
     if isinstance(dstate, int) and dstate > MAX_DSTATE:

@@ -159,7 +159,7 @@ def test_gradients(dtype, opts):
 
 def test_views_split_off_a_wider_tensor_are_read_in_place():
     """x, B, C (and z, dout) as mamba's split of xBC makes them: strided rows, no copy."""
-    from fastpath.kernels.ssd.scan_fwd import row_layout
+    from fastpath.kernels.ssd.fwd import row_layout
 
     t, seq = make_case(2, 21, 4, 4, 2, 8, seed=11)
     dim, gn = 16, 16
@@ -192,12 +192,12 @@ def test_views_split_off_a_wider_tensor_are_read_in_place():
 def test_output_rows_in_several_blocks(monkeypatch, blocks):
     """Chunks longer than the output, dx, dB/dC and CB/dCB kernels' row blocks (as at chunk 128
     on the GPU), also with block sizes that differ between the kernels sharing CB/dCB."""
-    from fastpath.kernels.ssd import scan_bwd, scan_fwd
+    from fastpath.kernels.ssd import bwd, fwd
 
-    monkeypatch.setattr(scan_fwd, "OUT_BLOCK_M", blocks[0])
-    monkeypatch.setattr(scan_bwd, "DX_BLOCK_M", blocks[1])
-    monkeypatch.setattr(scan_bwd, "DBC_BLOCK_M", blocks[2])
-    monkeypatch.setattr(scan_fwd, "PAIR_BLOCK_M", blocks[3])
+    monkeypatch.setattr(fwd, "OUT_BLOCK_M", blocks[0])
+    monkeypatch.setattr(bwd, "DX_BLOCK_M", blocks[1])
+    monkeypatch.setattr(bwd, "DBC_BLOCK_M", blocks[2])
+    monkeypatch.setattr(fwd, "PAIR_BLOCK_M", blocks[3])
     t, seq = make_case(1, 70, 2, 8, 1, 16, npacked=3, seed=13)
     run_case(t, seq, 48, torch.float32, ALL)
 
@@ -221,10 +221,10 @@ class _LaunchTwice:
 
 def test_kernels_only_overwrite_their_outputs(monkeypatch):
     """A kernel that reads a buffer it writes gives a wrong result once the autotuner re-runs it."""
-    from fastpath.kernels.ssd import scan_bwd, scan_fwd
+    from fastpath.kernels.ssd import bwd, fwd
 
     patched = []
-    for module in (scan_fwd, scan_bwd):
+    for module in (fwd, bwd):
         for name, obj in list(vars(module).items()):
             if name.startswith("_") and name.endswith("_kernel") and hasattr(obj, "__getitem__"):
                 monkeypatch.setattr(module, name, _LaunchTwice(obj))

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from fastpath.kernels.counters import CALLS, reset
 from fastpath.kernels.ssd.naive import selective_state_update_ref
-from fastpath.kernels.ssd.state_update import selective_state_update
+from fastpath.kernels.ssd.update import selective_state_update
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"

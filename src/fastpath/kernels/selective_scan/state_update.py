@@ -3,7 +3,7 @@
     selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
                            dt_softplus=False, state_batch_indices=None)
 
-The Triton kernel is kernels/ssd/state_update.py's, called with a head per group of channels; what
+The Triton kernel is kernels/ssd/update.py's, called with a head per group of channels; what
 it does not take runs naive.selective_state_update_ref, with a warning naming the reason.
 """
 
@@ -57,7 +57,7 @@ def _update_unsupported(state: Tensor, x: Tensor, A: Tensor, *tensors: Tensor | 
         return f"no Triton device for {x.device.type} tensors (CUDA, or TRITON_INTERPRET=1)"
     if A.is_complex():
         return "complex A (the kernel takes real A)"
-    from fastpath.kernels.ssd.state_update import MAX_DSTATE as UPDATE_MAX_DSTATE
+    from fastpath.kernels.ssd.update import MAX_DSTATE as UPDATE_MAX_DSTATE
 
     if state.shape[-1] > UPDATE_MAX_DSTATE:
         return f"state size N={state.shape[-1]} (the kernel takes N <= {UPDATE_MAX_DSTATE})"
@@ -87,8 +87,8 @@ def selective_state_update(
     state (batch|pool, dim, N) (any strides: Zamba passes a per-head view of its cache),
     x/dt/z (batch, dim), A (dim, N), B/C (batch, N) or grouped (batch, G, N), D/dt_bias (dim,).
     Returns out (batch, dim) in x's dtype. The 4-D (with heads) form is mamba_ssm's Mamba-2 call;
-    fastpath.kernels.ssd.state_update takes it. The Triton kernel is the one the Mamba-2 update
-    uses (kernels/ssd/state_update.py) with a single head of `dim` rows and full (dim, N) A.
+    fastpath.kernels.ssd.update takes it. The Triton kernel is the one the Mamba-2 update
+    uses (kernels/ssd/update.py) with a single head of `dim` rows and full (dim, N) A.
     A negative state_batch_indices entry marks a padding row: output 0, no state touched; so
     does one past the pool (the kernel never indexes outside `state`; no host-side check, which
     would sync the device every token).
@@ -98,7 +98,7 @@ def selective_state_update(
     Cg = C if C.dim() == 3 else C[:, None]
     why = _update_unsupported(state, x, A, dt, B, C, D, z, dt_bias)
     if why is None:
-        from fastpath.kernels.ssd.state_update import selective_state_update_triton
+        from fastpath.kernels.ssd.update import selective_state_update_triton
 
         CALLS["ss_update:triton"] += 1
         heads = Bg.shape[1]  # a group of channels per head: (batch, G, dim / G, N)

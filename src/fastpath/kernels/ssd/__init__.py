@@ -1,8 +1,8 @@
 """Mamba-2 state-space (SSD) ops and their float references.
 
 interface.py (entry point: mamba_chunk_scan_combined over torch custom ops) with the chunked
-scan's Triton kernels (scan_fwd.py, scan_bwd.py, varlen.py, configs fitted by shared_memory.py);
-state_update.py (the decode step, mamba_ssm's selective_state_update); split_conv_scan.py (the
+scan's Triton kernels (fwd.py, bwd.py, varlen.py, configs fitted by shared_memory.py);
+update.py (the decode step, mamba_ssm's selective_state_update); split_conv_scan.py (the
 fused training op, composed of fastpath's kernels); naive.py (specs, float64-capable).
 This package re-exports mamba_chunk_scan_combined and naive's references.
 May import: other kernel ops (causal_conv1d), the kernels' shared modules, fastpath.shared.

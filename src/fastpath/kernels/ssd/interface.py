@@ -88,7 +88,7 @@ def ssd_scan_fwd(
     return_final_states: bool,
 ) -> tuple[Tensor, Tensor]:
     if _use_triton("scan fwd", x, B, chunk_size, dt, A, C, D, z, dt_bias, initial_states):
-        from fastpath.kernels.ssd.scan_fwd import ssd_scan_fwd_triton
+        from fastpath.kernels.ssd.fwd import ssd_scan_fwd_triton
 
         CALLS["ssd_fwd:triton"] += 1
         out, final = ssd_scan_fwd_triton(
@@ -160,7 +160,7 @@ def ssd_scan_bwd(
         "scan bwd", x, B, chunk_size, dt, A, C, D, z, dt_bias, initial_states, dout,
         dfinal_states,
     ):
-        from fastpath.kernels.ssd.scan_bwd import ssd_scan_bwd_triton
+        from fastpath.kernels.ssd.bwd import ssd_scan_bwd_triton
 
         CALLS["ssd_bwd:triton"] += 1
         grads = ssd_scan_bwd_triton(

@@ -269,7 +269,7 @@ def selective_state_step(
     dt_bias and dt_softplus apply (mamba_ssm's update has no dt_limit, seq_idx or initial state).
 
     Shapes with heads (mamba_ssm's 4-D form): state (B, H, P, N), x/z (B, H, P), dt (B, H, P),
-    A (H, P, N), B/C (B, G, N), D/dt_bias (H, P) or per head (H,) (state_update.py accepts
+    A (H, P, N), B/C (B, G, N), D/dt_bias (H, P) or per head (H,) (update.py accepts
     both; mamba_ssm takes (H, P)). The head-less 3-D form (state (B, D, N)) is
     the same with H = 1 after unsqueeze. Arithmetic in float32 (float64 for float64 state).
     """

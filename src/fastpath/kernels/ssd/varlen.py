@@ -13,7 +13,7 @@ import triton.language as tl
 from torch import Tensor
 
 from fastpath.kernels.ssd import shared_memory
-from fastpath.kernels.ssd.scan_fwd import (
+from fastpath.kernels.ssd.fwd import (
     _chunk_rows,
     _decay,
     _state_tile,
@@ -49,7 +49,7 @@ def _varlen_states_kernel(
         valid = tok < end
         dtp = tl.load(dtp_ptr + h * LP + tok, mask=valid, other=0.0)
         a = dtp * a_h
-        if CUM64:  # float32 inputs: exact differences of the running sum (scan_fwd.cum_dtype)
+        if CUM64:  # float32 inputs: exact differences of the running sum (fwd.cum_dtype)
             a = a.to(tl.float64)
         cum = tl.cumsum(a, axis=0)
         total = tl.sum(a)

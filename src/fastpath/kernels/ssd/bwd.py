@@ -1,10 +1,10 @@
 """Triton backward of the chunked state-space scan: the forward's decomposition in reverse.
 
-Recompute dt', cum and the states entering each chunk (scan_fwd), then:
+Recompute dt', cum and the states entering each chunk (fwd.py), then:
 1. `_dstates_kernel` (per batch, head, P/N tile; sequential over chunks, newest first, float32):
    R_c = dL/d(state leaving chunk c);  R_{c-1} = gate_c R_c + sum_t exp(cum_t) dy_t^T C_t,
    and dinitial_states = the gradient entering chunk 0.
-2. CB[t, u] = C_t . B_u once per group (scan_fwd.chunk_cb); every head of the group reads it
+2. CB[t, u] = C_t . B_u once per group (fwd.chunk_cb); every head of the group reads it
    instead of recomputing the dot.
 3. `_dx_kernel` (per batch, chunk, block of positions, head; heads of a group adjacent in the
    launch order so CB and B tiles are reused from L2): dx, the direct part of d(dt'), partial
@@ -29,9 +29,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fastpath.kernels.ssd import scan_fwd as fwd
-from fastpath.kernels.ssd import shared_memory
-from fastpath.kernels.ssd.scan_fwd import (
+from fastpath.kernels.ssd import fwd, shared_memory
+from fastpath.kernels.ssd.fwd import (
     _carry,
     _chunk_bounds,
     _chunk_rows,
@@ -55,7 +54,7 @@ from fastpath.kernels.ssd.scan_fwd import (
 )
 
 # Tile knobs (benchmarks/ssd.py --sweep times alternatives): the row blocks of the dx and
-# dB/dC programs, the N tile of the dB/dC programs (scan_fwd.PAIR_BLOCK_M: CB / dCB blocks).
+# dB/dC programs, the N tile of the dB/dC programs (fwd.PAIR_BLOCK_M: CB / dCB blocks).
 DX_BLOCK_M = 64
 DBC_BLOCK_M = 64
 DBC_BLOCK_N = 64
