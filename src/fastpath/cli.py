@@ -18,7 +18,7 @@ from fastpath.shared.errors import FastpathError
 # command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("fastpath.doctor.doctor_cli", "diagnose the CUDA toolchain, kernel stack and a model's plan"),
-    "run": ("fastpath.routing.run", "run a Python program with fastpath.enable() applied"),
+    "run": ("fastpath.routing.run_cli", "run a Python program with fastpath.enable() applied"),
     "verify": ("fastpath.proof.verify", "prove the fast path computes the same function on a model"),
     "bench": ("fastpath.proof.bench", "time reference vs fast path on a model"),
     "capture": ("fastpath.capture.cli", "dump a target's hidden states for EAGLE-3 drafter training, checked"),

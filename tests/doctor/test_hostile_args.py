@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hostile_fakes import SRC, env, fastpath, one_line_error
 
-from fastpath.routing.run import BOOTSTRAP_DIR, launch_environment
+from fastpath.routing.launcher import BOOTSTRAP_DIR, launch_environment
 
 
 @pytest.mark.parametrize("args", [

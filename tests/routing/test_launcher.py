@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fastpath.routing.run import BOOTSTRAP_DIR, launch_environment
+from fastpath.routing.launcher import BOOTSTRAP_DIR, launch_environment
 
 # Each level imports transformers (the trigger), reports whether enable() is in force, and the
 # first two levels start the next one as a plain subprocess.

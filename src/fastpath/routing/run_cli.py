@@ -1,12 +1,6 @@
-"""`fastpath run -- CMD ...`: run any program with fastpath.enable() applied, no code change.
-
-How: prepend a directory holding fastpath's `sitecustomize.py` to PYTHONPATH and set
-FASTPATH_ENABLE=1, then exec the command. Every Python process started below it (the command
-itself, torchrun's workers, their children) imports `sitecustomize` at start-up, which calls
-enable() when that process first imports transformers, and then chains to any sitecustomize
-that was already on the path. Environment variables are inherited, so the whole process tree is
-covered without touching its code.
-"""
+"""`fastpath run -- CMD ...` arguments and entry point: check the command and the FASTPATH_*
+switches once, here, then exec CMD in routing/launcher.py's environment, so every Python process
+of it runs with fastpath.enable() applied."""
 
 from __future__ import annotations
 
@@ -14,12 +8,9 @@ import argparse
 import os
 import shutil
 import sys
-from pathlib import Path
 
+from fastpath.routing.launcher import launch_environment
 from fastpath.shared.errors import UsageError
-
-ENABLE_ENV = "FASTPATH_ENABLE"
-BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,23 +25,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="-- COMMAND ...",
         help="the program to run, e.g. `fastpath run -- torchrun --nproc-per-node 8 train.py`",
     )
-
-
-def launch_environment(base: dict[str, str] | None = None, *, warn: bool = True) -> dict[str, str]:
-    """The environment a command runs in: bootstrap dir first on PYTHONPATH, FASTPATH_ENABLE=1.
-
-    The user's entries keep their order, empty ones included: an empty PYTHONPATH entry (`:x`,
-    `x:`) means the current directory, which the program may rely on."""
-    env = dict(os.environ if base is None else base)
-    current = env.get("PYTHONPATH", "")
-    parts = current.split(os.pathsep) if current else []
-    boot = str(BOOTSTRAP_DIR)
-    parts = [boot] + [p for p in parts if p != boot]
-    env["PYTHONPATH"] = os.pathsep.join(parts)
-    env[ENABLE_ENV] = "1"
-    if not warn:
-        env["FASTPATH_ENABLE_QUIET"] = "1"
-    return env
 
 
 def main(args: argparse.Namespace) -> int:
