@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("fastpath.routing.run_cli", "run a Python program with fastpath.enable() applied"),
     "verify": ("fastpath.proof.verify", "prove the fast path computes the same function on a model"),
     "bench": ("fastpath.proof.bench", "time reference vs fast path on a model"),
-    "capture": ("fastpath.capture.cli", "dump a target's hidden states for EAGLE-3 drafter training, checked"),
+    "capture": ("fastpath.capture.capture_cli", "dump a target's hidden states for EAGLE-3 drafter training, checked"),
     "warmup": ("fastpath.proof.warmup", "compile and autotune a model's Triton kernels into the cache, once"),
 }
 

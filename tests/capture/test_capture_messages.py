@@ -26,7 +26,7 @@ pytest.importorskip("datasets")
 from tiny_configs import LFM2_4L as TINY_LFM2
 
 from fastpath.capture import distributed
-from fastpath.capture.cli import resume_command, summary_text
+from fastpath.capture.capture_cli import resume_command, summary_text
 from fastpath.capture.run import CaptureResult, _Progress
 from fastpath.cli import build_parser
 from fastpath.kernels.dispatch import triton_interpreter_on

@@ -8,5 +8,5 @@ recheck (sampled rows on the reference path) -> staging (background copies) -> w
 files). formats holds one class per offline layout (FORMATS); clients and client_check run a
 client's own code for --check-client; distributed (torchrun, FSDP2), interrupts (Ctrl-C).
 May import: kernels, routing, models, shared; never proof.
-Entry points: cli.add_arguments / cli.main (`fastpath capture`), run.run_capture.
+Entry points: capture_cli.add_arguments / capture_cli.main (`fastpath capture`), run.run_capture.
 """
