@@ -17,33 +17,25 @@ enable() routes with Liger in place (the kernel calls, explain()'s rows of both)
 comparison (plain reference vs fast + Liger) would mix Liger's own rounding (its norms compute in
 fp32) with fastpath's, and a failure could not say whose it is; Liger's tests cover Liger itself.
 
-This module is the command line and the rendering; the maths is in models/compare.py, running the
-two paths in proof/run_paths.py, the verdict in proof/verdict.py, the job's size in models/sizing.py.
+This module is the rendering; the command line is proof/verify_cli.py, the maths is in
+models/compare.py, running the two paths in proof/run_paths.py, the verdict in proof/verdict.py, the
+job's size in models/sizing.py.
 Exit status: 0 PASS, 1 FAIL, 2 bad input (or a job that will not fit), 3 NOT VERIFIED, 4 SLOW (same
 function, but an op ran slow code: a torch fallback, a Hub kernel not cached, FLA on CPU tensors).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from typing import Any
 
 from fastpath.models.compare import NOISE_SLACK, ORACLE_SLACK
-from fastpath.proof.run_paths import REFERENCES
 from fastpath.proof.verdict import (
     NOT_VERIFIED_HINT,
     NOT_VERIFIED_LINE,
     SLOW,
     SLOW_LINE,
-    CannotVerify,
     VerifyResult,
 )
-
-SAVE_NAME = "fastpath-verify.json"  # the file `--save DIR` writes inside DIR
-
-# Rendering and CLI
 
 
 def route_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -189,100 +181,3 @@ def render(result: VerifyResult, width: int | None = None) -> Any:
         lines.append(Text("FAIL:", style="bold red"))
         lines += [Text(f"  - {p}", style="red") for p in result.problems]
     return Group(*lines)
-
-
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", metavar="MODEL", help="preset name, config.json path, or local model directory with safetensors")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
-                        help="auto: bf16 on a GPU, fp32 on CPU")
-    parser.add_argument("--seq-len", type=int, default=256, help="tokens per row (default 256)")
-    parser.add_argument("--batch", type=int, default=2, help="rows (default 2)")
-    parser.add_argument("--packed", action="store_true",
-                        help="pack the batch into one row of unequal sequences (seq_idx / cu_seqlens)")
-    parser.add_argument("--backward", action="store_true", help="also compare parameter gradients of a next-token loss")
-    parser.add_argument("--layers", type=int, default=None,
-                        help="keep N layers, every layer type of the model represented")
-    parser.add_argument("--decode-tokens", type=int, default=8, help="greedy cached decode steps to compare (0: skip)")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    parser.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs")
-    parser.add_argument("--reference", choices=REFERENCES, default="torch",
-                        help="torch: transformers' torch fallbacks (Dao causal-conv1d / FLA hidden while the model "
-                             "is built); transformers: whatever transformers binds here")
-    parser.add_argument("--liger", action="store_true",
-                        help="apply Liger Kernel's patch for the model's family before both runs (the fast path "
-                             "vs the reference, both with Liger; needs liger-kernel and a CUDA device)")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-    parser.add_argument("--save", metavar="PATH", default=None,
-                        help=f"also write the result JSON to PATH (default: not saved); a directory: "
-                             f"PATH/{SAVE_NAME}, or the next free {SAVE_NAME.replace('.json', '-N.json')} "
-                             "there; an existing file only with --force")
-    parser.add_argument("--force", action="store_true", help="let --save replace an existing file")
-    parser.epilog = ("exit status: 0 PASS (same function, every op on a fast kernel), 1 FAIL, 2 bad input or "
-                     "a job that does not fit in memory, 3 NOT VERIFIED (the fast path ran torch code), "
-                     "4 SLOW (same function, but some op ran slow code; the lines above name them)")
-
-
-def _refuse_liger_off_cuda(model: Any) -> None:
-    """`--liger` on a CPU, TRITON_INTERPRET=1 or not: one line before any work. Liger Kernel's
-    kernels are Triton GPU kernels; under the interpreter (triton 3.9) they raise at their first
-    call ("'float' object has no attribute 'to'": the interpreter passes float arguments as Python
-    floats, triton/runtime/interpreter.py `_implicit_cvt`), which cost the build and the reference
-    path's setup before exit 1. A family Liger has no patch for is said first (a different fix)."""
-    from fastpath.routing.liger_route import check_usable
-    from fastpath.shared.errors import UsageError
-
-    if model.device.type == "cuda":
-        return
-    check_usable(model.family, model.device)  # the family; CUDA without the interpreter
-    raise UsageError(f"--liger needs a CUDA device (here: {model.device}): Liger Kernel's Triton kernels do not "
-                     "run on CPU tensors, not under TRITON_INTERPRET=1 either")
-
-
-def main(args: argparse.Namespace) -> int:
-    from fastpath.shared.extras import require
-
-    require("verify")  # the command's one check: verify_model, below, assumes it
-    from rich.console import Console
-
-    from fastpath.models.build import resolve_model
-    from fastpath.models.dtypes import resolve_dtype
-    from fastpath.proof.progress import Stages
-    from fastpath.proof.run_paths import check_settings, verify_model
-
-    save = None
-    if args.save:  # checked before any work: a bad path used to cost the whole run
-        from fastpath.shared.output_files import resolve_save_file
-
-        save = resolve_save_file(args.save, "--save", SAVE_NAME, force=args.force)
-    dtype = resolve_dtype(args.dtype, args.device)
-    check_settings(args.seq_len, args.batch, args.decode_tokens, args.reference)
-    model = resolve_model(args.model, layers=args.layers, dtype=dtype, device=args.device)  # read once
-    if args.liger:
-        _refuse_liger_off_cuda(model)
-    try:
-        with Stages("verify") as stages:
-            if save is not None and str(save) != args.save:
-                stages.note(f"the result JSON goes to {save}")
-            result = verify_model(
-                model, seq_len=args.seq_len, batch=args.batch, packed=args.packed, backward=args.backward,
-                decode_tokens=args.decode_tokens, seed=args.seed, reference=args.reference, liger=args.liger,
-                progress=stages, note=stages.note,
-            )
-    except CannotVerify as exc:  # said before any work: the verdict, not an error
-        print(f"fastpath verify: NOT VERIFIED: {exc}", file=sys.stderr)
-        return exc.exit_code
-    if save is not None:
-        save.parent.mkdir(parents=True, exist_ok=True)
-        save.write_text(json.dumps(result.to_json(), indent=1, default=str) + "\n")
-        print(f"fastpath verify: wrote {save}", file=sys.stderr)
-    if args.json:
-        json.dump(result.to_json(), sys.stdout, indent=1, default=str)
-        sys.stdout.write("\n")
-    else:
-        console = Console()
-        console.print(render(result, console.width))
-    if result.verdict == "NOT VERIFIED" and args.json:
-        print(f"fastpath verify: {NOT_VERIFIED_LINE}; {NOT_VERIFIED_HINT}", file=sys.stderr)
-    return result.exit_code
