@@ -31,7 +31,7 @@ call and mamba_chunk_scan_combined's prefill with initial states and varlen stat
 decode step), selective_scan (forward default + sweep configs, backward default + every SWEEP
 config, flip and reverse-scan adjoints, via mamba_inner_fn's training layout and transformers'
 prefill layout; the time-sequential forward of FASTPATH_SSCAN_FWD=seq at every
-scan_fwd_seq.SEQ_SWEEP config), the Mamba-1 decode step, gdn_gates, sigmoid_gate, zc_rmsnorm,
+fwd_seq.SEQ_SWEEP config), the Mamba-1 decode step, gdn_gates, sigmoid_gate, zc_rmsnorm,
 linear_ce (the fused LM head + cross-entropy row kernel).
 --quick keeps a representative subset per family (the CI test's): default configs, one shape
 each, of an autotuned kernel only the configs with the most pipeline stages (the most shared
@@ -78,10 +78,11 @@ from triton.runtime.jit import JITFunction, create_function_from_signature
 from fastpath.kernels.causal_conv1d import interface as conv_if
 from fastpath.kernels.gdn_gates import interface as gates_if
 from fastpath.kernels.linear_ce import interface as lce_if
+from fastpath.kernels.selective_scan import bwd as bwd_mod
+from fastpath.kernels.selective_scan import fwd_chunked, fwd_seq
 from fastpath.kernels.selective_scan import inner as scan_inner
 from fastpath.kernels.selective_scan import interface as scan_if
-from fastpath.kernels.selective_scan import scan_bwd, scan_fwd, scan_fwd_seq
-from fastpath.kernels.selective_scan import state_update as scan_update
+from fastpath.kernels.selective_scan import update as scan_update
 from fastpath.kernels.sigmoid_gate import interface as gate_if
 from fastpath.kernels.ssd import interface as ssd_if
 from fastpath.kernels.ssd import shared_memory as ssd_shared
@@ -243,23 +244,23 @@ def triton_on(*modules) -> Iterator[None]:
 
 
 def _fwd_configs(quick: bool) -> list[tuple[int, int, int]]:
-    out = [scan_fwd.FWD_CONFIG]
-    for c in (() if quick else scan_bwd.SWEEP_CONFIGS[:3]):  # scan_bwd: "fwd uses the first 3"
+    out = [fwd_chunked.FWD_CONFIG]
+    for c in (() if quick else bwd_mod.SWEEP_CONFIGS[:3]):  # bwd.py: "fwd uses the first 3"
         if tuple(c[:3]) not in out:
             out.append(tuple(c[:3]))
     return out
 
 
 def _bwd_configs(quick: bool) -> list[tuple[int, int, int, bool]]:
-    out = [scan_bwd.BWD_CONFIG]
-    out += [c for c in (() if quick else scan_bwd.SWEEP_CONFIGS) if c not in out]
+    out = [bwd_mod.BWD_CONFIG]
+    out += [c for c in (() if quick else bwd_mod.SWEEP_CONFIGS) if c not in out]
     return out
 
 
 @contextlib.contextmanager
 def sweep_scan(rec: Recorder, quick: bool) -> Iterator[None]:
     """The interface's calls of the Triton scan run once per config (each launch labelled)."""
-    fwd, bwd = scan_fwd.selective_scan_fwd_triton, scan_bwd.selective_scan_bwd_triton
+    fwd, bwd = fwd_chunked.selective_scan_fwd_triton, bwd_mod.selective_scan_bwd_triton
 
     def fwd_all(*args, **kwargs):
         for cfg in _fwd_configs(quick):
@@ -273,20 +274,20 @@ def sweep_scan(rec: Recorder, quick: bool) -> Iterator[None]:
             result = bwd(*args, **{**kwargs, "config": cfg})
         return result
 
-    scan_fwd.selective_scan_fwd_triton, scan_bwd.selective_scan_bwd_triton = fwd_all, bwd_all
+    fwd_chunked.selective_scan_fwd_triton, bwd_mod.selective_scan_bwd_triton = fwd_all, bwd_all
     try:
         yield
     finally:
-        scan_fwd.selective_scan_fwd_triton, scan_bwd.selective_scan_bwd_triton = fwd, bwd
+        fwd_chunked.selective_scan_fwd_triton, bwd_mod.selective_scan_bwd_triton = fwd, bwd
 
 
 @contextlib.contextmanager
 def sweep_seq(rec: Recorder, quick: bool) -> Iterator[None]:
     """FASTPATH_SSCAN_FWD=seq while active; the interface's seq forward runs once per
-    scan_fwd_seq.SEQ_SWEEP config (each launch labelled). The backward's chunk states still come
+    fwd_seq.SEQ_SWEEP config (each launch labelled). The backward's chunk states still come
     from the chunked kernel (covered by the default pass)."""
-    fwd = scan_fwd_seq.selective_scan_fwd_seq_triton
-    configs = (scan_fwd_seq.SEQ_CONFIG,) if quick else scan_fwd_seq.SEQ_SWEEP
+    fwd = fwd_seq.selective_scan_fwd_seq_triton
+    configs = (fwd_seq.SEQ_CONFIG,) if quick else fwd_seq.SEQ_SWEEP
 
     def fwd_all(*args, **kwargs):
         for cfg in configs:
@@ -296,11 +297,11 @@ def sweep_seq(rec: Recorder, quick: bool) -> Iterator[None]:
 
     saved = os.environ.get(scan_if.FWD_ENV)
     os.environ[scan_if.FWD_ENV] = "seq"
-    scan_fwd_seq.selective_scan_fwd_seq_triton = fwd_all
+    fwd_seq.selective_scan_fwd_seq_triton = fwd_all
     try:
         yield
     finally:
-        scan_fwd_seq.selective_scan_fwd_seq_triton = fwd
+        fwd_seq.selective_scan_fwd_seq_triton = fwd
         if saved is None:
             os.environ.pop(scan_if.FWD_ENV, None)
         else:

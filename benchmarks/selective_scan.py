@@ -8,8 +8,8 @@ delta_softplus, B/C shared (batch, N, L), laid out as transformers 5.17 passes t
 Peers (each skipped with its reason when it cannot run; each capped by --time-cap seconds):
 - ours:        fastpath.kernels.selective_scan.interface.selective_scan_fn
 - ours-seq:    the same with FASTPATH_SSCAN_FWD=seq (the time-sequential forward,
-               kernels/selective_scan/scan_fwd_seq.py); ours-tile, ours-tile-poly likewise
-               (scan_fwd_tile.py); in fwdbwd their backward is ours' (the same kernel)
+               kernels/selective_scan/fwd_seq.py); ours-tile, ours-tile-poly likewise
+               (fwd_tile.py); in fwdbwd their backward is ours' (the same kernel)
 - loop:        transformers' torch fallback `mamba_selective_scan` (its Python loop over L)
 - pscan:       the same function with use_mambapy=True (mambapy's pscan, when importable)
 - assoc_scan:  torch._higher_order_ops.associative_scan over (exp(dA), dB u) as transformers
@@ -62,9 +62,10 @@ from pathlib import Path
 
 import torch
 
-from fastpath.kernels.selective_scan import scan_bwd, scan_fwd, scan_fwd_seq, scan_fwd_tile
+from fastpath.kernels.selective_scan import bwd as bwd_mod
+from fastpath.kernels.selective_scan import fwd_chunked, fwd_seq, fwd_tile
 from fastpath.kernels.selective_scan.interface import FWD_ENV, FWD_KERNELS, selective_scan_fn
-from fastpath.kernels.selective_scan.state_update import selective_state_update
+from fastpath.kernels.selective_scan.update import selective_state_update
 
 DIM, N = 8192, 16
 SMOKE_DIM = 16
@@ -73,7 +74,7 @@ SMOKE_SEQ_SWEEP = ((8, 2), (16, 4))
 PEERS = ("ours", "ours-seq", "ours-tile", "ours-tile-poly", "loop", "pscan", "assoc_scan",
          "compile")
 OURS = ("ours", "ours-seq", "ours-tile", "ours-tile-poly")
-SWEEP = scan_bwd.SWEEP_CONFIGS
+SWEEP = bwd_mod.SWEEP_CONFIGS
 
 
 class Skip(Exception):
@@ -355,9 +356,9 @@ def sweep_rows(batch: int, length: int, dim: int, device: torch.device, cap: flo
     for cfg in configs:
         row = {"phase": "sweep", "case": f"{batch}x{length}", "dim": dim, "config": list(cfg)}
         try:
-            fwd = timed(lambda cfg=cfg: scan_fwd.selective_scan_fwd_triton(*args, config=cfg[:3]),
+            fwd = timed(lambda cfg=cfg: fwd_chunked.selective_scan_fwd_triton(*args, config=cfg[:3]),
                         device, cap)
-            bwd = timed(lambda cfg=cfg: scan_bwd.selective_scan_bwd_triton(dout, None, *args,
+            bwd = timed(lambda cfg=cfg: bwd_mod.selective_scan_bwd_triton(dout, None, *args,
                                                                            config=cfg),
                         device, cap)
             row.update(fwd_ms=fwd.get("ms"), bwd_ms=bwd.get("ms"))
@@ -371,7 +372,7 @@ def sweep_rows(batch: int, length: int, dim: int, device: torch.device, cap: flo
 
 def seq_sweep_rows(batch: int, length: int, dim: int, device: torch.device, cap: float,
                    copy_bw: float | None, configs: tuple) -> list[dict]:
-    """The seq forward (scan_fwd_seq) at each (BLOCK_D, num_warps) config."""
+    """The seq forward (fwd_seq) at each (BLOCK_D, num_warps) config."""
     t = make_inputs(batch, length, dim, device, grad=False)
     args = (t["u"], t["delta"], t["A"], t["B"][:, None], t["C"][:, None], t["D"], t["z"],
             t["delta_bias"], True)
@@ -379,7 +380,7 @@ def seq_sweep_rows(batch: int, length: int, dim: int, device: torch.device, cap:
     for cfg in configs:
         row = {"phase": "seqsweep", "case": f"{batch}x{length}", "dim": dim, "config": list(cfg)}
         try:
-            res = timed(lambda cfg=cfg: scan_fwd_seq.selective_scan_fwd_seq_triton(
+            res = timed(lambda cfg=cfg: fwd_seq.selective_scan_fwd_seq_triton(
                 *args, config=cfg), device, cap)
             row.update(res)
             if "ms" in res:
@@ -402,23 +403,23 @@ SWEEP_PRIORITY = ("tile", "tile-poly", "seq", "chunked")
 def fwd_variant_launcher(variant: str) -> Callable:
     """(u, delta, A, B, C, D, z, delta_bias, delta_softplus, config=...) -> (out, last_state)."""
     if variant == "chunked":
-        return scan_fwd.selective_scan_fwd_triton
+        return fwd_chunked.selective_scan_fwd_triton
     if variant == "seq":
-        return scan_fwd_seq.selective_scan_fwd_seq_triton
-    return scan_fwd_tile.selective_scan_fwd_tile_triton
+        return fwd_seq.selective_scan_fwd_seq_triton
+    return fwd_tile.selective_scan_fwd_tile_triton
 
 
 def fwd_variant_configs(variant: str, smoke: bool) -> tuple:
     """(default config, the configs --fwd-configs sweep adds) of a variant."""
     if variant == "chunked":
         extra = tuple(dict.fromkeys(tuple(c[:3]) for c in SWEEP[:3]))
-        return scan_fwd.FWD_CONFIG, extra[:1] if smoke else extra
+        return fwd_chunked.FWD_CONFIG, extra[:1] if smoke else extra
     if variant == "seq":
-        return scan_fwd_seq.SEQ_CONFIG, scan_fwd_seq.SEQ_SWEEP[:2] if smoke else scan_fwd_seq.SEQ_SWEEP
+        return fwd_seq.SEQ_CONFIG, fwd_seq.SEQ_SWEEP[:2] if smoke else fwd_seq.SEQ_SWEEP
     if variant == "tile":
-        return scan_fwd_tile.TILE_CONFIG, scan_fwd_tile.TILE_SWEEP[:2] if smoke else scan_fwd_tile.TILE_SWEEP
-    sweep = scan_fwd_tile.TILE_POLY_SWEEP
-    return scan_fwd_tile.TILE_POLY_CONFIG, sweep[:2] if smoke else sweep
+        return fwd_tile.TILE_CONFIG, fwd_tile.TILE_SWEEP[:2] if smoke else fwd_tile.TILE_SWEEP
+    sweep = fwd_tile.TILE_POLY_SWEEP
+    return fwd_tile.TILE_POLY_CONFIG, sweep[:2] if smoke else sweep
 
 
 def parse_fwd_items(variants: list[str], spec: str, smoke: bool) -> list[tuple[str, tuple]]:
@@ -501,7 +502,7 @@ def fwd_variant_rows(variants: list[str], spec: str, cases: list[tuple[int, int]
             t = fwd_inputs(batch, length, dim, device, layout)
             args = (t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], t["z"], t["delta_bias"],
                     True)
-            ref_out, ref_last = scan_fwd.selective_scan_fwd_triton(*args)
+            ref_out, ref_last = fwd_chunked.selective_scan_fwd_triton(*args)
             nbytes = mandatory_bytes(t)
             setups[(layout, batch, length)] = (args, ref_out, ref_last, nbytes,
                                                copy_ms_for(nbytes, device))
@@ -616,8 +617,8 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__, "triton": triton.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
             "dim": dim, "N": N, "dtype": "bfloat16", "smoke": args.smoke,
-            "fwd_config": list(scan_fwd.FWD_CONFIG), "bwd_config": list(scan_bwd.BWD_CONFIG),
-            "seq_config": list(scan_fwd_seq.SEQ_CONFIG)}
+            "fwd_config": list(fwd_chunked.FWD_CONFIG), "bwd_config": list(bwd_mod.BWD_CONFIG),
+            "seq_config": list(fwd_seq.SEQ_CONFIG)}
     rec = Recorder(out_dir, meta)
     start = time.perf_counter()
     if "fwdvariants" in phases:
@@ -656,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
                               configs):
             rec.add(row)
     if "seqsweep" in phases:
-        configs = SMOKE_SEQ_SWEEP if args.smoke else scan_fwd_seq.SEQ_SWEEP
+        configs = SMOKE_SEQ_SWEEP if args.smoke else fwd_seq.SEQ_SWEEP
         for batch, length in cases:
             for row in seq_sweep_rows(batch, length, dim, device, min(args.time_cap, 4.0),
                                       copy_bw, configs):

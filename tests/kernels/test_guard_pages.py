@@ -85,7 +85,7 @@ def case_selective_scan(side: str) -> None:
 
 
 def case_selective_state_update(side: str) -> None:
-    from fastpath.kernels.selective_scan.state_update import selective_state_update
+    from fastpath.kernels.selective_scan.update import selective_state_update
 
     dim, n = 6, 4
     state = _g(_rand(3, dim, n), side)

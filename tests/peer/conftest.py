@@ -9,7 +9,7 @@ into this repository:
   and `mamba_inner_ref`. mamba_inner_ref ends in the module's `selective_scan_fn` (the CUDA
   extension upstream); here that name inside mamba_ssm is upstream's own `selective_scan_ref`.
 - tests/ops/triton/test_selective_state_update.py: `selective_state_update` becomes fastpath's
-  (a 3-D state: the Mamba-1 step of fastpath.kernels.selective_scan.state_update; a 4-D state: the
+  (a 3-D state: the Mamba-1 step of fastpath.kernels.selective_scan.update; a 4-D state: the
   Mamba-2 step of fastpath.kernels.ssd.update); the judge stays
   `selective_state_update_ref`.
 - tests/ops/triton/test_ssd.py: its one test checks the per-sequence final states of packed

@@ -49,12 +49,12 @@ def _inner_fn():
 def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
                            state_batch_indices=None):
     """mamba_ssm's one `selective_state_update` name serves both models: a 3-D state is the
-    Mamba-1 step (fastpath.kernels.selective_scan.state_update, what the Mamba-1 routes use), a 4-D
+    Mamba-1 step (fastpath.kernels.selective_scan.update, what the Mamba-1 routes use), a 4-D
     state (with heads) the Mamba-2 step (fastpath.kernels.ssd.update)."""
     if state.dim() == 4:
         from fastpath.kernels.ssd.update import selective_state_update as step
     else:
-        from fastpath.kernels.selective_scan.state_update import selective_state_update as step
+        from fastpath.kernels.selective_scan.update import selective_state_update as step
     return step(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
                 state_batch_indices=state_batch_indices)
 

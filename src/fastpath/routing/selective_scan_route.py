@@ -126,7 +126,7 @@ def make_state_update_route(torch_fn: Callable[..., Any] | None) -> Callable[...
                           state_batch_indices=state_batch_indices)
         if not runs_here(x) and torch_fn is not None and state_batch_indices is None:
             return torch_fn(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus)
-        from fastpath.kernels.selective_scan.state_update import selective_state_update as impl
+        from fastpath.kernels.selective_scan.update import selective_state_update as impl
 
         return impl(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=bool(dt_softplus),
                     state_batch_indices=state_batch_indices)

@@ -146,8 +146,8 @@ def test_sequence_spanning_many_chunks_keeps_the_carry():
 def test_kernel_configs_agree():
     """Other tile shapes (channels per program, chunk length, flip vs reverse scan) give the
     same numbers: the configs the benchmark sweeps are all correct."""
-    from fastpath.kernels.selective_scan.scan_bwd import selective_scan_bwd_triton
-    from fastpath.kernels.selective_scan.scan_fwd import selective_scan_fwd_triton
+    from fastpath.kernels.selective_scan.bwd import selective_scan_bwd_triton
+    from fastpath.kernels.selective_scan.fwd_chunked import selective_scan_fwd_triton
 
     c = {k: v.float() for k, v in make_case(1, 8, 4, 21, layout="grouped", groups=2).items()}
     B4, C4 = c["B"], c["C"]

@@ -23,6 +23,14 @@ from kernel_checks import selective_scan_inputs as make_inputs
 
 from fastpath.kernels.counters import CALLS
 from fastpath.kernels.dispatch import use_triton
+from fastpath.kernels.selective_scan.fwd_chunked import selective_scan_fwd_triton
+from fastpath.kernels.selective_scan.fwd_tile import (
+    TILE_POLY_SWEEP,
+    TILE_SWEEP,
+    exp2_poly,
+    selective_scan_fwd_tile_triton,
+    tile_along_time,
+)
 from fastpath.kernels.selective_scan.interface import (
     FWD_COUNTERS,
     FWD_ENV,
@@ -30,14 +38,6 @@ from fastpath.kernels.selective_scan.interface import (
     selective_scan_fn,
 )
 from fastpath.kernels.selective_scan.naive import selective_scan_ref
-from fastpath.kernels.selective_scan.scan_fwd import selective_scan_fwd_triton
-from fastpath.kernels.selective_scan.scan_fwd_tile import (
-    TILE_POLY_SWEEP,
-    TILE_SWEEP,
-    exp2_poly,
-    selective_scan_fwd_tile_triton,
-    tile_along_time,
-)
 from fastpath.shared.errors import UsageError
 
 ON_CPU_TRITON = use_triton(torch.empty(0))  # TRITON_INTERPRET=1
@@ -210,7 +210,7 @@ def test_property_sweep(variant, batch, layout, groups, dpg, nstate, length, dty
 @pytest.mark.parametrize("where", ["delta", "u", "B"])
 def test_nan_propagates_like_the_reference(monkeypatch, variant, where):
     """A NaN input gives NaN exactly where the reference has them (never a silent number: the
-    polynomial exp2 keeps NaN too, and scan_fwd.softplus passes a NaN delta through where the
+    polynomial exp2 keeps NaN too, and fwd_chunked.softplus passes a NaN delta through where the
     GPU's min(NaN, 20) would have made it 20; the interpreter's numpy min propagates NaN, so the
     GPU run of this test is the one that checks that)."""
     t = make_inputs(1, 8, 4, 19, "shared", 1, seed=10, dtype=torch.float32)

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from fastpath.kernels.counters import CALLS
-from fastpath.kernels.selective_scan import scan_bwd, scan_fwd
+from fastpath.kernels.selective_scan import bwd, fwd_chunked
 from fastpath.kernels.selective_scan.inner import mamba_inner_fn
 from fastpath.kernels.selective_scan.interface import selective_scan_fn
 from fastpath.kernels.selective_scan.naive import mamba_inner_ref, selective_scan_ref
-from fastpath.kernels.selective_scan.state_update import selective_state_update
+from fastpath.kernels.selective_scan.update import selective_state_update
 
 pytestmark = [
     pytest.mark.gpu,
@@ -25,7 +25,7 @@ pytestmark = [
 ]
 TOL = {torch.float32: 2e-4, torch.bfloat16: 2e-2}
 NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
-SWEEP = scan_bwd.SWEEP_CONFIGS
+SWEEP = bwd.SWEEP_CONFIGS
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -103,14 +103,14 @@ def test_every_swept_config(config):
     t = case(1, 1024, 1000, torch.float32, seed=3)
     B4, C4 = t["B"][:, None], t["C"][:, None]
     args = (t["u"], t["delta"], t["A"], B4, C4, t["D"], t["z"], t["delta_bias"], True)
-    out, last = scan_fwd.selective_scan_fwd_triton(*args, config=config[:3])
+    out, last = fwd_chunked.selective_scan_fwd_triton(*args, config=config[:3])
     rout, rlast = selective_scan_ref(*(a.double() for a in args[:8]), True, True)
     assert rel(out, rout) < 2e-4 and rel(last, rlast) < 2e-4
     ref = [a.double().requires_grad_() for a in args[:8]]
     ro, _ = selective_scan_ref(*ref, True, True)
     dout = torch.randn_like(t["u"])
     want = torch.autograd.grad((ro * dout.double()).sum(), ref)
-    got = scan_bwd.selective_scan_bwd_triton(dout, None, *args, config=config)
+    got = bwd.selective_scan_bwd_triton(dout, None, *args, config=config)
     for name, a, b in zip(NAMES, got, want, strict=True):
         assert rel(a, b) < 4e-4, f"{config} d{name}: {rel(a, b):.2e}"
 

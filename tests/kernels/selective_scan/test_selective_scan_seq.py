@@ -1,8 +1,8 @@
-"""The time-sequential selective-scan forward (scan_fwd_seq.py, FASTPATH_SSCAN_FWD=seq) against
+"""The time-sequential selective-scan forward (fwd_seq.py, FASTPATH_SSCAN_FWD=seq) against
 the float64 step loop of naive.py, and against the default chunked kernel.
 
 On CPU the kernel runs under TRITON_INTERPRET=1 at tiny shapes. The seq forward writes only
-(out, last_state): the backward recomputes its chunk states itself (scan_fwd.chunk_states), so a
+(out, last_state): the backward recomputes its chunk states itself (fwd_chunked.chunk_states), so a
 training call under FASTPATH_SSCAN_FWD=seq is checked end to end (forward by the seq kernel,
 gradients by the usual backward) against autograd of the reference. Call counters prove which
 kernel ran.
@@ -19,10 +19,10 @@ from kernel_checks import selective_scan_inputs as make_inputs
 
 from fastpath.kernels.counters import CALLS
 from fastpath.kernels.dispatch import use_triton
+from fastpath.kernels.selective_scan.fwd_chunked import selective_scan_fwd_triton
+from fastpath.kernels.selective_scan.fwd_seq import SEQ_SWEEP, selective_scan_fwd_seq_triton
 from fastpath.kernels.selective_scan.interface import FWD_ENV, fwd_kernel, selective_scan_fn
 from fastpath.kernels.selective_scan.naive import selective_scan_ref
-from fastpath.kernels.selective_scan.scan_fwd import selective_scan_fwd_triton
-from fastpath.kernels.selective_scan.scan_fwd_seq import SEQ_SWEEP, selective_scan_fwd_seq_triton
 from fastpath.shared.errors import UsageError
 
 ON_CPU_TRITON = use_triton(torch.empty(0))  # TRITON_INTERPRET=1

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from fastpath.kernels import dispatch
 from fastpath.kernels.counters import CALLS
 from fastpath.kernels.dispatch import use_triton
-from fastpath.kernels.selective_scan.state_update import selective_state_update
+from fastpath.kernels.selective_scan.update import selective_state_update
 
 ON_TRITON = use_triton(torch.empty(0))
 IMPL = "triton" if ON_TRITON else "reference"

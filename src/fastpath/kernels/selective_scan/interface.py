@@ -4,7 +4,7 @@ name, argument order and return conventions):
     selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
                       return_last_state=False)
 
-mamba_ssm's other two Mamba-1 functions sit beside it: the decode step in state_update.py
+mamba_ssm's other two Mamba-1 functions sit beside it: the decode step in update.py
 (selective_state_update) and the fused training op in inner.py (mamba_inner_fn).
 
 Ops (namespace "fastpath"), one place that validates, dispatches (Triton or the float reference)
@@ -85,8 +85,8 @@ def _use_triton(op: str, u: Tensor, A: Tensor, *tensors: Tensor | None) -> bool:
 
 def fwd_kernel() -> str:
     """The forward kernel FASTPATH_SSCAN_FWD picks, read at every call: "chunked" (default, the
-    associative-scan kernel of scan_fwd.py), "seq" (scan_fwd_seq.py, time walked per program),
-    "tile" / "tile-poly" (scan_fwd_tile.py: time walked in registers, L-contiguous inputs and
+    associative-scan kernel of fwd_chunked.py), "seq" (fwd_seq.py, time walked per program),
+    "tile" / "tile-poly" (fwd_tile.py: time walked in registers, L-contiguous inputs and
     the output moved as (channels, steps) tiles; -poly takes softplus' exp2 on the FMA pipe). The others stay opt-in until their GPU numbers and mamba_ssm's own tests are in
     (BENCHMARKS.md). Anything else is a UsageError."""
     value = os.environ.get(FWD_ENV, "").strip().lower() or "chunked"
@@ -97,19 +97,19 @@ def fwd_kernel() -> str:
 
 def fwd_launcher(kernel: str):
     """The Triton forward launcher of a FWD_KERNELS name: (u, delta, A, B, C, D, z, delta_bias,
-    delta_softplus) -> (out, last_state), the contract of scan_fwd.selective_scan_fwd_triton."""
+    delta_softplus) -> (out, last_state), the contract of fwd_chunked.selective_scan_fwd_triton."""
     if kernel == "seq":
-        from fastpath.kernels.selective_scan.scan_fwd_seq import selective_scan_fwd_seq_triton
+        from fastpath.kernels.selective_scan.fwd_seq import selective_scan_fwd_seq_triton
 
         return selective_scan_fwd_seq_triton
     if kernel in ("tile", "tile-poly"):
         from functools import partial
 
-        from fastpath.kernels.selective_scan import scan_fwd_tile
+        from fastpath.kernels.selective_scan import fwd_tile
 
-        config = scan_fwd_tile.TILE_POLY_CONFIG if kernel == "tile-poly" else None
-        return partial(scan_fwd_tile.selective_scan_fwd_tile_triton, config=config)
-    from fastpath.kernels.selective_scan.scan_fwd import selective_scan_fwd_triton
+        config = fwd_tile.TILE_POLY_CONFIG if kernel == "tile-poly" else None
+        return partial(fwd_tile.selective_scan_fwd_tile_triton, config=config)
+    from fastpath.kernels.selective_scan.fwd_chunked import selective_scan_fwd_triton
 
     return selective_scan_fwd_triton
 
@@ -185,7 +185,7 @@ def selective_scan_bwd(
     """Gradients of (u, delta, A, B, C, D, z, delta_bias), one each, in that order."""
     u, delta, A, B, C, D, z, delta_bias = inputs
     if _use_triton("scan bwd", u, A, delta, B, C, D, z, delta_bias, dout, dlast_state):
-        from fastpath.kernels.selective_scan.scan_bwd import selective_scan_bwd_triton
+        from fastpath.kernels.selective_scan.bwd import selective_scan_bwd_triton
 
         CALLS["ss_bwd:triton"] += 1
         grads = selective_scan_bwd_triton(dout, dlast_state, u, delta, A, B, C, D, z, delta_bias,
@@ -271,7 +271,7 @@ def check_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Ten
 def _grouped(M: Tensor) -> Tensor:
     """B or C as the ops take it, without copying: (batch, N, L) gets a group axis; a
     time-invariant (dim, N) and a grouped (batch, G, N, L) pass as they are (the kernels read
-    each of B and C in its own layout: scan_fwd.bc_layout)."""
+    each of B and C in its own layout: fwd_chunked.bc_layout)."""
     return M.unsqueeze(1) if M.dim() == 3 else M
 
 

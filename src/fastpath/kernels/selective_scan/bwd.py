@@ -2,7 +2,7 @@
 reverse, our own kernels.
 
 Two launches:
-1. the forward kernel (scan_fwd.py) with SAVE_STATES: the float32 state entering each chunk,
+1. the forward kernel (fwd_chunked.py) with SAVE_STATES: the float32 state entering each chunk,
    (batch, n_chunks, dim, N) -- nothing else of the forward is kept.
 2. `_bwd_kernel`: per (batch row, BLOCK_D channels of one group), the chunks from last to first.
    For a chunk it reloads u, delta, z, B, C, dout, re-forms a_t, x_t and re-runs the forward scan
@@ -34,7 +34,7 @@ import triton.language as tl
 from torch import Tensor
 
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.kernels.selective_scan.scan_fwd import (
+from fastpath.kernels.selective_scan.fwd_chunked import (
     LOG2E,
     BCLayout,
     bc_fixed,

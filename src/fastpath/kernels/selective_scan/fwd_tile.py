@@ -1,6 +1,6 @@
 """Triton forward of Mamba-1's selective scan: time walked in registers, inputs moved as tiles.
 
-Why. The time-sequential forward (scan_fwd_seq.py) loads u, delta, z and stores out one step at
+Why. The time-sequential forward (fwd_seq.py) loads u, delta, z and stores out one step at
 a time: for a tensor contiguous along L that is one element per 128-byte line per lane, 32 lines
 a warp instruction, every step (the load/store unit, not the SFU, then bounds it). Here each
 program still owns (one batch row, BLOCK_D channels of one B/C group) and carries its float32
@@ -25,7 +25,7 @@ an FMUL, two FMAs. B and C are read as a float32 copy (converted once, not in ev
 
 Numerics equal the chunked and seq kernels' (float32 state and sums; masked steps past L have
 delta' = 0: a = 1, x = 0). Only (out, last_state) are produced; the backward recomputes its own
-chunk states (scan_fwd.chunk_states), so this serves training too. Selected with
+chunk states (fwd_chunked.chunk_states), so this serves training too. Selected with
 FASTPATH_SSCAN_FWD=tile or tile-poly (interface.py).
 """
 
@@ -39,7 +39,7 @@ import triton.language as tl
 from torch import Tensor
 
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.kernels.selective_scan.scan_fwd import (
+from fastpath.kernels.selective_scan.fwd_chunked import (
     LOG2E,
     bc_row,
     blocking,
@@ -132,7 +132,7 @@ def _log2_fast(x, ASM: tl.constexpr):
 
 @triton.jit
 def softplus_fast(v, ASM: tl.constexpr, AUX_POLY: tl.constexpr):
-    """softplus(v) = log(1 + e^v) in float32, the same branches as scan_fwd.softplus (identity
+    """softplus(v) = log(1 + e^v) in float32, the same branches as fwd_chunked.softplus (identity
     above 20; log1p's series below e^v = 1/16, where 1 + e would drop e's low bits), with the
     exponential by exp2 and the logarithm on the SFU: about a third of its instructions."""
     # NaN propagated through the clamp (a plain minimum returns 20 for NaN: delta' would be 20)
@@ -285,7 +285,7 @@ def _chunk(h, t0, U, DELTA, Z, B, C, OUT, L, u_row, d_row, z_row, o_row, B_row, 
     return h
 
 
-# A and LAST unspecialised (no 16-byte alignment promise), as in scan_fwd_seq: a vectorised
+# A and LAST unspecialised (no 16-byte alignment promise), as in fwd_seq: a vectorised
 # access would make Triton spread N across lanes and shuffle the sum over N every step.
 @triton.jit(do_not_specialize=["A", "LAST"])
 def _fwd_tile_kernel(
@@ -395,7 +395,7 @@ def selective_scan_fwd_tile_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tenso
                                    delta_bias: Tensor | None, delta_softplus: bool,
                                    config: tuple[int, int, int, int, int] | None = None
                                    ) -> tuple[Tensor, Tensor]:
-    """Same contract as scan_fwd.selective_scan_fwd_triton: (out in u's dtype, contiguous
+    """Same contract as fwd_chunked.selective_scan_fwd_triton: (out in u's dtype, contiguous
     (batch, dim, L); last_state float32 (batch, dim, N)); B/C each (dim, N), (batch, N, L) or
     (batch, G, N, L), any strides. config: (BLOCK_D, T, num_warps, POLY_N, AUX_POLY); None:
     TILE_CONFIG."""
@@ -411,7 +411,7 @@ def selective_scan_fwd_tile_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tenso
             or aux_poly not in (0, 1, 2)):
         raise ValueError(f"tile forward config {config}: expected (BLOCK_D >= 1, T a power of "
                          "two or 0, num_warps >= 1, POLY_N >= 0, AUX_POLY 0/1/2)")
-    A = A.t().contiguous()  # (N, dim): channels fastest (see scan_fwd_seq)
+    A = A.t().contiguous()  # (N, dim): channels fastest (see fwd_seq)
     D, delta_bias = per_channel(D), per_channel(delta_bias)
     block_n = triton.next_power_of_2(nstate)
     (Bt, B_var, B_groups, B_strides), (Ct, C_var, C_groups, C_strides) = (

@@ -1,6 +1,6 @@
 """Triton forward of Mamba-1's selective scan that walks time step by step: our own kernel.
 
-Why. The chunked forward (scan_fwd.py) runs tl.associative_scan over (BLOCK_D, N, T) tiles; on
+Why. The chunked forward (fwd_chunked.py) runs tl.associative_scan over (BLOCK_D, N, T) tiles; on
 an H200 (Triton 3.6) it reached about 2% of copy bandwidth at Falcon-Mamba-7B shapes (BENCHMARKS.md).
 A scan of a first-order recurrence needs no parallel prefix when there are enough independent
 channels to fill the machine: each program here owns (one batch row, BLOCK_D channels of one B/C
@@ -16,7 +16,7 @@ t + 1 are issued before step t's arithmetic (carried through the loop) so their 
 it; u, delta, z of one channel are strided along t, so one cache line serves many steps from L1.
 
 Scope. Only (out, last_state) are produced. The backward never reads the forward's buffers: it
-recomputes its chunk-boundary states itself (scan_fwd.chunk_states, called from scan_bwd), so this
+recomputes its chunk-boundary states itself (fwd_chunked.chunk_states, called from bwd), so this
 kernel can serve training and inference alike. Selected with FASTPATH_SSCAN_FWD=seq (interface.py);
 the default stays the chunked kernel until the GPU numbers are in.
 """
@@ -29,7 +29,7 @@ import triton.language as tl
 from torch import Tensor
 
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.kernels.selective_scan.scan_fwd import (
+from fastpath.kernels.selective_scan.fwd_chunked import (
     LOG2E,
     bc_layout,
     bc_programs,
@@ -170,7 +170,7 @@ def selective_scan_fwd_seq_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tensor
                                   delta_softplus: bool,
                                   config: tuple[int, int] | None = None
                                   ) -> tuple[Tensor, Tensor]:
-    """Same contract as scan_fwd.selective_scan_fwd_triton: (out in u's dtype, contiguous
+    """Same contract as fwd_chunked.selective_scan_fwd_triton: (out in u's dtype, contiguous
     (batch, dim, L); last_state float32 (batch, dim, N)); B/C each (dim, N), (batch, N, L) or
     (batch, G, N, L), any strides."""
     batch, dim, length = u.shape
