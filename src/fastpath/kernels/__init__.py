@@ -1,12 +1,26 @@
 """Compiler-free kernels (Triton), one subpackage per op, each with its float reference beside it.
 
-Ops: causal_conv1d (the engine of the `fastpath.causal_conv1d` face), ssd (Mamba-2),
-selective_scan (Mamba-1), gated_delta_rule (a torch dqkwg for FLA #640), gdn_gates,
-sigmoid_gate, zc_rmsnorm, linear_ce. An op's entry point is its interface.py (torch custom ops
-with fake implementations, autograd, validation, the Triton-or-reference dispatch); its Triton
-kernels sit in modules by strategy, and naive.py is the float64 spec the tests check against and
-the runtime fallback (with a warning). Shared by the ops: dispatch (cuda_capability decides the
-device once; which implementation a call takes), counters (which one ran, read by explain() and
-verify), compiled_launch, layout, rounding.
+Ops (8): causal_conv1d (the engine of the `fastpath.causal_conv1d` face), ssd (Mamba-2),
+selective_scan (Mamba-1), gated_delta_rule (a PyTorch dqkwg for FLA's #640), gdn_gates,
+sigmoid_gate, zc_rmsnorm, linear_ce.
+
+One naming rule in every op folder, so a module's name says which pass it computes:
+- interface.py: the op's entry points, what routing and the public faces import (torch custom ops
+  with fake implementations, autograd, validation, the Triton-or-reference dispatch);
+- naive.py: the float reference (float64 in the tests, the runtime fallback with a warning);
+- Triton modules named by pass: fwd.py, bwd.py; fwd_<strategy>.py / bwd_<strategy>.py where an op
+  has several (selective_scan fwd_chunked / fwd_seq / fwd_tile, causal_conv1d fwd_tile /
+  bwd_tile); fwd_bwd.py where one module holds a small op's forward and backward (gdn_gates,
+  sigmoid_gate, zc_rmsnorm, linear_ce), fwd_bwd_<strategy>.py for a strategy's pair
+  (causal_conv1d fwd_bwd_rows); update.py, the decode step, state updated in place
+  (selective_scan's runs ssd's update kernel); varlen.py, the per-sequence states of packed
+  inputs; common.py, @triton.jit helpers several of the op's kernels share;
+- host-side modules keep names that say what they are: causal_conv1d/launchers.py,
+  ssd/shared_memory.py, ssd/split_conv_scan.py and selective_scan/inner.py (fused training ops
+  composed of fastpath's ops), gated_delta_rule/dqkwg.py (PyTorch, named after the FLA function it
+  replaces). No `triton_` prefix: every kernel module here is Triton.
+
+Shared by the ops: dispatch (cuda_capability decides the device once; which implementation a call
+takes), counters (which one ran, read by explain() and verify), compiled_launch, layout, rounding.
 May import: shared only; never routing, models, proof, capture or doctor. No triton at import.
 """
