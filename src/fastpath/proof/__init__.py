@@ -3,9 +3,9 @@ function, and the fast path really ran fast kernels), `fastpath bench` (what it 
 the peers, each configuration in its own process) and `fastpath warmup` (compile and autotune once).
 
 verify_cli / verify / run_paths / verdict (the command line, its rendering, running both paths,
-the verdict), bench / bench_spec / bench_worker / bench_outputs (the command, its phases and
-configurations, the worker process, its JSON / markdown / PNG), warmup, greedy and decode_graphs
-(decode phases), progress.
+the verdict), bench_cli / bench / bench_spec / bench_worker / bench_outputs (the command line,
+running the workers, its phases and configurations, the worker process, its JSON / markdown /
+PNG), warmup, greedy and decode_graphs (decode phases), progress.
 May import: kernels, routing, models, shared. Never imported by capture.
-Entry points: verify_cli.main, bench.main, warmup.main (through cli.py); run_paths.verify_model.
+Entry points: verify_cli.main, bench_cli.main, warmup.main (through cli.py); run_paths.verify_model.
 """
