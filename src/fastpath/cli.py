@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("fastpath.proof.verify_cli", "prove the fast path computes the same function on a model"),
     "bench": ("fastpath.proof.bench_cli", "time reference vs fast path on a model"),
     "capture": ("fastpath.capture.capture_cli", "dump a target's hidden states for EAGLE-3 drafter training, checked"),
-    "warmup": ("fastpath.proof.warmup", "compile and autotune a model's Triton kernels into the cache, once"),
+    "warmup": ("fastpath.proof.warmup_cli", "compile and autotune a model's Triton kernels into the cache, once"),
 }
 
 
