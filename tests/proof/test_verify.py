@@ -20,7 +20,8 @@ import torch
 import fastpath
 from fastpath.causal_conv1d import causal_conv1d_fn as real_causal_conv1d_fn
 from fastpath.models.compare import TOLERANCES
-from fastpath.proof.run_paths import make_inputs, verify_model
+from fastpath.models.forward import make_inputs
+from fastpath.proof.run_paths import verify_model
 from fastpath.routing.engine import is_enabled as fastpath_is_enabled
 from fastpath.shared.errors import FastpathError
 

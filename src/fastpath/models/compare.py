@@ -148,7 +148,8 @@ def compare(name: str, fast: Any, ref: Any, tol: Tolerance) -> TensorDiff:
     return TensorDiff(name, rel, token_max, token_mean, ok, flags)
 
 
-def _rel(a: Any, b: Any) -> float:
+def relative_distance(a: Any, b: Any) -> float:
+    """||a - b|| / ||b|| in fp32 (0 when equal): every comparison here, and the noise measurement."""
     import torch
 
     diff = float(torch.linalg.vector_norm(a.float() - b.float()))
@@ -174,13 +175,13 @@ def compare_grads(fast: dict[str, Any], ref: dict[str, Any], tol: Tolerance,
         if g_ref is None or g_fast is None:
             out.append(GradDiff(name, float("inf"), False))
             continue
-        rel = _rel(g_fast, g_ref)
+        rel = relative_distance(g_fast, g_ref)
         finite = bool(torch.isfinite(g_fast).all())
         ok = finite and rel <= tol.grad_rel
         fast_o = ref_o = None
         g_o = None if oracle is None else oracle.get(name)
         if g_o is not None:
-            fast_o, ref_o = _rel(g_fast, g_o), _rel(g_ref, g_o)
+            fast_o, ref_o = relative_distance(g_fast, g_o), relative_distance(g_ref, g_o)
             ok = ok or (finite and fast_o <= ORACLE_SLACK * ref_o + 1e-6)
         out.append(GradDiff(name, rel, ok, fast_o, ref_o))
     return out
@@ -209,7 +210,7 @@ def judge_by_oracle(diffs: list[TensorDiff], fast: list[Any], ref: list[Any], or
             out.append(d)
             continue
         o32 = o.detach().float()
-        fast_o, ref_o = _rel(f, o32), _rel(r, o32)
+        fast_o, ref_o = relative_distance(f, o32), relative_distance(r, o32)
         ok = (fast_o <= ORACLE_SLACK * ref_o + 1e-6
               and _worst_token(f, o32) <= ORACLE_SLACK * _worst_token(r, o32) + 1e-6)
         out.append(TensorDiff(d.name, d.rel, d.token_rel_max, d.token_rel_mean, ok, d.flags, d.kind,
@@ -265,12 +266,12 @@ def check_decode(fast: Any, ref: Any, tol: Tolerance, oracle: list[Any] | None =
     rescued: list[str] = []  # steps beyond the limit that the fp32 oracle accepted
     for s in range(steps):
         a, b = fast.logits[s], ref.logits[s]
-        rel = _rel(a, b)
+        rel = relative_distance(a, b)
         worst = max(worst, rel if rel == rel else float("inf"))
         same = bool((fast.tokens[:, s] == ref.tokens[:, s]).all())
         close = rel <= tol.rel
         if not close and oracle is not None and s < len(oracle) and rel == rel:
-            fast_o, ref_o = _rel(a, oracle[s]), _rel(b, oracle[s])
+            fast_o, ref_o = relative_distance(a, oracle[s]), relative_distance(b, oracle[s])
             close = bool(torch.isfinite(a).all()) and fast_o <= ORACLE_SLACK * ref_o + 1e-6
             vs = f" (vs fp32: fast {fast_o:.3g}, reference {ref_o:.3g})"
             rescued.append(f"step {s} {rel:.3g}{vs}")

@@ -1,6 +1,7 @@
-"""Running the two paths of `fastpath verify`: the inputs (plain or packed), one pass of a model on
-whatever path is active (forward, optional backward, greedy decode), the kernel calls it made,
-and the reference kept honest (compiled peers hidden, TF32 off in fp32, an fp32 gradient oracle).
+"""`fastpath verify`'s orchestration: the model resolved, sized and built (models/), both paths
+run on it (the reference with fastpath disabled, then the fast path after enable(): routing is
+this floor's business), one judge call over the two runs (models/judge.py), the verdict
+(proof/verdict.py). Running a pass and the fp32 oracles live in models/forward.py.
 """
 
 from __future__ import annotations
@@ -12,188 +13,41 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastpath.models.build import BuiltModel, ResolvedModel, resolve_model
-from fastpath.models.compare import (
-    NOISE_RUNS,
-    TOLERANCES,
-    check_decode,
-    compare,
-    compare_grads,
-    judge_by_noise,
-    judge_by_oracle,
-)
+from fastpath.models.compare import TOLERANCES
+from fastpath.models.forward import Inputs, PathRun, Tf32Off, fp32_oracle_grads, make_inputs
+from fastpath.models.forward import run_path as run_model_path
 from fastpath.models.moe_pin import PinReport, TopkPin
 from fastpath.models.paths import hidden_compiled_peers
 from fastpath.proof.verdict import CannotVerify, VerifyResult
 from fastpath.shared.errors import FastpathError, UsageError, first_line
 
 # ---------------------------------------------------------------------------------------------
-# Inputs
-
-
-@dataclass
-class Inputs:
-    """Token ids for one verify run; packed runs keep the per-sequence split."""
-
-    ids: Any  # [B, L]
-    packed_ids: Any | None = None  # [1, total]
-    segments: list[int] = field(default_factory=list)
-
-    def packed_kwargs(self) -> dict[str, Any]:
-        """The flattened-batch arguments DataCollatorWithFlattening would produce."""
-        import torch
-
-        device = self.packed_ids.device
-        lengths = torch.tensor(self.segments, device=device)
-        starts = torch.cumsum(lengths, 0) - lengths
-        total = int(lengths.sum())
-        position_ids = torch.arange(total, device=device) - torch.repeat_interleave(starts, lengths)
-        seq_idx = torch.repeat_interleave(torch.arange(len(self.segments), device=device), lengths)
-        cu = torch.cat([torch.zeros(1, dtype=torch.long, device=device), torch.cumsum(lengths, 0)])
-        cu = cu.to(torch.int32)
-        return {
-            "position_ids": position_ids[None],
-            "seq_idx": seq_idx.to(torch.int32)[None],
-            "cu_seq_lens_q": cu,
-            "cu_seq_lens_k": cu,
-            "max_length_q": int(lengths.max()),
-            "max_length_k": int(lengths.max()),
-        }
-
-
-def make_inputs(vocab: int, batch: int, seq_len: int, packed: bool, seed: int, device: Any,
-                min_segment: int = 4) -> Inputs:
-    """Random ids; with `packed`, the B*L tokens split into max(B, 2) sequences of unequal length."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed + 1)
-    ids = torch.randint(0, vocab, (batch, seq_len), generator=gen).to(device)
-    if not packed:
-        return Inputs(ids)
-    total = batch * seq_len
-    count = max(batch, 2)
-    if total < count * min_segment:
-        raise UsageError(f"--packed needs at least {count * min_segment} tokens (batch x seq-len)")
-    # Cut points drawn at random, but every piece keeps >= min_segment tokens (longer than the
-    # conv window, so a leak across a boundary shows up inside the next sequence).
-    free = total - count * min_segment
-    weights = torch.rand(count, generator=gen) + 0.25
-    extra = (weights / weights.sum() * free).floor().long()
-    extra[-1] += free - int(extra.sum())
-    segments = [int(min_segment + e) for e in extra]
-    return Inputs(ids, ids.reshape(1, total), segments)
-
-
-# ---------------------------------------------------------------------------------------------
 # Running one path
 
 
-@dataclass
-class PathRun:
-    hidden: list[Any]
-    logits: Any
-    grads: dict[str, Any] | None
-
-
-def _next_token_loss_sum(logits: Any, ids: Any) -> Any:
-    import torch.nn.functional as F
-
-    return F.cross_entropy(
-        logits[:, :-1].float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="sum"
-    )
-
-
-def _collect_grads(model: Any) -> dict[str, Any]:
-    """Take the .grad tensors over (no copy: a 27B-wide model's gradients are gigabytes)."""
-    grads = {n: (p.grad.detach() if p.grad is not None else None) for n, p in model.named_parameters()}
-    model.zero_grad(set_to_none=True)
-    return grads
-
-
-def _forward(model: Any, ids: Any, backward: bool, denom: int, **kwargs: Any) -> tuple[list[Any], Any]:
-    import torch
-
+def _fused_loss(model: Any) -> Callable[[Any], Any] | None:
+    """The training loss of `model` where its forward fuses the LM head with the loss and returns
+    no logits: Liger's fused linear cross-entropy (verify --liger) or enable()'s fused LM head;
+    None otherwise. Handed to models/forward.run_path, which cannot import routing."""
     from fastpath.routing import lm_head_route
     from fastpath.routing.liger_route import fused_loss_in_place, next_token_loss
 
-    liger = fused_loss_in_place(model)
-    if backward and not kwargs and (liger or lm_head_route.fused_loss_in_place(model)):
-        # The loss a training call takes: Liger's fused linear cross-entropy (verify --liger) or
-        # enable()'s fused LM head + cross-entropy, a mean over the B x (L-1) predictions (scaled
-        # to the same sum / denom); the logits, which that call does not return, from a no-grad pass.
-        with torch.no_grad():
-            out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
-        loss = (next_token_loss(model, ids) if liger
-                else model(input_ids=ids, labels=ids, use_cache=False).loss)
-        (loss * (ids.shape[0] * (ids.shape[1] - 1)) / denom).backward()
-        return [h.detach() for h in out.hidden_states], out.logits.detach()
-    with torch.set_grad_enabled(backward):
-        out = model(input_ids=ids, output_hidden_states=True, use_cache=False, **kwargs)
-        if backward:
-            (_next_token_loss_sum(out.logits, ids) / denom).backward()
-    return [h.detach() for h in out.hidden_states], out.logits.detach()
+    if fused_loss_in_place(model):
+        return lambda ids: next_token_loss(model, ids)
+    if lm_head_route.fused_loss_in_place(model):
+        return lambda ids: model(input_ids=ids, labels=ids, use_cache=False).loss
+    return None
 
 
 def run_path(model: Any, inputs: Inputs, *, packed_reference: bool, backward: bool) -> PathRun:
-    """One pass over `inputs` on whatever path is active now.
-
-    packed_reference: run each packed sequence on its own and join the outputs in time — the
-    ground truth for a packed batch (transformers' torch fallback ignores seq_idx / cu_seqlens).
-    """
-    import torch
-
-    model.zero_grad(set_to_none=True)
-    if inputs.packed_ids is None:
-        ids = inputs.ids
-        hidden, logits = _forward(model, ids, backward, ids.shape[0] * (ids.shape[1] - 1))
-    elif not packed_reference:
-        denom = sum(s - 1 for s in inputs.segments)
-        ids = inputs.packed_ids
-        with torch.set_grad_enabled(backward):
-            out = model(input_ids=ids, output_hidden_states=True, use_cache=False, **inputs.packed_kwargs())
-            if backward:
-                loss = 0.0
-                start = 0
-                for length in inputs.segments:
-                    piece = slice(start, start + length)
-                    loss = loss + _next_token_loss_sum(out.logits[:, piece], ids[:, piece])
-                    start += length
-                (loss / denom).backward()
-        hidden, logits = [h.detach() for h in out.hidden_states], out.logits.detach()
-    else:
-        denom = sum(s - 1 for s in inputs.segments)
-        pieces_h: list[list[Any]] = []
-        pieces_l = []
-        start = 0
-        for length in inputs.segments:
-            seg = inputs.packed_ids[:, start:start + length]
-            h, lg = _forward(model, seg, backward, denom)
-            pieces_h.append(h)
-            pieces_l.append(lg)
-            start += length
-        hidden = [torch.cat([p[i] for p in pieces_h], dim=1) for i in range(len(pieces_h[0]))]
-        logits = torch.cat(pieces_l, dim=1)
-    grads = _collect_grads(model) if backward else None
-    return PathRun(hidden, logits, grads)
+    """One pass over `inputs` on whatever path is active now (models/forward.run_path), with
+    routing's fused losses taken as a training call takes them."""
+    return run_model_path(model, inputs, packed_reference=packed_reference, backward=backward,
+                          fused_loss=_fused_loss)
 
 
 # ---------------------------------------------------------------------------------------------
 # The whole verification
-
-
-class _Tf32Off:
-    """Context: real fp32 matmuls and convolutions on CUDA (both default to TF32 somewhere)."""
-
-    def __enter__(self) -> None:
-        import torch
-
-        self.saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-
-    def __exit__(self, *exc: object) -> None:
-        import torch
-
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.saved
 
 
 @dataclass
@@ -208,10 +62,10 @@ class _Pins:
 
 def _run_side(name: str, model: Any, inputs: Inputs, *, packed_reference: bool, backward: bool,
               decode_tokens: int, say: Callable[[str], None],
-              pins: _Pins | None = None) -> tuple[PathRun, Any, dict[str, int]]:
-    """One side of the comparison: forward (+ backward), optional greedy decode, and the kernel
-    calls it made (counted at the kernels' own entry points). `pins`: the reference side
-    (packed_reference) records its top-k choices there, the fast side replays them."""
+              pins: _Pins | None = None) -> tuple[PathRun, dict[str, int]]:
+    """One side of the comparison: forward (+ backward), optional greedy decode (the run's
+    `decode`), and the kernel calls it made (counted at the kernels' own entry points). `pins`:
+    the reference side (packed_reference) records its top-k choices there, the fast side replays them."""
     from fastpath.kernels.counters import CALLS
     from fastpath.proof.greedy import greedy_decode
 
@@ -226,12 +80,11 @@ def _run_side(name: str, model: Any, inputs: Inputs, *, packed_reference: bool, 
     before = Counter(CALLS)
     with pinned(pins.forward if pins else TopkPin(), len(inputs.segments)):
         run = run_path(model, inputs, packed_reference=packed_reference, backward=backward)
-    decode = None
     if decode_tokens:
         say(f"{name}: greedy decode")
         with pinned(pins.decode if pins else TopkPin(), 1):
-            decode = greedy_decode(model, inputs.ids, decode_tokens)
-    return run, decode, _call_delta(before, Counter(CALLS))
+            run.decode = greedy_decode(model, inputs.ids, decode_tokens)
+    return run, _call_delta(before, Counter(CALLS))
 
 
 def _call_delta(before: Counter[str], after: Counter[str]) -> dict[str, int]:
@@ -300,120 +153,6 @@ def packed_unverifiable(config: Any, device: Any, backward: bool, gated_delta_ru
 
 # What verify can take as the reference path (--reference).
 REFERENCES = ("torch", "transformers")
-
-
-@contextlib.contextmanager
-def _fp32_copy(model: Any) -> Any:
-    """An fp32 copy of `model` (same active path) with real fp32 matmuls, freed on exit (callers
-    drop their name for it inside the block). The model's gradients are not copied: memory."""
-    import copy
-
-    import torch
-
-    grads = {p: p.grad for p in model.parameters()}
-    for p in grads:
-        p.grad = None
-    try:
-        oracle = copy.deepcopy(model)
-    finally:
-        for p, g in grads.items():
-            p.grad = g
-    try:
-        with _Tf32Off():
-            yield oracle.float()
-    finally:
-        del oracle
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-
-def _fp32_oracle_grads(model: Any, inputs: Inputs) -> dict[str, Any]:
-    """Gradients of an fp32 copy of `model` on the active (reference) path, in the model's dtype
-    layout; the copy is freed before returning."""
-    with _fp32_copy(model) as oracle:
-        grads = run_path(oracle, inputs, packed_reference=True, backward=True).grads or {}
-        del oracle  # the last reference: _fp32_copy's exit returns its memory
-    return grads
-
-
-def _fp32_oracle_outputs(model: Any, inputs: Inputs, pins: _Pins) -> PathRun:
-    """Hidden states and logits of an fp32 copy on the reference path (no gradients), with the
-    reference's MoE choices replayed so a near-tied router does not pick other experts."""
-    with _fp32_copy(model) as oracle, pins.forward.replaying(PinReport()):
-        run = run_path(oracle, inputs, packed_reference=True, backward=False)
-        del oracle
-    return run
-
-
-def _fp32_oracle_decode_logits(model: Any, prompt: Any, tokens: Any) -> list[Any] | None:
-    """Per-step fp32 logits of an fp32 copy of `model` (active = reference path) fed the prompt
-    and the reference's greedy tokens in one teacher-forced forward: the same logits a cached
-    decode computes, in exact-enough arithmetic. None when that cannot run."""
-    import torch
-
-    steps = int(tokens.shape[1])
-    ids = torch.cat([prompt, tokens[:, :steps - 1]], dim=1)
-    try:
-        with _fp32_copy(model) as oracle, torch.no_grad():
-            logits = oracle(input_ids=ids, use_cache=False, logits_to_keep=steps).logits.float()
-            del oracle
-        return [logits[:, s] for s in range(steps)]
-    except Exception:  # no room for the copy, a family without logits_to_keep: keep the failure
-        return None
-
-
-def _nudge_weights(model: Any, seed: int, direction: int) -> None:
-    """Move every parameter by one rounding step (nextafter), up or down at random per element
-    (`direction` 1); `direction` -1 with the same seed moves each element back exactly."""
-    import torch
-
-    with torch.no_grad():
-        for i, p in enumerate(model.parameters()):
-            gen = torch.Generator(device=p.device).manual_seed(seed * 1_000_003 + i)
-            up = torch.rand(p.shape, generator=gen, device=p.device) < 0.5
-            if direction < 0:
-                up = ~up
-            inf = torch.tensor(float("inf"), dtype=p.dtype, device=p.device)
-            p.copy_(torch.nextafter(p, torch.where(up, inf, -inf)))
-
-
-def _rounding_noise(model: Any, inputs: Inputs, reference: dict[str, Any], names: list[str],
-                    runs: int) -> dict[str, float]:
-    """How far the reference path's gradients of `names` move when every weight moves by one
-    rounding step (largest of `runs` runs; models/compare.py judge_by_noise says why). Only
-    `names` get gradients; the weights are restored exactly. {} when it cannot run."""
-    from fastpath.models.compare import _rel
-
-    params = dict(model.named_parameters())
-    wanted = {n: p.requires_grad for n, p in params.items()}
-    noise: dict[str, float] = {}
-    try:
-        for n, p in params.items():
-            p.requires_grad_(n in names)
-        for run in range(runs):
-            _nudge_weights(model, run + 1, 1)
-            try:
-                grads = run_path(model, inputs, packed_reference=True, backward=True).grads or {}
-            finally:
-                _nudge_weights(model, run + 1, -1)
-            for n in names:
-                if grads.get(n) is not None and reference.get(n) is not None:
-                    noise[n] = max(noise.get(n, 0.0), _rel(grads[n], reference[n]))
-    except Exception:  # no room for another pass: the failures stand as measured
-        return {}
-    finally:
-        for n, p in params.items():
-            p.requires_grad_(wanted[n])
-        model.zero_grad(set_to_none=True)
-    return noise
-
-
-def _starts_with_embeddings(model: Any, ids: Any, first_hidden: Any) -> bool:
-    import torch
-
-    with torch.no_grad():
-        embedded = model.get_input_embeddings()(ids)
-    return embedded.shape == first_hidden.shape and bool(torch.equal(embedded, first_hidden))
 
 
 def _build_description(model: ResolvedModel, seed: int) -> str:
@@ -488,10 +227,8 @@ class _Runs:
     explain_rows: list[dict[str, Any]]  # explain() after enable()
     report: str  # what enable() said
     ref: PathRun
-    ref_decode: Any
     ref_calls: dict[str, int]
     fast: PathRun
-    fast_decode: Any
     fast_calls: dict[str, int]
     oracle_grads: dict[str, Any] | None  # fp32 gradients of the reference path (bf16/fp16 --backward)
     pins: _Pins
@@ -552,7 +289,7 @@ def _run_both_paths(built: BuiltModel, inputs: Inputs, run: _Settings) -> _Runs:
 
     model = built.model
     stage = _Stage()
-    tf32 = _Tf32Off() if built.dtype == torch.float32 else contextlib.nullcontext()
+    tf32 = Tf32Off() if built.dtype == torch.float32 else contextlib.nullcontext()
 
     def step(name: str) -> None:
         stage(name)
@@ -568,10 +305,9 @@ def _run_both_paths(built: BuiltModel, inputs: Inputs, run: _Settings) -> _Runs:
             # First, while no gradients are held: the fp32 copy and its gradients are never alive
             # together with both paths' gradients (models/sizing.py peak_bytes).
             step("reference path in fp32: gradient oracle")
-            oracle_grads = _fp32_oracle_grads(model, inputs)
+            oracle_grads = fp32_oracle_grads(model, inputs, _fused_loss)
         pins = _Pins()
-        ref, ref_decode, ref_calls = _run_side("reference path", model, inputs, packed_reference=True, pins=pins,
-                                               **sides)
+        ref, ref_calls = _run_side("reference path", model, inputs, packed_reference=True, pins=pins, **sides)
 
         step("enable()")
         report = routes.enable(**run.enable_kwargs)
@@ -580,8 +316,7 @@ def _run_both_paths(built: BuiltModel, inputs: Inputs, run: _Settings) -> _Runs:
             # H200: a cold Triton cache made this step outlast a 150 s limit
             run.tell("note: FLA's kernels compile and autotune at their first call for these head sizes "
                      "(minutes with an empty Triton cache; cached for later runs)")
-        fast, fast_decode, fast_calls = _run_side("fast path", model, inputs, packed_reference=False, pins=pins,
-                                                  **sides)
+        fast, fast_calls = _run_side("fast path", model, inputs, packed_reference=False, pins=pins, **sides)
     except FastpathError:
         raise
     except torch.cuda.OutOfMemoryError as exc:
@@ -594,71 +329,7 @@ def _run_both_paths(built: BuiltModel, inputs: Inputs, run: _Settings) -> _Runs:
     finally:
         routes.disable()
         tf32.__exit__(None, None, None)
-    return _Runs(reference_rows, explain_rows, str(report), ref, ref_decode, ref_calls, fast, fast_decode,
-                 fast_calls, oracle_grads, pins)
-
-
-def _compare_outputs(built: BuiltModel, inputs: Inputs, runs: _Runs, tol: Any,
-                     say: Callable[[str], None]) -> tuple[list[Any], Any, list[str]]:
-    """Every layer's hidden states and the logits, fast vs reference (an fp32 run of the reference
-    judges the ones beyond the limit in bf16/fp16); the per-layer diffs, the logits' diff, and a
-    problem when the paths returned different numbers of hidden states."""
-    import torch
-
-    from fastpath.proof.verdict import layer_names
-
-    ref, fast = runs.ref, runs.fast
-    ids = inputs.packed_ids if inputs.packed_ids is not None else inputs.ids
-    names = layer_names(built.layer_types, len(ref.hidden), _starts_with_embeddings(built.model, ids, ref.hidden[0]))
-    counts = [] if len(fast.hidden) == len(ref.hidden) else [
-        f"fast path returned {len(fast.hidden)} hidden states, reference {len(ref.hidden)}"]
-    diffs = []
-    for (name, kind), f, r in zip(names, fast.hidden, ref.hidden, strict=False):
-        diffs.append(compare(name, f, r, tol))
-        diffs[-1].kind = kind
-    logits = compare("logits", fast.logits, ref.logits, tol)
-    if built.dtype != torch.float32 and not all(d.ok for d in [*diffs, logits]):
-        # Only now (it costs an fp32 copy): whose rounding is it (models/compare.judge_by_oracle)?
-        say("hidden states beyond the limit: fp32 run of the reference path")
-        oracle_run = _fp32_oracle_outputs(built.model, inputs, runs.pins)
-        diffs = judge_by_oracle(diffs, fast.hidden, ref.hidden, oracle_run.hidden)
-        logits = judge_by_oracle([logits], [fast.logits], [ref.logits], [oracle_run.logits])[0]
-        del oracle_run
-    return diffs, logits, counts
-
-
-def _compare_gradients(built: BuiltModel, inputs: Inputs, runs: _Runs, tol: Any,
-                       say: Callable[[str], None]) -> list[Any]:
-    """Every parameter gradient, fast vs reference; in fp32, the ones beyond the limit are judged
-    against the reference's own rounding noise (models/compare.judge_by_noise)."""
-    import torch
-
-    ref = runs.ref
-    grads = compare_grads(runs.fast.grads, ref.grads, tol, runs.oracle_grads)
-    beyond = [g.name for g in grads if not g.ok and g.rel == g.rel and g.rel != float("inf")]
-    if beyond and built.dtype == torch.float32 and ref.grads is not None:
-        say(f"{len(beyond)} gradients beyond {tol.grad_rel:g}: measuring the reference's own rounding noise "
-            f"({NOISE_RUNS} runs with every weight moved by one rounding step)")
-        with _Tf32Off():
-            noise = _rounding_noise(built.model, inputs, ref.grads, beyond, NOISE_RUNS)
-        grads = judge_by_noise(grads, noise)
-    return grads
-
-
-def _compare_decode(built: BuiltModel, inputs: Inputs, runs: _Runs, tol: Any, say: Callable[[str], None]) -> Any:
-    """The greedy decodes, fast vs reference; in bf16/fp16 a mismatch is judged against fp32
-    logits of the reference's tokens."""
-    import torch
-
-    decode = check_decode(runs.fast_decode, runs.ref_decode, tol)
-    if not decode.ok and built.dtype != torch.float32:
-        # Only now (it costs an fp32 copy of the model): is the fast path further from exact
-        # arithmetic than the reference, or are both drifting by bf16 rounding?
-        say("decode beyond the limit: fp32 oracle of the decode steps")
-        oracle_logits = _fp32_oracle_decode_logits(built.model, inputs.ids, runs.ref_decode.tokens)
-        if oracle_logits is not None:
-            decode = check_decode(runs.fast_decode, runs.ref_decode, tol, oracle_logits)
-    return decode
+    return _Runs(reference_rows, explain_rows, str(report), ref, ref_calls, fast, fast_calls, oracle_grads, pins)
 
 
 def verify_model(
@@ -693,6 +364,7 @@ def verify_model(
     run = _Settings(seq_len, batch, packed, backward, decode_tokens, seed, dict(enable_kwargs or {}), reference,
                     check_memory, liger, progress or (lambda _msg: None), note or (lambda _msg: None))
     from fastpath.models.dtypes import dtype_label
+    from fastpath.models.judge import judge
     from fastpath.proof.verdict import collect_problems
 
     built, size = _size_and_build(source, layers, dtype, device, run)
@@ -710,11 +382,11 @@ def verify_model(
     if pin_line:
         built.notes.append(pin_line)
     run.say("comparing")
-    diffs, logits, counts = _compare_outputs(built, inputs, runs, tol, run.say)
-    grads = _compare_gradients(built, inputs, runs, tol, run.say) if backward else None
-    decode = _compare_decode(built, inputs, runs, tol, run.say) if decode_tokens else None
-    problems = counts + collect_problems(diffs, logits, grads, decode, tol, fast_calls=runs.fast_calls,
-                                         ref_calls=runs.ref_calls, explain_rows=runs.explain_rows if packed else None)
+    judged = judge(built, inputs, runs.ref, runs.fast, tol, oracle_grads=runs.oracle_grads, pin=runs.pins.forward,
+                   fused_loss=_fused_loss, say=run.say)
+    problems = judged.counts + collect_problems(judged.layers, judged.logits, judged.grads, judged.decode, tol,
+                                                fast_calls=runs.fast_calls, ref_calls=runs.ref_calls,
+                                                explain_rows=runs.explain_rows if packed else None)
 
     return VerifyResult(
         model=built.to_json(),
@@ -724,10 +396,10 @@ def verify_model(
         packed=packed,
         segments=list(inputs.segments),
         tolerance=tol,
-        layers=diffs,
-        logits=logits,
-        grads=grads,
-        decode=decode,
+        layers=judged.layers,
+        logits=judged.logits,
+        grads=judged.grads,
+        decode=judged.decode,
         reference_calls=runs.ref_calls,
         fast_calls=runs.fast_calls,
         enable_report=runs.report,

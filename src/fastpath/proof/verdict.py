@@ -1,5 +1,5 @@
-"""What `fastpath verify` concludes: the result document, the per-output names, the route checks,
-and the verdict (PASS / SLOW / FAIL / NOT VERIFIED).
+"""What `fastpath verify` concludes: the result document, the route checks, and the verdict
+(PASS / SLOW / FAIL / NOT VERIFIED), drawn from models/judge.py's comparison.
 
 PASS means both: the fast path computes the same function, and every op of it ran a fast kernel.
 SLOW is its own verdict (exit 4): the numbers agree, but some op ran slow code (a torch fallback,
@@ -217,25 +217,3 @@ def packed_route_problems(explain_rows: list[dict[str, Any]]) -> list[str]:
     return [f"packed sequences: {len(slow)} layers run the gated delta rule on transformers' torch fallback, "
             f"which ignores cu_seqlens, so state leaks from one sequence into the next "
             f"(first: {slow[0]}; FLA on a GPU keeps them apart)"]
-
-
-def layer_names(layer_types: list[str], count: int, starts_with_embeddings: bool = True) -> list[tuple[str, str]]:
-    """(name, type) for the output_hidden_states entries.
-
-    Most families (transformers 5 `capture_outputs`) return the embeddings, then each decoder
-    layer's output, the last one after the final norm. Mamba-style families return each layer's
-    output, then the final norm's output, without the embeddings.
-    """
-
-    def kind(i: int) -> str:
-        return layer_types[i] if i < len(layer_types) else "decoder"
-
-    if starts_with_embeddings:
-        names = [("embeddings", "")]
-        for i in range(count - 1):
-            names.append((f"layer {i}" + (" + final norm" if i == count - 2 else ""), kind(i)))
-        return names
-    names = [(f"layer {i}", kind(i)) for i in range(count - 1)]
-    return [*names, ("final norm", "")]
-
-

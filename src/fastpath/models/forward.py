@@ -1,0 +1,300 @@
+"""Running a model and collecting what `fastpath verify` compares: the inputs (plain or packed),
+one pass on whatever path is active (hidden states, logits, optional gradients), and the runs
+that judge a difference (models/judge.py): an fp32 copy of the reference, and the reference with
+every weight nudged by one rounding step.
+
+Which path is active is the caller's business (routing.engine enable / disable sits above this
+floor): everything here runs the model as it is now. A fused loss (Liger's, enable()'s LM head)
+is recognised by a `FusedLoss` the caller passes in, for the same reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastpath.models.moe_pin import PinReport, TopkPin
+from fastpath.shared.errors import UsageError
+
+# Given a model, the mean next-token loss of `ids` through its fused LM head + cross-entropy (a
+# forward that returns the loss and no logits), or None when no such forward is in place.
+FusedLoss = Callable[[Any], Callable[[Any], Any] | None]
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+@dataclass
+class Inputs:
+    """Token ids for one verify run; packed runs keep the per-sequence split."""
+
+    ids: Any  # [B, L]
+    packed_ids: Any | None = None  # [1, total]
+    segments: list[int] = field(default_factory=list)
+
+    def packed_kwargs(self) -> dict[str, Any]:
+        """The flattened-batch arguments DataCollatorWithFlattening would produce."""
+        import torch
+
+        device = self.packed_ids.device
+        lengths = torch.tensor(self.segments, device=device)
+        starts = torch.cumsum(lengths, 0) - lengths
+        total = int(lengths.sum())
+        position_ids = torch.arange(total, device=device) - torch.repeat_interleave(starts, lengths)
+        seq_idx = torch.repeat_interleave(torch.arange(len(self.segments), device=device), lengths)
+        cu = torch.cat([torch.zeros(1, dtype=torch.long, device=device), torch.cumsum(lengths, 0)])
+        cu = cu.to(torch.int32)
+        return {
+            "position_ids": position_ids[None],
+            "seq_idx": seq_idx.to(torch.int32)[None],
+            "cu_seq_lens_q": cu,
+            "cu_seq_lens_k": cu,
+            "max_length_q": int(lengths.max()),
+            "max_length_k": int(lengths.max()),
+        }
+
+
+def make_inputs(vocab: int, batch: int, seq_len: int, packed: bool, seed: int, device: Any,
+                min_segment: int = 4) -> Inputs:
+    """Random ids; with `packed`, the B*L tokens split into max(B, 2) sequences of unequal length."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randint(0, vocab, (batch, seq_len), generator=gen).to(device)
+    if not packed:
+        return Inputs(ids)
+    total = batch * seq_len
+    count = max(batch, 2)
+    if total < count * min_segment:
+        raise UsageError(f"--packed needs at least {count * min_segment} tokens (batch x seq-len)")
+    # Cut points drawn at random, but every piece keeps >= min_segment tokens (longer than the
+    # conv window, so a leak across a boundary shows up inside the next sequence).
+    free = total - count * min_segment
+    weights = torch.rand(count, generator=gen) + 0.25
+    extra = (weights / weights.sum() * free).floor().long()
+    extra[-1] += free - int(extra.sum())
+    segments = [int(min_segment + e) for e in extra]
+    return Inputs(ids, ids.reshape(1, total), segments)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running one path
+
+
+@dataclass
+class PathRun:
+    """What one pass computed; `decode` (a proof/greedy GreedyRun) when the side also decoded."""
+
+    hidden: list[Any]
+    logits: Any
+    grads: dict[str, Any] | None
+    decode: Any = None
+
+
+def _next_token_loss_sum(logits: Any, ids: Any) -> Any:
+    import torch.nn.functional as F
+
+    return F.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="sum"
+    )
+
+
+def _collect_grads(model: Any) -> dict[str, Any]:
+    """Take the .grad tensors over (no copy: a 27B-wide model's gradients are gigabytes)."""
+    grads = {n: (p.grad.detach() if p.grad is not None else None) for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def _forward(model: Any, ids: Any, backward: bool, denom: int, fused_loss: FusedLoss | None,
+             **kwargs: Any) -> tuple[list[Any], Any]:
+    import torch
+
+    loss_of = fused_loss(model) if backward and not kwargs and fused_loss is not None else None
+    if loss_of is not None:
+        # The loss a training call takes: Liger's fused linear cross-entropy (verify --liger) or
+        # enable()'s fused LM head + cross-entropy, a mean over the B x (L-1) predictions (scaled
+        # to the same sum / denom); the logits, which that call does not return, from a no-grad pass.
+        with torch.no_grad():
+            out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
+        loss = loss_of(ids)
+        (loss * (ids.shape[0] * (ids.shape[1] - 1)) / denom).backward()
+        return [h.detach() for h in out.hidden_states], out.logits.detach()
+    with torch.set_grad_enabled(backward):
+        out = model(input_ids=ids, output_hidden_states=True, use_cache=False, **kwargs)
+        if backward:
+            (_next_token_loss_sum(out.logits, ids) / denom).backward()
+    return [h.detach() for h in out.hidden_states], out.logits.detach()
+
+
+def run_path(model: Any, inputs: Inputs, *, packed_reference: bool, backward: bool,
+             fused_loss: FusedLoss | None = None) -> PathRun:
+    """One pass over `inputs` on whatever path is active now.
+
+    packed_reference: run each packed sequence on its own and join the outputs in time — the
+    ground truth for a packed batch (transformers' torch fallback ignores seq_idx / cu_seqlens).
+    fused_loss: how to take the loss where the model's forward fuses it (see FusedLoss).
+    """
+    import torch
+
+    model.zero_grad(set_to_none=True)
+    if inputs.packed_ids is None:
+        ids = inputs.ids
+        hidden, logits = _forward(model, ids, backward, ids.shape[0] * (ids.shape[1] - 1), fused_loss)
+    elif not packed_reference:
+        denom = sum(s - 1 for s in inputs.segments)
+        ids = inputs.packed_ids
+        with torch.set_grad_enabled(backward):
+            out = model(input_ids=ids, output_hidden_states=True, use_cache=False, **inputs.packed_kwargs())
+            if backward:
+                loss = 0.0
+                start = 0
+                for length in inputs.segments:
+                    piece = slice(start, start + length)
+                    loss = loss + _next_token_loss_sum(out.logits[:, piece], ids[:, piece])
+                    start += length
+                (loss / denom).backward()
+        hidden, logits = [h.detach() for h in out.hidden_states], out.logits.detach()
+    else:
+        denom = sum(s - 1 for s in inputs.segments)
+        pieces_h: list[list[Any]] = []
+        pieces_l = []
+        start = 0
+        for length in inputs.segments:
+            seg = inputs.packed_ids[:, start:start + length]
+            h, lg = _forward(model, seg, backward, denom, fused_loss)
+            pieces_h.append(h)
+            pieces_l.append(lg)
+            start += length
+        hidden = [torch.cat([p[i] for p in pieces_h], dim=1) for i in range(len(pieces_h[0]))]
+        logits = torch.cat(pieces_l, dim=1)
+    grads = _collect_grads(model) if backward else None
+    return PathRun(hidden, logits, grads)
+
+
+# ---------------------------------------------------------------------------------------------
+# The runs that judge a difference
+
+
+class Tf32Off:
+    """Context: real fp32 matmuls and convolutions on CUDA (both default to TF32 somewhere)."""
+
+    def __enter__(self) -> None:
+        import torch
+
+        self.saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+    def __exit__(self, *exc: object) -> None:
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.saved
+
+
+@contextlib.contextmanager
+def _fp32_copy(model: Any) -> Iterator[Any]:
+    """An fp32 copy of `model` (same active path) with real fp32 matmuls, freed on exit (callers
+    drop their name for it inside the block). The model's gradients are not copied: memory."""
+    import copy
+
+    import torch
+
+    grads = {p: p.grad for p in model.parameters()}
+    for p in grads:
+        p.grad = None
+    try:
+        oracle = copy.deepcopy(model)
+    finally:
+        for p, g in grads.items():
+            p.grad = g
+    try:
+        with Tf32Off():
+            yield oracle.float()
+    finally:
+        del oracle
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def fp32_oracle_grads(model: Any, inputs: Inputs, fused_loss: FusedLoss | None = None) -> dict[str, Any]:
+    """Gradients of an fp32 copy of `model` on the active (reference) path, in the model's dtype
+    layout; the copy is freed before returning."""
+    with _fp32_copy(model) as oracle:
+        grads = run_path(oracle, inputs, packed_reference=True, backward=True, fused_loss=fused_loss).grads or {}
+        del oracle  # the last reference: _fp32_copy's exit returns its memory
+    return grads
+
+
+def fp32_oracle_outputs(model: Any, inputs: Inputs, pin: TopkPin) -> PathRun:
+    """Hidden states and logits of an fp32 copy on the reference path (no gradients), with the
+    reference's MoE choices (`pin`) replayed so a near-tied router does not pick other experts."""
+    with _fp32_copy(model) as oracle, pin.replaying(PinReport()):
+        run = run_path(oracle, inputs, packed_reference=True, backward=False)
+        del oracle
+    return run
+
+
+def fp32_oracle_decode_logits(model: Any, prompt: Any, tokens: Any) -> list[Any] | None:
+    """Per-step fp32 logits of an fp32 copy of `model` (active = reference path) fed the prompt
+    and the reference's greedy tokens in one teacher-forced forward: the same logits a cached
+    decode computes, in exact-enough arithmetic. None when that cannot run."""
+    import torch
+
+    steps = int(tokens.shape[1])
+    ids = torch.cat([prompt, tokens[:, :steps - 1]], dim=1)
+    try:
+        with _fp32_copy(model) as oracle, torch.no_grad():
+            logits = oracle(input_ids=ids, use_cache=False, logits_to_keep=steps).logits.float()
+            del oracle
+        return [logits[:, s] for s in range(steps)]
+    except Exception:  # no room for the copy, a family without logits_to_keep: keep the failure
+        return None
+
+
+def _nudge_weights(model: Any, seed: int, direction: int) -> None:
+    """Move every parameter by one rounding step (nextafter), up or down at random per element
+    (`direction` 1); `direction` -1 with the same seed moves each element back exactly."""
+    import torch
+
+    with torch.no_grad():
+        for i, p in enumerate(model.parameters()):
+            gen = torch.Generator(device=p.device).manual_seed(seed * 1_000_003 + i)
+            up = torch.rand(p.shape, generator=gen, device=p.device) < 0.5
+            if direction < 0:
+                up = ~up
+            inf = torch.tensor(float("inf"), dtype=p.dtype, device=p.device)
+            p.copy_(torch.nextafter(p, torch.where(up, inf, -inf)))
+
+
+def rounding_noise(model: Any, inputs: Inputs, reference: dict[str, Any], names: list[str], runs: int,
+                   distance: Callable[[Any, Any], float], fused_loss: FusedLoss | None = None) -> dict[str, float]:
+    """How far the reference path's gradients of `names` move (`distance` from `reference`) when
+    every weight moves by one rounding step (largest of `runs` runs; models/compare.py
+    judge_by_noise says why). Only `names` get gradients; the weights are restored exactly. {}
+    when it cannot run."""
+    params = dict(model.named_parameters())
+    wanted = {n: p.requires_grad for n, p in params.items()}
+    noise: dict[str, float] = {}
+    try:
+        for n, p in params.items():
+            p.requires_grad_(n in names)
+        for run in range(runs):
+            _nudge_weights(model, run + 1, 1)
+            try:
+                grads = run_path(model, inputs, packed_reference=True, backward=True,
+                                 fused_loss=fused_loss).grads or {}
+            finally:
+                _nudge_weights(model, run + 1, -1)
+            for n in names:
+                if grads.get(n) is not None and reference.get(n) is not None:
+                    noise[n] = max(noise.get(n, 0.0), distance(grads[n], reference[n]))
+    except Exception:  # no room for another pass: the failures stand as measured
+        return {}
+    finally:
+        for n, p in params.items():
+            p.requires_grad_(wanted[n])
+        model.zero_grad(set_to_none=True)
+    return noise
