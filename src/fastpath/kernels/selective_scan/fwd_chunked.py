@@ -4,7 +4,7 @@ Algorithm. One program owns (one batch row, BLOCK_D channels of one B/C group) x
 and walks the sequence in chunks of T steps, carrying the state h (BLOCK_D, N) in float32
 registers from chunk to chunk. Per chunk it loads u, delta, z as (BLOCK_D, T) tiles and B, C as
 (N, T) tiles (the group's rows, read in place: never expanded to channels), and forms
-  a_t = exp2(delta'_t * A * log2(e)),   x_t = delta'_t * u_t * B_t        (BLOCK_D, N, T)
+  a_t = exp(delta'_t * A),   x_t = delta'_t * u_t * B_t                (BLOCK_D, N, T)
 then runs tl.associative_scan along time with the first-order recurrence combine
   (a1, x1) o (a2, x2) = (a1 a2, a2 x1 + x2)
 which gives, for every t of the chunk, (prod_{k<=t} a_k, the state reached from zero). The true
@@ -15,9 +15,11 @@ y_t * silu(z_t) (stored in u's dtype), and h_in of the next chunk is h at the ch
 Numerics. delta' = softplus(delta + bias) in float32 (identity above 20, as mamba_ssm); every
 product, the scan and the N-reduction are float32; exp is taken only of delta' * A <= 0 for the
 usual negative A (never of a cumulative sum, so nothing overflows however long the sequence:
-the chunk's running product of decays only shrinks). One exp2 per (t, d, n) state element,
-the same count as a sequential loop: at N = 16 the SFU's exp throughput, not memory, is the
-ceiling on an H100/H200 class GPU (about 4e12 exp/s: B*D*L*N exps).
+the chunk's running product of decays only shrinks). One exp per (t, d, n) state element, the
+same count as a sequential loop, by exp_precise (~1 ulp, unbiased, on the FMA pipe: about a
+dozen FMAs where the SFU's exp2 is one instruction): with exp2 of delta' * A * log2(e) the
+float32 last state drifted 2-4x further from float64 than mamba_ssm's reference after a few
+thousand steps (its test file, sequence lengths widened), since a decay's bias compounds.
 
 Layouts. B and C are read in place, each in its own layout (bc_layout): time-varying
 (batch, G, N, L) -- G = 1 for transformers' (batch, N, L) -- or time-invariant (dim, N), loaded once
@@ -59,6 +61,37 @@ def default_config(config: tuple[int, ...]) -> tuple[int, ...]:
     if triton_interpreter_on():
         return (config[0], INTERPRETER_CHUNK, *config[2:3], *(False for _ in config[3:]))
     return config
+
+
+LN2_HI = tl.constexpr(0.693145751953125)  # ln 2 with 12 trailing zero bits: j * LN2_HI is exact
+LN2_LO = tl.constexpr(1.4286068203094172e-06)  # ln 2 - LN2_HI
+EXP_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: v + it rounds v to an integer (|v| < 2**22)
+EXP_MAGIC_BITS = tl.constexpr(0x4B400000)  # its float32 bit pattern
+
+
+@triton.jit
+def exp_precise(x):
+    """e^x in float32 to ~1 ulp, on the FMA pipe: x = j ln2 + r (|r| <= ln2 / 2, Cody-Waite),
+    e^r by its degree-7 Taylor polynomial (truncation < 6e-9 relative), j added to the exponent.
+    exp2 of x * log2(e) (the SFU's ex2.approx, ~2 ulp, after rounding the product) is biased
+    enough that a state decayed over thousands of steps drifts 2-4x further from float64 than
+    the reference's exp does. Below -87 (e^x < 1.7e-38) it returns 0, above 88.72 inf; NaN stays."""
+    xc = tl.minimum(tl.maximum(x, -87.0), 88.0)
+    k = xc * LOG2E + EXP_MAGIC
+    j = k.to(tl.int32, bitcast=True) - EXP_MAGIC_BITS
+    jf = k - EXP_MAGIC
+    r = xc - jf * LN2_HI
+    r = r - jf * LN2_LO
+    p = r * 1.984126984126984e-04 + 1.3888888888888889e-03
+    p = p * r + 8.333333333333333e-03
+    p = p * r + 4.1666666666666664e-02
+    p = p * r + 1.6666666666666666e-01
+    p = p * r + 0.5
+    p = p * r + 1.0
+    p = p * r + 1.0
+    y = (p.to(tl.int32, bitcast=True) + (j << 23)).to(tl.float32, bitcast=True)
+    y = tl.where(x < -87.0, 0.0, tl.where(x > 88.72, float("inf"), y))
+    return tl.where(x == x, y, x)
 
 
 @triton.jit
@@ -148,8 +181,8 @@ def _fwd_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     mn = offs_n < N
     mdn = md[:, None] & mn[None, :]
-    A2 = tl.load(A + offs_d[:, None] * s_ad + offs_n[None, :] * s_an, mask=mdn,
-                 other=0.0).to(tl.float32) * LOG2E
+    Af = tl.load(A + offs_d[:, None] * s_ad + offs_n[None, :] * s_an, mask=mdn,
+                 other=0.0).to(tl.float32)
     if HAS_D:
         Dv = tl.load(D + offs_d, mask=md, other=0.0).to(tl.float32)
     # time-invariant B / C: one (BLOCK_D, N) tile each (s_Bg / s_Cg are their channel strides)
@@ -172,7 +205,7 @@ def _fwd_kernel(
         u = tl.load(U + b * s_ub + offs_d[:, None] * s_ud + offs_t[None, :] * s_ul, mask=mdt,
                     other=0.0).to(tl.float32)
         Bt = bc_tile(B, Bfix, B_row, offs_n, offs_t, mnt, s_Bn, s_Bl, B_VAR)
-        a = tl.exp2(dt[:, None, :] * A2[:, :, None])
+        a = exp_precise(dt[:, None, :] * Af[:, :, None])
         x = (dt * u)[:, None, :] * Bt
         acum, xs = tl.associative_scan((a, x), axis=2, combine_fn=first_order)
         hs = acum * h[:, :, None] + xs
