@@ -1,4 +1,4 @@
-"""Mamba-1 family model benchmark on one CUDA device (issue #26): Falcon-Mamba-7B and Jamba shaped
+"""Mamba-1 family model benchmark on one CUDA device: Falcon-Mamba-7B and Jamba shaped
 models cut to a few layers, random weights, bf16, B=1, L=4096, transformers' own modeling code.
 
 Configurations (each timed for prefill = forward without grad, and forward+backward in train mode;

@@ -35,7 +35,7 @@ MID_QWEN35 = {
     "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
 }
 
-# Small Mamba-2 models whose peak is the torch reference path's chunked scan (issue 24: on the H200
+# Small Mamba-2 models whose peak is the torch reference path's chunked scan (on the H200
 # the estimate missed Granite-4.0-H / Bamba's reference path by 2x): one 256-token chunk,
 # 8 heads x 64, state 128, so C x B alone is B x 512 x 8 x 256 x 128 x 4 bytes.
 SMALL_MAMBA2 = {
@@ -73,7 +73,7 @@ CASES: dict[str, list[tuple[str, Any, dict[str, Any]]]] = {
          {"job": "verify", "layers": None, "dtype": "bf16", "batch": 2, "seq_len": 4096, "backward": False}),
         ("nemotron-h-8b, 4 layers, bf16, verify fwd+bwd", "nemotron-h-8b",
          {"job": "verify", "layers": 4, "dtype": "bf16", "batch": 1, "seq_len": 2048, "backward": True}),
-        # The configurations that ran out of memory on the H200 in session 5 (batch 2) and passed at
+        # The configurations that ran out of memory on the H200 (BENCHMARKS.md, Session 5: batch 2) and passed at
         # batch 1: the torch scan on the reference path sets their peak.
         ("granite-4.0-h-small, 4 layers, bf16, verify fwd+bwd, B=1 L=1024", "granite-4.0-h-small",
          {"job": "verify", "layers": 4, "dtype": "bf16", "batch": 1, "seq_len": 1024, "backward": True}),

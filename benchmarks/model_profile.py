@@ -1,7 +1,7 @@
 """Where a whole model's step goes: GPU time per kernel family, the split of "elementwise/other"
 into its kernels and the ops that launched them, and the matmul-bound ceiling.
 
-Issue 14 asks for model forward+backward >= 3.5x the torch fallback and prefill >= 1.05x FLA+Dao.
+The targets: model forward+backward >= 3.5x the torch fallback and prefill >= 1.05x FLA+Dao.
 Whether such a ratio is reachable depends on how much of a step is dense matmul work that every
 configuration shares (cuBLAS runs the projections and MLPs the same way whatever runs the
 GatedDeltaNet core). This script runs `fastpath bench`'s own prefill and forward+backward phases
@@ -10,7 +10,7 @@ same package hiding as bench), and reports for each phase:
 
 * GPU time by kernel family (gemm, attention, gated delta rule (FLA), causal conv, SSD, norm,
   elementwise/other) with the top kernels, so the classification can be checked by eye;
-* the split of "elementwise/other" (issue 27): its top kernels by GPU time, each with the source
+* the split of "elementwise/other": its top kernels by GPU time, each with the source
   ops that launched it, and the top source ops. A source is "<module class>: <op>", the module
   being the innermost nn.Module whose forward was running (a record_function scope this script
   opens around every module forward while profiling) and the op the innermost aten / custom op

@@ -1,4 +1,4 @@
-"""Is `fastpath verify --backward`'s verdict seed-stable? (issue 24, item 6)
+"""Is `fastpath verify --backward`'s verdict seed-stable?
 
 For each seed: verify a tiny Qwen3.5 in fp32 with the real kernels (must PASS) and with a conv
 whose backward is 1% off (same forward; must FAIL), recording every gradient that was judged

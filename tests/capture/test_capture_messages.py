@@ -1,4 +1,4 @@
-"""Issue 24 (items 4, 5, 12) for capture: the closing summary fits 80 columns and says so when no
+"""Capture's messages: the closing summary fits 80 columns and says so when no
 row was re-checked; the ETA after --resume counts only this run's rows; Ctrl-C prints the exact
 command that continues the capture.
 

@@ -1,4 +1,4 @@
-"""fastpath capture meets its drafter-training clients (issue #25): speculators and SpecForge, each
+"""fastpath capture meets its drafter-training clients: speculators and SpecForge, each
 in its own venv (scripts/setup_clients.sh: .venvs/speculators-*, .venvs/specforge-*), read
 fastpath's captures of tiny random targets (Qwen3.5 and Nemotron-H, a Mamba-2 hybrid) through
 their own public readers (tests/support/clients_worker.py runs in the client's python); rows, token ids,

@@ -1,4 +1,4 @@
-"""The doctor and the drafter-training clients (issue #25): the probe reports speculators/specforge
+"""The doctor and the drafter-training clients: the probe reports speculators/specforge
 from their dist-info (never imported) only where installed, and the doctor lists speculators'
 zero-centred verifier-norm issue with its sources when speculators is installed and the target's
 final norm is zero-centred (or no model is named). Fake site-packages and facts dicts."""

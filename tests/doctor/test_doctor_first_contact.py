@@ -1,4 +1,4 @@
-"""Issue 24, items 11 and 12 (the doctor's part): what a new user reads first.
+"""The doctor's part of first contact: what a new user reads first.
 
 - An image builder (CPU-only torch, no nvcc) judged for a GPU (--gpu) or on a GPU host hears the
   no-nvcc story: the compiler-free route first, then the toolkit route.

@@ -1,4 +1,4 @@
-"""Issue 12, point 10: argument edges are usage errors (exit 2, one line), and `fastpath run`
+"""Argument edges are usage errors (exit 2, one line), and `fastpath run`
 keeps the user's sitecustomize (a package or .pyc-only too, its attributes visible) and empty
 (current-directory) PYTHONPATH entries."""
 

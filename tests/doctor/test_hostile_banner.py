@@ -1,4 +1,4 @@
-"""Issue 12, point 4: a login banner before the probe's output (or noise after it) is ignored.
+"""A login banner before the probe's output (or noise after it) is ignored.
 It used to make the doctor fall back to the sh probe silently, losing torch, Triton and the
 packages."""
 

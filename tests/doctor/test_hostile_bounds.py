@@ -1,4 +1,4 @@
-"""Issue 12, point 2: one target's output costs bounded time and memory, whatever it sends.
+"""One target's output costs bounded time and memory, whatever it sends.
 
 No timing assertions: each heavy case runs in a subprocess that must finish before a generous
 timeout (the quadratic code took minutes on these inputs), and memory is checked as the peak RSS

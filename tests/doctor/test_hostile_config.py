@@ -1,4 +1,4 @@
-"""Issue 12, point 9: hostile model configs are refused in one line (exit 2) before any layer
+"""Hostile model configs are refused in one line (exit 2) before any layer
 walk or allocation: `num_hidden_layers: 1e9` ran `doctor --model` 34 s to 5.4 GB and a
 MemoryError; negative sizes were accepted; verify/bench gave raw tracebacks from build_model."""
 

@@ -1,4 +1,4 @@
-"""Issue 12, point 8: the probe reads only regular files, with size caps, and reports every
+"""The probe reads only regular files, with size caps, and reports every
 malformed ELF as "could not read: ...". The crafted files are built here: a section-name table
 without a NUL (killed the local doctor with ValueError), a sparse file claiming a 4 GB name table
 (read it all: 4.2 GB RSS), FIFOs named like a .so or an .egg-info (hung the doctor forever)."""

@@ -1,4 +1,4 @@
-"""Issue 12, point 5, swept: every field of the facts schema set to every wrong shape (strings,
+"""Swept: every field of the facts schema set to every wrong shape (strings,
 numbers, lists, objects, null, huge numbers) still gives a diagnosis, a text report, a fleet row
 and strict JSON, never an exception."""
 

@@ -1,4 +1,4 @@
-"""Issue 12, point 7: inventories scale linearly, YAML alias bombs are refused in one line, one
+"""Inventories scale linearly, YAML alias bombs are refused in one line, one
 unsafe host is reported and skipped (the rest of the fleet runs), and a prefix list whose text
 contains `ansible_` is not taken for an INI inventory."""
 

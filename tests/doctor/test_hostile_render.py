@@ -1,4 +1,4 @@
-"""Issue 12, points 1 and 5: what a target says is rendered as inert plain text, and malformed
+"""What a target says is rendered as inert plain text, and malformed
 facts never crash the report (kept where valid, named as "could not collect: malformed ...")."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 12, point 6: secrets are redacted by shape on every output path (text report, JSON,
+"""Secrets are redacted by shape on every output path (text report, JSON,
 progress lines, error lines, fleet table, local --json). Each shape from the issue carries its
 own marker, and every output is searched for every marker."""
 

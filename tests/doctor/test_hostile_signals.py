@@ -1,4 +1,4 @@
-"""Issue 12, point 3: SIGTERM and SIGHUP clean up like SIGINT. `timeout 3 fastpath doctor --hosts
+"""SIGTERM and SIGHUP clean up like SIGINT. `timeout 3 fastpath doctor --hosts
 fleet.txt --timeout 100` left ten `sleep` targets orphaned (PPID 1); CI cancellations send
 SIGTERM. Every target's process group is killed, the doctor exits 128+signal with one line, and
 asyncio prints nothing after the interrupt."""

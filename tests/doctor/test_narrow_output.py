@@ -1,4 +1,4 @@
-"""Issue 24, item 4: every doctor / fleet / routing output fits 80 columns with nothing cut and no
+"""Every doctor / fleet / routing output fits 80 columns with nothing cut and no
 word broken (a URL or a path longer than the line, alone on its line, is the one exception: it
 cannot be broken without breaking it).
 

@@ -1,7 +1,7 @@
 """verify's fp32 oracle for hidden states (models/compare.judge_by_oracle).
 
 In bf16 two correct paths round differently, and through a stack of recurrent layers the gap can
-pass the fixed limit (H200 session 7: a 4-layer Mamba-2.8B reached 8.9% at the logits). An fp32 run
+pass the fixed limit (BENCHMARKS.md, Session 7: a 4-layer Mamba-2.8B reached 8.9% at the logits). An fp32 run
 decides whose rounding it is. These tensors are built so the answer is known: the rule must rescue
 a fast path that is as far from fp32 as the reference, and must keep failing one that is not.
 """

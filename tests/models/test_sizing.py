@@ -87,7 +87,7 @@ def test_a_job_that_cannot_fit_is_refused_before_allocating(tmp_path, command):
     assert not (tmp_path / "out").exists()  # bench wrote nothing: no worker ever started
 
 
-# --- issue 24, item 10 --------------------------------------------------------------------------
+# --- estimates that name their inputs --------------------------------------------------------------------------
 
 MAMBA2 = {  # small enough for a CPU, with the scan shapes of the real families (chunk 256, state 128)
     "model_type": "mamba2", "hidden_size": 256, "num_heads": 8, "head_dim": 64, "state_size": 128,
@@ -158,7 +158,7 @@ def test_the_mamba2_reference_scan_is_in_the_estimate_and_the_refusal_names_the_
 
 
 @pytest.mark.xfail(strict=False, reason="open: passes alone, but in the full suite the fresh process's RSS "
-                   "growth read 699 MB against 284 MB estimated (session 7); cause not found yet")
+                   "growth read 699 MB against 284 MB estimated (BENCHMARKS.md, Session 7); cause not found yet")
 def test_the_mamba2_reference_path_estimate_is_within_1_3x_of_its_measured_peak(tmp_path):
     """Measured, not assumed: the reference path's forward in a fresh process, peak RSS growth."""
     code = (

@@ -291,7 +291,7 @@ def test_compile_config_is_opt_in_compiles_the_model_and_skips_decode_with_a_rea
     assert "torch.compile" in row["implementation"]
 
 
-# --- issue 24: nothing lost, nothing misleading ------------------------------------------------
+# --- nothing lost, nothing misleading ------------------------------------------------
 
 
 def _tiny_source(tmp_path: Path) -> Path:

@@ -1,5 +1,5 @@
 """benchmarks/model_profile.py's bookkeeping on the CPU: the kernel-family classification the
-BENCHMARKS table rests on (kernel names as the H200 reported them in session 5) and the matmul
+BENCHMARKS table rests on (kernel names as the H200 reported them, BENCHMARKS.md Session 5) and the matmul
 weight count behind its FLOP numbers. The profiling itself needs CUDA (device only)."""
 
 from __future__ import annotations

@@ -173,7 +173,7 @@ def test_kernel_shifted_by_one_step_fails_at_the_first_linear_attention_layer(qw
 def test_packed_gated_delta_rule_on_torch_fallback_is_reported(qwen):
     # No FLA on CPU: the gated delta rule runs transformers' torch fallback, which drops
     # cu_seqlens, so packed sequences leak into each other. verify must not call that a pass:
-    # it says so before any work, with the NOT VERIFIED exit code (issue 24, item 7) ...
+    # it says so before any work, with the NOT VERIFIED exit code ...
     from fastpath.proof.verdict import CannotVerify
 
     with pytest.raises(CannotVerify, match="--packed on qwen3_5_text: packed sequences need FLA") as info:

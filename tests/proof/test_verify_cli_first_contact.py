@@ -1,4 +1,4 @@
-"""Issue 24 for `fastpath verify`, as a new user meets it: --save given a directory, --packed where
+"""`fastpath verify` as a new user meets it: --save given a directory, --packed where
 it cannot be checked, and what verify says while it builds the model. Every refusal is one line
 before any work (no model built)."""
 

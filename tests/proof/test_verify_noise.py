@@ -1,4 +1,4 @@
-"""Issue 24, item 6: `verify --backward` in fp32 failed for some seeds on A_log / dt_bias
+"""`verify --backward` in fp32 failed for some seeds on A_log / dt_bias
 gradients. Not a kernel error: those gradients are sums over every token and head of a decay term,
 and fp32 rounding alone moves them by up to ~1e-2 (models/compare.py judge_by_noise has the
 float64 measurements). verify now judges a gradient beyond its limit against the reference's own

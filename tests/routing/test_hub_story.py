@@ -1,4 +1,4 @@
-"""Issue 24, item 8: with transformers 5.25 and `kernels` installed the doctor said causal_conv1d
+"""With transformers 5.25 and `kernels` installed the doctor said causal_conv1d
 goes to the Hub kernel even after fastpath.enable() ("after fastpath.enable(): hub-kernel"),
 while enable() routes it to fastpath. Now one function (fastpath.shared.hub_kernels_env) decides whether
 Hub kernels are on, before and after enable(), for the doctor's plan and for routing.

@@ -3,7 +3,7 @@
 transformers 5.17+ binds `chunk_kimi_delta_attention` / `recurrent_kimi_delta_attention` to FLA's
 `chunk_kda` / `fused_recurrent_kda` once, when it imports the modeling module. verify builds its
 reference with FLA hidden (models/paths.py), so before this route the fast path kept the torch
-KDA (H200 session 7: both paths on the torch fallback). These tests run in a subprocess with
+KDA (BENCHMARKS.md, Session 7: both paths on the torch fallback). These tests run in a subprocess with
 fla-core on sys.path (scripts/setup_fla.sh installs it to .venvs/fla, outside the test
 interpreter), like tests/kernels/gated_delta_rule/test_fla_dqkwg.py:
 * enable() points both globals at FLA (CUDA tensors) and keeps the torch reference for CPU

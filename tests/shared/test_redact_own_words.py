@@ -1,4 +1,4 @@
-"""Issue 24, item 3: redaction hits secrets, never the tool's own words.
+"""Redaction hits secrets, never the tool's own words.
 
 "pass a model directory or --tokenizer DIR" came out as "... --tokenizer <redacted>" (and
 "tokenizer: pass" as "tokenizer: <redacted>"): a name was secret when its letters held TOKEN.

@@ -1,4 +1,4 @@
-"""Issue 24 item 8, one interpreter: what the doctor's plan says each GatedDeltaNet op resolves
+"""One interpreter: what the doctor's plan says each GatedDeltaNet op resolves
 to after fastpath.enable(), and what explain() says after a real enable(), in THIS environment
 (the transformers / `kernels` / USE_HUB_KERNELS of the interpreter running it). Prints JSON.
 

@@ -195,7 +195,7 @@ def offline_load(model_type: str) -> dict[str, Any]:
     return out
 
 
-# ---------------------------------------------------------------- Mamba-2 families (issue 17)
+# ---------------------------------------------------------------- Mamba-2 families
 MAMBA2_TYPES = ("mamba2", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", "zamba2")
 # layer layouts with no attention, so a packed row has nothing but Mamba-2 mixers to keep apart
 MAMBA_ONLY = {"bamba": {"attn_layer_indices": []}, "granitemoehybrid": {"layer_types": ["mamba", "mamba"]},
@@ -350,7 +350,7 @@ def mamba_main(interp: bool, gen_tokens: int, wanted: list[str]) -> dict[str, An
     return out
 
 
-# ---------------------------------------------------------------- Mamba-1 families (issue 26)
+# ---------------------------------------------------------------- Mamba-1 families
 MAMBA1_TYPES = ("mamba", "falcon_mamba", "jamba", "zamba")
 
 
@@ -418,8 +418,8 @@ def main() -> int:
     ap.add_argument("--gen-tokens", type=int, default=3)
     ap.add_argument("--offline-load", default="", help="model_type to save/load offline")
     ap.add_argument("--skip-packed", action="store_true")
-    ap.add_argument("--mamba", action="store_true", help="only the Mamba-2 family checks (issue 17)")
-    ap.add_argument("--mamba1", action="store_true", help="only the Mamba-1 family checks (issue 26)")
+    ap.add_argument("--mamba", action="store_true", help="only the Mamba-2 family checks")
+    ap.add_argument("--mamba1", action="store_true", help="only the Mamba-1 family checks")
     ap.add_argument("--scan-reference", action="store_true",
                     help="run the SSD chunk scan on its float reference (its Triton kernels are slow under "
                          "the CPU interpreter; one version runs them, the others check the routing)")
