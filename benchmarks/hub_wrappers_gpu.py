@@ -37,10 +37,19 @@ def _rows(model: Any) -> list[dict[str, Any]]:
 
 
 def _step(model: Any, ids: Any) -> tuple[float, Any]:
+    """One training step's loss, and the logits. Under enable() the fused LM-head loss route
+    returns the loss without logits (logits=None) for a call with labels, as a user's training
+    step gets it; the logits then come from a second, gradient-free forward without labels."""
+    import torch
+
     model.zero_grad(set_to_none=True)
     out = model(ids, labels=ids, use_cache=False)
     out.loss.backward()
-    return float(out.loss), out.logits.detach().float()
+    logits = out.logits
+    if logits is None:
+        with torch.no_grad():
+            logits = model(ids, use_cache=False).logits
+    return float(out.loss.detach()), logits.detach().float()
 
 
 def family(model_type: str, device: str) -> dict[str, Any]:
