@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastpath.models.compare import relative_distance
 from fastpath.models.moe_pin import PinReport, TopkPin
 from fastpath.shared.errors import UsageError
 
@@ -270,8 +271,8 @@ def _nudge_weights(model: Any, seed: int, direction: int) -> None:
 
 
 def rounding_noise(model: Any, inputs: Inputs, reference: dict[str, Any], names: list[str], runs: int,
-                   distance: Callable[[Any, Any], float], fused_loss: FusedLoss | None = None) -> dict[str, float]:
-    """How far the reference path's gradients of `names` move (`distance` from `reference`) when
+                   fused_loss: FusedLoss | None = None) -> dict[str, float]:
+    """How far the reference path's gradients of `names` move (relative distance from `reference`) when
     every weight moves by one rounding step (largest of `runs` runs; models/compare.py
     judge_by_noise says why). Only `names` get gradients; the weights are restored exactly. {}
     when it cannot run."""
@@ -290,7 +291,7 @@ def rounding_noise(model: Any, inputs: Inputs, reference: dict[str, Any], names:
                 _nudge_weights(model, run + 1, -1)
             for n in names:
                 if grads.get(n) is not None and reference.get(n) is not None:
-                    noise[n] = max(noise.get(n, 0.0), distance(grads[n], reference[n]))
+                    noise[n] = max(noise.get(n, 0.0), relative_distance(grads[n], reference[n]))
     except Exception:  # no room for another pass: the failures stand as measured
         return {}
     finally:

@@ -24,7 +24,6 @@ from fastpath.models.compare import (
     compare_grads,
     judge_by_noise,
     judge_by_oracle,
-    relative_distance,
 )
 from fastpath.models.forward import (
     FusedLoss,
@@ -139,7 +138,7 @@ def _judge_grads(built: BuiltModel, inputs: Inputs, ref: PathRun, fast: PathRun,
         say(f"{len(beyond)} gradients beyond {tol.grad_rel:g}: measuring the reference's own rounding noise "
             f"({NOISE_RUNS} runs with every weight moved by one rounding step)")
         with Tf32Off():
-            noise = rounding_noise(built.model, inputs, ref.grads, beyond, NOISE_RUNS, relative_distance, fused_loss)
+            noise = rounding_noise(built.model, inputs, ref.grads, beyond, NOISE_RUNS, fused_loss)
         grads = judge_by_noise(grads, noise)
     return grads
 

@@ -31,14 +31,6 @@ from collections import Counter
 
 import torch
 
-__all__ = [
-    "MATMUL_PATHS",
-    "chunk_bwd_dqkwg",
-    "floor_seconds",
-    "prepare_chunk_indices",
-    "unsupported_reason",
-]
-
 _HALF = (torch.float16, torch.bfloat16)
 
 

@@ -65,8 +65,8 @@ def default_config(config: tuple[int, ...]) -> tuple[int, ...]:
 
 LN2_HI = tl.constexpr(0.693145751953125)  # ln 2 with 12 trailing zero bits: j * LN2_HI is exact
 LN2_LO = tl.constexpr(1.4286068203094172e-06)  # ln 2 - LN2_HI
-EXP_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: v + it rounds v to an integer (|v| < 2**22)
-EXP_MAGIC_BITS = tl.constexpr(0x4B400000)  # its float32 bit pattern
+ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: v + it rounds v to an integer (|v| < 2**22)
+MAGIC_BITS = tl.constexpr(0x4B400000)  # its float32 bit pattern
 
 
 @triton.jit
@@ -77,9 +77,9 @@ def exp_precise(x):
     enough that a state decayed over thousands of steps drifts 2-4x further from float64 than
     the reference's exp does. Below -87 (e^x < 1.7e-38) it returns 0, above 88.72 inf; NaN stays."""
     xc = tl.minimum(tl.maximum(x, -87.0), 88.0)
-    k = xc * LOG2E + EXP_MAGIC
-    j = k.to(tl.int32, bitcast=True) - EXP_MAGIC_BITS
-    jf = k - EXP_MAGIC
+    k = xc * LOG2E + ROUND_MAGIC
+    j = k.to(tl.int32, bitcast=True) - MAGIC_BITS
+    jf = k - ROUND_MAGIC
     r = xc - jf * LN2_HI
     r = r - jf * LN2_LO
     p = r * 1.984126984126984e-04 + 1.3888888888888889e-03

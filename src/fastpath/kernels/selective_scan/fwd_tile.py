@@ -41,6 +41,8 @@ from torch import Tensor
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.kernels.selective_scan.fwd_chunked import (
     LOG2E,
+    MAGIC_BITS,
+    ROUND_MAGIC,
     bc_row,
     blocking,
     channel_block,
@@ -77,8 +79,6 @@ P3 = tl.constexpr(0.05550733581185341)
 P4 = tl.constexpr(0.009671512991189957)
 P5 = tl.constexpr(0.001326472731307149)
 LN2 = tl.constexpr(0.6931471805599453)
-ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + it rounds x to an integer (|x| < 2**22)
-MAGIC_BITS = tl.constexpr(0x4B400000)  # its float32 bit pattern
 
 
 @triton.jit
