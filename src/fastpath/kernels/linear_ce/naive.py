@@ -35,18 +35,19 @@ def ce_rows_ref_(logits: Tensor, labels: Tensor, scale: Tensor, ignore_index: in
     write_grad, (softmax - onehot) * scale (0 on ignored rows) stored over `logits`."""
     n_cols = logits.shape[1]
     x = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
-    lse = torch.logsumexp(x, dim=1)
+    m = x.max(dim=1).values  # the log-sum-exp kept as m and log(s), as the kernel does
+    s = torch.exp(x - m[:, None]).sum(dim=1)
     labels = labels.long()
     ignored = labels == ignore_index
     bad = (labels < 0) | (labels >= n_cols)
     safe = labels.clamp(0, max(n_cols - 1, 0))
     target = x.gather(1, safe[:, None]).squeeze(1)
-    nan = torch.full_like(lse, float("nan"))
-    loss = torch.where(ignored, torch.zeros_like(lse), torch.where(bad, nan, lse - target))
+    nan = torch.full_like(m, float("nan"))
+    loss = torch.where(ignored, torch.zeros_like(m), torch.where(bad, nan, (m - target) + torch.log(s)))
     if write_grad:
-        row_scale = torch.where(ignored, torch.zeros_like(lse),
-                                torch.where(bad, nan, scale.to(x.dtype).expand_as(lse)))
-        grad = torch.exp(x - lse[:, None])
+        row_scale = torch.where(ignored, torch.zeros_like(m),
+                                torch.where(bad, nan, scale.to(x.dtype).expand_as(m)))
+        grad = torch.exp(x - m[:, None]) / s[:, None]
         rows = torch.arange(x.shape[0], device=x.device)
         grad[rows, safe] -= (~ignored & ~bad).to(grad.dtype)
         logits.copy_(grad * row_scale[:, None])
