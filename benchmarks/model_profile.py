@@ -141,10 +141,14 @@ def train_with_labels(model: Any, ids: Any, settings: Any) -> tuple[Callable[[],
 @contextmanager
 def module_scopes(model: Any) -> Iterator[None]:
     """A record_function scope "fp.module: <class>" around every submodule's forward (removed on
-    exit), so a profile can name the module each op ran in."""
+    exit), so a profile can name the module each op ran in. Not on the LM head: a hook there makes
+    fastpath's fused-loss route keep transformers' own loss (a hooked lm_head may be an offload or
+    a wrapper), so the profile would time a step the benchmark does not run; its GEMMs count under
+    the model's scope."""
     import torch
 
     handles = []
+    head = getattr(model, "lm_head", None)
 
     def pre(mod: Any, _args: Any) -> None:
         rf = torch.autograd.profiler.record_function(MODULE_SCOPE + type(mod).__name__)
@@ -157,6 +161,8 @@ def module_scopes(model: Any) -> Iterator[None]:
             stack.pop().__exit__(None, None, None)
 
     for mod in model.modules():
+        if mod is head:
+            continue
         handles.append(mod.register_forward_pre_hook(pre))
         handles.append(mod.register_forward_hook(post))
     try:

@@ -96,6 +96,23 @@ def test_each_kernel_is_attributed_to_its_module_and_op_forward_and_backward() -
     assert all(s["kernels"] and s["calls"] >= 1 for s in split["sources"])
 
 
+def test_scopes_leave_the_lm_head_unhooked_so_the_fused_loss_still_fits() -> None:
+    """A hook on lm_head makes fastpath's fused-loss route keep transformers' loss: the profile of
+    the train phase would then show log-softmax the timed step never ran."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    from fastpath.routing import lm_head_route
+
+    config = Qwen3_5TextConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                               num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                               layer_types=["full_attention"], tie_word_embeddings=False)
+    model = Qwen3_5ForCausalLM(config)
+    assert lm_head_route.fits(model, {}, force=True)
+    with model_profile.module_scopes(model):
+        assert model.model._forward_pre_hooks and not model.lm_head._forward_pre_hooks
+        assert lm_head_route.fits(model, {}, force=True)
+
+
 def test_liger_configurations_name_a_bench_configuration() -> None:
     assert model_profile.split_config("fastpath+liger") == ("fastpath", True)
     assert model_profile.split_config("reference") == ("reference", False)

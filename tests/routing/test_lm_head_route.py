@@ -270,6 +270,38 @@ def test_probe_accepts_every_family_of_this_transformers() -> None:
             assert route.same_function(cls, module) is None, cls
 
 
+def test_probe_routes_with_fla_importable_on_a_cpu_host() -> None:
+    """The probe runs on CPU; with fla-core importable, transformers' gated-delta layers call FLA's
+    Triton kernels, which raise on CPU tensors. The probe model is attention-only, so every family
+    is still routed (a probe with a gated-delta layer left the loss unrouted wherever FLA was
+    installed: the GPU test of the 27B vocabulary found it)."""
+    import subprocess
+
+    from repo_paths import SRC, fla_path
+
+    aside = fla_path()
+    if aside is None:
+        pytest.skip("fla-core is not installed here or aside (scripts/setup_fla.sh)")
+    code = (
+        "import importlib, fla\n"
+        "from fastpath.routing import lm_head_route as route\n"
+        "from fastpath.routing.patch_registry import PatchRegistry\n"
+        f"names = {list(FAMILIES)!r}\n"
+        "mods = [importlib.import_module(n) for n in names]\n"
+        "reg = PatchRegistry()\n"
+        "notes = route.apply(reg, mods)\n"
+        "assert notes == [], notes\n"
+        "for m in mods:\n"
+        "    for c in route.candidates(m):\n"
+        "        assert hasattr(c.forward, route.ROUTE_ATTR), c\n"
+        "reg.undo()\n"
+        "print('routed', len(mods))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(SRC), aside) if p)}
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and f"routed {len(FAMILIES)}" in done.stdout, done.stderr[-2000:]
+
+
 def _softcapped_forward(self, input_ids=None, labels=None, logits_to_keep=0, **kwargs):
     outputs = self.model(input_ids=input_ids, **kwargs)
     keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep

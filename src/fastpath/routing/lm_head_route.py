@@ -71,7 +71,7 @@ _DTYPES = ("float16", "bfloat16", "float32")
 _PROBE_TOLERANCE = 1e-5
 _PROBE_CONFIG = {
     "vocab_size": 96, "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 2,
-    "layer_types": ["linear_attention", "full_attention"], "num_attention_heads": 2,
+    "layer_types": ["full_attention", "full_attention"], "num_attention_heads": 2,
     "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 2,
     "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
     "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
