@@ -38,3 +38,27 @@ def test_zamba_cut_keeps_two_hybrid_layers_and_builds():
     model = AutoModelForCausalLM.from_config(config)
     assert config.layers_block_type.count("hybrid") == 2
     assert sum(1 for name, _ in model.named_parameters() if ".shared_transf." in name) > 0
+
+
+@pytest.mark.parametrize(("preset", "fewest"), [("jamba-mini-1.7", 5), ("zamba-7b", 8), ("qwen3.5-27b", 2)])
+def test_the_memory_guard_never_suggests_a_cut_below_the_fewest_layers(preset, fewest):
+    """On an 80 GB H100, `verify jamba-mini-1.7 --layers 5` was told "try --layers 3", and
+    --layers 3 was then refused for losing the attention layer. The fewest layers is decided once
+    (resolve_model) and the guard's suggestion starts there."""
+    from fastpath.models.build import resolve_model
+    from fastpath.models.sizing import FIT_FRACTION, check_fits, estimate, scaled_peak
+
+    model = resolve_model(preset, layers=fewest + 1, dtype="bf16", device="cpu")
+    assert model.min_layers == fewest
+    size = estimate(model.config, load_config(preset), dtype="bf16", device="cpu", batch=1, seq_len=1024,
+                    backward=True, paths=2)
+
+    def refit(layers=None, dtype=None, seq_len=1024, batch=1):
+        return scaled_peak(size, model.config, layers=layers, dtype=dtype, batch=batch, seq_len=seq_len,
+                           backward=True, paths=2)
+
+    size.free_bytes, size.free_source = int(refit(layers=fewest - 1) / FIT_FRACTION) + 1, "GPU memory (test)"
+    with pytest.raises(UsageError) as err:
+        check_fits(size, f"verify {preset}", refit, model.min_layers, batch=1, seq_len=1024)
+    for below in range(1, fewest):
+        assert f"--layers {below}," not in str(err.value) and not str(err.value).endswith(f"--layers {below}")

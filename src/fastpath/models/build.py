@@ -206,9 +206,8 @@ def transformers_config(config: dict[str, Any], layers: int | None = None) -> An
         raise UsageError(f"cannot cut {model_type!r} to {layers} layers: {first_line(exc)}") from None
     lost = _lost_block_types(text, cut)
     if lost:
-        enough = next((n for n in range(layers + 1, _block_count(text) + 1)
-                       if not _lost_block_types(text, type(text).from_dict(cut_layers(data, n)))), None)
-        more = f"; use --layers {enough}" if enough else ""
+        enough = fewest_layers(text)
+        more = f"; use --layers {enough}" if enough > layers else ""
         raise UsageError(f"--layers {layers} of {model_type!r} keeps too few {', '.join(lost)} layers "
                          f"(its pattern comes from a period and offset, which a cut cannot move){more}")
     return cut
@@ -217,6 +216,26 @@ def transformers_config(config: dict[str, Any], layers: int | None = None) -> An
 # Layers that share weights across the pattern: transformers ties the shared block of one hybrid
 # layer to the others, and raises when a cut leaves only one (Zamba's `tie_weights_keys`).
 _MIN_BLOCKS = {"zamba": {"hybrid": 2}}
+
+
+def fewest_layers(text: Any) -> int:
+    """The smallest --layers that keeps every layer type of the (uncut) text config: one layer per
+    type where the pattern is a list a cut can rearrange (kept_layers), else the shortest prefix
+    with every block type (Jamba's attention layer sits at index 4 of each period of 8: 5 layers),
+    and Zamba's two hybrid blocks. The memory guard suggests no cut below it."""
+    kinds = len(set(layer_types(text))) or 1
+    blocks = _block_count(text)
+    if not blocks:
+        return kinds
+    data = text.to_dict()
+    for n in range(kinds, blocks + 1):
+        try:
+            cut = type(text).from_dict(cut_layers(data, n))
+        except (ValueError, TypeError, KeyError):
+            continue
+        if not _lost_block_types(text, cut):
+            return n
+    return blocks
 
 
 def _block_count(config: Any) -> int:
@@ -297,7 +316,7 @@ def resolve_model(source: str, *, layers: int | None = None, dtype: str = "fp32"
     target = resolve_device(device)
     full = transformers_config(src.config)
     config = transformers_config(src.config, layers) if layers is not None else full
-    return ResolvedModel(src, config, layers, dtype, target, len(set(layer_types(full))) or 1)
+    return ResolvedModel(src, config, layers, dtype, target, fewest_layers(full))
 
 
 # The name benchmarks/memory_estimate.py and tests/models/test_sizing.py call it by.
