@@ -231,7 +231,9 @@ def _gdn_report(fla: fla_route.FlaStatus, s: Session) -> None:
     s.report.gated_delta_rule = fla.chunk_impl if fla.route else "torch"
     s.report.gated_delta_rule_reason = fla.reason
     if fla.chunk_impl == fla_route.DQKWG_IMPL:
-        s.report.notes.append(f"FLA #640 here: {fla.reason}. Real fix: {fla_route.REMEDY_640}")
+        # the route line above already carries the reason; the note is the one thing to do
+        s.report.notes.append(f"FLA #640 here: until `{fla_route.REMEDY_640}`, the gated backward runs "
+                              "the self-checked dqkwg route")
     elif fla.chunk_impl == "fla-fwd+torch-bwd":
         warnings.warn(f"fastpath: {fla.reason}", RuntimeWarning, stacklevel=3)
 
