@@ -26,13 +26,17 @@ from fastpath.proof.run_paths import verify_model
 
 pytestmark = pytest.mark.skipif(not triton_interpreter_on(), reason="needs TRITON_INTERPRET=1 (kernels on CPU)")
 
-# Seed 6 of this model: dt_bias's gradient differs by 1.5e-2 between the paths (limit 1e-3),
-# A_log's by 2.9e-3; a float64 run puts the reference 1.5e-2 and the fast path 2.9e-2 from exact.
+# Seed 6 of this model: dt_bias's gradient differs by 2.6e-3 between the paths (limit 1e-3), its
+# rounding noise 6e-3. Both paths take transformers' own loss here (FASTPATH_LM_LOSS=off): the
+# difference is then the conv / gated-delta numerics alone. With the fused LM-head loss on the fast
+# path the difference depends on that op's rounding too (1.7e-3 before its log-sum-exp was kept
+# as m + log s, below 1e-3 after), which is not what this test is about.
 ILL_CONDITIONED_SEED = 6
 
 
 @pytest.fixture(autouse=True)
-def _leave_fastpath_disabled():
+def _leave_fastpath_disabled(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("FASTPATH_LM_LOSS", "off")
     yield
     fastpath.disable()
 
