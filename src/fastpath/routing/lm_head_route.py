@@ -69,6 +69,8 @@ ROUTE_ATTR = "__fastpath_lm_head_route__"
 SKIP_ATTR = "__fastpath_lm_head_skip__"
 _DTYPES = ("float16", "bfloat16", "float32")
 _PROBE_TOLERANCE = 1e-5
+# attention-only: a gated-delta layer on the CPU probe reaches FLA's Triton kernels wherever
+# fla-core is importable, which raise on CPU tensors and would leave the loss unrouted
 _PROBE_CONFIG = {
     "vocab_size": 96, "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 2,
     "layer_types": ["full_attention", "full_attention"], "num_attention_heads": 2,

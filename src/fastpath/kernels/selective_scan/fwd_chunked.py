@@ -106,7 +106,8 @@ def softplus(v):
     which would turn a NaN delta into a finite 20."""
     e = exp_precise(tl.minimum(v, 20.0))
     u = 1.0 + e
-    dropped = e - (u - 1.0)  # exact (Fast2Sum: 1 >= e or u - 1 = e's rounding to u's grid)
+    # exact for e <= 1 (Fast2Sum); above, u's rounding is below log(u)'s ulp and the term is noise
+    dropped = e - (u - 1.0)
     out = tl.where(v > 20.0, v, tl.log(u) + dropped / u)
     return tl.where(v == v, out, v)
 
