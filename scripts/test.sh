@@ -19,4 +19,11 @@ done
 
 export TRITON_INTERPRET=1
 "$PY" -m ruff check --no-cache src tests benchmarks
-"$PY" -m pytest -q "$@"
+# Two workers, one test file each at a time (a file's module fixtures, such as the fleet's sshd
+# run, are built once); FASTPATH_TEST_WORKERS=0 runs everything in this process.
+WORKERS=${FASTPATH_TEST_WORKERS:-2}
+if [ "$WORKERS" = 0 ]; then
+  "$PY" -m pytest -q "$@"
+else
+  "$PY" -m pytest -q -n "$WORKERS" --dist loadfile "$@"
+fi
