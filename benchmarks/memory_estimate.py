@@ -108,7 +108,7 @@ def child(case_path: str) -> None:
     if s["job"] == "reference":  # the modeling module binds its kernels at import: peers hidden first
         hidden_compiled_peers().__enter__()
     plan = plan_job(case["source"], layers=s["layers"], dtype=s["dtype"], device=device)
-    size = estimate(plan.config, plan.source.config, dtype=s["dtype"], device=device, batch=s["batch"],
+    size = estimate(plan.config, plan.source.decoder, dtype=s["dtype"], device=device, batch=s["batch"],
                     seq_len=s["seq_len"], backward=s["backward"], paths=2 if s["job"] == "verify" else 1)
     if device == "cuda":
         torch.cuda.init()

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fastpath.models.compare import TOLERANCES, check_decode, compare, tensor_flags  # noqa: E402
-from fastpath.proof.greedy import GreedyRun  # noqa: E402
+from fastpath.models.greedy import GreedyRun  # noqa: E402
 
 
 def test_tensor_flags_catch_zero_constant_nonfinite_and_position_independent_states():

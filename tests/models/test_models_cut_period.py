@@ -50,7 +50,7 @@ def test_the_memory_guard_never_suggests_a_cut_below_the_fewest_layers(preset, f
 
     model = resolve_model(preset, layers=fewest + 1, dtype="bf16", device="cpu")
     assert model.min_layers == fewest
-    size = estimate(model.config, load_config(preset), dtype="bf16", device="cpu", batch=1, seq_len=1024,
+    size = estimate(model.config, model.source.decoder, dtype="bf16", device="cpu", batch=1, seq_len=1024,
                     backward=True, paths=2)
 
     def refit(layers=None, dtype=None, seq_len=1024, batch=1):

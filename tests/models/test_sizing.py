@@ -167,7 +167,7 @@ def test_the_mamba2_reference_path_estimate_is_within_1_3x_of_its_measured_peak(
         "from fastpath.models.sizing import estimate\n"
         "from fastpath.proof.run_paths import make_inputs, run_path\n"
         f"plan = plan_job({str(tmp_path / 'm.json')!r}, layers=None, dtype='fp32', device='cpu')\n"
-        "size = estimate(plan.config, plan.source.config, dtype='fp32', device='cpu', batch=1, seq_len=256,"
+        "size = estimate(plan.config, plan.source.decoder, dtype='fp32', device='cpu', batch=1, seq_len=256,"
         " backward=False, paths=1)\n"
         # the modeling code imported before the baseline: the estimate counts tensors, not modules
         "import transformers.models.mamba2.modeling_mamba2, torch; torch.zeros(1).sum()\n"

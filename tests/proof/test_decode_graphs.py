@@ -19,8 +19,8 @@ import torch
 from repo_paths import ROOT, VENVS
 from tiny_configs import QWEN35_4L as TINY_QWEN35  # the tiny Qwen3.5 hybrid the model tests build
 
+from fastpath.models import greedy
 from fastpath.models.build import build_model
-from fastpath.proof import greedy
 from fastpath.proof.decode_graphs import (
     bench_phase,
     decode_step,

@@ -6,7 +6,8 @@ build (resolve_model reads the source once into a ResolvedModel, build_resolved 
 `--layers N` keeps the layer pattern), dtypes (CLI dtype and device names), sizing (parameters,
 memory estimate, the refusal when it will not fit), compare (tolerances and tensor statistics
 that verify and capture's re-check share), forward (one pass of a model on the active path, and
-the fp32 / rounding-noise runs of the reference), judge (verify's two runs compared in one call,
+the fp32 / rounding-noise runs of the reference, one side of verify's comparison with the kernel
+calls it made), greedy (cached greedy decoding, step by step), judge (verify's two runs compared in one call,
 consulting those runs only where a difference is beyond the limit), paths (compiled peers hidden
 for the reference), moe_pin (an MoE's top-k choices pinned to the reference's).
 May import: kernels, routing, shared. Imported by proof and capture.

@@ -53,13 +53,15 @@ class ModelSource:
     kind: str  # "preset" | "config" | "dir"
     config: dict[str, Any]
     path: Path | None = None  # the checkpoint directory for kind == "dir"
+    decoder: dict[str, Any] = field(default_factory=dict)  # the decoder's part of `config`, as given
 
 
 def resolve_source(source: str) -> ModelSource:
     """Classify `source` and read its config (UsageError on an unknown preset, bad JSON, no dir)."""
-    from fastpath.shared.model_source import load_config
+    from fastpath.shared.model_source import load_config, text_config
 
     config = load_config(source)
+    decoder = text_config(config)
     path = Path(source).expanduser()
     if path.is_dir():
         if not any(path.glob("*.safetensors")):
@@ -67,10 +69,10 @@ def resolve_source(source: str) -> ModelSource:
                 f"model directory {path} has no *.safetensors weights; "
                 f"pass {path / 'config.json'} to run it with random weights"
             )
-        return ModelSource(source, "dir", config, path)
+        return ModelSource(source, "dir", config, path, decoder)
     if path.is_file():
-        return ModelSource(source, "config", config, None)
-    return ModelSource(source, "preset", config, None)
+        return ModelSource(source, "config", config, None, decoder)
+    return ModelSource(source, "preset", config, None, decoder)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,6 +287,15 @@ class ResolvedModel:
     @property
     def torch_dtype(self) -> Any:
         return torch_dtype(self.dtype)
+
+    def build_line(self, seed: int) -> str:
+        """What the (possibly minute-long) build will do, said before it starts."""
+        layers = getattr(self.config, "num_hidden_layers", None)
+        what = f"building the model: {self.family}" + (f", {layers} layers" if layers else "")
+        if self.model_dir is not None:
+            return f"{what}, loading the checkpoint in {self.model_dir} as {self.dtype} onto {self.device}"
+        return (f"{what}, random weights (seed {seed}) initialised in fp32 on {self.device}"
+                + (f", then cast to {self.dtype}" if self.dtype != "fp32" else ""))
 
     def on(self, device: Any) -> ResolvedModel:
         """The same model on another device (a rank's GPU, the host for FSDP's rank 0)."""

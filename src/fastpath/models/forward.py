@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastpath.models.compare import relative_distance
-from fastpath.models.moe_pin import PinReport, TopkPin
+from fastpath.models.moe_pin import PinReport, SidePins, TopkPin
 from fastpath.shared.errors import UsageError
 
 # Given a model, the mean next-token loss of `ids` through its fused LM head + cross-entropy (a
@@ -86,7 +86,7 @@ def make_inputs(vocab: int, batch: int, seq_len: int, packed: bool, seed: int, d
 
 @dataclass
 class PathRun:
-    """What one pass computed; `decode` (a proof/greedy GreedyRun) when the side also decoded."""
+    """What one pass computed; `decode` (a models/greedy GreedyRun) when the side also decoded."""
 
     hidden: list[Any]
     logits: Any
@@ -173,6 +173,33 @@ def run_path(model: Any, inputs: Inputs, *, packed_reference: bool, backward: bo
         logits = torch.cat(pieces_l, dim=1)
     grads = _collect_grads(model) if backward else None
     return PathRun(hidden, logits, grads)
+
+
+def run_side(name: str, model: Any, inputs: Inputs, *, packed_reference: bool, backward: bool,
+             decode_tokens: int, say: Callable[[str], None], pins: SidePins | None = None,
+             fused_loss: FusedLoss | None = None) -> tuple[PathRun, dict[str, int]]:
+    """One side of verify's comparison on the active path: forward (+ backward), an optional
+    greedy decode (the run's `decode`), and the kernel calls it made (counted at the kernels' own
+    entry points). `pins`: the reference side (packed_reference) records its top-k choices there,
+    the fast side replays them."""
+    from collections import Counter
+
+    from fastpath.kernels.counters import CALLS
+    from fastpath.models.greedy import greedy_decode
+
+    def pinned(pin: Callable[[SidePins], TopkPin], pieces: int) -> Any:
+        return contextlib.nullcontext() if pins is None else pins.around(pin(pins), packed_reference, pieces)
+
+    say(f"{name}: forward" + (" + backward" if backward else ""))
+    before = Counter(CALLS)
+    with pinned(lambda p: p.forward, len(inputs.segments)):
+        run = run_path(model, inputs, packed_reference=packed_reference, backward=backward, fused_loss=fused_loss)
+    if decode_tokens:
+        say(f"{name}: greedy decode")
+        with pinned(lambda p: p.decode, 1):
+            run.decode = greedy_decode(model, inputs.ids, decode_tokens)
+    after = Counter(CALLS)
+    return run, {k: after[k] - before.get(k, 0) for k in sorted(after) if after[k] - before.get(k, 0) > 0}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -129,3 +129,17 @@ class TopkPin:
 
         with _Replay():
             yield
+
+
+@dataclass
+class SidePins:
+    """A comparison's pins: the reference side records its top-k choices (forward and decode
+    apart), the fast side replays them and reports what pinning did."""
+
+    forward: TopkPin = field(default_factory=TopkPin)
+    decode: TopkPin = field(default_factory=TopkPin)
+    report: PinReport = field(default_factory=PinReport)
+
+    def around(self, pin: TopkPin, recording: bool, pieces: int) -> contextlib.AbstractContextManager[None]:
+        """Record `pin` (the reference side) or replay it regrouped into `pieces` calls."""
+        return pin.recording() if recording else pin.regrouped(pieces).replaying(self.report)

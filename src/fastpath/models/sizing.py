@@ -14,9 +14,12 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastpath.shared.errors import UsageError, first_line
+
+if TYPE_CHECKING:
+    from fastpath.models.build import ResolvedModel
 
 # Keys that set a decoder's size; when a config omits one, transformers fills in its default.
 SIZE_KEYS = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size")
@@ -93,11 +96,9 @@ class JobSize:
 # Counting
 
 
-def defaults_used(raw: dict[str, Any], config: Any) -> list[str]:
-    """Size keys the user's (text) config leaves to transformers' defaults, with the value used."""
-    from fastpath.shared.model_source import text_config
-
-    given = text_config(raw)
+def defaults_used(given: dict[str, Any], config: Any) -> list[str]:
+    """Size keys the decoder config as given (ModelSource.decoder) leaves to transformers'
+    defaults, with the value used."""
     out = []
     for key in SIZE_KEYS:
         if key in given or any(alias in given for alias in _SIZE_ALIASES.get(key, ())):
@@ -254,17 +255,18 @@ def _job_peak(config: Any, params: int, largest: int, scans: list[ScanShape], la
     return peak, beyond, scan
 
 
-def estimate(config: Any, raw: dict[str, Any], *, dtype: str, device: str, batch: int, seq_len: int,
+def estimate(config: Any, given: dict[str, Any], *, dtype: str, device: str, batch: int, seq_len: int,
              backward: bool, paths: int, reference: bool = True) -> JobSize:
     """The job's size: parameters (meta build), weights, activations and the estimated peak.
-    reference: the job runs transformers' reference path (verify always; bench with its
-    'reference' configuration)."""
+    given: the decoder config as the source gave it (ModelSource.decoder), to say which sizes came
+    from transformers' defaults. reference: the job runs transformers' reference path (verify
+    always; bench with its 'reference' configuration)."""
     params, per_layer, largest, scans = count_parameters(config)
     layers = len(per_layer) or int(getattr(config, "num_hidden_layers", 1) or 1)
     peak, beyond, scan = _job_peak(config, params, largest, scans, layers, dtype=dtype, batch=batch,
                                    seq_len=seq_len, backward=backward, paths=paths, reference=reference)
     return JobSize(params, per_layer, params * DTYPE_BYTES[dtype], beyond, peak, dtype, device,
-                   defaults=defaults_used(raw, config), largest_tensor=largest, scans=scans,
+                   defaults=defaults_used(given, config), largest_tensor=largest, scans=scans,
                    reference_scan_bytes=scan)
 
 
@@ -380,10 +382,11 @@ def scaled_peak(size: JobSize, config: Any, *, layers: int | None = None, dtype:
                      backward=backward, paths=paths, reference=reference)[0]
 
 
-def size_job(config: Any, raw: dict[str, Any], *, what: str, dtype: str, device: Any, batch: int,
-             seq_len: int, backward: bool, paths: int, min_layers: int = 1, reference: bool = True) -> JobSize:
+def size_job(model: ResolvedModel, *, what: str, batch: int, seq_len: int, backward: bool, paths: int,
+             reference: bool = True) -> JobSize:
     """Estimate, read free memory, refuse when it will not fit (see module doc). Returns the size."""
-    size = estimate(config, raw, dtype=dtype, device=str(device), batch=batch, seq_len=seq_len,
+    config, dtype, device = model.config, model.dtype, model.device
+    size = estimate(config, model.source.decoder, dtype=dtype, device=str(device), batch=batch, seq_len=seq_len,
                     backward=backward, paths=paths, reference=reference)
     size.free_bytes, size.free_source = free_memory(device)
 
@@ -392,5 +395,5 @@ def size_job(config: Any, raw: dict[str, Any], *, what: str, dtype: str, device:
         return scaled_peak(size, config, layers=layers, dtype=dtype, batch=batch, seq_len=seq_len,
                            backward=backward, paths=paths, reference=reference)
 
-    check_fits(size, what, refit, min_layers, batch, seq_len)
+    check_fits(size, what, refit, model.min_layers, batch, seq_len)
     return size

@@ -5,8 +5,8 @@ the peers, each configuration in its own process) and `fastpath warmup` (compile
 verify_cli / verify / run_paths / verdict (the command line, its rendering, running both paths,
 the verdict), bench_cli / bench / bench_spec / bench_worker / bench_outputs (the command line,
 running the workers, its phases and configurations, the worker process, its JSON / markdown /
-PNG), warmup_cli / warmup (the command line, the compiling and its cache), greedy and
-decode_graphs (decode phases), progress.
+PNG), warmup_cli / warmup (the command line, the compiling and its cache), decode_graphs (the
+CUDA-graph decode phase), progress.
 May import: kernels, routing, models, shared. Never imported by capture.
 Entry points: verify_cli.main, bench_cli.main, warmup_cli.main (through cli.py);
 run_paths.verify_model.

@@ -107,9 +107,8 @@ def preflight(settings: BenchSettings, configs: list[str], check_memory: bool = 
 
     # One configuration at a time, each in its own process: the largest phase sets the peak.
     backward = any(PHASE_REGISTRY[p].backward for p in settings.phases)
-    return size_job(model.config, model.source.config, what=f"bench {settings.source}", dtype=model.dtype,
-                    device=model.device, batch=settings.batch, seq_len=settings.seq_len, backward=backward,
-                    paths=1, min_layers=model.min_layers, reference="reference" in configs)
+    return size_job(model, what=f"bench {settings.source}", batch=settings.batch, seq_len=settings.seq_len,
+                    backward=backward, paths=1, reference="reference" in configs)
 
 
 def assemble(settings: BenchSettings, results: list[dict[str, Any]], size: Any, *, created: str,

@@ -205,7 +205,7 @@ def _decode(model: Any, ids: Any, settings: BenchSettings) -> tuple[Callable[[],
     """N single-token cached steps after an (untimed) prefill of the L-token prompt."""
     import torch
 
-    from fastpath.proof.greedy import prefill, step
+    from fastpath.models.greedy import prefill, step
 
     holder: dict[str, Any] = {}
 

@@ -14,7 +14,7 @@ position from device buffers and writes the chosen token back, then replays it (
 apart from the replays). The same loop without the graph, on a fresh StaticCache, is the
 reference: the tokens must match exactly (both run the same kernels on the same inputs), so a
 capture that baked in a stale host value shows up as a mismatch instead of as a speed-up. The
-ordinary DynamicCache greedy loop (proof/greedy.py, what bench's `decode` phase runs) is compared
+ordinary DynamicCache greedy loop (models/greedy.py, what bench's `decode` phase runs) is compared
 too and recorded, not required: its attention runs over a different cache length, so low-precision
 rounding may pick a different token on a near-tie.
 
@@ -220,7 +220,7 @@ def graph_greedy(model: Any, input_ids: Any, new_tokens: int = 64, warmup: int =
             result.reason = f"eager StaticCache decode failed: {_one_line(exc)}"
             return result
         if compare_dynamic:
-            from fastpath.proof.greedy import greedy_decode
+            from fastpath.models.greedy import greedy_decode
 
             dynamic = greedy_decode(model, input_ids, steps + 1).tokens
             result.first_mismatch_dynamic = _first_mismatch(eager_tokens, dynamic)

@@ -1,23 +1,31 @@
-"""`fastpath verify`'s orchestration: the model resolved, sized and built (models/), both paths
-run on it (the reference with fastpath disabled, then the fast path after enable(): routing is
-this floor's business), one judge call over the two runs (models/judge.py), the verdict
-(proof/verdict.py). Running a pass and the fp32 oracles live in models/forward.py.
+"""`fastpath verify`'s orchestration, in floor order: the model resolved (models/build), what
+routing cannot verify refused (routing/), the job sized and the model built (models/); then both
+paths run on it (the reference with fastpath disabled, then the fast path after enable(): routing
+is this floor's business, running a side is models/forward's), one judge call over the two runs
+(models/judge.py), the verdict (proof/verdict.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fastpath.models.build import BuiltModel, ResolvedModel, resolve_model
 from fastpath.models.compare import TOLERANCES
-from fastpath.models.forward import Inputs, PathRun, Tf32Off, fp32_oracle_grads, make_inputs
+from fastpath.models.forward import (
+    Inputs,
+    PathRun,
+    Tf32Off,
+    fp32_oracle_grads,
+    make_inputs,
+    run_side,
+)
 from fastpath.models.forward import run_path as run_model_path
-from fastpath.models.moe_pin import PinReport, TopkPin
+from fastpath.models.moe_pin import SidePins
 from fastpath.models.paths import hidden_compiled_peers
+from fastpath.models.sizing import JobSize
 from fastpath.proof.verdict import CannotVerify, VerifyResult
 from fastpath.shared.errors import FastpathError, UsageError, first_line
 
@@ -49,121 +57,8 @@ def run_path(model: Any, inputs: Inputs, *, packed_reference: bool, backward: bo
 # ---------------------------------------------------------------------------------------------
 # The whole verification
 
-
-@dataclass
-class _Pins:
-    """The reference's top-k choices (models/moe_pin.py): recorded on the reference side, replayed
-    on the fast side, so an MoE router's discrete choice is the same on both paths."""
-
-    forward: TopkPin = field(default_factory=TopkPin)
-    decode: TopkPin = field(default_factory=TopkPin)
-    report: PinReport = field(default_factory=PinReport)
-
-
-def _run_side(name: str, model: Any, inputs: Inputs, *, packed_reference: bool, backward: bool,
-              decode_tokens: int, say: Callable[[str], None],
-              pins: _Pins | None = None) -> tuple[PathRun, dict[str, int]]:
-    """One side of the comparison: forward (+ backward), optional greedy decode (the run's
-    `decode`), and the kernel calls it made (counted at the kernels' own entry points). `pins`:
-    the reference side (packed_reference) records its top-k choices there, the fast side replays them."""
-    from fastpath.kernels.counters import CALLS
-    from fastpath.proof.greedy import greedy_decode
-
-    def pinned(pin: TopkPin, pieces: int) -> Any:
-        if pins is None:
-            return contextlib.nullcontext()
-        if packed_reference:
-            return pin.recording()
-        return pin.regrouped(pieces).replaying(pins.report)
-
-    say(f"{name}: forward" + (" + backward" if backward else ""))
-    before = Counter(CALLS)
-    with pinned(pins.forward if pins else TopkPin(), len(inputs.segments)):
-        run = run_path(model, inputs, packed_reference=packed_reference, backward=backward)
-    if decode_tokens:
-        say(f"{name}: greedy decode")
-        with pinned(pins.decode if pins else TopkPin(), 1):
-            run.decode = greedy_decode(model, inputs.ids, decode_tokens)
-    return run, _call_delta(before, Counter(CALLS))
-
-
-def _call_delta(before: Counter[str], after: Counter[str]) -> dict[str, int]:
-    return {k: after[k] - before.get(k, 0) for k in sorted(after) if after[k] - before.get(k, 0) > 0}
-
-
-def _explain_rows(model: Any) -> list[dict[str, Any]]:
-    from fastpath.routing import engine as routes
-
-    try:
-        rows = routes.explain(model).rows
-    except Exception as exc:  # explain is a report, never a reason to fail verify
-        return [{"error": f"explain failed: {exc.__class__.__name__}: {exc}"}]
-    return [dict(r) if isinstance(r, dict) else dict(vars(r)) for r in rows]
-
-
-# Model types whose linear-attention layers run a gated delta rule (or KDA) through FLA; packed
-# sequences need FLA's cu_seqlens there (transformers' torch fallbacks ignore it, <=5.17 silently,
-# 5.21+ raise). The Mamba-2 / conv families take seq_idx in fastpath's own kernels.
-_FLA_PACKED_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "olmo_hybrid",
-                     "kimi_linear")
-
-
-def packed_unverifiable(config: Any, device: Any, backward: bool, gated_delta_rule: str = "auto") -> str | None:
-    """Why `--packed` cannot be checked on this model here (one line), or None when it can.
-
-    Decided from the config, the device and what is installed, before anything is built: the fast
-    path would either raise (fastpath refuses cu_seqlens on the torch fallback) or mix the
-    sequences. The device comes first: on a CPU, installing fla-core would not help. While the
-    model is built, verify hides FLA from transformers (models/paths.hidden_compiled_peers), so
-    an installed FLA is then found on the path without importing it, and its import and GPU
-    checks wait for the second call, once the model is built.
-    """
-    import importlib.machinery
-    import sys
-
-    from fastpath.models.build import layer_types
-    from fastpath.routing.fla_route import detect_fla
-
-    model_type = str(getattr(config, "model_type", ""))
-    if model_type not in _FLA_PACKED_TYPES:
-        return None
-    if model_type != "kimi_linear" and "linear_attention" not in layer_types(config):
-        return None  # a cut that kept only attention layers
-    what = f"--packed on {model_type}: packed sequences need FLA's gated delta rule (cu_seqlens)"
-    hidden = "fla" in sys.modules and sys.modules["fla"] is None
-    installed = importlib.machinery.PathFinder.find_spec("fla") is not None if hidden else None
-    if getattr(device, "type", str(device)) != "cuda":
-        if hidden:
-            have = "installed" if installed else "not installed either"
-        else:
-            status = detect_fla(gated_delta_rule)
-            have = "installed" if status.route else f"not usable either: {status.reason}"
-        return f"{what}, whose kernels run on CUDA tensors only (device here: {device}; fla-core is {have})"
-    if hidden:
-        if installed:
-            return None  # imported and checked once the model is built
-        return f"{what}; fla is not installed: pip install fla-core (pure Python, Triton kernels)"
-    status = detect_fla(gated_delta_rule)
-    if not status.route:
-        return f"{what}; {status.reason}"
-    if backward and status.chunk_impl == "fla-fwd+torch-bwd":
-        return f"{what} and its backward, which FLA refuses here: {status.reason}"
-    return None
-
-
 # What verify can take as the reference path (--reference).
 REFERENCES = ("torch", "transformers")
-
-
-def _build_description(model: ResolvedModel, seed: int) -> str:
-    """What the (possibly minute-long) model build is doing, said before it starts."""
-    config = model.config
-    layers = getattr(config, "num_hidden_layers", None)
-    what = f"building the model: {config.model_type}" + (f", {layers} layers" if layers else "")
-    if model.model_dir is not None:
-        return f"{what}, loading the checkpoint in {model.model_dir} as {model.dtype} onto {model.device}"
-    return (f"{what}, random weights (seed {seed}) initialised in fp32 on {model.device}"
-            + (f", then cast to {model.dtype}" if model.dtype != "fp32" else ""))
 
 
 class _Stage:
@@ -209,14 +104,9 @@ class _Settings:
     def __post_init__(self) -> None:
         check_settings(self.seq_len, self.batch, self.decode_tokens, self.reference)
 
-    def refuse_packed(self, model: ResolvedModel) -> None:
-        """CannotVerify when --packed cannot be checked on this model here (packed_unverifiable)."""
-        if not self.packed:
-            return
-        why = packed_unverifiable(model.config, model.device, self.backward,
-                                  str(self.enable_kwargs.get("gated_delta_rule", "auto")))
-        if why is not None:
-            raise CannotVerify(why)
+    @property
+    def gated_delta_rule(self) -> str:
+        return str(self.enable_kwargs.get("gated_delta_rule", "auto"))
 
 
 @dataclass
@@ -231,7 +121,7 @@ class _Runs:
     fast: PathRun
     fast_calls: dict[str, int]
     oracle_grads: dict[str, Any] | None  # fp32 gradients of the reference path (bf16/fp16 --backward)
-    pins: _Pins
+    pins: SidePins
 
 
 def _resolved(source: str | ResolvedModel, layers: int | None, dtype: str | None,
@@ -245,10 +135,13 @@ def _resolved(source: str | ResolvedModel, layers: int | None, dtype: str | None
 
 
 def _size_and_build(source: str | ResolvedModel, layers: int | None, dtype: str | None, device: str | None,
-                    run: _Settings) -> tuple[BuiltModel, Any]:
+                    run: _Settings) -> tuple[BuiltModel, JobSize | None]:
     """Resolve (unless the command did), refuse what cannot be verified, size the job
     (check_memory) and build the model: every UsageError / CannotVerify before the first pass."""
     from fastpath.models.build import build_resolved
+    from fastpath.models.sizing import size_job
+    from fastpath.routing.fla_route import packed_unverifiable
+    from fastpath.routing.liger_route import check_usable
 
     # With reference="torch" the compiled peers stay hidden until the model is built: sizing
     # builds the module tree on the meta device, which imports the modeling module (and binds).
@@ -256,37 +149,42 @@ def _size_and_build(source: str | ResolvedModel, layers: int | None, dtype: str 
     with peers:
         model = _resolved(source, layers, dtype, device)  # bad input: before any output
         if run.liger:
-            from fastpath.routing.liger_route import check_usable
-
             check_usable(model.family, model.device)
-        run.refuse_packed(model)
+        why = packed_unverifiable(model.config, model.device, run.backward, run.gated_delta_rule) if run.packed else None
+        if why is not None:
+            raise CannotVerify(why)
         size = None
         if run.check_memory:
-            from fastpath.models.sizing import size_job
-
             run.say("sizing the job")
-            size = size_job(model.config, model.source.config, what=f"verify {model.source.text}",
-                            dtype=model.dtype, device=model.device, batch=run.batch, seq_len=run.seq_len,
-                            backward=run.backward, paths=2, min_layers=model.min_layers)
+            size = size_job(model, what=f"verify {model.source.text}", batch=run.batch, seq_len=run.seq_len,
+                            backward=run.backward, paths=2)
             for line in size.header():
                 run.tell(line)
             if size.defaults_note():
-                run.tell("note: " + size.defaults_note())
-        run.say(_build_description(model, run.seed))
+                run.tell("note: " + str(size.defaults_note()))
+        run.say(model.build_line(run.seed))
         built = build_resolved(model, seed=run.seed)
-    run.refuse_packed(model)  # FLA importable again: its import and GPU checks, before either path runs
     if size is not None and size.defaults_note():
-        built.notes.append(size.defaults_note())
+        built.notes.append(str(size.defaults_note()))
     return built, size
 
 
 def _run_both_paths(built: BuiltModel, inputs: Inputs, run: _Settings) -> _Runs:
     """The reference path (fastpath disabled), then the fast path (enable()), on one model and one
-    set of inputs; fastpath is left disabled. A path that raises is one FastpathError line."""
+    set of inputs; fastpath is left disabled. Routing's refusals that need FLA importable come
+    first, then Liger on both paths (--liger). A path that raises is one FastpathError line."""
     import torch
 
     from fastpath.routing import engine as routes
+    from fastpath.routing.fla_route import packed_unverifiable
+    from fastpath.routing.liger_route import apply_liger
 
+    # FLA importable again: its import and GPU checks, before either path runs
+    why = packed_unverifiable(built.config, built.device, run.backward, run.gated_delta_rule) if run.packed else None
+    if why is not None:
+        raise CannotVerify(why)
+    if run.liger:  # on both paths: the comparison is fastpath's, under Liger's kernels (verify.py)
+        built.notes.append(f"Liger Kernel on both paths: {apply_liger(built.model)}")
     model = built.model
     stage = _Stage()
     tf32 = Tf32Off() if built.dtype == torch.float32 else contextlib.nullcontext()
@@ -295,28 +193,29 @@ def _run_both_paths(built: BuiltModel, inputs: Inputs, run: _Settings) -> _Runs:
         stage(name)
         run.say(name)
 
-    sides = {"backward": run.backward, "decode_tokens": run.decode_tokens, "say": step}
+    pins = SidePins()
+    sides = {"backward": run.backward, "decode_tokens": run.decode_tokens, "say": step, "pins": pins,
+             "fused_loss": _fused_loss}
     try:
         tf32.__enter__()
         routes.disable()
-        reference_rows = _explain_rows(model)
+        reference_rows = routes.explain_rows(model)
         oracle_grads = None
         if run.backward and built.dtype != torch.float32:
             # First, while no gradients are held: the fp32 copy and its gradients are never alive
             # together with both paths' gradients (models/sizing.py peak_bytes).
             step("reference path in fp32: gradient oracle")
             oracle_grads = fp32_oracle_grads(model, inputs, _fused_loss)
-        pins = _Pins()
-        ref, ref_calls = _run_side("reference path", model, inputs, packed_reference=True, pins=pins, **sides)
+        ref, ref_calls = run_side("reference path", model, inputs, packed_reference=True, **sides)
 
         step("enable()")
         report = routes.enable(**run.enable_kwargs)
-        explain_rows = _explain_rows(model)
+        explain_rows = routes.explain_rows(model)
         if built.device.type == "cuda" and any(str(r.get("impl", "")).startswith("fla") for r in explain_rows):
             # H200: a cold Triton cache made this step outlast a 150 s limit
             run.tell("note: FLA's kernels compile and autotune at their first call for these head sizes "
                      "(minutes with an empty Triton cache; cached for later runs)")
-        fast, fast_calls = _run_side("fast path", model, inputs, packed_reference=False, pins=pins, **sides)
+        fast, fast_calls = run_side("fast path", model, inputs, packed_reference=False, **sides)
     except FastpathError:
         raise
     except torch.cuda.OutOfMemoryError as exc:
@@ -370,10 +269,6 @@ def verify_model(
     built, size = _size_and_build(source, layers, dtype, device, run)
     tol = TOLERANCES[dtype_label(built.dtype)]
     inputs = make_inputs(built.vocab_size, batch, seq_len, packed, seed, built.device)
-    if liger:  # on both paths: the comparison is fastpath's, under Liger's kernels (verify.py)
-        from fastpath.routing.liger_route import apply_liger
-
-        built.notes.append(f"Liger Kernel on both paths: {apply_liger(built.model)}")
     if backward:
         built.model.requires_grad_(True)
     runs = _run_both_paths(built, inputs, run)

@@ -289,6 +289,16 @@ def explain(model: Any) -> Explanation:
     return explain_model(model)
 
 
+def explain_rows(model: Any) -> list[dict[str, Any]]:
+    """explain()'s rows as plain dicts for a report; a failure to explain is one row saying so
+    (a report is never a reason for the run it describes to fail)."""
+    try:
+        rows = explain_model(model).rows
+    except Exception as exc:
+        return [{"error": f"explain failed: {exc.__class__.__name__}: {exc}"}]
+    return [dict(r) if isinstance(r, dict) else dict(vars(r)) for r in rows]
+
+
 def assert_fast(model: Any) -> None:
     """Raise FastpathError (with the explain() table) if any op would take a torch fallback."""
     table = explain_model(model)

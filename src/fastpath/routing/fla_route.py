@@ -110,6 +110,53 @@ def detect_fla(mode: str) -> FlaStatus:
     return status
 
 
+# Model types whose linear-attention layers run a gated delta rule (or KDA) through FLA; packed
+# sequences need FLA's cu_seqlens there (transformers' torch fallbacks ignore it, <=5.17 silently,
+# 5.21+ raise). The Mamba-2 / conv families take seq_idx in fastpath's own kernels.
+PACKED_NEEDS_FLA = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "olmo_hybrid",
+                    "kimi_linear")
+
+
+def packed_unverifiable(config: Any, device: Any, backward: bool, gated_delta_rule: str = "auto") -> str | None:
+    """Why packed sequences cannot be checked on this model here (one line), or None when they can.
+
+    Decided from the config, the device and what is installed, before anything is built: the fast
+    path would either raise (fastpath refuses cu_seqlens on the torch fallback) or mix the
+    sequences. The device comes first: on a CPU, installing fla-core would not help. While verify
+    builds its reference, FLA is hidden from transformers (models/paths.hidden_compiled_peers);
+    an installed FLA is then found on the path without importing it, and its import and GPU
+    checks wait for the second call, once the model is built.
+    """
+    import importlib.machinery
+    import sys
+
+    model_type = str(getattr(config, "model_type", ""))
+    if model_type not in PACKED_NEEDS_FLA:
+        return None
+    if model_type != "kimi_linear" and "linear_attention" not in (getattr(config, "layer_types", None) or []):
+        return None  # a cut that kept only attention layers
+    what = f"--packed on {model_type}: packed sequences need FLA's gated delta rule (cu_seqlens)"
+    hidden = "fla" in sys.modules and sys.modules["fla"] is None
+    installed = importlib.machinery.PathFinder.find_spec("fla") is not None if hidden else None
+    if getattr(device, "type", str(device)) != "cuda":
+        if hidden:
+            have = "installed" if installed else "not installed either"
+        else:
+            status = detect_fla(gated_delta_rule)
+            have = "installed" if status.route else f"not usable either: {status.reason}"
+        return f"{what}, whose kernels run on CUDA tensors only (device here: {device}; fla-core is {have})"
+    if hidden:
+        if installed:
+            return None  # imported and checked once the model is built
+        return f"{what}; fla is not installed: pip install fla-core (pure Python, Triton kernels)"
+    status = detect_fla(gated_delta_rule)
+    if not status.route:
+        return f"{what}; {status.reason}"
+    if backward and status.chunk_impl == "fla-fwd+torch-bwd":
+        return f"{what} and its backward, which FLA refuses here: {status.reason}"
+    return None
+
+
 def _triton_version() -> str | None:
     try:
         import triton
