@@ -98,7 +98,7 @@ def child(case_path: str) -> None:
     os.environ.setdefault("USE_HUB_KERNELS", "0")
     import torch
 
-    from fastpath.models.build import build_model, plan_job
+    from fastpath.models.build import build_model, resolve_model
     from fastpath.models.paths import hidden_compiled_peers
     from fastpath.models.sizing import estimate
     from fastpath.proof.run_paths import make_inputs, run_path, verify_model
@@ -107,7 +107,7 @@ def child(case_path: str) -> None:
     device = case["device"]
     if s["job"] == "reference":  # the modeling module binds its kernels at import: peers hidden first
         hidden_compiled_peers().__enter__()
-    plan = plan_job(case["source"], layers=s["layers"], dtype=s["dtype"], device=device)
+    plan = resolve_model(case["source"], layers=s["layers"], dtype=s["dtype"], device=device)
     size = estimate(plan.config, plan.source.decoder, dtype=s["dtype"], device=device, batch=s["batch"],
                     seq_len=s["seq_len"], backward=s["backward"], paths=2 if s["job"] == "verify" else 1)
     if device == "cuda":

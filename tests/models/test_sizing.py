@@ -163,10 +163,10 @@ def test_the_mamba2_reference_path_estimate_is_within_1_3x_of_its_measured_peak(
     """Measured, not assumed: the reference path's forward in a fresh process, peak RSS growth."""
     code = (
         "import json, resource, sys\n"
-        "from fastpath.models.build import build_model, plan_job\n"
+        "from fastpath.models.build import build_model, resolve_model\n"
         "from fastpath.models.sizing import estimate\n"
         "from fastpath.proof.run_paths import make_inputs, run_path\n"
-        f"plan = plan_job({str(tmp_path / 'm.json')!r}, layers=None, dtype='fp32', device='cpu')\n"
+        f"plan = resolve_model({str(tmp_path / 'm.json')!r}, layers=None, dtype='fp32', device='cpu')\n"
         "size = estimate(plan.config, plan.source.decoder, dtype='fp32', device='cpu', batch=1, seq_len=256,"
         " backward=False, paths=1)\n"
         # the modeling code imported before the baseline: the estimate counts tensors, not modules

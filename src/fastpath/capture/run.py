@@ -506,13 +506,12 @@ def _load_model(opts: CaptureOptions, target: ResolvedModel, world: distributed.
 
 def _settings_record(opts: CaptureOptions, aux_ids: list[int], built: Any, load_device: Any) -> dict[str, Any]:
     """What a --resume must match (SETTINGS_KEYS), as .capture/settings.json holds it."""
-    from fastpath.models.dtypes import dtype_label
 
     return {
         "model": opts.model, "data": str(Path(opts.data).resolve()), "data_sha256": file_sha256(opts.data),
         "format": opts.format,
         "max_len": opts.max_len, "batch_tokens": opts.batch_tokens, "layers": aux_ids,
-        "dtype": dtype_label(built.dtype), "seed": built.seed, "model_layers": opts.model_layers,
+        "dtype": built.dtype_name, "seed": built.seed, "model_layers": opts.model_layers,
         # random weights depend on the device they were drawn on (FSDP draws them on the host)
         "weights_init": "checkpoint" if built.seed is None else f"random on {load_device.type}",
     }
@@ -534,7 +533,6 @@ def _open_out(out: Path, resuming: bool, settings: dict[str, Any], opts: Capture
 def _row_meta(opts: CaptureOptions, writer: Any, parts: Any, built: Any, path_label: str, aux_ids: list[int],
               num_layers: int, convention: str) -> dict[str, str]:
     """The metadata every row file (and the index) carries: path, layers, last state, norm, dtype."""
-    from fastpath.models.dtypes import dtype_label
 
     return {
         "fastpath_path": path_label,
@@ -542,7 +540,7 @@ def _row_meta(opts: CaptureOptions, writer: Any, parts: Any, built: Any, path_la
         "fastpath_last_state": (f"hidden_states[:, -1]: output of decoder layer {num_layers - 1} before the final norm"
                                 if writer.needs_pre else f"hidden_state: output of the final norm (model.{parts.norm_name})"),
         "fastpath_final_norm": f"model.{parts.norm_name}: {convention}",
-        "fastpath_dtype": dtype_label(built.dtype),
+        "fastpath_dtype": built.dtype_name,
         "fastpath_model": opts.model,
     }
 
@@ -599,7 +597,6 @@ def _client_checks(opts: CaptureOptions, target: ResolvedModel, out: Path, write
 def _run(opts: CaptureOptions, target: ResolvedModel, fmt: CaptureFormat, world: distributed.World, device: Any,
          shard: str, out: Path, writer: Any, active: bool, guard: ExitAtFirstInterrupt) -> CaptureResult:
     from fastpath.models.compare import TOLERANCES
-    from fastpath.models.dtypes import dtype_label
 
     say = lambda msg: _say(world, opts.progress, msg)  # noqa: E731
     status = opts.status
@@ -630,7 +627,7 @@ def _run(opts: CaptureOptions, target: ResolvedModel, fmt: CaptureFormat, world:
     note = None if opts.check_client else fmt.capture_note(target.model_dir if opts.prebuilt is None else None)
     if note:
         say(note)
-    tol = TOLERANCES[dtype_label(built.dtype)]
+    tol = TOLERANCES[built.dtype_name]
     meta = _row_meta(opts, writer, parts, built, path_label, aux_ids, num_layers, convention)
     batches = make_batches([len(r.input_ids) for r in rows], opts.batch_tokens)
     mine = batches_for_rank(batches, world.rank, world.size)

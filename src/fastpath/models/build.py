@@ -330,10 +330,6 @@ def resolve_model(source: str, *, layers: int | None = None, dtype: str = "fp32"
     return ResolvedModel(src, config, layers, dtype, target, fewest_layers(full))
 
 
-# The name benchmarks/memory_estimate.py and tests/models/test_sizing.py call it by.
-plan_job = resolve_model
-
-
 # ---------------------------------------------------------------------------------------------
 # The model
 
@@ -351,6 +347,10 @@ class BuiltModel:
     device: Any
     seed: int | None  # None for real checkpoint weights
     notes: list[str] = field(default_factory=list)
+    dtype_name: str = ""  # "bf16" / "fp16" / "fp32": what reports and tolerance tables say
+
+    def __post_init__(self) -> None:
+        self.dtype_name = self.dtype_name or dtype_label(self.dtype)
 
     @property
     def source(self) -> ModelSource:
@@ -372,7 +372,7 @@ class BuiltModel:
         weights = "checkpoint weights" if self.seed is None else f"random weights (seed {self.seed})"
         return (
             f"{self.source.text} [{self.model_type}, {self.num_layers} layers: {pattern}; "
-            f"{weights}; {dtype_label(self.dtype)} on {self.device}]"
+            f"{weights}; {self.dtype_name} on {self.device}]"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -386,7 +386,7 @@ class BuiltModel:
             "hidden_size": int(getattr(self.config, "hidden_size", 0) or 0),
             "vocab_size": self.vocab_size,
             "parameters": int(sum(p.numel() for p in self.model.parameters())),
-            "dtype": dtype_label(self.dtype),
+            "dtype": self.dtype_name,
             "device": str(self.device),
             "seed": self.seed,
             "notes": list(self.notes),

@@ -262,12 +262,11 @@ def verify_model(
     """
     run = _Settings(seq_len, batch, packed, backward, decode_tokens, seed, dict(enable_kwargs or {}), reference,
                     check_memory, liger, progress or (lambda _msg: None), note or (lambda _msg: None))
-    from fastpath.models.dtypes import dtype_label
     from fastpath.models.judge import judge
     from fastpath.proof.verdict import collect_problems
 
     built, size = _size_and_build(source, layers, dtype, device, run)
-    tol = TOLERANCES[dtype_label(built.dtype)]
+    tol = TOLERANCES[built.dtype_name]
     inputs = make_inputs(built.vocab_size, batch, seq_len, packed, seed, built.device)
     if backward:
         built.model.requires_grad_(True)
@@ -285,7 +284,7 @@ def verify_model(
 
     return VerifyResult(
         model=built.to_json(),
-        dtype=dtype_label(built.dtype),
+        dtype=built.dtype_name,
         batch=batch,
         seq_len=seq_len,
         packed=packed,

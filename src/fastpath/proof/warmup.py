@@ -151,14 +151,14 @@ def warm_model(settings: WarmupSettings, say: Callable[[str], None]) -> WarmupRe
     say("importing torch, transformers and the fast path")
     import torch
 
-    from fastpath.models.build import build_model, plan_job
+    from fastpath.models.build import build_model, resolve_model
     from fastpath.proof.bench_spec import PHASE_REGISTRY, BenchSettings
     from fastpath.routing import engine as routes
 
     done("import")
     layers = settings.layers
     if layers is None:
-        layers = plan_job(settings.source, layers=None, dtype=settings.dtype, device="meta").min_layers
+        layers = resolve_model(settings.source, layers=None, dtype=settings.dtype, device="meta").min_layers
     say("enable()")
     routes.enable(warn=False)
     done("enable")

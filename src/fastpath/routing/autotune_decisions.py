@@ -239,16 +239,6 @@ def shipped_file(capability: tuple[int, int] | None) -> Path | None:
     return path if path.is_file() else None
 
 
-def seed_from_env(capability: tuple[int, int] | None) -> SeedReport | None:
-    """seed() with the file FASTPATH_AUTOTUNE_DECISIONS names; None when it names none."""
-    import os
-
-    path = os.environ.get(ENV, "").strip()
-    if not path or path.lower() == "off":
-        return None
-    return seed(load(path), capability)
-
-
 def seed_for_process(capability: tuple[int, int] | None) -> SeedReport | None:
     """What a process applies at start (enable()): the file FASTPATH_AUTOTUNE_DECISIONS names,
     else the shipped one for this capability; nothing with FASTPATH_AUTOTUNE_DECISIONS=off.

@@ -169,46 +169,9 @@ def enable(
             disable()
         s = Session(request, PatchRegistry(), EnableReport(transformers_version=_transformers_version()))
         targets = set(discover_modeling_modules()) | {hub_route.HUB_MODULE}
-
-        def on_loaded(module: Any) -> None:
-            if module.__name__ == hub_route.HUB_MODULE:
-                for r in ROUTES:
-                    if r.seed is not None:
-                        r.seed(module, s.decisions[r.name], s)
-                return
-            for r in ROUTES:
-                if r.patch is not None:
-                    r.patch(module, s.decisions[r.name], s)
-            if module.__name__ in s.report.modules_pending:
-                s.report.modules_pending.remove(module.__name__)
-            s.report.modules_patched.append(module.__name__)
-
-        hook = ModelingImportHook(targets, on_loaded)
+        hook = ModelingImportHook(targets, lambda module: _patch_module(s, module))
         try:
-            for r in ROUTES:  # decisions first: a forced mode that cannot be met raises before a patch
-                s.decisions[r.name] = r.detect(s)
-            s.hooks = build_hooks(s)
-            for r in ROUTES:
-                note = r.enter(s.decisions[r.name], s) if r.enter is not None else None
-                if note:
-                    s.report.notes.append(note)
-            for r in ROUTES:
-                r.report(s.decisions[r.name], s)
-            for r in ROUTES:
-                if r.install is not None:
-                    r.install(s.decisions[r.name], s)
-            loaded = []
-            for name in sorted(targets):
-                module = sys.modules.get(name)
-                if module is None:
-                    if name != hub_route.HUB_MODULE:
-                        s.report.modules_pending.append(name)
-                    continue
-                on_loaded(module)
-                loaded.append(name)
-            for r in ROUTES:
-                if r.patch_built is not None:
-                    r.patch_built(set(loaded), s.decisions[r.name], s)
+            _apply_routes(s, targets)
             sys.meta_path.insert(0, hook)
         except BaseException:  # leave nothing half-patched behind
             hook.active = False
@@ -223,6 +186,52 @@ def enable(
         if warn:
             print(s.report.summary(), file=sys.stderr)
         return s.report
+
+
+def _patch_module(s: Session, module: Any) -> None:
+    """A modeling module (already imported, or at its import): every route's patch. transformers'
+    hub-kernel module: every route's seed."""
+    if module.__name__ == hub_route.HUB_MODULE:
+        for r in ROUTES:
+            if r.seed is not None:
+                r.seed(module, s.decisions[r.name], s)
+        return
+    for r in ROUTES:
+        if r.patch is not None:
+            r.patch(module, s.decisions[r.name], s)
+    if module.__name__ in s.report.modules_pending:
+        s.report.modules_pending.remove(module.__name__)
+    s.report.modules_patched.append(module.__name__)
+
+
+def _apply_routes(s: Session, targets: set[str]) -> None:
+    """Every route in table order, phase by phase: decisions first (a forced mode that cannot be
+    met raises before any patch), then enter, report, install, the modules already imported
+    (`targets` not yet imported are pending: the import hook patches them), the layers built."""
+    for r in ROUTES:
+        s.decisions[r.name] = r.detect(s)
+    s.hooks = build_hooks(s)
+    for r in ROUTES:
+        note = r.enter(s.decisions[r.name], s) if r.enter is not None else None
+        if note:
+            s.report.notes.append(note)
+    for r in ROUTES:
+        r.report(s.decisions[r.name], s)
+    for r in ROUTES:
+        if r.install is not None:
+            r.install(s.decisions[r.name], s)
+    loaded = []
+    for name in sorted(targets):
+        module = sys.modules.get(name)
+        if module is None:
+            if name != hub_route.HUB_MODULE:
+                s.report.modules_pending.append(name)
+            continue
+        _patch_module(s, module)
+        loaded.append(name)
+    for r in ROUTES:
+        if r.patch_built is not None:
+            r.patch_built(set(loaded), s.decisions[r.name], s)
 
 
 def _leave_all(s: Session) -> None:

@@ -23,9 +23,12 @@ from fastpath.routing import selective_scan_route, ssd_route
 from fastpath.routing.conv_route import FASTPATH_ROUTE_ATTR
 from fastpath.routing.fla_route import DQKWG_IMPL
 from fastpath.routing.fla_route import ROUTE_ATTR as GDN_ROUTE_ATTR
-from fastpath.routing.hub_kernels import (
-    hub_kernel_state,
+from fastpath.routing.hub_kernels import hub_kernel_state
+from fastpath.routing.hub_wrappers import (
+    fallback_target,
+    gates_devices,
     hub_layer_name,
+    is_hub_fallback,
     kernels_func_inner,
     unwrap,
 )
@@ -256,7 +259,7 @@ def _ops_of_class(cls: type) -> tuple[str, ...]:
         for gname, value in vars(module).items():
             routed = hasattr(value, GDN_ROUTE_ATTR)  # a hub-fallback op enable() routed (Kimi's KDA)
             if gname in CONV_OPS or gname in {g for _, g in GDN_OPS.values()} or not (
-                    routed or _is_hub_fallback(unwrap(value))):
+                    routed or is_hub_fallback(unwrap(value))):
                 continue
             if gname in mamba_globals.values() or gname in mamba1_globals.values():
                 continue
@@ -275,7 +278,7 @@ def _helpers_source(module: ModuleType, src: str, depth: int = 2) -> str:
         found = ""
         for name, value in vars(module).items():
             value = unwrap(value)  # 5.25 + `kernels`: helpers are Hub-kernel modules too
-            if name in seen or not inspect.isfunction(value) or _is_hub_fallback(value):
+            if name in seen or not inspect.isfunction(value) or is_hub_fallback(value):
                 continue
             if getattr(value, "__module__", None) != module.__name__ or f"{name}(" not in frontier:
                 continue
@@ -380,13 +383,12 @@ def _classify(value: Any, device: str, package: str | None) -> tuple[str, bool]:
         if device == "cuda":
             return str(gdn), gdn != "torch"
         return f"torch ({device} tensors; FLA routed for CUDA)", False
-    if _is_hub_fallback(value):
-        impl, is_new = _hub_fallback_target(value)
-        pkg = _package_of_wrapper(value)
+    if is_hub_fallback(value):
+        impl, is_new, pkg = fallback_target(value)
         if not is_new:
             return f"torch fallback ({pkg or 'package'} not importable when transformers imported the layer)", False
         devices = PACKAGE_DEVICES.get(pkg or "", None)
-        if devices is not None and _gates_devices(value) and device not in devices:
+        if devices is not None and gates_devices(value) and device not in devices:
             return f"torch fallback ({pkg} gated to {'/'.join(devices)})", False
         return _classify_plain(impl, device)
     forward = getattr(value, "forward", None)
@@ -417,47 +419,3 @@ def _classify_plain(value: Any, device: str) -> tuple[str, bool]:
     if top == "kernels" or "kernels_community" in mod or mod.startswith("kernels"):
         return f"hub kernel ({mod})", device == "cuda"
     return "torch fallback", False
-
-
-def _is_hub_fallback(value: Any) -> bool:
-    """transformers' use_kernel_func_from_hub_with_fallback closure (itself, not a Func around it)."""
-    code = getattr(value, "__code__", None)
-    return bool(code is not None and "implementation" in code.co_freevars
-                and "is_new_implementation" in code.co_freevars)
-
-
-def _closure_vars(value: Any) -> dict[str, Any]:
-    code = value.__code__
-    return {n: c.cell_contents for n, c in zip(code.co_freevars, value.__closure__ or (), strict=False)
-            if _cell_ok(c)}
-
-
-def _cell_ok(cell: Any) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018
-    except ValueError:
-        return False
-    return True
-
-
-def _hub_fallback_target(value: Any) -> tuple[Any, bool]:
-    cv = _closure_vars(value)
-    return cv.get("implementation"), bool(cv.get("is_new_implementation"))
-
-
-def _package_of_wrapper(value: Any) -> str | None:
-    cv = _closure_vars(value)
-    pkg = cv.get("package")
-    return pkg if isinstance(pkg, str) else None
-
-
-def _gates_devices(value: Any) -> bool:
-    """5.25 checks the input device; earlier versions do not."""
-    return "_PACKAGE_SUPPORTED_DEVICES" in value.__code__.co_names or "_PACKAGE_SUPPORTED_DEVICES" in str(
-        value.__code__.co_consts) or _module_has_device_table(value)
-
-
-def _module_has_device_table(value: Any) -> bool:
-    mod = sys.modules.get(getattr(value, "__module__", "") or "")
-    hub = sys.modules.get("transformers.integrations.hub_kernels")
-    return hub is not None and hasattr(hub, "_PACKAGE_SUPPORTED_DEVICES") and mod is not None

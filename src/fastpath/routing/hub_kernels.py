@@ -26,6 +26,7 @@ from types import ModuleType
 from typing import Any
 
 import fastpath.shared.hub_kernels_env as hub_kernels_env
+from fastpath.routing.hub_wrappers import kernels_func_inner
 from fastpath.routing.patch_registry import PatchRegistry
 
 HUB_MODULE = "transformers.integrations.hub_kernels"
@@ -43,35 +44,6 @@ def route_mode(requested: str | None = None) -> str:
 
         raise UsageError(f"hub_kernels / {MODE_ENV}={mode!r}: expected one of {', '.join(MODES)}")
     return mode
-
-
-def kernels_func_inner(value: Any) -> Any:
-    """The function a `kernels` Func module instance wraps (5.25 + `kernels`), else None.
-
-    kernels' Func.forward calls the Hub kernel kernelize() chose for it, else the closure variable
-    `func`: transformers' own wrapper (or plain helper) it was built from."""
-    cls = type(value)
-    # kernels gives the class the wrapped function's __module__: recognise it by shape instead
-    if not (hasattr(cls, "kernel_layer_name") and cls.__qualname__.endswith("_create_func_module.<locals>.Func")):
-        return None
-    forward = cls.__dict__.get("forward")
-    code = getattr(forward, "__code__", None)
-    if code is None or "func" not in code.co_freevars:
-        return None
-    cell = dict(zip(code.co_freevars, forward.__closure__ or (), strict=False))["func"]
-    try:
-        inner = cell.cell_contents
-    except ValueError:
-        return None
-    return inner if callable(inner) else None
-
-
-def hub_layer_name(value: Any) -> str | None:
-    """The kernel mapping name a `kernels` Func instance answers to (e.g. "chunk_gated_delta_rule")."""
-    if kernels_func_inner(value) is None:
-        return None
-    name = getattr(type(value), "kernel_layer_name", None)
-    return name if isinstance(name, str) else None
 
 
 # transformers 5.25 `_build_kernel_mapping` (src/transformers/integrations/hub_kernels.py): the Hub
@@ -114,12 +86,6 @@ def hub_kernel_state(layer_name: str) -> str | None:
     if hub_kernels_env.hub_offline(dict(os.environ)):
         return hub_kernels_env.hub_offline_missing_label(repo)
     return hub_kernels_env.hub_download_label(repo)
-
-
-def unwrap(value: Any) -> Any:
-    """`value`, seen through a `kernels` Func instance: what runs when no Hub kernel is mapped."""
-    inner = kernels_func_inner(value)
-    return value if inner is None else inner
 
 
 def unwrap_module_globals(module: ModuleType, reg: PatchRegistry) -> list[str]:

@@ -1,5 +1,5 @@
 """What the Mamba-1 and Mamba-2 routes share: one decision shape, one device test, one way to read
-transformers' hub-fallback closures and modeling sources, one testing-only device-gate lift and one
+modeling sources (transformers' wrappers are read in routing/hub_wrappers.py), one testing-only device-gate lift and one
 explain() classification. routing/ssd_route.py (Mamba-2) and routing/selective_scan_route.py (Mamba-1)
 keep only what differs: their ops, signatures, lazy-loader names and kernel limits.
 """
@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Any
 
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.routing.hub_kernels import kernels_func_inner, unwrap
+from fastpath.routing.hub_wrappers import closure_value, kernels_func_inner
 from fastpath.routing.patch_registry import PatchRegistry
 
 #: enable(mamba_ssm=...): "auto" routes unless a working mamba_ssm is installed
@@ -66,29 +66,6 @@ def mark(fn: Callable[..., Any], route_attr: str, op: str, torch_fn: Callable[..
     setattr(fn, route_attr, op)
     setattr(fn, TORCH_FN_ATTR, torch_fn)
     return fn
-
-
-def closure_value(value: Any, name: str) -> Any:
-    """The closure variable `name` of function `value` (transformers' hub-fallback wrapper), or None."""
-    code = getattr(value, "__code__", None)
-    if code is None or name not in code.co_freevars:
-        return None
-    cells = dict(zip(code.co_freevars, value.__closure__ or (), strict=False))
-    try:
-        return cells[name].cell_contents
-    except ValueError:
-        return None
-
-
-def hub_func_name(value: Any) -> str | None:
-    """The op name of a 5.15+ `use_kernel_func_from_hub_with_fallback` wrapper (seen through a
-    5.25 `kernels` Hub-kernel module), else None."""
-    value = unwrap(value)
-    code = getattr(value, "__code__", None)
-    if code is None or "func_name" not in code.co_freevars or "is_new_implementation" not in code.co_freevars:
-        return None
-    name = closure_value(value, "func_name")
-    return name if isinstance(name, str) else None
 
 
 def torch_fn_of(current: Any) -> Any:

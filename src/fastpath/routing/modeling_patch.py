@@ -31,7 +31,7 @@ from typing import Any
 
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.routing import fla_route
-from fastpath.routing.hub_kernels import kernels_func_inner
+from fastpath.routing.hub_wrappers import kernels_func_inner
 from fastpath.routing.patch_registry import PatchRegistry
 
 # names a <=5.14 module-level `is_fast_path_available = all((...))` can be built from

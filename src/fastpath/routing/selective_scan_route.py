@@ -68,6 +68,7 @@ from types import ModuleType
 from typing import Any
 
 from fastpath.routing import mamba_common, ssd_route
+from fastpath.routing.hub_wrappers import hub_func_name
 from fastpath.routing.mamba_common import MambaStatus, module_source, runs_here
 from fastpath.routing.patch_registry import PatchRegistry
 from fastpath.shared.known_issues import mamba1_cuda_scan_missing
@@ -238,7 +239,7 @@ def op_globals(module: ModuleType) -> dict[str, str]:
     """op name -> module global name that the mixer calls for it, in this module right now."""
     found: dict[str, str] = {}
     for gname, value in vars(module).items():
-        op = getattr(value, ROUTE_ATTR, None) or mamba_common.hub_func_name(value)
+        op = getattr(value, ROUTE_ATTR, None) or hub_func_name(value)
         if op in MAMBA1_OPS:
             found[op] = gname
     if "selective_scan_fn" not in found:  # Mamba-2 modules wrap selective_state_update only

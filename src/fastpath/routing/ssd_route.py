@@ -55,6 +55,7 @@ from types import ModuleType
 from typing import Any
 
 from fastpath.routing import mamba_common
+from fastpath.routing.hub_wrappers import hub_func_name
 from fastpath.routing.mamba_common import MODES, MambaStatus, runs_here
 from fastpath.routing.patch_registry import PatchRegistry
 
@@ -176,7 +177,7 @@ def hub_op_of(value: Any) -> str | None:
     route = getattr(value, ROUTE_ATTR, None)
     if isinstance(route, str):
         return route
-    name = mamba_common.hub_func_name(value)
+    name = hub_func_name(value)
     return name if name in MAMBA_OPS else None
 
 
