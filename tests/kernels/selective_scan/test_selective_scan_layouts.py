@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from fastpath.kernels.counters import CALLS
@@ -148,11 +148,12 @@ def check(case: dict, dtype: torch.dtype, *, opts=(True, True, True), softplus=T
     lout, lstate, lgrads = run(selective_scan_ref, low, softplus=softplus, last=last, dout=dout,
                                dlast=dlast)
     assert out.dtype == dtype and out.shape == low["u"].shape
-    # without softplus a negative delta makes exp(delta A) grow: where the exact output leaves
-    # the dtype's range (float16 past 65504), infinity is its correct rounding, not a stray read
-    if rout.abs().max() > torch.finfo(dtype).max:
-        from hypothesis import assume
-
+    # without softplus a negative delta makes exp(delta A) grow: where the exact output or a
+    # gradient in `dtype` nears the dtype's range (float16 past 65504), infinity is its correct
+    # rounding or one rounding step away, not a stray read (a float16 du of 69,284 drawn by the
+    # sweep); half the range keeps a margin no tolerance here reaches
+    in_dtype = [rout, *(rgrads[k] for k in rgrads if low[k].dtype == dtype)]
+    if any(v.abs().max() > torch.finfo(dtype).max / 2 for v in in_dtype):
         assume(False)
     tol = TOL[dtype]
     dist = {"out": (rel_err(out, rout), rel_err(lout, rout))}
@@ -269,6 +270,9 @@ def test_transposed_views_of_every_layout(dtype):
 # the GPU's shrunk failure before ZERO_ATOL: dA exactly 0 in float64, ~1e-8 from the kernel
 @example(batch=1, per_group=1, nstate=1, length=1, b_layout="invariant", c_layout="invariant",
          b_groups=1, c_groups=1, dtype=torch.float32, flags=0, seed=0)
+# a sweep's find: no softplus, float16, an exact du of 69,284 (past float16's range): rejected
+@example(batch=2, per_group=1, nstate=1, length=12, b_layout="shared", c_layout="shared",
+         b_groups=1, c_groups=1, dtype=torch.float16, flags=4, seed=13)
 def test_hypothesis_layouts_and_options(batch, per_group, nstate, length, b_layout, c_layout,
                                         b_groups, c_groups, dtype, flags, seed):
     """Any pair of layouts (own group counts), odd N and L from 1, D / z / delta_bias /
