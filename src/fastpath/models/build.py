@@ -53,15 +53,20 @@ class ModelSource:
     kind: str  # "preset" | "config" | "dir"
     config: dict[str, Any]
     path: Path | None = None  # the checkpoint directory for kind == "dir"
-    decoder: dict[str, Any] = field(default_factory=dict)  # the decoder's part of `config`, as given
+
+    @property
+    def decoder(self) -> dict[str, Any]:
+        """The decoder's part of `config` as given (a multimodal checkpoint's `text_config`)."""
+        from fastpath.shared.model_source import text_config
+
+        return text_config(self.config)
 
 
 def resolve_source(source: str) -> ModelSource:
     """Classify `source` and read its config (UsageError on an unknown preset, bad JSON, no dir)."""
-    from fastpath.shared.model_source import load_config, text_config
+    from fastpath.shared.model_source import load_config
 
     config = load_config(source)
-    decoder = text_config(config)
     path = Path(source).expanduser()
     if path.is_dir():
         if not any(path.glob("*.safetensors")):
@@ -69,10 +74,10 @@ def resolve_source(source: str) -> ModelSource:
                 f"model directory {path} has no *.safetensors weights; "
                 f"pass {path / 'config.json'} to run it with random weights"
             )
-        return ModelSource(source, "dir", config, path, decoder)
+        return ModelSource(source, "dir", config, path)
     if path.is_file():
-        return ModelSource(source, "config", config, None, decoder)
-    return ModelSource(source, "preset", config, None, decoder)
+        return ModelSource(source, "config", config, None)
+    return ModelSource(source, "preset", config, None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,10 +352,11 @@ class BuiltModel:
     device: Any
     seed: int | None  # None for real checkpoint weights
     notes: list[str] = field(default_factory=list)
-    dtype_name: str = ""  # "bf16" / "fp16" / "fp32": what reports and tolerance tables say
 
-    def __post_init__(self) -> None:
-        self.dtype_name = self.dtype_name or dtype_label(self.dtype)
+    @property
+    def dtype_name(self) -> str:
+        """"bf16" / "fp16" / "fp32": what reports and tolerance tables say."""
+        return dtype_label(self.dtype)
 
     @property
     def source(self) -> ModelSource:

@@ -176,7 +176,7 @@ def run_path(model: Any, inputs: Inputs, *, packed_reference: bool, backward: bo
 
 
 def run_side(name: str, model: Any, inputs: Inputs, *, packed_reference: bool, backward: bool,
-             decode_tokens: int, say: Callable[[str], None], pins: SidePins | None = None,
+             decode_tokens: int, say: Callable[[str], None], pins: SidePins,
              fused_loss: FusedLoss | None = None) -> tuple[PathRun, dict[str, int]]:
     """One side of verify's comparison on the active path: forward (+ backward), an optional
     greedy decode (the run's `decode`), and the kernel calls it made (counted at the kernels' own
@@ -187,16 +187,13 @@ def run_side(name: str, model: Any, inputs: Inputs, *, packed_reference: bool, b
     from fastpath.kernels.counters import CALLS
     from fastpath.models.greedy import greedy_decode
 
-    def pinned(pin: Callable[[SidePins], TopkPin], pieces: int) -> Any:
-        return contextlib.nullcontext() if pins is None else pins.around(pin(pins), packed_reference, pieces)
-
     say(f"{name}: forward" + (" + backward" if backward else ""))
     before = Counter(CALLS)
-    with pinned(lambda p: p.forward, len(inputs.segments)):
+    with pins.around(pins.forward, packed_reference, len(inputs.segments)):
         run = run_path(model, inputs, packed_reference=packed_reference, backward=backward, fused_loss=fused_loss)
     if decode_tokens:
         say(f"{name}: greedy decode")
-        with pinned(lambda p: p.decode, 1):
+        with pins.around(pins.decode, packed_reference, 1):
             run.decode = greedy_decode(model, inputs.ids, decode_tokens)
     after = Counter(CALLS)
     return run, {k: after[k] - before.get(k, 0) for k in sorted(after) if after[k] - before.get(k, 0) > 0}

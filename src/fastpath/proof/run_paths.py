@@ -104,9 +104,17 @@ class _Settings:
     def __post_init__(self) -> None:
         check_settings(self.seq_len, self.batch, self.decode_tokens, self.reference)
 
-    @property
-    def gated_delta_rule(self) -> str:
-        return str(self.enable_kwargs.get("gated_delta_rule", "auto"))
+    def refuse_packed(self, config: Any, device: Any) -> None:
+        """CannotVerify when --packed cannot be checked on this model here (routing's
+        fla_route.packed_unverifiable)."""
+        from fastpath.routing.fla_route import packed_unverifiable
+
+        if not self.packed:
+            return
+        why = packed_unverifiable(config, device, self.backward,
+                                  str(self.enable_kwargs.get("gated_delta_rule", "auto")))
+        if why is not None:
+            raise CannotVerify(why)
 
 
 @dataclass
@@ -140,7 +148,6 @@ def _size_and_build(source: str | ResolvedModel, layers: int | None, dtype: str 
     (check_memory) and build the model: every UsageError / CannotVerify before the first pass."""
     from fastpath.models.build import build_resolved
     from fastpath.models.sizing import size_job
-    from fastpath.routing.fla_route import packed_unverifiable
     from fastpath.routing.liger_route import check_usable
 
     # With reference="torch" the compiled peers stay hidden until the model is built: sizing
@@ -150,9 +157,7 @@ def _size_and_build(source: str | ResolvedModel, layers: int | None, dtype: str 
         model = _resolved(source, layers, dtype, device)  # bad input: before any output
         if run.liger:
             check_usable(model.family, model.device)
-        why = packed_unverifiable(model.config, model.device, run.backward, run.gated_delta_rule) if run.packed else None
-        if why is not None:
-            raise CannotVerify(why)
+        run.refuse_packed(model.config, model.device)
         size = None
         if run.check_memory:
             run.say("sizing the job")
@@ -160,12 +165,13 @@ def _size_and_build(source: str | ResolvedModel, layers: int | None, dtype: str 
                             backward=run.backward, paths=2)
             for line in size.header():
                 run.tell(line)
-            if size.defaults_note():
-                run.tell("note: " + str(size.defaults_note()))
+        note = size.defaults_note() if size is not None else None
+        if note:
+            run.tell("note: " + note)
         run.say(model.build_line(run.seed))
         built = build_resolved(model, seed=run.seed)
-    if size is not None and size.defaults_note():
-        built.notes.append(str(size.defaults_note()))
+    if note:
+        built.notes.append(note)
     return built, size
 
 
@@ -176,13 +182,9 @@ def _run_both_paths(built: BuiltModel, inputs: Inputs, run: _Settings) -> _Runs:
     import torch
 
     from fastpath.routing import engine as routes
-    from fastpath.routing.fla_route import packed_unverifiable
     from fastpath.routing.liger_route import apply_liger
 
-    # FLA importable again: its import and GPU checks, before either path runs
-    why = packed_unverifiable(built.config, built.device, run.backward, run.gated_delta_rule) if run.packed else None
-    if why is not None:
-        raise CannotVerify(why)
+    run.refuse_packed(built.config, built.device)  # FLA importable again: its import and GPU checks
     if run.liger:  # on both paths: the comparison is fastpath's, under Liger's kernels (verify.py)
         built.notes.append(f"Liger Kernel on both paths: {apply_liger(built.model)}")
     model = built.model
