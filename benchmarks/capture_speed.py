@@ -228,7 +228,7 @@ def main() -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("capture_speed: needs a CUDA GPU (--device cpu only smoke-tests the script)", file=sys.stderr)
         return 2
-    from fastpath.models.build import resolve_source, transformers_config
+    from fastpath.models.resolve import resolve_source, transformers_config
 
     config = transformers_config(resolve_source(args.model).config, args.layers)
     vocab = int(config.vocab_size)

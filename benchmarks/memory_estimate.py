@@ -98,8 +98,9 @@ def child(case_path: str) -> None:
     os.environ.setdefault("USE_HUB_KERNELS", "0")
     import torch
 
-    from fastpath.models.build import build_model, resolve_model
+    from fastpath.models.build import build_model
     from fastpath.models.paths import hidden_compiled_peers
+    from fastpath.models.resolve import resolve_model
     from fastpath.models.sizing import estimate
     from fastpath.proof.run_paths import make_inputs, run_path, verify_model
 

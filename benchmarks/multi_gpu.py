@@ -181,7 +181,7 @@ def train_phase(args: argparse.Namespace, path: str, device: Any, rank: int, wor
 def _scratch_root(args: argparse.Namespace) -> str:
     """/dev/shm when it can hold one path's capture (4 states per token, +25%), else the temp dir:
     a container's /dev/shm is often 64 MB."""
-    from fastpath.models.build import resolve_source, transformers_config
+    from fastpath.models.resolve import resolve_source, transformers_config
 
     hidden = int(transformers_config(resolve_source(args.model).config, args.layers).hidden_size)
     need = int(args.capture_rows * args.seq_len * 4 * hidden * (4 if args.dtype == "fp32" else 2) * 1.25)

@@ -168,7 +168,8 @@ def test_shard_auto_picks_fsdp_only_when_the_weights_do_not_fit_one_gpu():
 def test_weight_bytes_counts_the_built_model(tmp_path: Path):
     import json
 
-    from fastpath.models.build import build_model, weight_bytes
+    from fastpath.models.build import build_model
+    from fastpath.models.resolve import weight_bytes
 
     config = tmp_path / "lfm2.json"
     config.write_text(json.dumps({

@@ -17,7 +17,8 @@ pytest.importorskip("transformers")
 
 import fastpath
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.models.build import ResolvedModel, build_model, build_resolved, resolve_model
+from fastpath.models.build import build_model, build_resolved
+from fastpath.models.resolve import ResolvedModel, resolve_model
 from fastpath.shared import model_source
 from fastpath.shared.errors import UsageError
 

@@ -1,4 +1,4 @@
-"""fastpath.models.build: where verify/bench models come from (presets, config.json, checkpoint dirs),
+"""fastpath.models.resolve and build: where verify/bench models come from (presets, config.json, checkpoint dirs),
 cutting big presets to N layers with their layer-type pattern, fixed-seed random weights."""
 
 from __future__ import annotations
@@ -14,14 +14,9 @@ pytest.importorskip("transformers")
 import torch
 from tiny_configs import QWEN35_4L as TINY_QWEN35
 
-from fastpath.models.build import (
-    build_model,
-    cut_layers,
-    kept_layers,
-    layer_types,
-    transformers_config,
-)
+from fastpath.models.build import build_model
 from fastpath.models.dtypes import torch_dtype
+from fastpath.models.resolve import cut_layers, kept_layers, layer_types, transformers_config
 from fastpath.shared.errors import UsageError
 from fastpath.shared.model_source import load_config
 
@@ -183,7 +178,7 @@ def test_bad_sources_are_usage_errors(tmp_path):
 def test_cut_layers_reads_the_count_from_the_pattern_when_no_count_key():
     """NemotronHConfig.to_dict() (transformers >= 5.17) has no num_hidden_layers: the pattern
     string/list is the layer count, and every layer type stays represented."""
-    from fastpath.models.build import cut_layers
+    from fastpath.models.resolve import cut_layers
 
     cut = cut_layers({"model_type": "nemotron_h", "hybrid_override_pattern": "M-M-M-M*M-"}, 3)
     assert sorted(set(cut["hybrid_override_pattern"])) == ["*", "-", "M"]
@@ -197,7 +192,7 @@ def test_cut_keeps_an_attention_layer_of_a_model_that_indexes_them():
     """Bamba lists its attention layers (attn_layer_indices) instead of a per-layer pattern: a cut
     to 2 layers of the real preset must keep one Mamba-2 layer and one attention layer, renumbered,
     and the transformers config built from it must agree."""
-    from fastpath.models.build import cut_layers, layer_types, transformers_config
+    from fastpath.models.resolve import cut_layers, layer_types, transformers_config
 
     config = load_config("bamba-9b")
     assert layer_types(config).count("attention") == 3 and len(layer_types(config)) == 32

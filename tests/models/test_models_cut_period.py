@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from fastpath.models.build import transformers_config
+from fastpath.models.resolve import transformers_config
 from fastpath.shared.errors import UsageError
 from fastpath.shared.model_source import load_config
 
@@ -45,7 +45,7 @@ def test_the_memory_guard_never_suggests_a_cut_below_the_fewest_layers(preset, f
     """On an 80 GB H100, `verify jamba-mini-1.7 --layers 5` was told "try --layers 3", and
     --layers 3 was then refused for losing the attention layer. The fewest layers is decided once
     (resolve_model) and the guard's suggestion starts there."""
-    from fastpath.models.build import resolve_model
+    from fastpath.models.resolve import resolve_model
     from fastpath.models.sizing import FIT_FRACTION, check_fits, estimate, scaled_peak
 
     model = resolve_model(preset, layers=fewest + 1, dtype="bf16", device="cpu")

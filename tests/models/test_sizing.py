@@ -23,7 +23,7 @@ HUGE = {
 
 def test_a_config_that_leaves_its_size_to_transformers_says_so():
     # A bare model_type is transformers' default Qwen3.5 text model: ~9B parameters.
-    from fastpath.models.build import transformers_config
+    from fastpath.models.resolve import transformers_config
 
     raw = {"model_type": "qwen3_5_text"}
     config = transformers_config(raw)
@@ -36,7 +36,8 @@ def test_a_config_that_leaves_its_size_to_transformers_says_so():
 
 
 def test_the_parameter_count_is_exact(tmp_path):
-    from fastpath.models.build import build_model, transformers_config
+    from fastpath.models.build import build_model
+    from fastpath.models.resolve import transformers_config
 
     raw = {"model_type": "lfm2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
@@ -96,7 +97,7 @@ MAMBA2 = {  # small enough for a CPU, with the scan shapes of the real families 
 
 
 def _sized(raw, **job):
-    from fastpath.models.build import transformers_config
+    from fastpath.models.resolve import transformers_config
 
     config = transformers_config(raw)
     settings = {"dtype": "fp32", "device": "cpu", "batch": 1, "seq_len": 256, "backward": False, "paths": 2, **job}

@@ -20,7 +20,7 @@ import torch
 import fastpath
 from fastpath.causal_conv1d import causal_conv1d_fn as real_causal_conv1d_fn
 from fastpath.models.compare import TOLERANCES
-from fastpath.models.forward import make_inputs
+from fastpath.models.inputs import make_inputs
 from fastpath.proof.run_paths import verify_model
 from fastpath.routing.engine import is_enabled as fastpath_is_enabled
 from fastpath.shared.errors import FastpathError
@@ -229,7 +229,7 @@ def test_reference_is_the_torch_fallback_even_with_fla_installed(qwen):
 def test_packed_inputs_carry_flattening_collator_arguments():
     inputs = make_inputs(vocab=50, batch=3, seq_len=10, packed=True, seed=0, device=torch.device("cpu"))
     assert inputs.packed_ids.shape == (1, 30) and sum(inputs.segments) == 30 and len(inputs.segments) == 3
-    kw = inputs.packed_kwargs()
+    kw = inputs.packed_kwargs
     starts = [0, inputs.segments[0], inputs.segments[0] + inputs.segments[1]]
     assert kw["cu_seq_lens_q"].tolist() == [*starts, 30]
     assert kw["position_ids"][0, starts[1]].item() == 0 and kw["position_ids"][0, starts[1] - 1].item() > 0

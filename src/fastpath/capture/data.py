@@ -50,7 +50,7 @@ class LoadedData:
 
 def load_tokenizer(path: str | Path) -> Any:
     """A fast tokenizer from a local directory (never the hub); UsageError when there is none."""
-    from fastpath.models.build import quiet_hub_environment
+    from fastpath.models.resolve import quiet_hub_environment
 
     quiet_hub_environment()
     from transformers import AutoTokenizer

@@ -33,7 +33,7 @@ from fastpath.capture.packing import batches_for_rank, make_batches
 from fastpath.capture.recheck import recheck_rows
 from fastpath.capture.staging import RowWrites, slot_bytes
 from fastpath.capture.writers import SUMMARY_NAME, atomic_json, remove_stale_temps
-from fastpath.models.build import ResolvedModel
+from fastpath.models.resolve import ResolvedModel
 from fastpath.shared.errors import FastpathError, UsageError, first_line
 from fastpath.shared.output_files import PROBE_PREFIX, probe_dir
 
@@ -243,7 +243,7 @@ def resolve_target(opts: CaptureOptions, device: Any) -> ResolvedModel:
     checks all read this value, never opts.model again."""
     if opts.prebuilt is not None:
         return opts.prebuilt.resolved
-    from fastpath.models.build import resolve_model
+    from fastpath.models.resolve import resolve_model
 
     return resolve_model(opts.model, layers=opts.model_layers, dtype=opts.dtype, device=device)
 

@@ -2,8 +2,9 @@
 directory (random weights or safetensors, never a download), sized before allocating, with a
 reference path that stays transformers' torch fallback.
 
-build (resolve_model reads the source once into a ResolvedModel, build_resolved builds it,
-`--layers N` keeps the layer pattern), dtypes (CLI dtype and device names), sizing (parameters,
+resolve (resolve_model reads the source once into a ResolvedModel; `--layers N` keeps the layer
+pattern), build (build_resolved builds it: seeded random weights or the checkpoint), inputs
+(verify's token ids, plain or packed), dtypes (CLI dtype and device names), sizing (parameters,
 memory estimate, the refusal when it will not fit), compare (tolerances and tensor statistics
 that verify and capture's re-check share), forward (one pass of a model on the active path, and
 the fp32 / rounding-noise runs of the reference, one side of verify's comparison with the kernel
@@ -11,5 +12,5 @@ calls it made), greedy (cached greedy decoding, step by step), judge (verify's t
 consulting those runs only where a difference is beyond the limit), paths (compiled peers hidden
 for the reference), moe_pin (an MoE's top-k choices pinned to the reference's).
 May import: kernels, routing, shared. Imported by proof and capture.
-Entry points: build.resolve_model, build.build_resolved.
+Entry points: resolve.resolve_model, build.build_resolved.
 """

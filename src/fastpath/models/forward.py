@@ -1,4 +1,4 @@
-"""Running a model and collecting what `fastpath verify` compares: the inputs (plain or packed),
+"""Running a model and collecting what `fastpath verify` compares on its inputs (models/inputs.py):
 one pass on whatever path is active (hidden states, logits, optional gradients), and the runs
 that judge a difference (models/judge.py): an fp32 copy of the reference, and the reference with
 every weight nudged by one rounding step.
@@ -12,73 +12,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fastpath.models.compare import relative_distance
+from fastpath.models.inputs import Inputs
 from fastpath.models.moe_pin import PinReport, SidePins, TopkPin
-from fastpath.shared.errors import UsageError
 
 # Given a model, the mean next-token loss of `ids` through its fused LM head + cross-entropy (a
 # forward that returns the loss and no logits), or None when no such forward is in place.
 FusedLoss = Callable[[Any], Callable[[Any], Any] | None]
-
-# ---------------------------------------------------------------------------------------------
-# Inputs
-
-
-@dataclass
-class Inputs:
-    """Token ids for one verify run; packed runs keep the per-sequence split."""
-
-    ids: Any  # [B, L]
-    packed_ids: Any | None = None  # [1, total]
-    segments: list[int] = field(default_factory=list)
-
-    def packed_kwargs(self) -> dict[str, Any]:
-        """The flattened-batch arguments DataCollatorWithFlattening would produce."""
-        import torch
-
-        device = self.packed_ids.device
-        lengths = torch.tensor(self.segments, device=device)
-        starts = torch.cumsum(lengths, 0) - lengths
-        total = int(lengths.sum())
-        position_ids = torch.arange(total, device=device) - torch.repeat_interleave(starts, lengths)
-        seq_idx = torch.repeat_interleave(torch.arange(len(self.segments), device=device), lengths)
-        cu = torch.cat([torch.zeros(1, dtype=torch.long, device=device), torch.cumsum(lengths, 0)])
-        cu = cu.to(torch.int32)
-        return {
-            "position_ids": position_ids[None],
-            "seq_idx": seq_idx.to(torch.int32)[None],
-            "cu_seq_lens_q": cu,
-            "cu_seq_lens_k": cu,
-            "max_length_q": int(lengths.max()),
-            "max_length_k": int(lengths.max()),
-        }
-
-
-def make_inputs(vocab: int, batch: int, seq_len: int, packed: bool, seed: int, device: Any,
-                min_segment: int = 4) -> Inputs:
-    """Random ids; with `packed`, the B*L tokens split into max(B, 2) sequences of unequal length."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed + 1)
-    ids = torch.randint(0, vocab, (batch, seq_len), generator=gen).to(device)
-    if not packed:
-        return Inputs(ids)
-    total = batch * seq_len
-    count = max(batch, 2)
-    if total < count * min_segment:
-        raise UsageError(f"--packed needs at least {count * min_segment} tokens (batch x seq-len)")
-    # Cut points drawn at random, but every piece keeps >= min_segment tokens (longer than the
-    # conv window, so a leak across a boundary shows up inside the next sequence).
-    free = total - count * min_segment
-    weights = torch.rand(count, generator=gen) + 0.25
-    extra = (weights / weights.sum() * free).floor().long()
-    extra[-1] += free - int(extra.sum())
-    segments = [int(min_segment + e) for e in extra]
-    return Inputs(ids, ids.reshape(1, total), segments)
-
 
 # ---------------------------------------------------------------------------------------------
 # Running one path
@@ -148,7 +91,7 @@ def run_path(model: Any, inputs: Inputs, *, packed_reference: bool, backward: bo
         denom = sum(s - 1 for s in inputs.segments)
         ids = inputs.packed_ids
         with torch.set_grad_enabled(backward):
-            out = model(input_ids=ids, output_hidden_states=True, use_cache=False, **inputs.packed_kwargs())
+            out = model(input_ids=ids, output_hidden_states=True, use_cache=False, **inputs.packed_kwargs)
             if backward:
                 loss = 0.0
                 start = 0

@@ -27,13 +27,13 @@ from fastpath.models.compare import (
 )
 from fastpath.models.forward import (
     FusedLoss,
-    Inputs,
     PathRun,
     Tf32Off,
     fp32_oracle_decode_logits,
     fp32_oracle_outputs,
     rounding_noise,
 )
+from fastpath.models.inputs import Inputs
 
 if TYPE_CHECKING:
     from fastpath.models.build import BuiltModel

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from fastpath.shared.errors import UsageError, first_line
 
 if TYPE_CHECKING:
-    from fastpath.models.build import ResolvedModel
+    from fastpath.models.resolve import ResolvedModel
 
 # Keys that set a decoder's size; when a config omits one, transformers fills in its default.
 SIZE_KEYS = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size")

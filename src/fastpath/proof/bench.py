@@ -97,7 +97,7 @@ def preflight(settings: BenchSettings, configs: list[str], check_memory: bool = 
         raise UsageError("nothing to measure here: every configuration would be skipped ("
                          + "; ".join(f"{c}: {why}" for c, why in skips.items())
                          + f"); nothing written. Configs: {', '.join(CONFIGS)}")
-    from fastpath.models.build import resolve_model
+    from fastpath.models.resolve import resolve_model
 
     # Read once here; each worker is its own process and builds from settings.source itself.
     model = resolve_model(settings.source, layers=settings.layers, dtype=settings.dtype, device=settings.device)

@@ -149,7 +149,7 @@ class BenchSettings:
         if unknown:
             raise UsageError(f"unknown phase {unknown[0]!r}; phases: {', '.join(PHASE_REGISTRY)}")
         if self.layers is not None:
-            from fastpath.models.build import check_layers
+            from fastpath.models.resolve import check_layers
 
             check_layers(self.layers)
 

@@ -1,4 +1,4 @@
-"""`fastpath verify`'s orchestration, in floor order: the model resolved (models/build), what
+"""`fastpath verify`'s orchestration, in floor order: the model resolved (models/resolve), what
 routing cannot verify refused (routing/), the job sized and the model built (models/); then both
 paths run on it (the reference with fastpath disabled, then the fast path after enable(): routing
 is this floor's business, running a side is models/forward's), one judge call over the two runs
@@ -12,19 +12,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fastpath.models.build import BuiltModel, ResolvedModel, resolve_model
+from fastpath.models.build import BuiltModel
 from fastpath.models.compare import TOLERANCES
 from fastpath.models.forward import (
-    Inputs,
     PathRun,
     Tf32Off,
     fp32_oracle_grads,
-    make_inputs,
     run_side,
 )
 from fastpath.models.forward import run_path as run_model_path
+from fastpath.models.inputs import Inputs, make_inputs
 from fastpath.models.moe_pin import SidePins
 from fastpath.models.paths import hidden_compiled_peers
+from fastpath.models.resolve import ResolvedModel, resolve_model
 from fastpath.models.sizing import JobSize
 from fastpath.proof.verdict import CannotVerify, VerifyResult
 from fastpath.shared.errors import FastpathError, UsageError, first_line
@@ -104,17 +104,10 @@ class _Settings:
     def __post_init__(self) -> None:
         check_settings(self.seq_len, self.batch, self.decode_tokens, self.reference)
 
-    def refuse_packed(self, config: Any, device: Any) -> None:
-        """CannotVerify when --packed cannot be checked on this model here (routing's
-        fla_route.packed_unverifiable)."""
-        from fastpath.routing.fla_route import packed_unverifiable
-
-        if not self.packed:
-            return
-        why = packed_unverifiable(config, device, self.backward,
-                                  str(self.enable_kwargs.get("gated_delta_rule", "auto")))
-        if why is not None:
-            raise CannotVerify(why)
+    @property
+    def gdn(self) -> str:
+        """The gated-delta-rule route enable() will take (what --packed's refusal depends on)."""
+        return str(self.enable_kwargs.get("gated_delta_rule", "auto"))
 
 
 @dataclass
@@ -148,6 +141,7 @@ def _size_and_build(source: str | ResolvedModel, layers: int | None, dtype: str 
     (check_memory) and build the model: every UsageError / CannotVerify before the first pass."""
     from fastpath.models.build import build_resolved
     from fastpath.models.sizing import size_job
+    from fastpath.routing.fla_route import packed_unverifiable
     from fastpath.routing.liger_route import check_usable
 
     # With reference="torch" the compiled peers stay hidden until the model is built: sizing
@@ -157,7 +151,8 @@ def _size_and_build(source: str | ResolvedModel, layers: int | None, dtype: str 
         model = _resolved(source, layers, dtype, device)  # bad input: before any output
         if run.liger:
             check_usable(model.family, model.device)
-        run.refuse_packed(model.config, model.device)
+        if run.packed and (why := packed_unverifiable(model.config, model.device, run.backward, run.gdn)):
+            raise CannotVerify(why)
         size = None
         if run.check_memory:
             run.say("sizing the job")
@@ -182,9 +177,12 @@ def _run_both_paths(built: BuiltModel, inputs: Inputs, run: _Settings) -> _Runs:
     import torch
 
     from fastpath.routing import engine as routes
+    from fastpath.routing.fla_route import packed_unverifiable
     from fastpath.routing.liger_route import apply_liger
 
-    run.refuse_packed(built.config, built.device)  # FLA importable again: its import and GPU checks
+    # FLA importable again: its import and GPU checks (fla_route.packed_unverifiable)
+    if run.packed and (why := packed_unverifiable(built.config, built.device, run.backward, run.gdn)):
+        raise CannotVerify(why)
     if run.liger:  # on both paths: the comparison is fastpath's, under Liger's kernels (verify.py)
         built.notes.append(f"Liger Kernel on both paths: {apply_liger(built.model)}")
     model = built.model

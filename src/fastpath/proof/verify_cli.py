@@ -69,8 +69,8 @@ def main(args: argparse.Namespace) -> int:
     require("verify")  # the command's one check: verify_model, below, assumes it
     from rich.console import Console
 
-    from fastpath.models.build import resolve_model
     from fastpath.models.dtypes import resolve_dtype
+    from fastpath.models.resolve import resolve_model
     from fastpath.proof.progress import Stages
     from fastpath.proof.run_paths import check_settings, verify_model
 

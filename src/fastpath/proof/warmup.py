@@ -120,7 +120,7 @@ class WarmupSettings:
         if self.seq_len < 2:
             raise UsageError(f"--seq must be at least 2, got {self.seq_len}")
         if self.layers is not None:
-            from fastpath.models.build import check_layers
+            from fastpath.models.resolve import check_layers
 
             check_layers(self.layers)
 
@@ -151,7 +151,8 @@ def warm_model(settings: WarmupSettings, say: Callable[[str], None]) -> WarmupRe
     say("importing torch, transformers and the fast path")
     import torch
 
-    from fastpath.models.build import build_model, resolve_model
+    from fastpath.models.build import build_model
+    from fastpath.models.resolve import resolve_model
     from fastpath.proof.bench_spec import PHASE_REGISTRY, BenchSettings
     from fastpath.routing import engine as routes
 
