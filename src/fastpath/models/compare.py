@@ -1,6 +1,8 @@
 """The comparison maths of `fastpath verify`: per-dtype tolerances, relative errors over whole
 tensors and single tokens, flags for states that are wrong on both paths (all zero, constant,
-non-finite), gradient comparison with an fp32 oracle, and the greedy-decode check.
+non-finite), gradient comparison with an fp32 oracle, and the greedy-decode check; the two
+passes of the judgement (models/judge.py runs them): a first look at both runs, which says what
+a run of the reference must settle, and the final judgement with those runs.
 
 Pure functions of tensors: nothing here runs a model.
 """
@@ -297,3 +299,69 @@ def _beyond(rescued: list[str], tol: Tolerance) -> str:
             + ", ".join(rescued))
 
 
+# ---------------------------------------------------------------------------------------------
+# The judgement, in two passes
+
+
+@dataclass
+class Judgement:
+    """Everything verify reports of the comparison (proof/verdict.py draws the verdict from it)."""
+
+    layers: list[TensorDiff]
+    logits: TensorDiff
+    counts: list[str]  # a problem when the paths returned different numbers of hidden states
+    grads: list[GradDiff] | None  # None without a backward pass
+    decode: DecodeCheck | None  # None without a decode
+
+
+@dataclass
+class FirstLook:
+    """The comparison before any run of the reference settled a difference, and which runs
+    would: an fp32 run of the outputs and of the decode (bf16/fp16), the reference's rounding
+    noise on the gradients named (fp32)."""
+
+    judged: Judgement
+    outputs_oracle: bool
+    decode_oracle: bool
+    noise_names: list[str]
+
+
+def first_look(names: list[tuple[str, str]], ref: Any, fast: Any, tol: Tolerance, low_precision: bool,
+               oracle_grads: dict[str, Any] | None) -> FirstLook:
+    """Every layer's hidden states (named by `names`: (name, layer type)), the logits, the
+    gradients (against `oracle_grads` too, when given) and the decode of two runs (models/forward
+    PathRun), each against `tol`."""
+    counts = [] if len(fast.hidden) == len(ref.hidden) else [
+        f"fast path returned {len(fast.hidden)} hidden states, reference {len(ref.hidden)}"]
+    layers = []
+    for (name, kind), f, r in zip(names, fast.hidden, ref.hidden, strict=False):
+        layers.append(compare(name, f, r, tol))
+        layers[-1].kind = kind
+    logits = compare("logits", fast.logits, ref.logits, tol)
+    grads = compare_grads(fast.grads, ref.grads, tol, oracle_grads) if ref.grads is not None else None
+    decode = check_decode(fast.decode, ref.decode, tol) if ref.decode is not None else None
+    beyond = [g.name for g in grads or [] if not g.ok and g.rel == g.rel and g.rel != float("inf")]
+    return FirstLook(
+        Judgement(layers, logits, counts, grads, decode),
+        outputs_oracle=low_precision and not all(d.ok for d in [*layers, logits]),
+        decode_oracle=low_precision and decode is not None and not decode.ok,
+        noise_names=[] if low_precision else beyond,
+    )
+
+
+def final_judgement(look: FirstLook, ref: Any, fast: Any, tol: Tolerance, *, oracle_hidden: list[Any] | None,
+                    oracle_logits: Any, noise: dict[str, float], decode_logits: list[Any] | None) -> Judgement:
+    """The first look re-judged by the runs of the reference it asked for: the fp32 run's hidden
+    states and logits (judge_by_oracle), the reference's rounding noise (judge_by_noise), the fp32
+    logits along the reference's decoded tokens (check_decode). A run that could not be made
+    (None, {}) leaves the first look's judgement standing."""
+    j = look.judged
+    layers, logits, grads, decode = j.layers, j.logits, j.grads, j.decode
+    if oracle_hidden is not None:
+        layers = judge_by_oracle(layers, fast.hidden, ref.hidden, oracle_hidden)
+        logits = judge_by_oracle([logits], [fast.logits], [ref.logits], [oracle_logits])[0]
+    if grads is not None and noise:
+        grads = judge_by_noise(grads, noise)
+    if decode_logits is not None:
+        decode = check_decode(fast.decode, ref.decode, tol, decode_logits)
+    return Judgement(layers, logits, j.counts, grads, decode)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from fastpath.models.compare import relative_distance
+from fastpath.models.compare import NOISE_RUNS, FirstLook, Tolerance, relative_distance
 from fastpath.models.inputs import Inputs
 from fastpath.models.moe_pin import PinReport, SidePins, TopkPin
 
@@ -266,3 +266,37 @@ def rounding_noise(model: Any, inputs: Inputs, reference: dict[str, Any], names:
             p.requires_grad_(wanted[n])
         model.zero_grad(set_to_none=True)
     return noise
+
+
+@dataclass
+class OracleRuns:
+    """The runs of the reference a first look asked for (models/compare.FirstLook); None / {}
+    where none was asked for or it could not run."""
+
+    hidden: list[Any] | None = None  # an fp32 copy's hidden states on the reference path
+    logits: Any = None  # and its logits
+    noise: dict[str, float] = field(default_factory=dict)  # rounding_noise, per gradient name
+    decode_logits: list[Any] | None = None  # fp32 logits along the reference's decoded tokens
+
+
+def oracle_runs(model: Any, inputs: Inputs, look: FirstLook, ref: PathRun, tol: Tolerance, *, pin: TopkPin,
+                fused_loss: FusedLoss | None, say: Callable[[str], None]) -> OracleRuns:
+    """Run what `look` asked for, one at a time, each freed before the next begins: an fp32 copy
+    of the outputs (replaying the reference's MoE choices, `pin`), the reference's own rounding
+    noise on the gradients beyond the limit, an fp32 copy of the decode steps."""
+    runs = OracleRuns()
+    if look.outputs_oracle:
+        say("hidden states beyond the limit: fp32 run of the reference path")
+        oracle_run = fp32_oracle_outputs(model, inputs, pin)
+        runs.hidden, runs.logits = oracle_run.hidden, oracle_run.logits
+    if look.noise_names and ref.grads is not None:
+        say(f"{len(look.noise_names)} gradients beyond {tol.grad_rel:g}: measuring the reference's own rounding "
+            f"noise ({NOISE_RUNS} runs with every weight moved by one rounding step)")
+        with Tf32Off():
+            runs.noise = rounding_noise(model, inputs, ref.grads, look.noise_names, NOISE_RUNS, fused_loss)
+    if look.decode_oracle:
+        # Only now (it costs an fp32 copy of the model): is the fast path further from exact
+        # arithmetic than the reference, or are both drifting by bf16 rounding?
+        say("decode beyond the limit: fp32 oracle of the decode steps")
+        runs.decode_logits = fp32_oracle_decode_logits(model, inputs.ids, ref.decode.tokens)
+    return runs
