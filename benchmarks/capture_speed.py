@@ -104,7 +104,8 @@ def run_path(name: str, args: argparse.Namespace, data: Path, short: Path | None
     import torch
 
     import fastpath
-    from fastpath.capture.run import CaptureOptions, run_capture
+    from fastpath.capture.options import CaptureOptions
+    from fastpath.capture.run import run_capture
     from fastpath.shared.errors import FastpathError
 
     def opts(rows_file: Path, out: Path) -> CaptureOptions:
@@ -248,7 +249,8 @@ def main() -> int:
         if short is not None:
             write_rows(short, args.short_rows, args.max_len, vocab, seed=0)
         write_rows(warm, max(1, args.batch_tokens // args.max_len), args.max_len, vocab, seed=1)
-        from fastpath.capture.run import CaptureOptions, load_target
+        from fastpath.capture.options import CaptureOptions
+        from fastpath.capture.target import load_target
 
         built = load_target(CaptureOptions(model=args.model, data="", out="", dtype=args.dtype,
                                            model_layers=args.layers), torch.device(args.device))

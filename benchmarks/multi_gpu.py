@@ -73,7 +73,8 @@ def _route(model: Any, path: str, allow_slow: bool) -> dict[str, Any]:
 
 
 def _build(args: argparse.Namespace, dtype: str, device: Any) -> Any:
-    from fastpath.capture.run import CaptureOptions, load_target
+    from fastpath.capture.options import CaptureOptions
+    from fastpath.capture.target import load_target
 
     return load_target(CaptureOptions(model=args.model, data="", out="", dtype=dtype, model_layers=args.layers,
                                       seed=args.seed), device)
@@ -97,7 +98,8 @@ def _reset_peak(device: Any) -> None:
 def capture_phase(args: argparse.Namespace, path: str, device: Any, rank: int, scratch: Path) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from fastpath.capture.run import CaptureOptions, run_capture
+    from fastpath.capture.options import CaptureOptions
+    from fastpath.capture.run import run_capture
 
     built = _build(args, args.dtype, device)
     routes = _route(built.model, path, args.allow_slow_fast_path)

@@ -32,8 +32,9 @@ from tiny_configs import LFM2_4L as TINY_LFM2
 import fastpath
 from fastpath.capture.data import load_rows, tokenize_chat
 from fastpath.capture.layers import default_aux_layers, parse_layers
+from fastpath.capture.options import CaptureCheckError, CaptureOptions
 from fastpath.capture.packing import batches_for_rank, make_batches
-from fastpath.capture.run import CaptureCheckError, CaptureOptions, run_capture
+from fastpath.capture.run import run_capture
 from fastpath.causal_conv1d import causal_conv1d_fn as real_causal_conv1d_fn
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.models.build import build_model
@@ -469,7 +470,8 @@ _FAILING_RANK_SCRIPT = """
 import json, os, sys
 import torch
 from fastpath.shared.errors import FastpathError
-from fastpath.capture.run import CaptureOptions, run_capture
+from fastpath.capture.options import CaptureOptions
+from fastpath.capture.run import run_capture
 
 config, data, out, tokenizer, allow_slow = sys.argv[1:6]
 rank = int(os.environ["RANK"])

@@ -27,7 +27,8 @@ from tiny_configs import LFM2_4L as TINY_LFM2
 
 from fastpath.capture import distributed
 from fastpath.capture.capture_cli import resume_command, summary_text
-from fastpath.capture.run import CaptureResult, _Progress
+from fastpath.capture.loop import Progress
+from fastpath.capture.options import CaptureResult
 from fastpath.cli import build_parser
 from fastpath.kernels.dispatch import triton_interpreter_on
 
@@ -60,7 +61,7 @@ def test_a_run_that_checked_nothing_does_not_claim_all_within_tolerance():
 def test_the_eta_after_resume_counts_only_this_runs_rows(capsys):
     # 90 of 100 rows were on disk; this run did 5 more in 10 s: 5 left at 0.5 rows/s is 10 s.
     # Counting the old rows it said 95 rows in 10 s, ETA 0 s.
-    progress = _Progress(distributed.World(0, 1, 0), True, 100, already=90)
+    progress = Progress(distributed.World(0, 1, 0), True, 100, already=90)
     progress.start -= 10.0
     progress.update(95, tokens=5 * 64)
     line = capsys.readouterr().err.strip()

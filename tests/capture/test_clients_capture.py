@@ -30,7 +30,8 @@ import torch
 from repo_paths import ROOT, SUPPORT
 
 from fastpath.capture.clients import divergence, write_client_target
-from fastpath.capture.run import CaptureOptions, run_capture
+from fastpath.capture.options import CaptureOptions
+from fastpath.capture.run import run_capture
 from fastpath.models.build import build_model
 from fastpath.shared.errors import UsageError
 

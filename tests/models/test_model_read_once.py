@@ -127,7 +127,8 @@ def test_bench_preflight_reads_the_config_once(tmp_path, reads):
 
 @pytest.mark.parametrize("fmt,dtype", [("speculators", "fp32"), ("specforge", "bf16")])
 def test_a_capture_reads_the_config_once(tmp_path, reads, fmt, dtype):
-    from fastpath.capture.run import CaptureOptions, run_capture
+    from fastpath.capture.options import CaptureOptions
+    from fastpath.capture.run import run_capture
 
     model_dir = _checkpoint_dir(tmp_path)
     data = tmp_path / "rows.jsonl"

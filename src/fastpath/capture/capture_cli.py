@@ -82,7 +82,8 @@ def main(args: argparse.Namespace) -> int:
 
     env = {name: os.environ[name] for name in RESUME_ENV if name in os.environ}  # before fastpath sets any
     require("capture")  # before any work: one line naming the pip install, exit 2
-    from fastpath.capture.run import CaptureOptions, check_options, run_capture
+    from fastpath.capture.options import CaptureOptions, check_options
+    from fastpath.capture.run import run_capture
 
     opts = CaptureOptions(
         model=args.model, data=args.data, out=args.out, format=args.format, max_len=args.max_len,
@@ -103,7 +104,7 @@ def main(args: argparse.Namespace) -> int:
         print("fastpath capture: starting: importing torch and transformers, then reading MODEL's config"
               + (" and DATA" if args.data is not None else ""), file=sys.stderr, flush=True)
     if args.data is None:  # --check-client on the finished capture in --out
-        from fastpath.capture.run import check_existing_capture
+        from fastpath.capture.finish import check_existing_capture
 
         record = check_existing_capture(opts)
         return 0 if record.get("ok") or record.get("ok_with_client_target") else 1

@@ -187,3 +187,14 @@ def load_rows(path: str | Path, tokenizer: Any | None, max_len: int, vocab_size:
     if not out.rows:
         raise UsageError(f"{path}: no usable rows (skipped: {sum(len(v) for v in out.skipped.values())})")
     return out
+
+
+def file_sha256(path: str | Path) -> str:
+    """Content hash of DATA: a resume against an edited file would pair rows with the wrong files."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()

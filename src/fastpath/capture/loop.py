@@ -1,0 +1,261 @@
+"""The capture loop, per batch: forward with hooks -> check every state (on the device) -> re-run
+sampled rows on the reference path -> stage the rows for the background writers
+(staging.RowWrites) -> next batch; with the progress line, the staging slots and the record of
+where the time went (CaptureResult.timings: forward, checks, recheck, stage, write_wait, sync,
+other; run.py's module doc).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastpath.capture import distributed
+from fastpath.capture.checks import batch_problems, row_problems
+from fastpath.capture.layers import capture_hooks
+from fastpath.capture.options import CaptureCheckError, CaptureOptions
+from fastpath.capture.recheck import recheck_rows
+from fastpath.capture.staging import RowWrites, slot_bytes
+from fastpath.shared.errors import FastpathError, first_line
+
+STAGING_BUDGET = 8 << 30  # host bytes of staged rows at most (at least one slot)
+
+
+@dataclass
+class Loop:
+    """What every step of the capture loop reads (one rank's view)."""
+
+    opts: CaptureOptions
+    rows: list[Any]
+    parts: Any
+    device: Any
+    aux_ids: list[int]
+    capture_ids: list[int]
+    num_layers: int
+    writer: Any
+    meta: dict[str, str]
+    tol: Any
+    on_fast: bool
+    norms: Any  # per-vocabulary-entry embedding norms (checks.token_norms), on the device
+    writes: RowWrites
+    active: bool
+    budget: distributed.ForwardBudget | None  # sharded: equal forward counts per step
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def add(self, key: str, since: float) -> float:
+        now = time.perf_counter()
+        self.timings[key] = self.timings.get(key, 0.0) + now - since
+        return now
+
+
+class Progress:
+    """Rows done and the ETA on stderr. `already`: rows this rank found finished (--resume); the
+    rate counts only rows done in this run, or a resume's ETA would credit it with the old ones."""
+
+    def __init__(self, world: distributed.World, enabled: bool, total_rows: int, already: int = 0) -> None:
+        self.world, self.enabled, self.total, self.already = world, enabled, total_rows, already
+        self.start = time.perf_counter()
+        self.last = 0.0
+        self.shown = -1
+
+    def update(self, rows_done: int, tokens: int, final: bool = False) -> None:
+        now = time.perf_counter()
+        if not (self.enabled and self.world.is_main) or (not final and now - self.last < 2.0):
+            return
+        if final and rows_done == self.shown:
+            return
+        self.last, self.shown = now, rows_done
+        elapsed = max(now - self.start, 1e-9)
+        est_done = min(rows_done * self.world.size, self.total)
+        rate = max(rows_done - self.already, 0) * self.world.size / elapsed
+        eta = (self.total - est_done) / rate if rate > 0 else float("inf")
+        eta_text = "-" if eta == float("inf") else f"{int(eta // 60)}m{int(eta % 60):02d}s"
+        print(f"fastpath capture: {est_done}/{self.total} rows, {tokens / elapsed:,.0f} tok/s per process, "
+              f"ETA {eta_text}", file=sys.stderr, flush=True)
+
+
+def staging(opts: CaptureOptions, writer: Any, rows: list[Any], todo: list[int], mine: list[tuple[int, list[int]]],
+             aux_ids: list[int], hidden: int, dtype: Any, device: Any) -> RowWrites:
+    """Slots sized for this rank's longest row (the layout's shapes, worked out on the meta
+    device); two batches' worth by default, at most STAGING_BUDGET bytes, never more than rows."""
+    import torch
+
+    longest = max((len(rows[i].input_ids) for i in todo), default=1)
+    state = torch.empty(longest, hidden, dtype=dtype, device="meta")
+    shapes = [tuple(t.shape) for t in writer.layout([state] * len(aux_ids), state, state)]
+    nbytes = slot_bytes(shapes, dtype)
+    most = max((len(b) for _, b in mine), default=1)
+    slots = opts.write_slots or max(2, 2 * most)
+    slots = max(1, min(slots, STAGING_BUDGET // max(nbytes, 1), len(todo)))
+    return RowWrites(slots, nbytes, pin=device.type == "cuda", threads=opts.write_threads)
+
+
+def recheck_resumed(opts: CaptureOptions, writer: Any, rows: list[Any], mine: list[tuple[int, list[int]]],
+                     aux_ids: list[int], built: Any, norms: Any, say: Any, rank: int) -> set[int]:
+    """This rank's rows already on disk (--resume): finished files are trusted, but the last
+    `verify_last` are re-read and re-checked, and one that fails is removed to be captured again."""
+    import torch
+
+    done = {i for _, b in mine for i in b if writer.is_done(i)}
+    host_norms = norms.cpu()
+    for idx in sorted(done)[-opts.verify_last:] if opts.verify_last else []:
+        row = rows[idx]
+        problems = writer.layout_problems(idx, row.input_ids, row.loss_mask, len(aux_ids),
+                                          int(built.config.hidden_size), built.dtype)
+        if not problems:
+            problems = row_problems(writer.stored_states(idx, len(aux_ids)),
+                                    host_norms[torch.tensor(row.input_ids)].mean())
+        if problems:
+            say(f"resume: row {idx} fails its re-check ({problems[0]}); capturing it again")
+            for p in writer.row_paths(idx):
+                p.unlink(missing_ok=True)
+            done.discard(idx)
+    if done:
+        say(f"resume: {len(done)} rows already written on rank {rank}")
+    return done
+
+
+def recheck_plan(todo: list[int], check_every: int, first: bool) -> list[int]:
+    """Rows of a batch to re-run on the reference path: every check_every-th row id, and the
+    first row this rank captures when `first`."""
+    return [idx for k, idx in enumerate(todo) if (check_every and idx % check_every == 0) or (first and k == 0)]
+
+
+def capture_loop(loop: Loop, steps: int, mine: list[tuple[int, list[int]]], done: set[int], progress: Progress,
+                  ) -> tuple[int, int, list[dict[str, Any]], BaseException | None, bool]:
+    """This rank's batches; every rank runs `steps` steps and learns after each whether any failed."""
+    import torch
+
+    checked: list[dict[str, Any]] = []
+    written = tokens = 0
+    first = True
+    error: BaseException | None = None
+    for step in range(steps):
+        batch = mine[step][1] if step < len(mine) else []
+        todo = [i for i in batch if i not in done]
+        plan = recheck_plan(todo, loop.opts.check_every, first) if todo else []
+        if loop.budget is not None:
+            since = time.perf_counter()
+            loop.budget.plan(bool(todo), len(plan))
+            loop.add("sync", since)
+        if todo:
+            try:
+                n_tok, row_checks = capture_batch(loop, batch, todo, plan)
+                first = False
+                checked.extend(row_checks)
+                written += len(todo)
+                tokens += n_tok
+            except FastpathError as exc:
+                error = exc
+            except torch.cuda.OutOfMemoryError as exc:
+                if loop.budget is not None:
+                    raise  # sharded: the other ranks are inside this forward's collectives
+                error = FastpathError(f"out of GPU memory on a batch of {len(batch)} rows "
+                                      f"({first_line(exc)}); lower --batch-tokens")
+        since = time.perf_counter()
+        if loop.budget is not None:
+            loop.budget.pad()
+        failed = distributed.any_failed(error is not None, loop.device, loop.active)
+        loop.add("sync", since)
+        if failed:
+            return written, tokens, checked, error, True
+        progress.update(written + len(done), tokens)
+    try:
+        loop.writes.wait()
+    except FastpathError as exc:
+        error = exc
+    return written, tokens, checked, error, distributed.any_failed(error is not None, loop.device, loop.active)
+
+
+def capture_batch(loop: Loop, batch: list[int], todo: list[int], plan: list[int]) -> tuple[int, list[dict[str, Any]]]:
+    """Forward one batch, check every row on the device, re-check the `plan` rows on the
+    reference path, then stage `todo` for the background writers."""
+    import torch
+
+    rows, parts, writer, device = loop.rows, loop.parts, loop.writer, loop.device
+    since = time.perf_counter()
+    lengths = [len(rows[i].input_ids) for i in batch]
+    width = max(lengths)
+    ids = torch.zeros(len(batch), width, dtype=torch.long)
+    mask = torch.zeros(len(batch), width, dtype=torch.long)
+    for b, i in enumerate(batch):
+        ids[b, : lengths[b]] = torch.tensor(rows[i].input_ids)
+        mask[b, : lengths[b]] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    padded = min(lengths) != width
+    with torch.no_grad(), capture_hooks(parts, loop.capture_ids) as box:
+        parts.base(input_ids=ids, attention_mask=mask if padded else None, use_cache=False)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    since = loop.add("forward", since)
+    missing = [i for i in loop.capture_ids if i not in box.states] + ([] if box.final_post is not None else ["final norm"])
+    if missing:
+        raise CaptureCheckError(f"the hooks captured nothing for {missing}: this model's layers did not run")
+    mine = [(b, idx) for b, idx in enumerate(batch) if idx in todo]
+    states: dict[int, dict[int, Any]] = {}
+    posts: dict[int, Any] = {}
+    named = []
+    embed_norms = []
+    for b, idx in mine:
+        n = lengths[b]
+        states[idx] = {i: box.states[i][b, :n].detach() for i in loop.capture_ids}
+        posts[idx] = box.final_post[b, :n].detach()
+        row_named = {f"layer {i}": states[idx][i] for i in loop.aux_ids}
+        row_named[f"layer {loop.num_layers} (last layer, pre-norm)"] = states[idx][loop.num_layers]
+        row_named["final norm"] = posts[idx]
+        named.append(row_named)
+        embed_norms.append(loop.norms[ids[b, :n]].mean())
+    for (_, idx), problems in zip(mine, batch_problems(named, embed_norms), strict=True):
+        if problems:
+            raise CaptureCheckError(f"row {idx} (data line {rows[idx].line}) failed its checks: {problems[0]}"
+                                    + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+    since = loop.add("checks", since)
+    row_checks: list[dict[str, Any]] = []
+    position = {idx: b for b, idx in mine}
+    sampled = []
+    for idx in plan:
+        # a causal model's first n positions do not depend on the rest: a prefix re-check is exact
+        n = lengths[position[idx]]
+        n = min(n, loop.opts.recheck_tokens) if loop.opts.recheck_tokens else n
+        captured = {f"layer {i}": states[idx][i][:n] for i in loop.capture_ids}
+        captured["final norm"] = posts[idx][:n]
+        sampled.append((ids[position[idx], :n], captured))
+    all_diffs = recheck_rows(parts, sampled, loop.capture_ids, loop.tol, loop.on_fast)
+    for idx, diffs in zip(plan, all_diffs, strict=True):
+        worst = max(diffs, key=lambda d: d.rel)
+        row_checks.append({"row": idx, "ok": all(d.ok for d in diffs), "worst": worst.name,
+                           "rel": worst.rel, "token_rel_max": max(d.token_rel_max for d in diffs)})
+        bad = [d for d in diffs if not d.ok]
+        if bad:
+            d = bad[0]
+            why = ", ".join(d.flags) if d.flags else f"rel {d.rel:.2e} (limit {loop.tol.rel:g}), worst token {d.token_rel_max:.2e}"
+            raise CaptureCheckError(f"row {idx} (data line {rows[idx].line}): {d.name} differs from the "
+                                    f"reference path: {why}")
+    since = loop.add("recheck", since)
+    waited = loop.writes.wait_s
+    for _, idx in mine:
+        row = rows[idx]
+        stored = writer.layout([states[idx][i] for i in loop.aux_ids],
+                               states[idx][loop.num_layers] if writer.needs_pre else None,
+                               posts[idx] if writer.needs_post else None)
+        row_ids = torch.tensor(row.input_ids, dtype=torch.long)
+        row_mask = torch.tensor(row.loss_mask, dtype=torch.long)
+
+        def write(saved: list[Any], idx: int = idx, row_ids: Any = row_ids, row_mask: Any = row_mask) -> None:
+            writer.write_row(idx, row_ids, row_mask, saved, loop.meta)
+
+        loop.writes.stage(idx, stored, write)
+    loop.add("stage", since)
+    loop.timings["stage"] -= loop.writes.wait_s - waited  # time blocked on a slot is write_wait
+    return sum(lengths[b] for b, _ in mine), row_checks
+
+
+def loop_timings(loop: Loop, writes: RowWrites, seconds: float) -> dict[str, float]:
+    """Where the loop's time went (module doc), rounded; staging_alloc is before the loop."""
+    timings = {k: round(v, 4) for k, v in loop.timings.items()}
+    timings["write_wait"] = round(writes.wait_s, 4)
+    timings["other"] = round(max(0.0, seconds - sum(timings.values())), 4)
+    timings["staging_alloc"] = round(writes.alloc_s, 4)  # before the loop, not in `seconds`
+    return timings
