@@ -24,14 +24,7 @@ from fastpath.routing.conv_route import FASTPATH_ROUTE_ATTR
 from fastpath.routing.fla_route import DQKWG_IMPL
 from fastpath.routing.fla_route import ROUTE_ATTR as GDN_ROUTE_ATTR
 from fastpath.routing.hub_kernels import hub_kernel_state
-from fastpath.routing.hub_wrappers import (
-    fallback_target,
-    gates_devices,
-    hub_layer_name,
-    is_hub_fallback,
-    kernels_func_inner,
-    unwrap,
-)
+from fastpath.routing.hub_wrappers import is_hub_fallback, peel, unwrap
 from fastpath.routing.modeling_patch import FAST_PATH_INPUTS
 
 CONV_OPS = ("causal_conv1d_fn", "causal_conv1d_update")
@@ -47,6 +40,10 @@ PACKAGE_DEVICES = {"causal_conv1d": ("cuda",), "fla": ("cuda", "xpu", "mlu", "np
 
 # whether the model being explained was kernelized (transformers 5.25 sets `_use_kernels`)
 _KERNELIZED: ContextVar[bool] = ContextVar("fastpath_explain_kernelized", default=False)
+
+# wrapper layers a hook's value is seen through at most (a Func around a hub-fallback closure
+# around a module's forward is three)
+_MAX_LAYERS = 8
 
 DEFAULT_WIDTH = 100  # columns when there is no terminal to ask (notebooks, pipes)
 _HEAD = ("layer", "layer_type", "op", "impl", "fast")
@@ -194,11 +191,11 @@ def _hook_rows(layer: Any, module: ModuleType, device: str) -> list[tuple[str, s
     ops = _ops_of_class(type(layer))
     if not ops:
         return []
-    rows = []
+    resolved = [(op, *_resolve(op, layer, module, device)) for op in ops]
     gate = _all_or_nothing_gate(layer, module, device) or selective_scan_route.config_gate(layer)
     limit = _kernel_limit(layer)
-    for op in ops:
-        impl, fast = _resolve(op, layer, module, device)
+    rows = []
+    for op, impl, fast in resolved:
         if gate is not None and (op in CONV_OPS or op in ssd_route.MAMBA_OPS or op in selective_scan_route.MAMBA1_OPS):
             impl, fast = f"torch ({gate})", False
         elif limit is not None and op in CONV_OPS and impl.startswith("fastpath-triton"):
@@ -345,70 +342,68 @@ def _resolve(op: str, layer: Any, module: ModuleType, device: str) -> tuple[str,
                 return "unresolved until first forward (4.57 lazy loader)", False
         if value is None:
             return "torch (F.conv1d in the layer)", False
-        return _classify(value, device, "causal_conv1d")
+        return _classify(value, device)
     if op in GDN_OPS:
         attr, glob = GDN_OPS[op]
         value = layer.__dict__.get(attr, g.get(glob))
         if value is None:
             return "torch", False
-        return _classify(value, device, "fla")
+        return _classify(value, device)
     mamba1_globals = selective_scan_route.op_globals(module) if op in selective_scan_route.MAMBA1_OPS else {}
     if mamba1_globals:  # a Mamba-1 module: 5.15+ wrapper global names, <=5.14 mamba_ssm's
         value = g.get(mamba1_globals.get(op, op))
-        return selective_scan_route.classify(value, device, layer) or _classify(value, device, None)
+        return selective_scan_route.classify(value, device, layer) or _classify(value, device)
     if op in ssd_route.MAMBA_OPS:  # 5.15+ under its wrapper's global name, <=5.14 its own
         value = g.get(ssd_route.op_globals(module).get(op, op))
-        return ssd_route.classify(value, device, layer) or _classify(value, device, None)
-    return _classify(g.get(op), device, None)
+        return ssd_route.classify(value, device, layer) or _classify(value, device)
+    return _classify(g.get(op), device)
 
 
-def _classify(value: Any, device: str, package: str | None) -> tuple[str, bool]:
-    if value is None:
-        return "torch", False
-    layer_name = hub_layer_name(value)
-    if layer_name is not None:  # 5.25 + `kernels`: a Hub-kernel wrapper fastpath did not unwrap
-        return _classify_hub_wrapper(value, layer_name, device, package)
-    route = getattr(value, FASTPATH_ROUTE_ATTR, None)
-    if route is not None:
-        impl = getattr(value, "__fastpath_impl__", None)
-        if impl is not None and not getattr(impl, "__module__", "").startswith("fastpath."):
-            return f"fastpath route -> override {getattr(impl, '__name__', impl)}", True
-        if device == "cuda":
-            return "fastpath-triton", True
-        if device == "cpu" and triton_interpreter_on():
-            return "fastpath-triton (interpreter)", True
-        return f"fastpath (torch reference on {device})", False
-    gdn = getattr(value, GDN_ROUTE_ATTR, None)
-    if gdn is not None:
-        if device == "cuda":
-            return str(gdn), gdn != "torch"
-        return f"torch ({device} tensors; FLA routed for CUDA)", False
-    if is_hub_fallback(value):
-        impl, is_new, pkg = fallback_target(value)
-        if not is_new:
-            return f"torch fallback ({pkg or 'package'} not importable when transformers imported the layer)", False
-        devices = PACKAGE_DEVICES.get(pkg or "", None)
-        if devices is not None and gates_devices(value) and device not in devices:
-            return f"torch fallback ({pkg} gated to {'/'.join(devices)})", False
-        return _classify_plain(impl, device)
-    forward = getattr(value, "forward", None)
-    if forward is not None and callable(value) and not inspect.isfunction(value):
-        return _classify(getattr(forward, "__func__", forward), device, package)
-    return _classify_plain(value, device)
-
-
-def _classify_hub_wrapper(value: Any, layer_name: str, device: str, package: str | None) -> tuple[str, bool]:
-    """A kernelized model runs the Hub kernel on CUDA (fast when it is in the local cache; else it
-    was downloaded at from_pretrained, which raises offline); otherwise the wrapped function runs,
-    classified as such."""
-    state = hub_kernel_state(layer_name) if device == "cuda" and _KERNELIZED.get() else None
-    if state is not None:
-        return state, state.startswith("hub kernel cached at ")
-    impl, fast = _classify(kernels_func_inner(value), device, package)
-    return impl, fast
-
-
-def _classify_plain(value: Any, device: str) -> tuple[str, bool]:
+def _classify(value: Any, device: str) -> tuple[str, bool]:
+    """(impl, fast) of what a hook holds, seen through its wrapper layers one at a time (a
+    `kernels` Func instance, fastpath's and FLA's routes, transformers' hub-fallback closure, an
+    nn.Module's forward), down to a plain function, named by its module."""
+    for _ in range(_MAX_LAYERS):
+        if value is None:
+            return "torch", False
+        layer = peel(value)
+        if layer.hub_name is not None:
+            # 5.25 + `kernels`, a Hub-kernel wrapper fastpath did not unwrap: a kernelized model
+            # runs the Hub kernel on CUDA (fast when it is in the local cache; else it was
+            # downloaded at from_pretrained, which raises offline); otherwise what it wraps runs
+            state = hub_kernel_state(layer.hub_name) if device == "cuda" and _KERNELIZED.get() else None
+            if state is not None:
+                return state, state.startswith("hub kernel cached at ")
+            value = layer.inner
+            continue
+        route = getattr(value, FASTPATH_ROUTE_ATTR, None)
+        if route is not None:
+            impl = getattr(value, "__fastpath_impl__", None)
+            if impl is not None and not getattr(impl, "__module__", "").startswith("fastpath."):
+                return f"fastpath route -> override {getattr(impl, '__name__', impl)}", True
+            if device == "cuda":
+                return "fastpath-triton", True
+            if device == "cpu" and triton_interpreter_on():
+                return "fastpath-triton (interpreter)", True
+            return f"fastpath (torch reference on {device})", False
+        gdn = getattr(value, GDN_ROUTE_ATTR, None)
+        if gdn is not None:
+            if device == "cuda":
+                return str(gdn), gdn != "torch"
+            return f"torch ({device} tensors; FLA routed for CUDA)", False
+        if layer.fallback:
+            pkg = layer.package
+            if not layer.provided:
+                return f"torch fallback ({pkg or 'package'} not importable when transformers imported the layer)", False
+            devices = PACKAGE_DEVICES.get(pkg or "", None)
+            if devices is not None and layer.gated and device not in devices:
+                return f"torch fallback ({pkg} gated to {'/'.join(devices)})", False
+            value = layer.inner  # what it binds: a plain function
+            break
+        forward = getattr(value, "forward", None)
+        if forward is None or not callable(value) or inspect.isfunction(value):
+            break
+        value = getattr(forward, "__func__", forward)  # a module instance: its forward runs
     mod = getattr(value, "__module__", "") or ""
     if mod.startswith("fastpath."):
         return ("fastpath-triton", True) if device == "cuda" or triton_interpreter_on() else (

@@ -13,6 +13,7 @@ shapes, for explain(), the routes and the hub-kernel machinery.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -89,3 +90,32 @@ def gates_devices(value: Any) -> bool:
     module = sys.modules.get(getattr(value, "__module__", "") or "")
     hub = sys.modules.get("transformers.integrations.hub_kernels")
     return hub is not None and hasattr(hub, "_PACKAGE_SUPPORTED_DEVICES") and module is not None
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One wrapper layer of a hook's value, read without calling it (`peel`).
+
+    hub_name: a `kernels` Func instance's mapping name (`inner` is the function it wraps);
+    fallback: a hub-fallback closure (`inner` is what it binds, `provided` whether the kernel
+    package provided it, `package` its name, `gated` whether it checks the input's device);
+    otherwise a plain value (`inner` None)."""
+
+    hub_name: str | None = None
+    fallback: bool = False
+    inner: Any = None
+    provided: bool = False
+    package: str | None = None
+    gated: bool = False
+
+
+def peel(value: Any) -> Layer:
+    """What wrapper `value` is, in one read: a `kernels` Func instance, a hub-fallback closure, or
+    neither."""
+    inner = kernels_func_inner(value)
+    if inner is not None:
+        return Layer(hub_name=hub_layer_name(value), inner=inner)
+    if is_hub_fallback(value):
+        impl, provided, package = fallback_target(value)
+        return Layer(fallback=True, inner=impl, provided=provided, package=package, gated=gates_devices(value))
+    return Layer()
