@@ -362,6 +362,9 @@ def sweep_rows(batch: int, length: int, dim: int, device: torch.device, cap: flo
                                                                            config=cfg),
                         device, cap)
             row.update(fwd_ms=fwd.get("ms"), bwd_ms=bwd.get("ms"))
+            # a config whose first call (its compile) outlasts the cap is not timed: say so
+            row.update({f"{name}_skipped": r["skipped"] for name, r in (("fwd", fwd), ("bwd", bwd))
+                        if "skipped" in r})
             if copy_bw and "ms" in fwd:
                 row["copy_frac"] = mandatory_bytes(t) / (fwd["ms"] / 1e3) / copy_bw
         except Exception as exc:

@@ -185,3 +185,22 @@ def test_undo_takes_back_exactly_the_seeded_keys(tmp_path):
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("adt_kernels", None)
+
+
+def test_every_shipped_file_is_a_decisions_file_for_the_gpu_its_name_says():
+    """The files shipped under routing/autotune_data (recorded by `fastpath warmup --save-decisions`
+    on the lent GPU): each loads, was recorded on the compute capability its name gives (seed()
+    applies it on that one alone), names only kernels of the recorded prefixes, and holds
+    configs with the fields seed() matches."""
+    files = sorted(ad.SHIPPED.glob("*.json"))
+    assert files, "nothing shipped"
+    for path in files:
+        doc = ad.load(path)
+        major, minor = doc["device"]["capability"]
+        assert path.name == f"sm_{major}{minor}.json", path
+        assert doc["kernels"], path
+        for name, decisions in doc["kernels"].items():
+            assert name.startswith(ad.PREFIXES) and ":" in name, name
+            for d in decisions:
+                assert isinstance(d["key"], list) and d["key"], (name, d)
+                assert set(d["config"]) <= set(ad.CONFIG_FIELDS) and "kwargs" in d["config"], (name, d)
