@@ -281,22 +281,22 @@ class OracleRuns:
 
 def oracle_runs(model: Any, inputs: Inputs, look: FirstLook, ref: PathRun, tol: Tolerance, *, pin: TopkPin,
                 fused_loss: FusedLoss | None, say: Callable[[str], None]) -> OracleRuns:
-    """Run what `look` asked for, one at a time, each freed before the next begins: an fp32 copy
-    of the outputs (replaying the reference's MoE choices, `pin`), the reference's own rounding
-    noise on the gradients beyond the limit, an fp32 copy of the decode steps."""
+    """Run what `look` asked for, one at a time, each freed before the next begins: in bf16/fp16
+    an fp32 copy of the outputs (replaying the reference's MoE choices, `pin`) and of the decode
+    steps; in fp32 the reference's own rounding noise on the gradients beyond the limit."""
     runs = OracleRuns()
     if look.outputs_oracle:
         say("hidden states beyond the limit: fp32 run of the reference path")
         oracle_run = fp32_oracle_outputs(model, inputs, pin)
         runs.hidden, runs.logits = oracle_run.hidden, oracle_run.logits
-    if look.noise_names and ref.grads is not None:
-        say(f"{len(look.noise_names)} gradients beyond {tol.grad_rel:g}: measuring the reference's own rounding "
-            f"noise ({NOISE_RUNS} runs with every weight moved by one rounding step)")
-        with Tf32Off():
-            runs.noise = rounding_noise(model, inputs, ref.grads, look.noise_names, NOISE_RUNS, fused_loss)
     if look.decode_oracle:
         # Only now (it costs an fp32 copy of the model): is the fast path further from exact
         # arithmetic than the reference, or are both drifting by bf16 rounding?
         say("decode beyond the limit: fp32 oracle of the decode steps")
         runs.decode_logits = fp32_oracle_decode_logits(model, inputs.ids, ref.decode.tokens)
+    if look.noise_names and ref.grads is not None:
+        say(f"{len(look.noise_names)} gradients beyond {tol.grad_rel:g}: measuring the reference's own rounding "
+            f"noise ({NOISE_RUNS} runs with every weight moved by one rounding step)")
+        with Tf32Off():
+            runs.noise = rounding_noise(model, inputs, ref.grads, look.noise_names, NOISE_RUNS, fused_loss)
     return runs
