@@ -160,8 +160,7 @@ def say_to(world: distributed.World, enabled: bool, msg: str) -> None:
 
 
 def settings_record(opts: CaptureOptions, aux_ids: list[int], built: Any, load_device: Any) -> dict[str, Any]:
-    """What a --resume must match (SETTINGS_KEYS), as .capture/settings.json holds it."""
-
+    """What a --resume must match (out_dir.SETTINGS_KEYS), as .capture/settings.json holds it."""
     return {
         "model": opts.model, "data": str(Path(opts.data).resolve()), "data_sha256": file_sha256(opts.data),
         "format": opts.format,

@@ -55,7 +55,7 @@ from fastpath.capture.target import (
 )
 from fastpath.capture.writers import atomic_json
 from fastpath.models.resolve import ResolvedModel
-from fastpath.shared.errors import FastpathError, UsageError
+from fastpath.shared.errors import FastpathError
 
 
 def run_capture(opts: CaptureOptions) -> CaptureResult:
@@ -97,8 +97,6 @@ def _run(opts: CaptureOptions, target: ResolvedModel, fmt: CaptureFormat, world:
     say = lambda msg: say_to(world, opts.progress, msg)  # noqa: E731
     status = opts.status
     resuming = check_out(out, opts.resume)
-    if opts.reference_path and not opts.allow_slow:
-        raise UsageError("--reference-path runs the torch fallback: it needs --allow-slow")
     loaded = read_rows(opts, target, say)
     rows = loaded.rows
     built, load_device, skeleton = load_model(opts, target, world, device, shard, len(rows), say)

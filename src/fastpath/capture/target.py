@@ -14,7 +14,7 @@ from fastpath.capture.data import load_rows, load_tokenizer
 from fastpath.capture.layers import parse_layers
 from fastpath.capture.options import CaptureOptions
 from fastpath.models.resolve import ResolvedModel
-from fastpath.shared.errors import FastpathError, UsageError, first_line
+from fastpath.shared.errors import FastpathError, first_line
 
 
 def resolve_target(opts: CaptureOptions, device: Any) -> ResolvedModel:
@@ -89,9 +89,7 @@ def gate_fast_path(model: Any, opts: CaptureOptions) -> tuple[str, bool]:
     """enable() + assert_fast, or a clear refusal. Returns (path label, on_fast_path)."""
     from fastpath.routing import engine as routes
 
-    if opts.reference_path:
-        if not opts.allow_slow:
-            raise UsageError("--reference-path runs the torch fallback: it needs --allow-slow")
+    if opts.reference_path:  # with --allow-slow: check_options refused it without
         routes.disable()
         return "slow (--allow-slow --reference-path): every op on transformers' reference path", False
     routes.enable(**{"warn": False, **opts.enable_kwargs})

@@ -42,14 +42,6 @@ def kernels_func_inner(value: Any) -> Any:
     return inner if callable(inner) else None
 
 
-def hub_layer_name(value: Any) -> str | None:
-    """The kernel mapping name a `kernels` Func instance answers to (e.g. "chunk_gated_delta_rule")."""
-    if kernels_func_inner(value) is None:
-        return None
-    name = getattr(type(value), "kernel_layer_name", None)
-    return name if isinstance(name, str) else None
-
-
 def unwrap(value: Any) -> Any:
     """`value`, seen through a `kernels` Func instance: what runs when no Hub kernel is mapped."""
     inner = kernels_func_inner(value)
@@ -114,7 +106,8 @@ def peel(value: Any) -> Layer:
     neither."""
     inner = kernels_func_inner(value)
     if inner is not None:
-        return Layer(hub_name=hub_layer_name(value), inner=inner)
+        name = getattr(type(value), "kernel_layer_name", None)  # its mapping name, e.g. "chunk_gated_delta_rule"
+        return Layer(hub_name=name if isinstance(name, str) else None, inner=inner)
     if is_hub_fallback(value):
         impl, provided, package = fallback_target(value)
         return Layer(fallback=True, inner=impl, provided=provided, package=package, gated=gates_devices(value))
