@@ -41,7 +41,9 @@
 #             olmo-hybrid:4"), each on an empty TRITON_CACHE_DIR; autotune decisions merged into
 #             OUT/w/warmup/autotune-decisions.json
 #   coldstart benchmarks/cold_start.py per COLD_MODELS (same default), COLD_CONFIGS (fastpath),
-#             COLD_SCENARIOS (cold,warm,warmup,seeded); TRITON_CACHE_AUTOTUNING unset, as for a user
+#             COLD_SCENARIOS (cold,warm,warmup,seeded); TRITON_CACHE_AUTOTUNING unset, as for a user;
+#             COLD_DECISIONS=FILE seeds the seeded scenario from FILE (the shipped
+#             src/fastpath/routing/autotune_data/sm_90.json) instead of the warmup scenario's
 #   gdnnorm   benchmarks/gdn_norm_gpu.py (GDN gated norm eager vs FLA fused)
 #   profile   benchmarks/gdn_layer_profile.py (one Qwen3.5 GDN layer under torch.profiler)
 #   mprofile  benchmarks/model_profile.py (8-layer Qwen3.5: GPU time per kernel family, the split of
@@ -242,6 +244,7 @@ part_coldstart() {  # as a user: TRITON_CACHE_AUTOTUNING unset, every scenario o
     run "coldstart-$m" "${COLD_TIMEOUT:-540}" env -u TRITON_CACHE_AUTOTUNING python3 benchmarks/cold_start.py \
       --model "$m" --layers "$n" --batch 1 --seq 4096 --configs "${COLD_CONFIGS:-fastpath}" \
       --scenarios "${COLD_SCENARIOS:-cold,warm,warmup,seeded}" --timeout "${COLD_RUN_TIMEOUT:-400}" \
+      ${COLD_DECISIONS:+--decisions "$COLD_DECISIONS"} \
       --out "$w/cold_start/$m"
   done
 }
