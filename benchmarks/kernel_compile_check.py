@@ -31,7 +31,7 @@ call and mamba_chunk_scan_combined's prefill with initial states and varlen stat
 decode step), selective_scan (forward default + sweep configs, backward default + every SWEEP
 config, flip and reverse-scan adjoints, via mamba_inner_fn's training layout and transformers'
 prefill layout; the time-sequential forward of FASTPATH_SSCAN_FWD=seq at every
-fwd_seq.SEQ_SWEEP config), the Mamba-1 decode step, gdn_gates, sigmoid_gate, zc_rmsnorm,
+fwd_seq.SEQ_SWEEP config), the Mamba-1 decode step, gdn_gates, sigmoid_gate, swiglu, zc_rmsnorm,
 linear_ce (the fused LM head + cross-entropy row kernel).
 --quick keeps a representative subset per family (the CI test's): default configs, one shape
 each, of an autotuned kernel only the configs with the most pipeline stages (the most shared
@@ -88,10 +88,11 @@ from fastpath.kernels.ssd import interface as ssd_if
 from fastpath.kernels.ssd import shared_memory as ssd_shared
 from fastpath.kernels.ssd import split_conv_scan as ssd_split
 from fastpath.kernels.ssd import update as ssd_update
+from fastpath.kernels.swiglu import interface as swiglu_if
 from fastpath.kernels.zc_rmsnorm import interface as norm_if
 
 FAMILIES = ("causal_conv1d", "ssd", "selective_scan", "state_update", "gdn_gates", "sigmoid_gate",
-            "zc_rmsnorm", "linear_ce")
+            "swiglu", "zc_rmsnorm", "linear_ce")
 ARCHS = (90, 100, 120)
 # cudaDevAttrMaxSharedMemoryPerBlockOptin per arch (what Triton checks at load): CCCL arch_traits,
 # kept where the SSD launchers read it to fit their configs
@@ -516,6 +517,16 @@ def sigmoid_gate(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
             gate_if.bwd_impl(x, gate, torch.randn(1, rows, heads * hd, dtype=dtype))
 
 
+def swiglu(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
+    """The gated MLP's silu(gate) * up, forward and backward, over Qwen3.5-27B's intermediate
+    17408 (flat kernels: the width only sets how many programs run)."""
+    rec.label = "intermediate 17408"
+    gate, up = torch.randn(1, 64, 17408, dtype=dtype), torch.randn(1, 64, 17408, dtype=dtype)
+    with triton_on(swiglu_if):
+        swiglu_if.fwd_impl(gate, up)
+        swiglu_if.bwd_impl(gate, up, torch.randn(1, 64, 17408, dtype=dtype))
+
+
 def zc_rmsnorm(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
     """Qwen3.5 / Qwen3-Next zero-centred RMSNorm, forward and backward: the decoder norms over
     hidden 5120 (Qwen3.5-27B) and 2048 (Qwen3-Next-80B), q_norm over head_dim 256 read from a
@@ -570,6 +581,8 @@ def record(family: str, dtype_name: str, seqlen: int, quick: bool = False) -> li
             gdn_gates(rec, dtype, quick)
         elif family == "sigmoid_gate":
             sigmoid_gate(rec, dtype, quick)
+        elif family == "swiglu":
+            swiglu(rec, dtype, quick)
         elif family == "zc_rmsnorm":
             zc_rmsnorm(rec, dtype, quick)
         elif family == "linear_ce":

@@ -20,7 +20,8 @@
 #           8x1024x4096 cases (the float64 step-loop reference at those lengths alone outlasts the
 #           limit), the swept tile configs cut to config0 (tl.flip adjoint) and config7 (reverse scan)
 #   glue    gdn_gates/test_gates_gpu.py (not the 4-layer 27B routing test)
-#   norm    zc_rmsnorm/test_zc_rmsnorm.py, its GPU test (the zero-centred RMSNorm at 27B row widths)
+#   norm    zc_rmsnorm/test_zc_rmsnorm.py and swiglu/test_swiglu.py, their GPU tests (the
+#           zero-centred RMSNorm at 27B row widths, the SwiGLU product at 27B's MLP width)
 #   lce     linear_ce/test_linear_ce.py, its small odd-shape GPU test (the 27B head is too large)
 #   decode  tests/proof/test_decode_graphs.py, eager (CPU-or-GPU) tests
 #   graphs  tests/proof/test_decode_graphs.py, the CUDA-graph tests: with the caching allocator ON,
@@ -136,8 +137,8 @@ kexpr[decode]="not on_cuda"
 files[graphs]="tests/proof/test_decode_graphs.py"
 kexpr[graphs]="on_cuda"
 caching[graphs]=1
-files[norm]="$kt/zc_rmsnorm/test_zc_rmsnorm.py"
-kexpr[norm]="gpu_at_27b_sizes"
+files[norm]="$kt/zc_rmsnorm/test_zc_rmsnorm.py $kt/swiglu/test_swiglu.py"
+kexpr[norm]="gpu_at_27b_sizes or gpu_at_27b_mlp_size"
 files[lce]="$kt/linear_ce/test_linear_ce.py"
 kexpr[lce]="small_odd_shapes"
 

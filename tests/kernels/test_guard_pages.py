@@ -114,6 +114,7 @@ def case_ssd(side: str) -> None:
 def case_glue_and_norm(side: str) -> None:
     from fastpath.kernels.gdn_gates.interface import gdn_gates
     from fastpath.kernels.sigmoid_gate.interface import sigmoid_gate
+    from fastpath.kernels.swiglu.interface import silu_mul
     from fastpath.kernels.zc_rmsnorm.interface import zc_rmsnorm
 
     a = _g(_rand(3, 5, 6), side).requires_grad_()
@@ -122,6 +123,7 @@ def case_glue_and_norm(side: str) -> None:
     (g.sum() + beta.sum()).backward()
     x = _g(_rand(7, 12, seed=4), side).requires_grad_()
     sigmoid_gate(x, _g(_rand(7, 12, seed=5), side)).sum().backward()
+    silu_mul(_g(_rand(5, 9, seed=8), side).requires_grad_(), _g(_rand(5, 9, seed=9), side)).sum().backward()
     y = zc_rmsnorm(_g(_rand(7, 40, seed=6), side).requires_grad_(), _g(_rand(40, seed=7), side).requires_grad_())
     y.sum().backward()
 

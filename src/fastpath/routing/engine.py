@@ -66,6 +66,8 @@ class EnableReport:
     glue_reason: str = ""
     zc_norm: str = "torch"              # Qwen3.5 / Qwen3-Next zero-centred RMSNorm: zc_norm_route.IMPL | "torch"
     zc_norm_reason: str = ""
+    swiglu: str = "torch"               # the gated MLP's silu(gate) * up: swiglu_route.IMPL | "torch"
+    swiglu_reason: str = ""
     lm_loss: str = "torch"              # the causal-LM loss: lm_head_route.IMPL | "torch"
     lm_loss_reason: str = ""
     hub_kernels: str = "route"          # 5.25 + `kernels` Func globals: hub_route.MODES
@@ -142,7 +144,9 @@ def enable(
     glue: route the Qwen3.5 GatedDeltaNet gates and attention output gate to fastpath's fused
     ops where a probe shows the same function (routing/gates_route.py); FASTPATH_GLUE=off too.
     The zero-centred RMSNorm of Qwen3.5 / Qwen3-Next goes to fastpath's fused kernel likewise
-    (routing/zc_norm_route.py; FASTPATH_ZC_NORM=auto|fastpath|torch).
+    (routing/zc_norm_route.py; FASTPATH_ZC_NORM=auto|fastpath|torch), and the gated MLP's
+    silu(gate) * up (Qwen3.5, Qwen3-Next, OLMo-hybrid, Bamba, Jamba) to fastpath's fused SwiGLU
+    product (routing/swiglu_route.py; FASTPATH_SWIGLU=auto|fastpath|torch).
     hub_kernels: transformers 5.25 with `kernels` installed wraps each op in a Hub-kernel module
     (routing/hub_kernels.py). "route" (default; FASTPATH_HUB_KERNELS) sees through the wrappers
     and routes every op to fastpath, offline; "keep" leaves them and USE_HUB_KERNELS alone, so a

@@ -37,6 +37,7 @@ from fastpath.routing import (
     norm_route,
     selective_scan_route,
     ssd_route,
+    swiglu_route,
     zc_norm_route,
 )
 from fastpath.routing import hub_kernels as hub_route
@@ -370,9 +371,13 @@ def _glue_rows(layer: Any, device: str) -> list[Row]:
     return [row] if row is not None else []
 
 
-def _zc_rows(layer: Any, device: str) -> list[Row]:
-    found = zc_norm_route.describe_layer(layer, device)
-    return [(zc_norm_route.OP, *found)] if found is not None else []
+def _class_rows(route_module: ModuleType) -> Callable[[Any, str], list[Row]]:
+    """explain_layer: the route module's describe_layer(layer, device) as a row of its OP."""
+    def rows(layer: Any, device: str) -> list[Row]:
+        found = route_module.describe_layer(layer, device)
+        return [(route_module.OP, *found)] if found is not None else []
+
+    return rows
 
 
 # ---------------------------------------------------------------- autotune decisions (no op of its own)
@@ -433,7 +438,13 @@ ROUTES: tuple[Route, ...] = (
     Route("zc_norm", (zc_norm_route.OP,), lambda s: zc_norm_route.detect_zc_norm(),
           report=_report_into("zc_norm", "zc_norm_reason"),
           summary=lambda r: [f"zero-centred RMSNorm -> {r.zc_norm} ({r.zc_norm_reason})"],
-          install=_active(zc_norm_route), patch=_patch_noting(zc_norm_route.patch_module), explain_layer=_zc_rows),
+          install=_active(zc_norm_route), patch=_patch_noting(zc_norm_route.patch_module),
+          explain_layer=_class_rows(zc_norm_route)),
+    Route("swiglu", (swiglu_route.OP,), lambda s: swiglu_route.detect_swiglu(),
+          report=_report_into("swiglu", "swiglu_reason"),
+          summary=lambda r: [f"gated MLP silu(gate) * up -> {r.swiglu} ({r.swiglu_reason})"],
+          install=_active(swiglu_route), patch=_patch_noting(swiglu_route.patch_module),
+          explain_layer=_class_rows(swiglu_route)),
     # after the routes that may patch the same modules: it replaces the causal-LM classes' forward
     Route("lm_head_loss", (lm_head_route.OP,), lambda s: lm_head_route.detect_lm_head(s.request.lm_loss),
           report=_report_into("lm_loss", "lm_loss_reason"),
@@ -444,7 +455,7 @@ ROUTES: tuple[Route, ...] = (
 )
 
 #: the order enable()'s summary lists the routes in
-SUMMARY_ORDER = ("causal_conv1d", "gated_delta_rule", "kda", "gated_norm", "zc_norm", "mamba_ssd",
+SUMMARY_ORDER = ("causal_conv1d", "gated_delta_rule", "kda", "gated_norm", "zc_norm", "swiglu", "mamba_ssd",
                  "mamba1_scan", "glue", "lm_head_loss", "hub_kernels", "autotune_decisions")
 
 
@@ -470,7 +481,7 @@ def check_switches() -> None:
     from fastpath.kernels.selective_scan.interface import fwd_kernel
     from fastpath.routing import fla_selfcheck
 
-    for read in (gates_route.route_mode, norm_route.route_mode, zc_norm_route.route_mode,
+    for read in (gates_route.route_mode, norm_route.route_mode, zc_norm_route.route_mode, swiglu_route.route_mode,
                  lm_head_route.route_mode, fla_selfcheck.route_mode, hub_route.route_mode, fwd_kernel):
         read()
     decisions = os.environ.get(autotune_decisions.ENV, "").strip()

@@ -42,9 +42,15 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar
 
-from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.routing.patch_registry import PatchRegistry
-from fastpath.routing.route_modes import RouteStatus, classes_to_route, env_mode
+from fastpath.routing.route_modes import (
+    RouteStatus,
+    classes_to_route,
+    describe_routed_class,
+    detect_fused_kernel,
+    env_mode,
+    runs_kernels_here,
+)
 
 ENV_MODE = "FASTPATH_ZC_NORM"
 MODES = ("auto", "fastpath", "torch")
@@ -81,22 +87,7 @@ def route_mode() -> str:
 
 def detect_zc_norm() -> ZcNormStatus:
     """Whether fastpath's zero-centred RMSNorm can be routed to, per FASTPATH_ZC_NORM and the install."""
-    mode = route_mode()
-    if mode == "torch":
-        return ZcNormStatus(False, f"{ENV_MODE}=torch")
-    try:
-        import triton  # noqa: F401
-
-        from fastpath.kernels.zc_rmsnorm import interface  # noqa: F401
-    except Exception as exc:
-        status = ZcNormStatus(False, f"fastpath's zc_rmsnorm kernel does not import ({type(exc).__name__}: {exc})")
-        if mode == "fastpath":
-            from fastpath.shared.errors import FastpathError
-
-            raise FastpathError(f"{ENV_MODE}=fastpath but {status.reason}") from None
-        return status
-    how = "CUDA tensors" + (", and CPU tensors under TRITON_INTERPRET=1" if triton_interpreter_on() else "")
-    return ZcNormStatus(True, f"fastpath's fused Triton zero-centred RMSNorm for {how} ({ENV_MODE}=torch turns it off)")
+    return detect_fused_kernel(ZcNormStatus, ENV_MODE, route_mode(), "zc_rmsnorm", "zero-centred RMSNorm")
 
 
 def is_candidate(cls: type) -> bool:
@@ -169,12 +160,8 @@ def fits(norm: Any, x: Any) -> bool:
 
     from fastpath.kernels.zc_rmsnorm.interface import MAX_WIDTH
 
-    if torch.compiler.is_compiling():
-        return False
     weight = getattr(norm, "weight", None)
-    if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
-        return False
-    if not (x.is_cuda or (x.device.type == "cpu" and triton_interpreter_on())):
+    if not runs_kernels_here(x) or not isinstance(weight, torch.Tensor):
         return False
     return (x.dim() >= 1 and x.numel() > 0 and weight.dim() == 1 and x.shape[-1] == weight.shape[0]
             and x.shape[-1] <= MAX_WIDTH and weight.device == x.device
@@ -218,24 +205,4 @@ def describe_layer(layer: Any, device: str) -> tuple[str, bool] | None:
     None (also for an instance whose forward Liger replaced: Liger's own row names it)."""
     if ACTIVE is None:
         return None
-    cls = type(layer)
-    forward = getattr(cls, "forward", None)
-    routed = hasattr(forward, ROUTE_ATTR)
-    why = None if routed else cls.__dict__.get(SKIP_ATTR)
-    if not routed and why is None:
-        return None
-    own = vars(layer).get("forward")
-    if own is not None:
-        fn = getattr(own, "__func__", own)
-        module = str(getattr(fn, "__module__", None) or "unknown")
-        if module.startswith("liger_kernel"):
-            return None
-        if not hasattr(fn, ROUTE_ATTR):
-            return f"instance forward replaced ({module})", False
-    if not routed:
-        return f"torch (eager; {why})", False
-    if device == "cuda":
-        return IMPL, True
-    if device == "cpu" and triton_interpreter_on():
-        return f"{IMPL} (interpreter)", True
-    return f"torch ({device} tensors; fastpath routed for CUDA)", False
+    return describe_routed_class(layer, device, IMPL, ROUTE_ATTR, SKIP_ATTR)

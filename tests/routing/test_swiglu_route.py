@@ -1,0 +1,263 @@
+"""enable() routes the gated MLP's silu(gate_proj(x)) * up_proj(x) to fastpath's fused kernel
+(routing/swiglu_route.py): the routed model computes what transformers computes (loss and every
+gradient, float32 and bfloat16), explain() shows each MLP, disable() restores the class exactly,
+suspended() runs transformers' MLP, a class computing anything else is no candidate, an MLP whose
+act_fn is not SiLU keeps its forward and has no explain() row, CPU tensors without the interpreter
+keep transformers' forward bit for bit, and FASTPATH_SWIGLU switches it. Kernel calls are
+counted at fastpath's entry points.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from repo_paths import ROOT  # noqa: E402
+from test_zc_norm_route import tiny_qwen3_5  # noqa: E402
+
+import fastpath  # noqa: E402
+from fastpath.kernels.counters import CALLS  # noqa: E402
+from fastpath.routing import swiglu_route  # noqa: E402
+from fastpath.routing.engine import suspended  # noqa: E402
+from fastpath.routing.patch_registry import PatchRegistry  # noqa: E402
+from fastpath.shared.errors import UsageError  # noqa: E402
+
+INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+needs_interp = pytest.mark.skipif(not INTERP, reason="runs the fused kernels: needs TRITON_INTERPRET=1")
+IDS = torch.randint(3, 64, (2, 9), generator=torch.Generator().manual_seed(0))
+MLPS = {"model.layers.0.mlp", "model.layers.1.mlp"}
+
+
+def _module():
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    return modeling_qwen3_5
+
+
+@pytest.fixture(autouse=True)
+def _always_disable():
+    fastpath.disable()
+    yield
+    fastpath.disable()
+
+
+def _step(model, ids=IDS):
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=ids, use_cache=False)
+    out.loss.backward()
+    return out.loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _rel(a, b) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def _rows(model):
+    return [r for r in fastpath.explain(model).rows if r["op"] == swiglu_route.OP]
+
+
+@needs_interp
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_routed_model_matches_transformers_and_disable_restores(dtype, tol) -> None:
+    module = _module()
+    original = module.Qwen3_5MLP.__dict__["forward"]
+    model = tiny_qwen3_5(dtype=dtype)
+    ref_loss, ref_grads = _step(model)
+    report = fastpath.enable(warn=False)
+    assert report.swiglu == swiglu_route.IMPL and swiglu_route.ENV_MODE in report.swiglu_reason
+    assert "gated MLP silu(gate) * up -> fastpath-triton" in report.summary()
+    CALLS.clear()
+    loss, grads = _step(model)
+    assert CALLS["swiglu_fwd:triton"] == len(MLPS) and CALLS["swiglu_bwd:triton"] == len(MLPS)
+    assert not CALLS["swiglu_fwd:reference"] and not CALLS["swiglu_bwd:reference"]
+    assert _rel(loss, ref_loss) <= tol and set(grads) == set(ref_grads)
+    for name, g in ref_grads.items():
+        assert _rel(grads[name], g) <= (1e-4 if dtype == torch.float32 else 5e-2), name
+    rows = _rows(model)
+    assert {r["layer"] for r in rows} == MLPS and {r["layer_type"] for r in rows} == {"Qwen3_5MLP"}
+    assert all(r["fast"] and r["impl"] == "fastpath-triton (interpreter)" for r in rows), rows
+    fastpath.disable()
+    assert module.Qwen3_5MLP.__dict__["forward"] is original and swiglu_route.ACTIVE is None
+    CALLS.clear()
+    loss, grads = _step(model)
+    assert torch.equal(loss, ref_loss) and all(torch.equal(grads[n], g) for n, g in ref_grads.items())
+    assert not CALLS["swiglu_fwd:triton"] and not _rows(model)
+
+
+@needs_interp
+def test_suspended_runs_transformers_mlp_and_resumes() -> None:
+    model = tiny_qwen3_5()
+    with torch.no_grad():
+        ref = model(IDS).logits
+    fastpath.enable(warn=False)
+    with suspended():
+        CALLS.clear()
+        with torch.no_grad():
+            assert torch.equal(model(IDS).logits, ref)
+        assert not any(k.startswith("swiglu") for k in CALLS)
+    CALLS.clear()
+    with torch.no_grad():
+        model(IDS)
+    assert CALLS["swiglu_fwd:triton"] == len(MLPS)
+
+
+def test_cpu_without_interpreter_keeps_transformers_bit_for_bit(monkeypatch) -> None:
+    """The reference: the same enable() with this route off; only the MLP is under test."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    model = tiny_qwen3_5()
+    monkeypatch.setenv(swiglu_route.ENV_MODE, "torch")
+    fastpath.enable(warn=False)
+    ref_loss, ref_grads = _step(model)
+    monkeypatch.delenv(swiglu_route.ENV_MODE)
+    fastpath.enable(warn=False)
+    CALLS.clear()
+    loss, grads = _step(model)
+    assert not any(k.startswith("swiglu") for k in CALLS), dict(CALLS)
+    assert torch.equal(loss, ref_loss) and all(torch.equal(grads[n], g) for n, g in ref_grads.items())
+    rows = _rows(model)
+    assert {r["layer"] for r in rows} == MLPS
+    assert all(not r["fast"] and r["impl"] == "torch (cpu tensors; fastpath routed for CUDA)" for r in rows)
+
+
+def test_env_switch_turns_the_route_off_and_explain_says_so(monkeypatch) -> None:
+    module = _module()
+    monkeypatch.setenv(swiglu_route.ENV_MODE, "torch")
+    report = fastpath.enable(warn=False)
+    assert report.swiglu == "torch" and report.swiglu_reason == "FASTPATH_SWIGLU=torch"
+    assert not hasattr(module.Qwen3_5MLP.forward, swiglu_route.ROUTE_ATTR)
+    rows = _rows(tiny_qwen3_5())
+    assert len(rows) == len(MLPS)
+    assert all(not r["fast"] and r["impl"] == "torch (eager; FASTPATH_SWIGLU=torch)" for r in rows)
+    fastpath.disable()
+    assert swiglu_route.SKIP_ATTR not in module.Qwen3_5MLP.__dict__
+    monkeypatch.setenv(swiglu_route.ENV_MODE, "fused")
+    with pytest.raises(UsageError, match="FASTPATH_SWIGLU"):
+        fastpath.enable(warn=False)
+
+
+_LOOKALIKES = '''
+import torch
+from torch import nn
+
+
+class _Proj(nn.Module):
+    def __init__(self, width=8, inter=12):
+        super().__init__()
+        self.gate_proj = nn.Linear(width, inter, bias=False)
+        self.up_proj = nn.Linear(width, inter, bias=False)
+        self.down_proj = nn.Linear(inter, width, bias=False)
+        self.act_fn = nn.SiLU()
+
+
+class PlainMLP(_Proj):
+    """The one form: a candidate."""
+
+    def forward(self, hidden):
+        return self.down_proj(self.act_fn(self.gate_proj(hidden)) * self.up_proj(hidden))
+
+
+class GeluMLP(_Proj):
+    """The form, but its act_fn is GELU: a candidate whose calls keep the original."""
+
+    def __init__(self):
+        super().__init__()
+        self.act_fn = nn.GELU()
+
+    def forward(self, x):
+        down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return down_proj
+
+
+class SwappedMLP(_Proj):
+    """act_fn on the up projection: another function."""
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.up_proj(x)) * self.gate_proj(x))
+
+
+class ScaledMLP(_Proj):
+    """Falcon-H1's multipliers: another function."""
+
+    def forward(self, x):
+        y = self.up_proj(x) * self.act_fn(self.gate_proj(x) * 0.5)
+        return self.down_proj(y) * 2.0
+
+
+class ExtraStepMLP(_Proj):
+    """The expression, then more: another function."""
+
+    def forward(self, x):
+        y = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return y + x
+
+
+class LayerIdxMLP(_Proj):
+    """A second input: not the one form."""
+
+    def forward(self, x, layer_idx=None):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+'''
+
+
+@needs_interp
+def test_only_the_one_form_is_routed_and_a_non_silu_act_keeps_its_forward(tmp_path, monkeypatch) -> None:
+    (tmp_path / "swiglu_lookalikes.py").write_text(_LOOKALIKES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("swiglu_lookalikes")
+    assert [c.__name__ for c in swiglu_route.candidates(module)] == ["PlainMLP", "GeluMLP"]
+    reg = PatchRegistry()
+    status = swiglu_route.SwigluStatus(True, "test")
+    reg.set_attr(swiglu_route, "ACTIVE", status)
+    originals = {c: c.__dict__["forward"] for c in (module.PlainMLP, module.GeluMLP)}
+    swiglu_route.patch_module(module, status, reg)
+    try:
+        x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
+        for cls in (module.PlainMLP, module.GeluMLP):
+            torch.manual_seed(2)
+            mlp = cls()
+            CALLS.clear()
+            with torch.no_grad():
+                got, want = mlp(x), originals[cls](mlp, x)
+            routed = cls is module.PlainMLP
+            assert CALLS["swiglu_fwd:triton"] == int(routed), cls.__name__
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-6) if routed else torch.equal(got, want)
+            row = swiglu_route.describe_layer(mlp, "cuda")
+            assert row == (swiglu_route.IMPL, True) if routed else row is None, row  # GELU: no SwiGLU product
+        assert swiglu_route.describe_layer(module.SwappedMLP(), "cuda") is None
+    finally:
+        reg.undo()
+    assert all(c.__dict__["forward"] is f for c, f in originals.items()) and swiglu_route.ACTIVE is None
+
+
+def test_transformers_gated_mlps_are_the_candidates() -> None:
+    """The families whose MLP is the one form, and the forms that are not (their own arithmetic)."""
+    want = {"qwen3_5": ["Qwen3_5MLP"], "qwen3_5_moe": ["Qwen3_5MoeMLP"], "qwen3_next": ["Qwen3NextMLP"],
+            "olmo_hybrid": ["OlmoHybridMLP"], "kimi_linear": ["KimiLinearMLP"], "bamba": ["BambaMLP"],
+            "jamba": ["JambaMLP"], "zamba": ["ZambaMLP"], "falcon_h1": [], "lfm2": [], "zamba2": [],
+            "granitemoehybrid": [], "nemotron_h": []}
+    for name, classes in want.items():
+        module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        assert [c.__name__ for c in swiglu_route.candidates(module)] == classes, name
+
+
+def test_fastpath_mode_needs_the_kernel(tmp_path) -> None:
+    """FASTPATH_SWIGLU=fastpath with no Triton: enable() fails in one line instead of going slow."""
+    (tmp_path / "triton").mkdir()
+    (tmp_path / "triton" / "__init__.py").write_text("raise ImportError('no triton here')\n")
+    code = ("import fastpath, sys\n"
+            "try:\n    fastpath.enable(warn=False)\n"
+            "except Exception as exc:\n    print(type(exc).__name__, exc); sys.exit(0)\n"
+            "sys.exit(1)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "src")]),
+               FASTPATH_SWIGLU="fastpath", FASTPATH_ZC_NORM="torch")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "FASTPATH_SWIGLU=fastpath" in proc.stdout and "does not import" in proc.stdout, proc.stdout
