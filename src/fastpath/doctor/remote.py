@@ -17,6 +17,7 @@ on this machine (a venv, a conda env): `--python` without `--on`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -24,7 +25,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -213,41 +214,98 @@ class OutputBudget:
 
 
 class Interrupted(FastpathError):
-    """SIGTERM / SIGHUP arrived: every target's process group was killed before exiting."""
+    """SIGINT / SIGTERM / SIGHUP arrived: every target's process group was killed before exiting."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"interrupted by {signal.Signals(signum).name}; every target was stopped")
         self.exit_code = 128 + signum
 
 
+# The signals that stop a run: Ctrl-C, CI cancellation / `timeout`, a closed terminal.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                     if hasattr(signal, name))
+# How long a SIGKILLed target may take to be reaped before we stop waiting for it (a process in
+# uninterruptible sleep dies only once its I/O returns).
+REAP_WAIT_S = 5.0
+# After a signal, how long interruptible waits for the other stopping tasks (each bounded by
+# REAP_WAIT_S) before it reports.
+STOPPING_WAIT_S = REAP_WAIT_S + 2.0
+_POLL_S = 0.02
+
+
 async def interruptible(work: Awaitable[T]) -> T:
-    """Await `work` so that SIGTERM and SIGHUP (CI cancellation, a closed terminal) clean up the
-    way Ctrl-C does: the work is cancelled, each run_command kills its target's process group, and
-    Interrupted is raised once that is done (no orphaned targets, no asyncio noise at exit)."""
+    """Await `work` so that SIGINT, SIGTERM and SIGHUP all stop it the same way: the work is
+    cancelled once, each run_command kills its target's process group and waits until asyncio has
+    reaped it, and Interrupted (exit 128 + signal) is raised once every target is stopped.
+
+    Why one handler for all three: asyncio.run's own Ctrl-C handling raises KeyboardInterrupt
+    at the second Ctrl-C wherever the code happens to be, which can abandon a target half-stopped;
+    here a repeated signal is only noted. Work that finishes all the same (it was done when the
+    signal came) is returned as usual. A signal ignored on purpose (nohup, a background job)
+    stays ignored."""
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(work)
     got: list[int] = []
 
     def on_signal(signum: int) -> None:
-        got.append(signum)
-        task.cancel()
+        if not got and not task.done():
+            got.append(signum)
+            task.cancel()
 
-    installed = []
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    installed: list[tuple[int, Any]] = []
+    for signum in STOP_SIGNALS:
+        previous = signal.getsignal(signum)
+        if previous is signal.SIG_IGN:
+            continue
         try:
             loop.add_signal_handler(signum, on_signal, signum)
-            installed.append(signum)
         except (NotImplementedError, RuntimeError, ValueError):
-            pass  # not the main thread: the caller's own handling applies
+            continue  # not the main thread: the caller's own handling applies
+        installed.append((signum, previous))
     try:
-        return await task
-    except asyncio.CancelledError:
-        if got:
-            raise Interrupted(got[0]) from None
-        raise
+        try:
+            return await task
+        except BaseException:
+            if not got:
+                raise
+        await _let_stopping_tasks_finish()
+        raise Interrupted(got[0])
     finally:
-        for signum in installed:
+        for signum, previous in installed:
             loop.remove_signal_handler(signum)
+            if previous is not None:
+                signal.signal(signum, previous)  # e.g. asyncio.run's own Ctrl-C handler
+
+
+async def _let_stopping_tasks_finish() -> None:
+    """Wait (bounded) for the cancelled tasks still cleaning up. gather() ends at its first
+    cancelled child and leaves the others running; asyncio.run would then cancel them a second
+    time, cutting short their wait for asyncio to reap their target."""
+    me = asyncio.current_task()
+
+    def stopping(t: asyncio.Task[Any]) -> bool:
+        cancelling = getattr(t, "cancelling", None)  # Python 3.11+
+        return cancelling is None or cancelling() > 0
+
+    pending = [t for t in asyncio.all_tasks() if t is not me and not t.done() and stopping(t)]
+    if pending:
+        await asyncio.wait(pending, timeout=STOPPING_WAIT_S)
+
+
+async def _wait_out(done: Callable[[], bool], timeout: float) -> bool:
+    """Poll until done() or `timeout` seconds have passed, carrying on when cancelled meanwhile;
+    returns whether a cancellation arrived. For cleanup: cut short (a second cancellation,
+    asyncio.run cancelling every task at exit) it would leave a target running, or let asyncio's
+    transport poll (waitpid) a child behind its own child watcher's back."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    cancelled = False
+    while not done() and loop.time() < end:
+        try:
+            await asyncio.sleep(_POLL_S)
+        except asyncio.CancelledError:
+            cancelled = True
+    return cancelled
 
 
 def _kill_group(pid: int) -> None:
@@ -257,11 +315,96 @@ def _kill_group(pid: int) -> None:
         pass
 
 
+async def _exited(proc: asyncio.subprocess.Process, timeout: float) -> bool:
+    """Whether asyncio has reaped the process within `timeout` seconds.
+
+    Polls returncode, which the loop's child watcher sets, so the process is reaped by asyncio
+    alone. Not proc.wait(): before Python 3.12 it also waits for the pipes to close, which a
+    daemonised grandchild (ssh ControlPersist master, `setsid cmd &`) can delay forever. Not
+    wait_for(): before 3.12 it can swallow a cancellation that arrives as the process exits."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while proc.returncode is None:
+        left = end - loop.time()
+        if left <= 0:
+            return False
+        await asyncio.sleep(min(_POLL_S, left))
+    return True
+
+
 def _close_transport(proc: asyncio.subprocess.Process) -> None:
-    """Close our pipe ends now, not in a __del__ that runs after the event loop is gone."""
+    """Close our pipe ends now, not in a __del__ that runs after the event loop is gone.
+
+    Only once asyncio has reaped the process: closing the transport of a process not reaped yet
+    polls it (waitpid) behind the child watcher's back, which then logs "Unknown child process".
+    A process still running after REAP_WAIT_S only has its pipes closed."""
     transport = getattr(proc, "_transport", None)
-    if transport is not None:
+    if transport is None:
+        return
+    if proc.returncode is not None:
         transport.close()
+        return
+    for fd in (0, 1, 2):
+        pipe = transport.get_pipe_transport(fd)
+        if pipe is not None:
+            pipe.close()
+
+
+async def _wind_up(proc: asyncio.subprocess.Process, tasks: list[asyncio.Future[Any]],
+                   kill: bool = True) -> None:
+    """End a run for good, also when cancelled meanwhile (that cancellation is raised after):
+    kill its process group (unless already done), stop its feeding and reading tasks, wait
+    (bounded) until asyncio has reaped it, then close its transport."""
+    if kill:
+        _kill_group(proc.pid)
+    for task in tasks:
+        task.cancel()
+    cancelled = False
+    if tasks:
+        try:
+            await asyncio.wait(tasks, timeout=REAP_WAIT_S)  # they end at their next loop turn
+        except asyncio.CancelledError:
+            cancelled = True
+    cancelled |= await _wait_out(
+        lambda: proc.returncode is not None and all(t.done() for t in tasks), REAP_WAIT_S)
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: the run's own outcome is what counts
+    _close_transport(proc)
+    if cancelled:
+        raise asyncio.CancelledError
+
+
+async def _spawn(argv: list[str]) -> asyncio.subprocess.Process:
+    """create_subprocess_exec in a new session, with a cancellation handled like any other.
+
+    The child runs as soon as it is forked; its pipes are connected afterwards. Cancelled in
+    between, asyncio's own cleanup kills only that one process (its children live on) and, before
+    Python 3.12, then waits for pipes those children still hold: the run hangs. So the creation
+    runs in its own task, is let finish, and the whole group is stopped as on any cancellation."""
+    creating = asyncio.ensure_future(asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    ))
+    try:
+        return await asyncio.shield(creating)
+    except asyncio.CancelledError:
+        await _wait_out(creating.done, REAP_WAIT_S)
+        if not creating.done():
+            creating.cancel()  # never seen: connecting three pipes takes a few loop turns
+        elif not creating.cancelled() and creating.exception() is None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await _wind_up(creating.result(), [])
+        raise
+    except FileNotFoundError:
+        raise TargetError(f"cannot run {plain(argv[0], 200)!r}: no such program on this machine") from None
+    except PermissionError:
+        raise TargetError(f"cannot run {plain(argv[0], 200)!r}: permission denied") from None
+    except OSError as exc:
+        raise TargetError(f"cannot run {plain(argv[0], 200)!r}: {exc.strerror}") from None
 
 
 async def run_command(argv: list[str], stdin_data: bytes, timeout: float,
@@ -269,27 +412,16 @@ async def run_command(argv: list[str], stdin_data: bytes, timeout: float,
     """Run argv (no shell) in a new process group, feed stdin, collect output, never hang.
 
     On timeout the whole process group is SIGKILLed and `timed_out` is set. Whatever the command
-    left behind in its group after a normal exit is killed too. stdout is kept up to
-    MAX_OUTPUT_BYTES (and what `budget` allows); a target sending more is killed (`overflow`).
+    left behind in its group after a normal exit is killed too, and so is the group when the run
+    is cancelled (Ctrl-C, SIGTERM): it runs in its own session, so it did not get the signal.
+    Either way the process is reaped by asyncio before this returns or raises. stdout is kept up
+    to MAX_OUTPUT_BYTES (and what `budget` allows); a target sending more is killed (`overflow`).
     stderr keeps its last MAX_STDERR_BYTES.
     """
     loop = asyncio.get_running_loop()
     started = loop.time()
     deadline = started + timeout
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
-    except FileNotFoundError:
-        raise TargetError(f"cannot run {plain(argv[0], 200)!r}: no such program on this machine") from None
-    except PermissionError:
-        raise TargetError(f"cannot run {plain(argv[0], 200)!r}: permission denied") from None
-    except OSError as exc:
-        raise TargetError(f"cannot run {plain(argv[0], 200)!r}: {exc.strerror}") from None
+    proc = await _spawn(argv)
 
     out = bytearray()
     err = bytearray()
@@ -336,34 +468,19 @@ async def run_command(argv: list[str], stdin_data: bytes, timeout: float,
     readers = [asyncio.ensure_future(pump_out(proc.stdout)),
                asyncio.ensure_future(pump_err(proc.stderr))]
 
-    async def exited() -> None:
-        # Not proc.wait(): before Python 3.12 it also waits for the pipes to close, which a
-        # daemonised grandchild (ssh ControlPersist master, `setsid cmd &`) can delay forever.
-        while proc.returncode is None:
-            await asyncio.sleep(0.02)
-
-    timed_out = False
+    killed = False
     try:
-        await asyncio.wait_for(exited(), timeout=max(0.0, deadline - loop.time()))
-    except asyncio.TimeoutError:
-        timed_out = True
-    except BaseException:  # Ctrl-C / SIGTERM / cancellation: the target runs in its own
-        _kill_group(proc.pid)  # session, so it did not get the signal; do not leave it running
-        for task in [feeder, *readers]:
-            task.cancel()
-        await asyncio.gather(feeder, *readers, return_exceptions=True)
-        await _reap(proc)
-        _close_transport(proc)
-        raise
-    _kill_group(proc.pid)
-    if timed_out:
-        await _reap(proc)
-    grace = min(PIPE_GRACE_S, max(0.05, deadline - loop.time())) if not timed_out else 0.2
-    _done, pending = await asyncio.wait(readers, timeout=grace)
-    for task in [*pending, feeder]:
-        task.cancel()
-    await asyncio.gather(feeder, *readers, return_exceptions=True)
-    _close_transport(proc)
+        timed_out = not await _exited(proc, max(0.0, deadline - loop.time()))
+        _kill_group(proc.pid)
+        killed = True
+        if timed_out:
+            await _exited(proc, REAP_WAIT_S)
+        grace = min(PIPE_GRACE_S, max(0.05, deadline - loop.time())) if not timed_out else 0.2
+        await asyncio.wait(readers, timeout=grace)
+    finally:
+        # also when cancelled, and once more cancelled while at it: no target is left running
+        # or unreaped
+        await _wind_up(proc, [feeder, *readers], kill=not killed)
     return CommandResult(
         returncode=None if timed_out else proc.returncode,
         stdout=bytes(out),
@@ -372,19 +489,6 @@ async def run_command(argv: list[str], stdin_data: bytes, timeout: float,
         seconds=loop.time() - started,
         overflow=overflow.is_set(),
     )
-
-
-async def _reap(proc: asyncio.subprocess.Process, wait: float = 5.0) -> None:
-    """Wait (bounded, shielded from a second cancellation) for a killed child to be reaped, so
-    the event loop's child watcher does not complain about it after the loop is gone."""
-    async def until_exit() -> None:
-        while proc.returncode is None:
-            await asyncio.sleep(0.02)
-
-    try:
-        await asyncio.wait_for(asyncio.shield(until_exit()), timeout=wait)
-    except (asyncio.TimeoutError, asyncio.CancelledError):
-        pass
 
 
 def _loads(data: bytes) -> Any:
@@ -550,8 +654,8 @@ def probe_remote(
     prefix: str | list[str], python: str | None = None, timeout: float | None = DEFAULT_TIMEOUT,
     static: bool = False,
 ) -> dict[str, Any]:
-    """Blocking form of `probe_target` for `fastpath doctor --on PREFIX` (SIGTERM/SIGHUP stop
-    the target like Ctrl-C does)."""
+    """Blocking form of `probe_target` for `fastpath doctor --on PREFIX` (SIGINT, SIGTERM and
+    SIGHUP stop the target and raise Interrupted)."""
     return asyncio.run(interruptible(
         probe_target(prefix, python=python, timeout=timeout, static=static)))
 
