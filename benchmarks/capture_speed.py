@@ -3,8 +3,9 @@
 Usage (one GPU, FLA installed for the gated delta rule's fast path):
     python benchmarks/capture_speed.py --out benchmarks/results/capture_speed
 Runs the 8-layer Qwen3.5-27B-shaped preset (random weights, bf16) over synthetic rows of
---max-len tokens, with verification on (every row's tensor checks, the first row and every
---check-every-th row re-run on the reference path), writing the speculators layout to a scratch
+--max-len tokens, with verification on as `fastpath capture` runs it (every row's tensor checks,
+the first row and every --check-every-th row re-run on the reference path; the default is
+capture's own, 256), writing the speculators layout to a scratch
 directory (/dev/shm when present, so the disk does not set the pace) that is deleted afterwards.
 
 Fixed costs and the steady state are measured apart. Per path:
@@ -195,6 +196,8 @@ def overhead_line(paths: dict[str, dict[str, Any]]) -> str:
 
 
 def main() -> int:
+    from fastpath.capture.options import CaptureOptions
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="directory for capture_speed.json")
     parser.add_argument("--model", default="qwen3.5-27b", help="preset/config (random weights)")
@@ -205,7 +208,9 @@ def main() -> int:
                         help="rows of the short capture; the steady state is long - short (32; 0: skip it)")
     parser.add_argument("--batch-tokens", type=int, default=16384)
     parser.add_argument("--dtype", default="bf16")
-    parser.add_argument("--check-every", type=int, default=32, help="reference re-check every Nth row (32)")
+    parser.add_argument("--check-every", type=int, default=CaptureOptions.check_every,
+                        help="reference re-check every Nth row (`fastpath capture`'s own default, "
+                             f"{CaptureOptions.check_every}: the verification users run)")
     parser.add_argument("--recheck-tokens", type=int, default=1024,
                         help="leading tokens of a re-checked row run on the reference path (1024; 0: all)")
     parser.add_argument("--write-threads", type=int, default=4, help="background row writers (4)")

@@ -88,11 +88,12 @@ from fastpath.kernels.ssd import interface as ssd_if
 from fastpath.kernels.ssd import shared_memory as ssd_shared
 from fastpath.kernels.ssd import split_conv_scan as ssd_split
 from fastpath.kernels.ssd import update as ssd_update
+from fastpath.kernels.state_stats import interface as stats_if
 from fastpath.kernels.swiglu import interface as swiglu_if
 from fastpath.kernels.zc_rmsnorm import interface as norm_if
 
 FAMILIES = ("causal_conv1d", "ssd", "selective_scan", "state_update", "gdn_gates", "sigmoid_gate",
-            "swiglu", "zc_rmsnorm", "linear_ce")
+            "swiglu", "zc_rmsnorm", "linear_ce", "state_stats")
 ARCHS = (90, 100, 120)
 # cudaDevAttrMaxSharedMemoryPerBlockOptin per arch (what Triton checks at load): CCCL arch_traits,
 # kept where the SSD launchers read it to fit their configs
@@ -564,6 +565,14 @@ def linear_ce(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
                 lce_if.fwd_impl(hidden, weight, labels, None, -100, "mean", 0, grad, grad)
 
 
+def state_stats(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
+    """capture's one-pass state checks over a Qwen3.5-27B hidden state (5120 wide), contiguous and
+    row-strided (the kernel specialises on neither: one binary per dtype)."""
+    rec.label = "hidden 5120"
+    with triton_on(stats_if):
+        stats_if.state_stats(torch.randn(64, 5120, dtype=dtype))
+
+
 def record(family: str, dtype_name: str, seqlen: int, quick: bool = False) -> list[tuple]:
     """Every launch of one family's sites: (label, JITFunction, args, kwargs, tune group)."""
     rec = Recorder(deepest_only=quick)
@@ -587,6 +596,8 @@ def record(family: str, dtype_name: str, seqlen: int, quick: bool = False) -> li
             zc_rmsnorm(rec, dtype, quick)
         elif family == "linear_ce":
             linear_ce(rec, dtype, quick)
+        elif family == "state_stats":
+            state_stats(rec, dtype, quick)
     return rec.launches
 
 

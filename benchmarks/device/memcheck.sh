@@ -23,6 +23,7 @@
 #   norm    zc_rmsnorm/test_zc_rmsnorm.py and swiglu/test_swiglu.py, their GPU tests (the
 #           zero-centred RMSNorm at 27B row widths, the SwiGLU product at 27B's MLP width)
 #   lce     linear_ce/test_linear_ce.py, its small odd-shape GPU test (the 27B head is too large)
+#   stats   state_stats/test_state_stats.py, its GPU test (capture's one-pass state checks at 4096 x 5120)
 #   decode  tests/proof/test_decode_graphs.py, eager (CPU-or-GPU) tests
 #   graphs  tests/proof/test_decode_graphs.py, the CUDA-graph tests: with the caching allocator ON,
 #           because PyTorch refuses PYTORCH_NO_CUDA_MEMORY_CACHING during graph capture
@@ -60,7 +61,7 @@ mkdir -p "$out"
 root=$PWD
 limit=${MEMCHECK_TIMEOUT:-300}
 examples=${MEMCHECK_EXAMPLES:-4}
-groups=${MEMCHECK_GROUPS:-conv,ssd,sscan,glue,norm,lce,decode,graphs}
+groups=${MEMCHECK_GROUPS:-conv,ssd,sscan,glue,norm,lce,stats,decode,graphs}
 exclude=${MEMCHECK_EXCLUDE-'^_Z|at::native|at6native|c10::|cublas|cutlass|gemm|gemv|nvjet|xmma|cudnn|splitKreduce'}
 t0=$(date +%s)
 at() { echo "$(( $(date +%s) - t0 )) s"; }
@@ -141,6 +142,8 @@ files[norm]="$kt/zc_rmsnorm/test_zc_rmsnorm.py $kt/swiglu/test_swiglu.py"
 kexpr[norm]="gpu_at_27b_sizes or gpu_at_27b_mlp_size"
 files[lce]="$kt/linear_ce/test_linear_ce.py"
 kexpr[lce]="small_odd_shapes"
+files[stats]="$kt/state_stats/test_state_stats.py"
+kexpr[stats]="gpu_at_27b_state_size"
 
 declare -A pids
 start_group() {  # its own process group, so a timeout ends pytest and its children too

@@ -114,6 +114,7 @@ def case_ssd(side: str) -> None:
 def case_glue_and_norm(side: str) -> None:
     from fastpath.kernels.gdn_gates.interface import gdn_gates
     from fastpath.kernels.sigmoid_gate.interface import sigmoid_gate
+    from fastpath.kernels.state_stats.interface import state_stats
     from fastpath.kernels.swiglu.interface import silu_mul
     from fastpath.kernels.zc_rmsnorm.interface import zc_rmsnorm
 
@@ -124,6 +125,7 @@ def case_glue_and_norm(side: str) -> None:
     x = _g(_rand(7, 12, seed=4), side).requires_grad_()
     sigmoid_gate(x, _g(_rand(7, 12, seed=5), side)).sum().backward()
     silu_mul(_g(_rand(5, 9, seed=8), side).requires_grad_(), _g(_rand(5, 9, seed=9), side)).sum().backward()
+    state_stats(_g(_rand(6, 11, seed=10), side))
     y = zc_rmsnorm(_g(_rand(7, 40, seed=6), side).requires_grad_(), _g(_rand(40, seed=7), side).requires_grad_())
     y.sum().backward()
 

@@ -23,7 +23,7 @@ SCRIPT = ROOT / "benchmarks" / "kernel_compile_check.py"
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 ARCHS = (90, 100, 120)
 FAMILIES = {"causal_conv1d", "ssd", "selective_scan", "state_update", "gdn_gates", "sigmoid_gate",
-            "swiglu", "zc_rmsnorm", "linear_ce"}
+            "swiglu", "zc_rmsnorm", "linear_ce", "state_stats"}
 
 
 @pytest.mark.skipif(not PTXAS.exists(), reason="this Triton wheel has no bundled ptxas")

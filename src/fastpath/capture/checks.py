@@ -8,7 +8,8 @@ activations" of 10^3 x the embedding scale) while a dead or exploded capture is 
 orders of magnitude.
 
 Why batched: the checks run where the states are (the GPU during a capture) and every number
-of a batch comes back in one transfer, instead of a host sync per fact per state per row.
+of a batch comes back in one transfer, instead of a host sync per fact per state per row; each
+state is read once for all its facts (kernels/state_stats), not once per fact.
 The embeddings' scale comes from a per-vocabulary-entry norm table computed once before the
 run (`token_norms`), so no embedding lookup is needed per row, and none of a sharded
 (FSDP) embedding, whose weight a rank only holds a slice of outside a forward.
@@ -35,14 +36,14 @@ def token_norms(embedding: Any, chunk: int = 8192) -> Any:
 
 
 def _state_stats(state: Any, embed_norm: Any) -> Any:
-    """[tensor_stats..., mean token norm, the embeddings' mean token norm] of one state [T, H]."""
+    """[tensor_stats' four facts, mean token norm, the embeddings' mean token norm] of one state
+    [T, H]: kernels/state_stats reads the state once (on the GPU, or under the interpreter)."""
     import torch
 
-    from fastpath.models.compare import tensor_stats
+    from fastpath.kernels.state_stats.interface import state_stats
 
-    mean_norm = torch.linalg.vector_norm(state.detach().float(), dim=-1).mean().reshape(1)
     embed = torch.as_tensor(embed_norm, dtype=torch.float32, device=state.device).reshape(1)
-    return torch.cat([tensor_stats(state.unsqueeze(0)), mean_norm, embed])
+    return torch.cat([state_stats(state.reshape(-1, state.shape[-1])), embed])
 
 
 def _problem(name: str, stats: Sequence[float]) -> str | None:
