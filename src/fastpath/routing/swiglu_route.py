@@ -47,7 +47,7 @@ from fastpath.routing.route_modes import (
 ENV_MODE = "FASTPATH_SWIGLU"
 MODES = ("auto", "fastpath", "torch")
 DEFAULT_MODE = "auto"
-OP = "swiglu"
+OP = "silu_mul"  # explain()'s op name (Liger's row for its own MLP is "swiglu")
 IMPL = "fastpath-triton"
 #: set on a routed class's forward
 ROUTE_ATTR = "__fastpath_swiglu_route__"
