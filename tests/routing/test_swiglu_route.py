@@ -1,51 +1,33 @@
 """enable() routes the gated MLP's silu(gate_proj(x)) * up_proj(x) to fastpath's fused kernel
 (routing/swiglu_route.py): the routed model computes what transformers computes (loss and every
 gradient, float32 and bfloat16), explain() shows each MLP, disable() restores the class exactly,
-suspended() runs transformers' MLP, a class computing anything else is no candidate, an MLP whose
-act_fn is not SiLU keeps its forward and has no explain() row, CPU tensors without the interpreter
-keep transformers' forward bit for bit, and FASTPATH_SWIGLU switches it. Kernel calls are
-counted at fastpath's entry points.
+a class computing anything else is no candidate, an MLP whose act_fn is not SiLU keeps its
+forward and has no explain() row. suspended(), CPU tensors without the interpreter and
+FASTPATH_SWIGLU: test_class_routes.py, for every class-forward route. Kernel calls are counted at
+fastpath's entry points.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import subprocess
-import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from repo_paths import ROOT  # noqa: E402
-from test_zc_norm_route import tiny_qwen3_5  # noqa: E402
+from test_zc_norm_route import _always_disable, tiny_qwen3_5  # noqa: E402, F401 (an autouse fixture)
 
 import fastpath  # noqa: E402
 from fastpath.kernels.counters import CALLS  # noqa: E402
 from fastpath.routing import swiglu_route  # noqa: E402
-from fastpath.routing.engine import suspended  # noqa: E402
 from fastpath.routing.patch_registry import PatchRegistry  # noqa: E402
-from fastpath.shared.errors import UsageError  # noqa: E402
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 needs_interp = pytest.mark.skipif(not INTERP, reason="runs the fused kernels: needs TRITON_INTERPRET=1")
 IDS = torch.randint(3, 64, (2, 9), generator=torch.Generator().manual_seed(0))
 MLPS = {"model.layers.0.mlp", "model.layers.1.mlp"}
-
-
-def _module():
-    from transformers.models.qwen3_5 import modeling_qwen3_5
-
-    return modeling_qwen3_5
-
-
-@pytest.fixture(autouse=True)
-def _always_disable():
-    fastpath.disable()
-    yield
-    fastpath.disable()
 
 
 def _step(model, ids=IDS):
@@ -66,7 +48,8 @@ def _rows(model):
 @needs_interp
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_routed_model_matches_transformers_and_disable_restores(dtype, tol) -> None:
-    module = _module()
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as module
+
     original = module.Qwen3_5MLP.__dict__["forward"]
     model = tiny_qwen3_5(dtype=dtype)
     ref_loss, ref_grads = _step(model)
@@ -89,57 +72,6 @@ def test_routed_model_matches_transformers_and_disable_restores(dtype, tol) -> N
     loss, grads = _step(model)
     assert torch.equal(loss, ref_loss) and all(torch.equal(grads[n], g) for n, g in ref_grads.items())
     assert not CALLS["swiglu_fwd:triton"] and not _rows(model)
-
-
-@needs_interp
-def test_suspended_runs_transformers_mlp_and_resumes() -> None:
-    model = tiny_qwen3_5()
-    with torch.no_grad():
-        ref = model(IDS).logits
-    fastpath.enable(warn=False)
-    with suspended():
-        CALLS.clear()
-        with torch.no_grad():
-            assert torch.equal(model(IDS).logits, ref)
-        assert not any(k.startswith("swiglu") for k in CALLS)
-    CALLS.clear()
-    with torch.no_grad():
-        model(IDS)
-    assert CALLS["swiglu_fwd:triton"] == len(MLPS)
-
-
-def test_cpu_without_interpreter_keeps_transformers_bit_for_bit(monkeypatch) -> None:
-    """The reference: the same enable() with this route off; only the MLP is under test."""
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    model = tiny_qwen3_5()
-    monkeypatch.setenv(swiglu_route.ENV_MODE, "torch")
-    fastpath.enable(warn=False)
-    ref_loss, ref_grads = _step(model)
-    monkeypatch.delenv(swiglu_route.ENV_MODE)
-    fastpath.enable(warn=False)
-    CALLS.clear()
-    loss, grads = _step(model)
-    assert not any(k.startswith("swiglu") for k in CALLS), dict(CALLS)
-    assert torch.equal(loss, ref_loss) and all(torch.equal(grads[n], g) for n, g in ref_grads.items())
-    rows = _rows(model)
-    assert {r["layer"] for r in rows} == MLPS
-    assert all(not r["fast"] and r["impl"] == "torch (cpu tensors; fastpath routed for CUDA)" for r in rows)
-
-
-def test_env_switch_turns_the_route_off_and_explain_says_so(monkeypatch) -> None:
-    module = _module()
-    monkeypatch.setenv(swiglu_route.ENV_MODE, "torch")
-    report = fastpath.enable(warn=False)
-    assert report.swiglu == "torch" and report.swiglu_reason == "FASTPATH_SWIGLU=torch"
-    assert not hasattr(module.Qwen3_5MLP.forward, swiglu_route.ROUTE_ATTR)
-    rows = _rows(tiny_qwen3_5())
-    assert len(rows) == len(MLPS)
-    assert all(not r["fast"] and r["impl"] == "torch (eager; FASTPATH_SWIGLU=torch)" for r in rows)
-    fastpath.disable()
-    assert swiglu_route.SKIP_ATTR not in module.Qwen3_5MLP.__dict__
-    monkeypatch.setenv(swiglu_route.ENV_MODE, "fused")
-    with pytest.raises(UsageError, match="FASTPATH_SWIGLU"):
-        fastpath.enable(warn=False)
 
 
 _LOOKALIKES = '''
@@ -245,19 +177,3 @@ def test_transformers_gated_mlps_are_the_candidates() -> None:
     for name, classes in want.items():
         module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
         assert [c.__name__ for c in swiglu_route.candidates(module)] == classes, name
-
-
-def test_fastpath_mode_needs_the_kernel(tmp_path) -> None:
-    """FASTPATH_SWIGLU=fastpath with no Triton: enable() fails in one line instead of going slow."""
-    (tmp_path / "triton").mkdir()
-    (tmp_path / "triton" / "__init__.py").write_text("raise ImportError('no triton here')\n")
-    code = ("import fastpath, sys\n"
-            "try:\n    fastpath.enable(warn=False)\n"
-            "except Exception as exc:\n    print(type(exc).__name__, exc); sys.exit(0)\n"
-            "sys.exit(1)\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "src")]),
-               FASTPATH_SWIGLU="fastpath", FASTPATH_ZC_NORM="torch")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
-                          cwd=str(tmp_path))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "FASTPATH_SWIGLU=fastpath" in proc.stdout and "does not import" in proc.stdout, proc.stdout

@@ -1,9 +1,10 @@
 """enable() routes Qwen3.5 / Qwen3-Next's zero-centred RMSNorm to fastpath's fused kernel
 (routing/zc_norm_route.py): the routed model computes what transformers computes (logits and every
 gradient, float32 and bfloat16), explain() shows each norm, disable() restores the class exactly,
-a class that only looks zero-centred is left alone with the reason, CPU tensors without the
-interpreter keep transformers' own forward bit for bit, and the route survives `kernels`'
-kernelize() on transformers 5.25. Kernel calls are counted at fastpath's entry points.
+a class that only looks zero-centred is left alone with the reason, and the route survives
+`kernels`' kernelize() on transformers 5.25. suspended(), CPU tensors without the interpreter and
+FASTPATH_ZC_NORM: test_class_routes.py, for every class-forward route. Kernel calls are counted at
+fastpath's entry points.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -24,9 +24,7 @@ from repo_paths import ROOT, SUPPORT  # noqa: E402
 import fastpath  # noqa: E402
 from fastpath.kernels.counters import CALLS  # noqa: E402
 from fastpath.routing import zc_norm_route  # noqa: E402
-from fastpath.routing.engine import suspended  # noqa: E402
 from fastpath.routing.patch_registry import PatchRegistry  # noqa: E402
-from fastpath.shared.errors import UsageError  # noqa: E402
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 IDS = torch.randint(3, 64, (2, 9), generator=torch.Generator().manual_seed(0))
@@ -115,58 +113,6 @@ def test_routed_model_matches_transformers_and_disable_restores(dtype, tol) -> N
     loss, grads = _step(model)
     assert torch.equal(loss, ref_loss) and all(torch.equal(grads[n], g) for n, g in ref_grads.items())
     assert not CALLS and not _zc_rows(model)
-
-
-@pytest.mark.skipif(not INTERP, reason="runs the fused kernels: needs TRITON_INTERPRET=1")
-def test_suspended_runs_transformers_norm_and_resumes() -> None:
-    model = tiny_qwen3_5()
-    with torch.no_grad():
-        ref = model(IDS).logits
-    fastpath.enable(warn=False)
-    with suspended():
-        CALLS.clear()
-        with torch.no_grad():
-            assert torch.equal(model(IDS).logits, ref)
-        assert not any(k.startswith("zc_rmsnorm") for k in CALLS)
-    CALLS.clear()
-    with torch.no_grad():
-        model(IDS)
-    assert CALLS["zc_rmsnorm_fwd:triton"] == len(NORMS)
-
-
-def test_cpu_without_interpreter_keeps_transformers_bit_for_bit(monkeypatch) -> None:
-    """The reference: the same enable() with this route off (the conv route on CPU runs fastpath's
-    torch reference, which is not transformers' bits; only the norm is under test)."""
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    model = tiny_qwen3_5()
-    monkeypatch.setenv(zc_norm_route.ENV_MODE, "torch")
-    fastpath.enable(warn=False)
-    ref_loss, ref_grads = _step(model)
-    monkeypatch.delenv(zc_norm_route.ENV_MODE)
-    fastpath.enable(warn=False)
-    CALLS.clear()
-    loss, grads = _step(model)
-    assert not any(k.startswith("zc_rmsnorm") for k in CALLS), dict(CALLS)
-    assert torch.equal(loss, ref_loss) and all(torch.equal(grads[n], g) for n, g in ref_grads.items())
-    rows = _zc_rows(model)
-    assert {r["layer"] for r in rows} == NORMS
-    assert all(not r["fast"] and r["impl"] == "torch (cpu tensors; fastpath routed for CUDA)" for r in rows)
-
-
-def test_env_switch_turns_the_route_off_and_explain_says_so(monkeypatch) -> None:
-    module = _module()
-    monkeypatch.setenv(zc_norm_route.ENV_MODE, "torch")
-    report = fastpath.enable(warn=False)
-    assert report.zc_norm == "torch" and report.zc_norm_reason == "FASTPATH_ZC_NORM=torch"
-    assert not hasattr(module.Qwen3_5RMSNorm.forward, zc_norm_route.ROUTE_ATTR)
-    rows = _zc_rows(tiny_qwen3_5())
-    assert len(rows) == len(NORMS)
-    assert all(not r["fast"] and r["impl"] == "torch (eager; FASTPATH_ZC_NORM=torch)" for r in rows)
-    fastpath.disable()
-    assert zc_norm_route.SKIP_ATTR not in module.Qwen3_5RMSNorm.__dict__
-    monkeypatch.setenv(zc_norm_route.ENV_MODE, "fast-please")
-    with pytest.raises(UsageError, match="FASTPATH_ZC_NORM"):
-        fastpath.enable(warn=False)
 
 
 _LOOKALIKES = '''
@@ -289,19 +235,3 @@ def test_route_survives_kernelize_on_transformers_525_with_kernels() -> None:
     assert out["diff"] <= 1e-4
     assert len(out["rows"]) == len(NORMS) and all(r["fast"] for r in out["rows"]), out["rows"]
     assert out["disabled_equal"]
-
-
-def test_fastpath_mode_needs_the_kernel(tmp_path) -> None:
-    """FASTPATH_ZC_NORM=fastpath with no Triton: enable() fails in one line instead of going slow."""
-    (tmp_path / "triton").mkdir()
-    (tmp_path / "triton" / "__init__.py").write_text("raise ImportError('no triton here')\n")
-    code = ("import fastpath, sys\n"
-            "try:\n    fastpath.enable(warn=False)\n"
-            "except Exception as exc:\n    print(type(exc).__name__, exc); sys.exit(0)\n"
-            "sys.exit(1)\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "src")]),
-               FASTPATH_ZC_NORM="fastpath")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
-                          cwd=str(tmp_path))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "FASTPATH_ZC_NORM=fastpath" in proc.stdout and "does not import" in proc.stdout, proc.stdout

@@ -1,5 +1,5 @@
-"""What the kernel tests (tests/kernels/...) share: the relative error they judge by, and the
-selective scan's random inputs."""
+"""What the kernel tests (tests/kernels/...) share: the relative error they judge by, the
+selective scan's random inputs, and the torch.compile check of an op's registered autograd."""
 
 from __future__ import annotations
 
@@ -39,3 +39,28 @@ def selective_scan_inputs(batch, dim, nstate, length, layout, groups, seed, dtyp
         "z": rnd(batch, dim, length),
         "delta_bias": rnd(dim, scale=0.5, dt=torch.float32),
     }
+
+
+def compiled_matches_eager(step, inputs: tuple[torch.Tensor, ...], bwd_calls: str) -> None:
+    """`step(*inputs)` -> a scalar: torch._dynamo.explain sees one graph and no break, and
+    torch.compile(fullgraph=True, backend="aot_eager") runs the registered autograd (one backward
+    call counted under `bwd_calls`:triton or :reference) with gradients equal to eager's."""
+    import torch._dynamo
+
+    from fastpath.kernels.counters import CALLS
+
+    def leaves():
+        return [t.clone().requires_grad_(True) for t in inputs]
+
+    torch._dynamo.reset()
+    report = torch._dynamo.explain(step)(*leaves())
+    assert report.graph_break_count == 0, report.break_reasons
+    assert report.graph_count == 1
+    grads = []
+    for fn in (step, torch.compile(step, fullgraph=True, backend="aot_eager")):
+        xs = leaves()
+        CALLS.clear()
+        fn(*xs).backward()
+        assert CALLS[f"{bwd_calls}:triton"] + CALLS[f"{bwd_calls}:reference"] == 1
+        grads.append([x.grad for x in xs])
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)

@@ -22,6 +22,7 @@ One naming rule in every op folder, so a module's name says which pass it comput
   replaces). No `triton_` prefix: every kernel module here is Triton.
 
 Shared by the ops: dispatch (cuda_capability decides the device once; which implementation a call
-takes), counters (which one ran, read by explain() and verify), compiled_launch, layout, rounding.
+takes), counters (which one ran, read by explain() and verify), compiled_launch, layout, rounding,
+binary_op (the custom-op pair and autograd of an elementwise op of two inputs).
 May import: shared only; never routing, models, proof, capture or doctor. No triton at import.
 """

@@ -34,15 +34,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar
 
+from fastpath.routing import route_modes
 from fastpath.routing.patch_registry import PatchRegistry
-from fastpath.routing.route_modes import (
-    RouteStatus,
-    classes_to_route,
-    describe_routed_class,
-    detect_fused_kernel,
-    env_mode,
-    runs_kernels_here,
-)
 
 ENV_MODE = "FASTPATH_SWIGLU"
 MODES = ("auto", "fastpath", "torch")
@@ -64,7 +57,7 @@ ACTIVE: SwigluStatus | None = None
 
 
 @dataclass
-class SwigluStatus(RouteStatus):
+class SwigluStatus(route_modes.RouteStatus):
     """enable()'s decision for the gated MLP's product."""
 
     FAST_IMPL: ClassVar[str] = IMPL
@@ -72,12 +65,12 @@ class SwigluStatus(RouteStatus):
 
 def route_mode() -> str:
     """FASTPATH_SWIGLU, validated (a bad value is a usage error, not a silent default)."""
-    return env_mode(ENV_MODE, MODES, DEFAULT_MODE)
+    return route_modes.env_mode(ENV_MODE, MODES, DEFAULT_MODE)
 
 
 def detect_swiglu() -> SwigluStatus:
     """Whether fastpath's SwiGLU product can be routed to, per FASTPATH_SWIGLU and the install."""
-    return detect_fused_kernel(SwigluStatus, ENV_MODE, route_mode(), "swiglu", "SwiGLU product")
+    return route_modes.detect_fused_kernel(SwigluStatus, ENV_MODE, route_mode(), "swiglu", "SwiGLU product")
 
 
 def computes_swiglu(forward: Callable[..., Any]) -> bool:
@@ -134,7 +127,7 @@ def make_forward(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def forward(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
         active = ACTIVE
-        if (args or kwargs or active is None or not active.route or not runs_kernels_here(x)
+        if (args or kwargs or active is None or not active.route or not route_modes.runs_kernels_here(x)
                 or type(self.act_fn).__name__ not in _SILU_NAMES):
             return original(self, x, *args, **kwargs)
         gate, up = self.gate_proj(x), self.up_proj(x)
@@ -150,7 +143,7 @@ def make_forward(original: Callable[..., Any]) -> Callable[..., Any]:
 def patch_module(module: ModuleType, status: SwigluStatus, reg: PatchRegistry) -> list[str]:
     """Route the gated-MLP classes of one modeling module (a route turned off marks every
     candidate with its reason, for explain())."""
-    for cls, original in classes_to_route(candidates(module), status, reg, ROUTE_ATTR, SKIP_ATTR):
+    for cls, original in route_modes.classes_to_route(candidates(module), status, reg, ROUTE_ATTR, SKIP_ATTR):
         reg.set_attr(cls, "forward", make_forward(original))
     return []
 
@@ -160,4 +153,4 @@ def describe_layer(layer: Any, device: str) -> tuple[str, bool] | None:
     None where act_fn is not SiLU (Zamba's GELU MLP has no SwiGLU product to route)."""
     if ACTIVE is None or type(getattr(layer, "act_fn", None)).__name__ not in _SILU_NAMES:
         return None
-    return describe_routed_class(layer, device, IMPL, ROUTE_ATTR, SKIP_ATTR)
+    return route_modes.describe_routed_class(layer, device, IMPL, ROUTE_ATTR, SKIP_ATTR)

@@ -4,7 +4,7 @@ x and gate have one shape (..., width) and may be strided views (the gated atten
 the second half of each head of the q_proj output); out is contiguous in their promoted dtype.
 Ops (namespace "fastpath"): sigmoid_gate_fwd(x, gate) -> out and sigmoid_gate_bwd(x, gate, dout)
 -> (dx, dgate), with fake implementations and registered autograd (no graph break under
-torch.compile); eager callers skip the dispatcher, as in causal_conv1d/interface.py. Where the
+torch.compile; kernels/binary_op.py registers them). Where the
 Triton kernel cannot run, the float32 reference in naive.py does (a one-time warning says why
 when a kernel could otherwise have run).
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fastpath.kernels.binary_op import binary_op, check_pair
 from fastpath.kernels.counters import CALLS
 from fastpath.kernels.dispatch import dtypes_fit, use_triton
 from fastpath.kernels.layout import as_rows as _rows
@@ -24,13 +25,6 @@ FAMILY = "sigmoid_gate"
 
 
 
-def _check(x: Tensor, gate: Tensor) -> None:
-    if x.shape != gate.shape:
-        raise ValueError(f"sigmoid_gate: x {tuple(x.shape)} and gate {tuple(gate.shape)} must have one shape")
-    if not x.dtype.is_floating_point or not gate.dtype.is_floating_point:
-        raise ValueError(f"sigmoid_gate: x and gate must be floating point, got {x.dtype} and {gate.dtype}")
-
-
 def _triton_ok(op: str, *tensors: Tensor) -> bool:
     if not use_triton(tensors[0]):
         return False
@@ -38,7 +32,7 @@ def _triton_ok(op: str, *tensors: Tensor) -> bool:
 
 
 def fwd_impl(x: Tensor, gate: Tensor) -> Tensor:
-    _check(x, gate)
+    check_pair("sigmoid_gate", ("x", "gate"), x, gate)
     dtype = torch.promote_types(x.dtype, gate.dtype)
     if x.numel() and _triton_ok("fwd", x, gate):
         from fastpath.kernels.sigmoid_gate.fwd_bwd import gate_fwd
@@ -61,49 +55,11 @@ def bwd_impl(x: Tensor, gate: Tensor, dout: Tensor) -> tuple[Tensor, Tensor]:
     return dx.to(x.dtype).contiguous(), dg.to(gate.dtype).contiguous()
 
 
-class _GateFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, gate):  # type: ignore[override]
-        ctx.save_for_backward(x, gate)
-        return fwd_impl(x, gate)
-
-    @staticmethod
-    def backward(ctx, dout):  # type: ignore[override]
-        return bwd_impl(*ctx.saved_tensors, dout)
+_OP = binary_op("sigmoid_gate", fwd_impl, bwd_impl)
+sigmoid_gate_fwd, sigmoid_gate_bwd = _OP.fwd, _OP.bwd
 
 
 def sigmoid_gate(x: Tensor, gate: Tensor) -> Tensor:
     """x * sigmoid(gate): the custom op while torch.compile traces, otherwise the implementation
-    directly, under autograd only when a gradient is wanted."""
-    if torch.compiler.is_compiling():
-        return sigmoid_gate_fwd(x, gate)
-    if torch.is_grad_enabled() and (x.requires_grad or gate.requires_grad):
-        return _GateFunction.apply(x, gate)
-    return fwd_impl(x, gate)
-
-
-sigmoid_gate_fwd = torch.library.custom_op("fastpath::sigmoid_gate_fwd", fwd_impl, mutates_args=())
-
-
-@sigmoid_gate_fwd.register_fake
-def _fwd_fake(x, gate):
-    return x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, gate.dtype))
-
-
-def _setup_context(ctx, inputs, output) -> None:
-    ctx.save_for_backward(*inputs)
-
-
-def _backward(ctx, dout):
-    return sigmoid_gate_bwd(*ctx.saved_tensors, dout)
-
-
-sigmoid_gate_fwd.register_autograd(_backward, setup_context=_setup_context)
-
-sigmoid_gate_bwd = torch.library.custom_op("fastpath::sigmoid_gate_bwd", bwd_impl, mutates_args=())
-
-
-@sigmoid_gate_bwd.register_fake
-def _bwd_fake(x, gate, dout):
-    return (torch.empty_like(x, memory_format=torch.contiguous_format),
-            torch.empty_like(gate, memory_format=torch.contiguous_format))
+    directly, under autograd only when a gradient is wanted (kernels/binary_op.py)."""
+    return _OP.call(x, gate)

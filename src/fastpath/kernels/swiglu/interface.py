@@ -4,8 +4,8 @@ gate and up have one shape and a floating dtype each (any strides: a non-contigu
 copied first, so the kernels only ever index flat contiguous buffers); out is contiguous in their
 promoted dtype. Ops (namespace "fastpath"): silu_mul_fwd(gate, up) -> out and
 silu_mul_bwd(gate, up, dout) -> (dgate, dup), with fake implementations and registered autograd (no
-graph break under torch.compile); eager callers skip the dispatcher, as in
-causal_conv1d/interface.py. Autograd keeps gate and up only (eager keeps silu(gate) as well).
+graph break under torch.compile; kernels/binary_op.py registers them). Autograd keeps gate and up
+only (eager keeps silu(gate) as well).
 Where the Triton kernel cannot run, the float32 reference in naive.py does (a one-time warning
 says why when a kernel could otherwise have run).
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fastpath.kernels.binary_op import binary_op, check_pair
 from fastpath.kernels.counters import CALLS
 from fastpath.kernels.dispatch import dtypes_fit, use_triton
 from fastpath.kernels.swiglu import naive
@@ -22,19 +23,12 @@ from fastpath.kernels.swiglu import naive
 FAMILY = "swiglu"
 
 
-def _check(gate: Tensor, up: Tensor) -> None:
-    if gate.shape != up.shape:
-        raise ValueError(f"silu_mul: gate {tuple(gate.shape)} and up {tuple(up.shape)} must have one shape")
-    if not gate.dtype.is_floating_point or not up.dtype.is_floating_point:
-        raise ValueError(f"silu_mul: gate and up must be floating point, got {gate.dtype} and {up.dtype}")
-
-
 def _use_kernel(op: str, *tensors: Tensor) -> bool:
     return bool(tensors[0].numel()) and use_triton(tensors[0]) and dtypes_fit(op, FAMILY, *tensors)
 
 
 def fwd_impl(gate: Tensor, up: Tensor) -> Tensor:
-    _check(gate, up)
+    check_pair("silu_mul", ("gate", "up"), gate, up)
     dtype = torch.promote_types(gate.dtype, up.dtype)
     if _use_kernel("fwd", gate, up):
         from fastpath.kernels.swiglu.fwd_bwd import silu_mul_fwd
@@ -58,48 +52,6 @@ def bwd_impl(gate: Tensor, up: Tensor, dout: Tensor) -> tuple[Tensor, Tensor]:
     return dg.to(gate.dtype).contiguous(), du.to(up.dtype).contiguous()
 
 
-class _SiluMulFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, gate, up):  # type: ignore[override]
-        ctx.save_for_backward(gate, up)
-        return fwd_impl(gate, up)
-
-    @staticmethod
-    def backward(ctx, dout):  # type: ignore[override]
-        return bwd_impl(*ctx.saved_tensors, dout)
-
-
-def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
-    """silu(gate) * up: the custom op while torch.compile traces, otherwise the implementation
-    directly, under autograd only when a gradient is wanted."""
-    if torch.compiler.is_compiling():
-        return silu_mul_fwd(gate, up)
-    if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
-        return _SiluMulFunction.apply(gate, up)
-    return fwd_impl(gate, up)
-
-
-silu_mul_fwd = torch.library.custom_op("fastpath::silu_mul_fwd", fwd_impl, mutates_args=())
-
-
-@silu_mul_fwd.register_fake
-def _fwd_fake(gate, up):
-    return gate.new_empty(gate.shape, dtype=torch.promote_types(gate.dtype, up.dtype))
-
-
-def _save_inputs(ctx, inputs, output) -> None:
-    ctx.save_for_backward(*inputs)
-
-
-def _grads(ctx, dout):
-    return silu_mul_bwd(*ctx.saved_tensors, dout)
-
-
-silu_mul_fwd.register_autograd(_grads, setup_context=_save_inputs)
-
-silu_mul_bwd = torch.library.custom_op("fastpath::silu_mul_bwd", bwd_impl, mutates_args=())
-
-
-@silu_mul_bwd.register_fake
-def _bwd_fake(gate, up, dout):
-    return gate.new_empty(gate.shape), up.new_empty(up.shape)
+# silu_mul(gate, up): the custom op while torch.compile traces, otherwise the implementation
+# directly, under autograd only when a gradient is wanted
+silu_mul, silu_mul_fwd, silu_mul_bwd = binary_op("silu_mul", fwd_impl, bwd_impl)
