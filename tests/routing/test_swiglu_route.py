@@ -107,6 +107,24 @@ class GeluMLP(_Proj):
         return down_proj
 
 
+class SiLUActivation(nn.Module):
+    """transformers' name, another function: taken by its name, it would be routed wrongly."""
+
+    def forward(self, x):
+        return torch.relu(x)
+
+
+class NamedLikeSiluMLP(_Proj):
+    """The form, with the look-alike activation: a candidate whose calls keep the original."""
+
+    def __init__(self):
+        super().__init__()
+        self.act_fn = SiLUActivation()
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
 class SwappedMLP(_Proj):
     """act_fn on the up projection: another function."""
 
@@ -143,15 +161,15 @@ def test_only_the_one_form_is_routed_and_a_non_silu_act_keeps_its_forward(tmp_pa
     (tmp_path / "swiglu_lookalikes.py").write_text(_LOOKALIKES)
     monkeypatch.syspath_prepend(str(tmp_path))
     module = importlib.import_module("swiglu_lookalikes")
-    assert [c.__name__ for c in swiglu_route.candidates(module)] == ["PlainMLP", "GeluMLP"]
+    assert [c.__name__ for c in swiglu_route.candidates(module)] == ["PlainMLP", "GeluMLP", "NamedLikeSiluMLP"]
     reg = PatchRegistry()
     status = swiglu_route.SwigluStatus(True, "test")
     reg.set_attr(swiglu_route, "ACTIVE", status)
-    originals = {c: c.__dict__["forward"] for c in (module.PlainMLP, module.GeluMLP)}
+    originals = {c: c.__dict__["forward"] for c in (module.PlainMLP, module.GeluMLP, module.NamedLikeSiluMLP)}
     swiglu_route.patch_module(module, status, reg)
     try:
         x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
-        for cls in (module.PlainMLP, module.GeluMLP):
+        for cls in originals:
             torch.manual_seed(2)
             mlp = cls()
             CALLS.clear()
@@ -161,7 +179,7 @@ def test_only_the_one_form_is_routed_and_a_non_silu_act_keeps_its_forward(tmp_pa
             assert CALLS["swiglu_fwd:triton"] == int(routed), cls.__name__
             assert torch.allclose(got, want, rtol=1e-5, atol=1e-6) if routed else torch.equal(got, want)
             row = swiglu_route.describe_layer(mlp, "cuda")
-            assert row == (swiglu_route.IMPL, True) if routed else row is None, row  # GELU: no SwiGLU product
+            assert row == (swiglu_route.IMPL, True) if routed else row is None, row  # not SiLU: no SwiGLU product
         assert swiglu_route.describe_layer(module.SwappedMLP(), "cuda") is None
     finally:
         reg.undo()

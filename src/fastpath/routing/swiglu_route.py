@@ -47,7 +47,6 @@ ROUTE_ATTR = "__fastpath_swiglu_route__"
 #: set on a candidate class enable() did not route: why (one line)
 SKIP_ATTR = "__fastpath_swiglu_skip__"
 _DTYPES = ("float16", "bfloat16", "float32")
-_SILU_NAMES = ("SiLUActivation", "SiLU")
 # the one body a candidate's forward may have, `x` standing for its input's name
 _EXPRESSION = "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))"
 
@@ -115,6 +114,16 @@ def candidates(module: ModuleType) -> list[type]:
     return found
 
 
+def is_silu(act: Any) -> bool:
+    """torch's nn.SiLU or transformers' SiLUActivation (Hub-kernel forwards of it compute the same
+    function); a look-alike class elsewhere is not taken on its name."""
+    import torch
+
+    cls = type(act)
+    return isinstance(act, torch.nn.SiLU) or (cls.__name__ == "SiLUActivation"
+                                              and cls.__module__.startswith("transformers."))
+
+
 def _takes(gate: Any, up: Any) -> bool:
     return (gate.shape == up.shape and gate.device == up.device
             and str(gate.dtype).removeprefix("torch.") in _DTYPES and str(up.dtype).removeprefix("torch.") in _DTYPES)
@@ -128,7 +137,7 @@ def make_forward(original: Callable[..., Any]) -> Callable[..., Any]:
     def forward(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
         active = ACTIVE
         if (args or kwargs or active is None or not active.route or not route_modes.runs_kernels_here(x)
-                or type(self.act_fn).__name__ not in _SILU_NAMES):
+                or not is_silu(getattr(self, "act_fn", None))):
             return original(self, x, *args, **kwargs)
         gate, up = self.gate_proj(x), self.up_proj(x)
         product = silu_mul(gate, up) if _takes(gate, up) else self.act_fn(gate) * up
@@ -151,6 +160,6 @@ def patch_module(module: ModuleType, status: SwigluStatus, reg: PatchRegistry) -
 def describe_layer(layer: Any, device: str) -> tuple[str, bool] | None:
     """explain()'s (impl, fast) for a gated-MLP module while enable() is active, else None; also
     None where act_fn is not SiLU (Zamba's GELU MLP has no SwiGLU product to route)."""
-    if ACTIVE is None or type(getattr(layer, "act_fn", None)).__name__ not in _SILU_NAMES:
+    if ACTIVE is None or not is_silu(getattr(layer, "act_fn", None)):
         return None
     return route_modes.describe_routed_class(layer, device, IMPL, ROUTE_ATTR, SKIP_ATTR)
