@@ -11,7 +11,10 @@ Each measurement is one fresh process (`--child`), with TRITON_CACHE_DIR set to 
 script makes (tempfile), so "cold" means what a new machine sees: nothing compiled, nothing
 autotuned. Per configuration (`--configs`, bench's names: reference = transformers' torch
 fallbacks with Dao causal-conv1d and FLA hidden, fastpath = enable()):
-  cold    a new empty cache folder;
+  shipped a new empty cache folder, FASTPATH_AUTOTUNE_DECISIONS unset: enable() seeds the
+          decisions fastpath ships for this GPU's compute capability, if any (what a user's
+          first process on a new machine gets; fastpath configs only);
+  cold    a new empty cache folder, no decisions seeded (FASTPATH_AUTOTUNE_DECISIONS=off);
   warm    a second process on the same folder (what every later job on the host sees);
   warmup  a new empty folder, `fastpath warmup MODEL --train --save-decisions` at the same
           shapes first (timed apart), then the process (what a fleet that warms once sees);
@@ -45,7 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 TARGET_PREFILL_AFTER_BUILD_S = 20.0
 TARGET_TRAIN_STEP_S = 30.0
-SCENARIOS = ("cold", "warm", "warmup", "seeded")
+SCENARIOS = ("shipped", "cold", "warm", "warmup", "seeded")
+SHIPPED = "shipped"  # the decisions marker for _env: leave FASTPATH_AUTOTUNE_DECISIONS unset
 MARKS = ("imports", "enable", "seeded", "built", "first_prefill", "first_train")
 NOT_FAST = "fastpath warmup and autotune decisions are for the fast path; this configuration does not enable it"
 
@@ -112,10 +116,12 @@ def child(job: dict[str, Any]) -> dict[str, Any]:
 # The parent
 
 
-def _env(cache: Path, decisions: Path | None = None) -> dict[str, str]:
+def _env(cache: Path, decisions: Path | str | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    # only the seeded scenario gets decisions (the others: none, shipped ones included)
-    env["FASTPATH_AUTOTUNE_DECISIONS"] = str(decisions) if decisions is not None else "off"
+    # seeded: the given file; shipped: whatever enable() picks by itself; the others: none
+    env.pop("FASTPATH_AUTOTUNE_DECISIONS", None)
+    if decisions != SHIPPED:
+        env["FASTPATH_AUTOTUNE_DECISIONS"] = str(decisions) if decisions is not None else "off"
     env["TRITON_CACHE_DIR"] = str(cache)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
     env.setdefault("USE_HUB_KERNELS", "0")
@@ -135,7 +141,7 @@ def _last_line(text: str) -> str:
 
 
 def measure(args: argparse.Namespace, config: str, cache: Path, scenario: str, work: Path,
-            decisions: Path | None = None) -> dict[str, Any]:
+            decisions: Path | str | None = None) -> dict[str, Any]:
     """One child process on `cache`; its marks, what it added to the cache, its exit status."""
     job = {"config": config, "model": args.model, "layers": args.layers, "batch": args.batch, "seq": args.seq,
            "dtype": args.dtype, "device": args.device}
@@ -270,6 +276,13 @@ def main(argv: list[str] | None = None) -> int:
         for config in configs:
             work = base / config
             work.mkdir()
+            if SHIPPED in scenarios:
+                if not CONFIGS[config].enable:
+                    keep({"config": config, "scenario": SHIPPED, "skipped": NOT_FAST})
+                else:
+                    shipped = work / "cache-shipped"
+                    shipped.mkdir()
+                    keep(measure(args, config, shipped, SHIPPED, work, SHIPPED))
             cold = work / "cache-cold"
             cold.mkdir()
             if "cold" in scenarios or "warm" in scenarios:

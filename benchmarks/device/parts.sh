@@ -41,7 +41,7 @@
 #             olmo-hybrid:4"), each on an empty TRITON_CACHE_DIR; autotune decisions merged into
 #             OUT/w/warmup/autotune-decisions.json
 #   coldstart benchmarks/cold_start.py per COLD_MODELS (same default), COLD_CONFIGS (fastpath),
-#             COLD_SCENARIOS (cold,warm,warmup,seeded); TRITON_CACHE_AUTOTUNING unset, as for a user;
+#             COLD_SCENARIOS (shipped,cold,warm,warmup,seeded); TRITON_CACHE_AUTOTUNING unset, as for a user;
 #             COLD_DECISIONS=FILE seeds the seeded scenario from FILE (the shipped
 #             src/fastpath/routing/autotune_data/sm_90.json) instead of the warmup scenario's
 #   gdnnorm   benchmarks/gdn_norm_gpu.py (GDN gated norm eager vs FLA fused)
@@ -243,7 +243,7 @@ part_coldstart() {  # as a user: TRITON_CACHE_AUTOTUNING unset, every scenario o
     IFS=: read -r m n <<< "$spec"
     run "coldstart-$m" "${COLD_TIMEOUT:-540}" env -u TRITON_CACHE_AUTOTUNING python3 benchmarks/cold_start.py \
       --model "$m" --layers "$n" --batch 1 --seq 4096 --configs "${COLD_CONFIGS:-fastpath}" \
-      --scenarios "${COLD_SCENARIOS:-cold,warm,warmup,seeded}" --timeout "${COLD_RUN_TIMEOUT:-400}" \
+      --scenarios "${COLD_SCENARIOS:-shipped,cold,warm,warmup,seeded}" --timeout "${COLD_RUN_TIMEOUT:-400}" \
       ${COLD_DECISIONS:+--decisions "$COLD_DECISIONS"} \
       --out "$w/cold_start/$m"
   done

@@ -32,7 +32,8 @@ def test_cold_start_json_on_cpu(tmp_path):
     assert doc["benchmark"] == "cold_start" and doc["not_timing_data"]
     assert doc["settings"]["configs"] == ["reference", "fastpath"]
     runs = {(r["config"], r["scenario"]): r for r in doc["runs"]}
-    assert set(runs) == {(c, s) for c in ("reference", "fastpath") for s in ("cold", "warm", "warmup", "seeded")}
+    assert set(runs) == {(c, s) for c in ("reference", "fastpath")
+                         for s in ("shipped", "cold", "warm", "warmup", "seeded")}
     for config in ("reference", "fastpath"):
         cold, warm = runs[(config, "cold")], runs[(config, "warm")]
         assert cold["cache_before"] == {"kernels": 0, "autotune": 0}  # a fresh, empty folder
@@ -50,8 +51,12 @@ def test_cold_start_json_on_cpu(tmp_path):
             assert set(run["targets_met"]) == {"prefill_after_build", "train_step"}
             assert run["cache_added"] == {"kernels": 0, "autotune": 0}  # the interpreter compiles nothing
             assert "seeded" not in marks and "decisions" not in run  # no decisions file: nothing seeded
-    for scenario in ("warmup", "seeded"):
+    for scenario in ("shipped", "warmup", "seeded"):
         assert "does not enable" in runs[("reference", scenario)]["skipped"]
+    shipped = runs[("fastpath", "shipped")]  # enable() picked the file itself: none for a CPU
+    assert shipped["cache_before"] == {"kernels": 0, "autotune": 0} and shipped["cache_dir"] != runs[
+        ("fastpath", "cold")]["cache_dir"]
+    assert "decisions" not in shipped and shipped["marks_s"]["first_train"] <= shipped["wall_s"]
     warmup = runs[("fastpath", "warmup")]
     assert warmup["warmup"]["exit"] == 3 and "TRITON_INTERPRET=1" in warmup["skipped"]
     assert "no autotune decisions" in runs[("fastpath", "seeded")]["skipped"]  # the warmup saved none
