@@ -1,7 +1,8 @@
 """What every class-forward route to one of fastpath's own fused kernels promises, checked for
 each (routing/zc_norm_route.py: Qwen3.5's zero-centred RMSNorm; routing/swiglu_route.py: the gated
-MLP's silu(gate) * up) on a tiny random Qwen3.5: suspended() runs transformers' forward and
-resumes; CPU tensors without the interpreter keep transformers' forward bit for bit (explain()
+MLP's silu(gate) * up) on a tiny random Qwen3.5: the routed model computes what transformers
+computes (loss and every gradient, float32 and bfloat16), explain() shows every routed module,
+disable() restores the class exactly; suspended() runs transformers' forward and resumes; CPU tensors without the interpreter keep transformers' forward bit for bit (explain()
 says why); its FASTPATH_* switch turns the route off with explain() saying so, a bad value is a
 usage error; mode `fastpath` without Triton makes enable() fail in one line.
 """
@@ -38,15 +39,17 @@ class Case:
     calls: str           # the prefix of its kernel counters
     cls: str             # the Qwen3.5 class it routes
     layers: frozenset    # the tiny model's modules of that class
+    summary: str         # its line in enable()'s summary when it routes
 
 
 CASES = {
     "zc_norm": Case(zc_norm_route, "zc_norm", "zc_rmsnorm", "Qwen3_5RMSNorm", frozenset({
         "model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm",
         "model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm",
-        "model.layers.1.self_attn.q_norm", "model.layers.1.self_attn.k_norm", "model.norm"})),
+        "model.layers.1.self_attn.q_norm", "model.layers.1.self_attn.k_norm", "model.norm"}),
+        "zero-centred RMSNorm -> fastpath-triton"),
     "swiglu": Case(swiglu_route, "swiglu", "swiglu", "Qwen3_5MLP",
-                   frozenset({"model.layers.0.mlp", "model.layers.1.mlp"})),
+                   frozenset({"model.layers.0.mlp", "model.layers.1.mlp"}), "gated MLP silu(gate) * up -> fastpath-triton"),
 }
 each_route = pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
 
@@ -65,12 +68,51 @@ def _step(model):
     return out.loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def _rel(a, b) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
 def _rows(model, case: Case):
     return [r for r in fastpath.explain(model).rows if r["op"] == case.route.OP]
 
 
 def _ran(case: Case) -> bool:
     return any(k.startswith(case.calls) for k in CALLS)
+
+
+@pytest.mark.skipif(not INTERP, reason="runs the fused kernels: needs TRITON_INTERPRET=1")
+@each_route
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_routed_model_matches_transformers_and_disable_restores(case: Case, dtype, tol) -> None:
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    cls = getattr(modeling_qwen3_5, case.cls)
+    original = cls.__dict__["forward"]
+    model = tiny_qwen3_5(dtype=dtype)
+    ref_loss, ref_grads = _step(model)
+    report = fastpath.enable(warn=False)
+    assert getattr(report, case.report_field) == case.route.IMPL
+    assert case.route.ENV_MODE in getattr(report, f"{case.report_field}_reason")
+    assert case.summary in report.summary()
+    assert hasattr(cls.forward, case.route.ROUTE_ATTR)
+    CALLS.clear()
+    loss, grads = _step(model)
+    n = len(case.layers)
+    assert CALLS[f"{case.calls}_fwd:triton"] == n and CALLS[f"{case.calls}_bwd:triton"] == n
+    assert not any(k.startswith(case.calls) and k.endswith(":reference") for k in CALLS), dict(CALLS)
+    assert _rel(loss, ref_loss) <= tol and set(grads) == set(ref_grads)
+    for name, g in ref_grads.items():
+        assert _rel(grads[name], g) <= (1e-4 if dtype == torch.float32 else 5e-2), name
+    rows = _rows(model, case)
+    assert {r["layer"] for r in rows} == case.layers and {r["layer_type"] for r in rows} == {case.cls}
+    assert all(r["fast"] and r["impl"] == "fastpath-triton (interpreter)" for r in rows), rows
+    fastpath.disable()
+    assert cls.__dict__["forward"] is original
+    assert case.route.SKIP_ATTR not in cls.__dict__ and case.route.ACTIVE is None
+    CALLS.clear()
+    loss, grads = _step(model)
+    assert torch.equal(loss, ref_loss) and all(torch.equal(grads[n], g) for n, g in ref_grads.items())
+    assert not CALLS and not _rows(model, case)
 
 
 @pytest.mark.skipif(not INTERP, reason="runs the fused kernels: needs TRITON_INTERPRET=1")

@@ -1,10 +1,8 @@
-"""enable() routes the gated MLP's silu(gate_proj(x)) * up_proj(x) to fastpath's fused kernel
-(routing/swiglu_route.py): the routed model computes what transformers computes (loss and every
-gradient, float32 and bfloat16), explain() shows each MLP, disable() restores the class exactly,
-a class computing anything else is no candidate, an MLP whose act_fn is not SiLU keeps its
-forward and has no explain() row. suspended(), CPU tensors without the interpreter and
-FASTPATH_SWIGLU: test_class_routes.py, for every class-forward route. Kernel calls are counted at
-fastpath's entry points.
+"""What is particular to the route of the gated MLP's silu(gate_proj(x)) * up_proj(x) to fastpath's
+fused kernel (routing/swiglu_route.py): only the one form of forward is a candidate, an MLP whose
+act_fn is not SiLU keeps its forward and has no explain() row, and which transformers families
+have candidates. The routed model against transformers, disable(), suspended(), CPU tensors
+without the interpreter and FASTPATH_SWIGLU: test_class_routes.py, for every class-forward route.
 """
 
 from __future__ import annotations
@@ -17,61 +15,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from test_zc_norm_route import _always_disable, tiny_qwen3_5  # noqa: E402, F401 (an autouse fixture)
+from test_zc_norm_route import _always_disable  # noqa: E402, F401 (an autouse fixture)
 
-import fastpath  # noqa: E402
 from fastpath.kernels.counters import CALLS  # noqa: E402
 from fastpath.routing import swiglu_route  # noqa: E402
 from fastpath.routing.patch_registry import PatchRegistry  # noqa: E402
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 needs_interp = pytest.mark.skipif(not INTERP, reason="runs the fused kernels: needs TRITON_INTERPRET=1")
-IDS = torch.randint(3, 64, (2, 9), generator=torch.Generator().manual_seed(0))
-MLPS = {"model.layers.0.mlp", "model.layers.1.mlp"}
-
-
-def _step(model, ids=IDS):
-    model.zero_grad(set_to_none=True)
-    out = model(input_ids=ids, labels=ids, use_cache=False)
-    out.loss.backward()
-    return out.loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
-def _rel(a, b) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
-
-
-def _rows(model):
-    return [r for r in fastpath.explain(model).rows if r["op"] == swiglu_route.OP]
-
-
-@needs_interp
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_routed_model_matches_transformers_and_disable_restores(dtype, tol) -> None:
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as module
-
-    original = module.Qwen3_5MLP.__dict__["forward"]
-    model = tiny_qwen3_5(dtype=dtype)
-    ref_loss, ref_grads = _step(model)
-    report = fastpath.enable(warn=False)
-    assert report.swiglu == swiglu_route.IMPL and swiglu_route.ENV_MODE in report.swiglu_reason
-    assert "gated MLP silu(gate) * up -> fastpath-triton" in report.summary()
-    CALLS.clear()
-    loss, grads = _step(model)
-    assert CALLS["swiglu_fwd:triton"] == len(MLPS) and CALLS["swiglu_bwd:triton"] == len(MLPS)
-    assert not CALLS["swiglu_fwd:reference"] and not CALLS["swiglu_bwd:reference"]
-    assert _rel(loss, ref_loss) <= tol and set(grads) == set(ref_grads)
-    for name, g in ref_grads.items():
-        assert _rel(grads[name], g) <= (1e-4 if dtype == torch.float32 else 5e-2), name
-    rows = _rows(model)
-    assert {r["layer"] for r in rows} == MLPS and {r["layer_type"] for r in rows} == {"Qwen3_5MLP"}
-    assert all(r["fast"] and r["impl"] == "fastpath-triton (interpreter)" for r in rows), rows
-    fastpath.disable()
-    assert module.Qwen3_5MLP.__dict__["forward"] is original and swiglu_route.ACTIVE is None
-    CALLS.clear()
-    loss, grads = _step(model)
-    assert torch.equal(loss, ref_loss) and all(torch.equal(grads[n], g) for n, g in ref_grads.items())
-    assert not CALLS["swiglu_fwd:triton"] and not _rows(model)
 
 
 _LOOKALIKES = '''

@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.routing.patch_registry import PatchRegistry
-from fastpath.routing.route_modes import RouteStatus, env_mode
+from fastpath.routing.route_modes import RouteStatus, env_mode, kernel_dtypes
 
 ENV_MODE = "FASTPATH_GLUE"
 MODES = ("auto", "off")
@@ -52,7 +52,6 @@ IMPL = "fastpath-triton"
 ROUTE_ATTR = "__fastpath_glue_route__"
 #: set on a candidate class enable() did not route: why (one line)
 SKIP_ATTR = "__fastpath_glue_skip__"
-_DTYPES = ("float16", "bfloat16", "float32")
 _PROBE_TOLERANCE = 1e-5
 # keyword arguments a decoder layer hands its GatedDeltaNet that change nothing in it (5.17 passes
 # use_cache); any other one with a value (packed sequences: cu_seq_lens_q, seq_idx, ...) keeps the
@@ -127,7 +126,7 @@ def candidates(module: ModuleType) -> list[tuple[type, str]]:
 def _usable(x: Any, interpreter: bool) -> bool:
     import torch
 
-    return (isinstance(x, torch.Tensor) and str(x.dtype).removeprefix("torch.") in _DTYPES
+    return (isinstance(x, torch.Tensor) and kernel_dtypes(x)
             and (x.is_cuda or (interpreter and x.device.type == "cpu")))
 
 

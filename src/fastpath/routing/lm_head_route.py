@@ -51,7 +51,7 @@ from typing import Any, ClassVar
 
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.routing.patch_registry import PatchRegistry
-from fastpath.routing.route_modes import RouteStatus, classes_to_route, env_mode
+from fastpath.routing.route_modes import RouteStatus, classes_to_route, env_mode, kernel_dtypes
 
 ENV_MODE = "FASTPATH_LM_LOSS"
 MODES = ("auto", "off")
@@ -67,7 +67,6 @@ MODULES = (
 ROUTE_ATTR = "__fastpath_lm_head_route__"
 #: set on a candidate class that was not routed: why (one line)
 SKIP_ATTR = "__fastpath_lm_head_skip__"
-_DTYPES = ("float16", "bfloat16", "float32")
 _PROBE_TOLERANCE = 1e-5
 # attention-only: a gated-delta layer on the CPU probe reaches FLA's Triton kernels wherever
 # fla-core is importable, which raise on CPU tensors and would leave the loss unrouted
@@ -181,7 +180,7 @@ def fits(model: Any, kwargs: dict[str, Any], force: bool = False) -> bool:
         return False
     weight = head.weight
     if type(weight.data) is not torch.Tensor or hasattr(weight, "ds_id") or weight.dim() != 2 or \
-            str(weight.dtype).removeprefix("torch.") not in _DTYPES:
+            not kernel_dtypes(weight):
         return False
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     if vocab is not None and weight.shape[0] != vocab:

@@ -1,7 +1,7 @@
 """What the routes share: a mode read from an environment variable (a bad value is a usage error,
 never a silent default), the route / reason decision explain() and EnableReport print, the
 detection of a route to one of fastpath's own fused kernels, the walk over the classes a route
-replaces the forward of, and explain()'s row for such a class."""
+replaces the forward of, the dtypes fastpath's kernels take, and explain()'s row for such a class."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from fastpath.kernels.dispatch import triton_interpreter_on
+from fastpath.kernels.dispatch import TRITON_DTYPES, triton_interpreter_on
 from fastpath.routing.patch_registry import PatchRegistry
 
 
@@ -106,6 +106,11 @@ def describe_routed_class(layer: Any, device: str, impl: str, route_attr: str, s
     if device == "cpu" and triton_interpreter_on():
         return f"{impl} (interpreter)", True
     return f"torch ({device} tensors; fastpath routed for CUDA)", False
+
+
+def kernel_dtypes(*tensors: Any) -> bool:
+    """Whether every tensor is in a dtype fastpath's Triton kernels take (kernels.dispatch)."""
+    return all(t.dtype in TRITON_DTYPES for t in tensors)
 
 
 def runs_kernels_here(x: Any) -> bool:

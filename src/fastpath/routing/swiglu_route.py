@@ -46,7 +46,6 @@ IMPL = "fastpath-triton"
 ROUTE_ATTR = "__fastpath_swiglu_route__"
 #: set on a candidate class enable() did not route: why (one line)
 SKIP_ATTR = "__fastpath_swiglu_skip__"
-_DTYPES = ("float16", "bfloat16", "float32")
 # the one body a candidate's forward may have, `x` standing for its input's name
 _EXPRESSION = "self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))"
 
@@ -125,8 +124,7 @@ def is_silu(act: Any) -> bool:
 
 
 def _takes(gate: Any, up: Any) -> bool:
-    return (gate.shape == up.shape and gate.device == up.device
-            and str(gate.dtype).removeprefix("torch.") in _DTYPES and str(up.dtype).removeprefix("torch.") in _DTYPES)
+    return gate.shape == up.shape and gate.device == up.device and route_modes.kernel_dtypes(gate, up)
 
 
 def make_forward(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -49,6 +49,7 @@ from fastpath.routing.route_modes import (
     describe_routed_class,
     detect_fused_kernel,
     env_mode,
+    kernel_dtypes,
     runs_kernels_here,
 )
 
@@ -62,7 +63,6 @@ HUB_NAME = "RMSNormZeroCentered"  # transformers >= 5.23's kernelize name for th
 ROUTE_ATTR = "__fastpath_zc_norm_route__"
 #: set on a candidate class enable() did not route: why (one line)
 SKIP_ATTR = "__fastpath_zc_norm_skip__"
-_DTYPES = ("float16", "bfloat16", "float32")
 _EPS_ATTRS = ("eps", "variance_epsilon")
 _ONE_PLUS_WEIGHT = re.compile(r"\b1(\.0*)?\s*\+\s*self\.weight\b")
 _PROBE_EPS = 1e-3  # no release's default: an eps fixed in the code instead of read shows
@@ -165,8 +165,7 @@ def fits(norm: Any, x: Any) -> bool:
         return False
     return (x.dim() >= 1 and x.numel() > 0 and weight.dim() == 1 and x.shape[-1] == weight.shape[0]
             and x.shape[-1] <= MAX_WIDTH and weight.device == x.device
-            and str(x.dtype).removeprefix("torch.") in _DTYPES
-            and str(weight.dtype).removeprefix("torch.") in _DTYPES)
+            and kernel_dtypes(x, weight))
 
 
 def make_forward(original: Callable[..., Any], eps_attr: str) -> Callable[..., Any]:
