@@ -383,6 +383,74 @@ def test_resume_recaptures_a_damaged_last_row(lfm2_capture, lfm2_config, tokeniz
     _assert_same_capture(clean.out, out)
 
 
+def test_settling_each_batch_before_the_next_forward_writes_the_same_files(lfm2_capture, lfm2_config,
+                                                                          tokenizer_dir, tmp_path):
+    """--no-overlap (each batch's checks read before the next forward is queued) and the default
+    (the next forward first) capture the same bytes."""
+    clean, data = lfm2_capture
+    serial = run_capture(_opts(lfm2_config, data, tmp_path / "out", tokenizer=str(tokenizer_dir), check_every=2,
+                               overlap=False))
+    assert [c["row"] for c in serial.checked] == [c["row"] for c in clean.checked]
+    _assert_same_capture(clean.out, serial.out)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_overlapped_loop_writes_what_the_settled_one_does(lfm2_config, tokenizer_dir, tmp_path):
+    """The device half of the overlap (pinned inputs, the checks' numbers copied back behind an
+    event, the rows' copies on a side stream) against the loop that settles each batch first."""
+    data = _write_chat(tmp_path / "d.jsonl", "sharegpt")
+    runs = [run_capture(_opts(lfm2_config, data, tmp_path / f"out-{overlap}", tokenizer=str(tokenizer_dir),
+                              device="cuda", check_every=2, overlap=overlap)) for overlap in (True, False)]
+    assert all(r.written == len(CONVERSATIONS) and r.checked and all(c["ok"] for c in r.checked) for r in runs)
+    _assert_same_capture(runs[0].out, runs[1].out)
+
+
+@pytest.mark.parametrize(("overlap", "batch_2_call"), [(True, 2), (False, 3)])
+def test_a_failed_check_keeps_the_batches_before_it_and_writes_nothing_after(overlap, batch_2_call, lfm2_capture,
+                                                                            lfm2_config, tokenizer_dir, tmp_path):
+    """Batch 2's states are zeroed: batch 1 is finished work and stays, byte for byte; batch 2
+    and batch 3 (overlapped: launched before batch 2's checks are read) leave no file. The
+    forwards: batch 1, batch 2, batch 1's first-row re-check, batch 3 (overlapped); batch 1,
+    its re-check, batch 2 (not)."""
+    from fastpath.capture.packing import make_batches
+
+    clean, data = lfm2_capture
+    calls = {"n": 0}
+
+    def zero_batch_2(model):
+        def count(_m, _a):
+            calls["n"] += 1
+
+        def zero(module, args, output):
+            return _zero_output(module, args, output) if calls["n"] == batch_2_call else output
+        model.model.layers[0].register_forward_pre_hook(count)
+        model.model.layers[1].register_forward_hook(zero)
+
+    out = tmp_path / "out"
+    with pytest.raises(CaptureCheckError, match=r"row (\d+) \(data line \d+\) failed its checks: layer 2: all-zero") as err:
+        run_capture(_opts(lfm2_config, data, out, tokenizer=str(tokenizer_dir), on_model=zero_batch_2, overlap=overlap))
+    lengths = _seq_lens(clean.out)
+    batches = make_batches(lengths, 64)
+    assert len(batches) >= 3
+    failed_row = int(err.value.args[0].split()[1])
+    assert failed_row in batches[1]
+    kept = sorted(p.name for p in (out / "hidden_states").glob("*.safetensors"))
+    assert kept == sorted(f"hs_{i}.safetensors" for i in batches[0])
+    from safetensors.torch import load_file
+
+    for name in kept:  # the tensors; the header's metadata order varies from write to write
+        x, y = load_file(out / "hidden_states" / name), load_file(clean.out / "hidden_states" / name)
+        assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), name
+    assert not list(out.rglob(".*.tmp*"))
+
+
+def _seq_lens(out: Path) -> list[int]:
+    import datasets
+
+    return [int(n) for n in datasets.load_from_disk(str(out))["seq_len"]]
+
+
 def _assert_same_capture(a: Path, b: Path) -> None:
     from safetensors.torch import load_file
 

@@ -49,15 +49,19 @@ def test_fixed_costs_and_steady_state_apart(tmp_path):
     assert steady["window_rows"] == 4
     long, short = runs["long"], runs["short"]
     loop = (long["seconds"] - short["seconds"]) / 4
-    forward = (long["timings_s"]["forward"] - short["timings_s"]["forward"]) / 4
+    plain = fast["plain_forward"]  # the same 6 rows through the same decoder, nothing captured
+    assert (plain["rows"], plain["batches"]) == (6, 3) and plain["seconds"] > 0
+    forward = plain["seconds"] / 6
     assert steady["loop_ms_per_row"] == pytest.approx(1e3 * loop, abs=2e-3)
-    assert steady["forward_ms_per_row"] == pytest.approx(1e3 * forward, abs=2e-3)
-    assert steady["overhead_over_forward_pct"] == pytest.approx(100 * (loop / forward - 1), abs=0.02)
-    assert steady["overhead_ms_per_row"] == pytest.approx(
-        sum(steady["split_ms_per_row"].values()), abs=0.02)  # the split adds up to the overhead
+    assert steady["forward_ms_per_row"] == pytest.approx(1e3 * forward, abs=0.01)  # seconds kept to 0.1 ms
+    assert steady["overhead_over_forward_pct"] == pytest.approx(100 * (loop / forward - 1), abs=0.05)
+    assert steady["overhead_ms_per_row"] == pytest.approx(1e3 * (loop - forward), abs=0.01)
+    split = steady["host_split_ms_per_row"]
+    assert {"forward", "checks", "recheck", "stage", "write_wait", "other"} <= set(split)
+    assert sum(split.values()) == pytest.approx(steady["loop_ms_per_row"], abs=0.02)  # the loop's host time, whole
     assert set(fast["fixed_s"]) == {"first_batch", "first_batch_loop", "staging_alloc", "long_run_beyond_steady"}
     assert fast["fixed_s"]["first_batch"] >= fast["fixed_s"]["first_batch_loop"] > 0
-    assert "staging_alloc" not in steady["split_ms_per_row"]  # a fixed cost, outside the loop
+    assert "staging_alloc" not in split  # a fixed cost, outside the loop
     # the keys earlier reports had
     for key in ("fast_over_fallback", "met", "fast_capture_overhead_pct", "overhead_target_pct", "overhead_met"):
         assert key in report

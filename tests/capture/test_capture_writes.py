@@ -134,6 +134,27 @@ def test_staged_rows_never_exceed_the_slots():
     assert writes.wait_s > 0
 
 
+@pytest.mark.parametrize("device", ["cpu", _CUDA])
+def test_a_released_copy_is_never_written_and_its_slot_is_reused(device):
+    """copy -> release (a batch whose checks failed) writes nothing; copy -> queue writes the
+    row's own bytes, also when the copy is still in flight on the GPU's side stream."""
+    written = []
+    writes = RowWrites(1, slot_bytes([(64, 32)], torch.float32), pin=device == "cuda", threads=1)
+    try:
+        for idx in range(4):  # one slot: every copy needs the one before given back
+            row = torch.full((64, 32), float(idx), device=device)
+            staged = writes.copy(idx, [row], lambda saved, idx=idx: written.append((idx, saved[0].clone())))
+            if idx % 2:
+                writes.release(staged)
+            else:
+                writes.queue(staged)
+                writes.wait()
+    finally:
+        writes.close()
+    assert [i for i, _ in written] == [0, 2]
+    assert all(torch.equal(t, torch.full((64, 32), float(i))) for i, t in written)
+
+
 def test_stale_temporaries_of_a_killed_run_are_removed(tmp_path):
     keep = tmp_path / "hidden_states" / "hs_0.safetensors"
     keep.parent.mkdir()

@@ -51,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "'auto' (default): fsdp on GPUs when the weights exceed 75%% of one GPU's memory")
     parser.add_argument("--write-threads", type=int, default=4,
                         help="background threads writing row files while the next batch runs (4)")
+    parser.add_argument("--no-overlap", dest="overlap", action="store_false",
+                        help="settle each batch (checks read, rows handed to the writers) before the next "
+                             "forward starts; default: the next forward is queued first, which holds one "
+                             "more batch of states in GPU memory")
     parser.add_argument("--check-client", default=None, choices=FORMAT_NAMES,
                         help="after the capture (or, without DATA, on the capture in --out): rebuild with the "
                              "installed client's own code what it will train against for a few rows (speculators: "
@@ -92,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer, resume=args.resume, allow_slow=args.allow_slow,
         reference_path=args.reference_path, check_every=args.check_every, shard=args.shard,
         recheck_tokens=args.recheck_tokens,
-        write_threads=args.write_threads, progress=not args.quiet,
+        write_threads=args.write_threads, overlap=args.overlap, progress=not args.quiet,
         check_client=getattr(args, "check_client", None), client_target=getattr(args, "client_target", None),
     )
     opts.setup_interrupt_text = lambda: interrupted_text(args, opts.status, env)

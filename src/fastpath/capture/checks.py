@@ -59,16 +59,19 @@ def _problem(name: str, stats: Sequence[float]) -> str | None:
     return None
 
 
-def batch_problems(rows: Sequence[Mapping[str, Any]], embed_norms: Sequence[Any]) -> list[list[str]]:
-    """What is wrong with each row's states (name -> [T, H]); embed_norms[r] is row r's mean
-    embedding token norm (a float or a 0-d tensor). One host transfer for the whole batch."""
+def batch_stats(rows: Sequence[Mapping[str, Any]], embed_norms: Sequence[Any]) -> tuple[list[list[str]], Any]:
+    """(state names per row, their numbers [states, 6] where the states are): queued on the
+    device, nothing read yet, so the caller decides when to wait for them (`batch_problems`
+    at once; the capture loop after the next batch's forward is queued)."""
     import torch
 
     names = [list(states) for states in rows]
     stats = [_state_stats(state, embed_norms[r]) for r, states in enumerate(rows) for state in states.values()]
-    if not stats:
-        return [[] for _ in rows]
-    values = torch.stack(stats).tolist()
+    return names, torch.stack(stats) if stats else None
+
+
+def problems_from(names: Sequence[Sequence[str]], values: Sequence[Sequence[float]]) -> list[list[str]]:
+    """What is wrong with each row, from batch_stats' names and its numbers read on the host."""
     out: list[list[str]] = []
     k = 0
     for row_names in names:
@@ -80,6 +83,13 @@ def batch_problems(rows: Sequence[Mapping[str, Any]], embed_norms: Sequence[Any]
                 problems.append(problem)
         out.append(problems)
     return out
+
+
+def batch_problems(rows: Sequence[Mapping[str, Any]], embed_norms: Sequence[Any]) -> list[list[str]]:
+    """What is wrong with each row's states (name -> [T, H]); embed_norms[r] is row r's mean
+    embedding token norm (a float or a 0-d tensor). One host transfer for the whole batch."""
+    names, stats = batch_stats(rows, embed_norms)
+    return problems_from(names, [] if stats is None else stats.tolist())
 
 
 def row_problems(states: Mapping[str, Any], embed_norm: Any) -> list[str]:

@@ -1,8 +1,9 @@
-"""The capture loop, per batch: forward with hooks -> check every state (on the device) -> re-run
-sampled rows on the reference path -> stage the rows for the background writers
-(staging.RowWrites) -> next batch; with the progress line, the staging slots and the record of
-where the time went (CaptureResult.timings: forward, checks, recheck, stage, write_wait, sync,
-other; run.py's module doc).
+"""The capture loop, per batch: launch (forward with hooks, every state's checks and the rows'
+device->host copies, all queued on the device) -> the next batch's launch -> settle (read the
+checks, re-run sampled rows on the reference path, hand the rows to the background writers of
+staging.RowWrites); with the progress line, the staging slots and the record of where the time
+went (CaptureResult.timings: forward, checks, recheck, stage, write_wait, sync, other; run.py's
+module doc).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastpath.capture import distributed
-from fastpath.capture.checks import batch_problems, row_problems
+from fastpath.capture.checks import row_problems
 from fastpath.capture.layers import capture_hooks
 from fastpath.capture.options import CaptureCheckError, CaptureOptions
 from fastpath.capture.recheck import recheck_rows
@@ -79,7 +80,8 @@ class Progress:
 def staging(opts: CaptureOptions, writer: Any, rows: list[Any], todo: list[int], mine: list[tuple[int, list[int]]],
              aux_ids: list[int], hidden: int, dtype: Any, device: Any) -> RowWrites:
     """Slots sized for this rank's longest row (the layout's shapes, worked out on the meta
-    device); two batches' worth by default, at most STAGING_BUDGET bytes, never more than rows."""
+    device); three batches' worth by default (one being written, one waiting for its checks,
+    one being copied), at most STAGING_BUDGET bytes, never more than rows."""
     import torch
 
     longest = max((len(rows[i].input_ids) for i in todo), default=1)
@@ -87,7 +89,7 @@ def staging(opts: CaptureOptions, writer: Any, rows: list[Any], todo: list[int],
     shapes = [tuple(t.shape) for t in writer.layout([state] * len(aux_ids), state, state)]
     nbytes = slot_bytes(shapes, dtype)
     most = max((len(b) for _, b in mine), default=1)
-    slots = opts.write_slots or max(2, 2 * most)
+    slots = opts.write_slots or max(3, 3 * most)
     slots = max(1, min(slots, STAGING_BUDGET // max(nbytes, 1), len(todo)))
     return RowWrites(slots, nbytes, pin=device.type == "cuda", threads=opts.write_threads)
 
@@ -123,45 +125,99 @@ def recheck_plan(todo: list[int], check_every: int, first: bool) -> list[int]:
     return [idx for k, idx in enumerate(todo) if (check_every and idx % check_every == 0) or (first and k == 0)]
 
 
+@dataclass
+class Launched:
+    """A batch whose forward, checks and device->host copies are queued on the device: its
+    rows reach the writers only in `settle_batch`, once every check has passed."""
+
+    todo: list[int]
+    plan: list[int]
+    lengths: list[int]
+    ids: Any  # [B, width] on the device
+    position: dict[int, int]  # row id -> row of the batch
+    states: dict[int, dict[int, Any]]  # row id -> layer -> [T, H]
+    posts: dict[int, Any]  # row id -> final norm output [T, H]
+    names: list[list[str]]  # checks.batch_stats' state names per row
+    stats: Any  # their numbers: on the host once `ready` has fired (None: no rows)
+    ready: Any  # CUDA event of the numbers' copy; None when they are on the host already
+    staged: list[Any] = field(default_factory=list)  # staging.Staged per row
+
+
 def capture_loop(loop: Loop, steps: int, mine: list[tuple[int, list[int]]], done: set[int], progress: Progress,
                   ) -> tuple[int, int, list[dict[str, Any]], BaseException | None, bool]:
-    """This rank's batches; every rank runs `steps` steps and learns after each whether any failed."""
+    """This rank's batches; every rank runs `steps` steps and learns after each whether any failed.
+
+    Overlapped (`opts.overlap`, not sharded): batch k's checks are read and its rows handed to
+    the writers after batch k+1's forward is queued, so the device never waits for the host's
+    share of a step (the verdict, re-check bookkeeping, file writes). Sharded runs settle every
+    batch in its own step: their forwards (re-checks included) must line up across ranks."""
     import torch
 
     checked: list[dict[str, Any]] = []
     written = tokens = 0
     first = True
     error: BaseException | None = None
-    for step in range(steps):
-        batch = mine[step][1] if step < len(mine) else []
-        todo = [i for i in batch if i not in done]
-        plan = recheck_plan(todo, loop.opts.check_every, first) if todo else []
-        if loop.budget is not None:
+    overlap = loop.opts.overlap and loop.budget is None
+    pending: Launched | None = None
+
+    def settle(batch: Launched) -> None:
+        nonlocal written, tokens, error
+        try:
+            n_tok, row_checks = settle_batch(loop, batch)
+            checked.extend(row_checks)
+            written += len(batch.todo)
+            tokens += n_tok
+        except FastpathError as exc:
+            error = error or exc
+        except torch.cuda.OutOfMemoryError as exc:
+            if loop.budget is not None:
+                raise  # sharded: the other ranks are inside this forward's collectives
+            error = error or _oom(len(batch.lengths), exc)
+
+    try:
+        for step in range(steps):
+            batch = mine[step][1] if step < len(mine) else []
+            todo = [i for i in batch if i not in done]
+            plan = recheck_plan(todo, loop.opts.check_every, first) if todo else []
+            if loop.budget is not None:
+                since = time.perf_counter()
+                loop.budget.plan(bool(todo), len(plan))
+                loop.add("sync", since)
+            launched = None
+            if todo:
+                try:
+                    launched = launch_batch(loop, batch, todo, plan)
+                    first = False
+                except FastpathError as exc:
+                    error = exc
+                except torch.cuda.OutOfMemoryError as exc:
+                    if loop.budget is not None:
+                        raise
+                    error = _oom(len(batch), exc)
+            if pending is not None:  # the batch before: its rows are finished work, keep them
+                settle(pending)
+                pending = None
+            if launched is not None:
+                if error is not None:
+                    discard(loop, launched)
+                elif overlap:
+                    pending = launched
+                else:
+                    settle(launched)
             since = time.perf_counter()
-            loop.budget.plan(bool(todo), len(plan))
+            if loop.budget is not None:
+                loop.budget.pad()
+            failed = distributed.any_failed(error is not None, loop.device, loop.active)
             loop.add("sync", since)
-        if todo:
-            try:
-                n_tok, row_checks = capture_batch(loop, batch, todo, plan)
-                first = False
-                checked.extend(row_checks)
-                written += len(todo)
-                tokens += n_tok
-            except FastpathError as exc:
-                error = exc
-            except torch.cuda.OutOfMemoryError as exc:
-                if loop.budget is not None:
-                    raise  # sharded: the other ranks are inside this forward's collectives
-                error = FastpathError(f"out of GPU memory on a batch of {len(batch)} rows "
-                                      f"({first_line(exc)}); lower --batch-tokens")
-        since = time.perf_counter()
-        if loop.budget is not None:
-            loop.budget.pad()
-        failed = distributed.any_failed(error is not None, loop.device, loop.active)
-        loop.add("sync", since)
-        if failed:
-            return written, tokens, checked, error, True
-        progress.update(written + len(done), tokens)
+            if failed:
+                return written, tokens, checked, error, True
+            progress.update(written + len(done), tokens)
+        if pending is not None:  # the last batch; the status all-reduce below counts it (every rank calls it)
+            settle(pending)
+            pending = None
+    finally:
+        if pending is not None:  # Ctrl-C or a sharded OOM: the unsettled batch is not written
+            discard(loop, pending)
     try:
         loop.writes.wait()
     except FastpathError as exc:
@@ -169,10 +225,17 @@ def capture_loop(loop: Loop, steps: int, mine: list[tuple[int, list[int]]], done
     return written, tokens, checked, error, distributed.any_failed(error is not None, loop.device, loop.active)
 
 
-def capture_batch(loop: Loop, batch: list[int], todo: list[int], plan: list[int]) -> tuple[int, list[dict[str, Any]]]:
-    """Forward one batch, check every row on the device, re-check the `plan` rows on the
-    reference path, then stage `todo` for the background writers."""
+def _oom(rows: int, exc: BaseException) -> FastpathError:
+    return FastpathError(f"out of GPU memory on a batch of {rows} rows ({first_line(exc)}); lower --batch-tokens")
+
+
+def launch_batch(loop: Loop, batch: list[int], todo: list[int], plan: list[int]) -> Launched:
+    """Queue one batch on the device: the forward with hooks, the checks' numbers (one
+    non-blocking copy to the host) and each row's stored tensors' copies to staging slots.
+    Nothing waits for the device here and nothing is written."""
     import torch
+
+    from fastpath.capture.checks import batch_stats
 
     rows, parts, writer, device = loop.rows, loop.parts, loop.writer, loop.device
     since = time.perf_counter()
@@ -183,12 +246,11 @@ def capture_batch(loop: Loop, batch: list[int], todo: list[int], plan: list[int]
     for b, i in enumerate(batch):
         ids[b, : lengths[b]] = torch.tensor(rows[i].input_ids)
         mask[b, : lengths[b]] = 1
-    ids, mask = ids.to(device), mask.to(device)
+    cuda = device.type == "cuda"
+    ids, mask = (t.pin_memory().to(device, non_blocking=True) if cuda else t.to(device) for t in (ids, mask))
     padded = min(lengths) != width
     with torch.no_grad(), capture_hooks(parts, loop.capture_ids) as box:
         parts.base(input_ids=ids, attention_mask=mask if padded else None, use_cache=False)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
     since = loop.add("forward", since)
     missing = [i for i in loop.capture_ids if i not in box.states] + ([] if box.final_post is not None else ["final norm"])
     if missing:
@@ -207,23 +269,87 @@ def capture_batch(loop: Loop, batch: list[int], todo: list[int], plan: list[int]
         row_named["final norm"] = posts[idx]
         named.append(row_named)
         embed_norms.append(loop.norms[ids[b, :n]].mean())
-    for (_, idx), problems in zip(mine, batch_problems(named, embed_norms), strict=True):
-        if problems:
-            raise CaptureCheckError(f"row {idx} (data line {rows[idx].line}) failed its checks: {problems[0]}"
-                                    + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+    names, stats = batch_stats(named, embed_norms)
+    ready = None
+    if stats is not None and cuda:
+        host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
+        host.copy_(stats, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        stats = host
     since = loop.add("checks", since)
+    launched = Launched(todo, plan, lengths, ids, {idx: b for b, idx in mine}, states, posts, names, stats, ready)
+    waited = loop.writes.wait_s
+    try:
+        for _, idx in mine:
+            row = rows[idx]
+            stored = writer.layout([states[idx][i] for i in loop.aux_ids],
+                                   states[idx][loop.num_layers] if writer.needs_pre else None,
+                                   posts[idx] if writer.needs_post else None)
+            row_ids = torch.tensor(row.input_ids, dtype=torch.long)
+            row_mask = torch.tensor(row.loss_mask, dtype=torch.long)
+
+            def write(saved: list[Any], idx: int = idx, row_ids: Any = row_ids, row_mask: Any = row_mask) -> None:
+                writer.write_row(idx, row_ids, row_mask, saved, loop.meta)
+
+            launched.staged.append(loop.writes.copy(idx, stored, write))
+    except BaseException:
+        discard(loop, launched)
+        raise
+    loop.add("stage", since)
+    loop.timings["stage"] -= loop.writes.wait_s - waited  # time blocked on a slot is write_wait
+    return launched
+
+
+def discard(loop: Loop, launched: Launched) -> None:
+    """Give a launched batch's slots back unwritten."""
+    for staged in launched.staged:
+        loop.writes.release(staged)
+    launched.staged.clear()
+
+
+def settle_batch(loop: Loop, launched: Launched) -> tuple[int, list[dict[str, Any]]]:
+    """Read a launched batch's checks, re-check its `plan` rows on the reference path, then
+    hand its rows to the writers; a failed check releases them unwritten and raises."""
+    from fastpath.capture.checks import problems_from
+
+    rows = loop.rows
+    since = time.perf_counter()
+    try:
+        if launched.ready is not None:
+            launched.ready.synchronize()
+        values = [] if launched.stats is None else launched.stats.tolist()
+        for idx, problems in zip(launched.position, problems_from(launched.names, values), strict=True):
+            if problems:
+                raise CaptureCheckError(f"row {idx} (data line {rows[idx].line}) failed its checks: {problems[0]}"
+                                        + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+        since = loop.add("checks", since)
+        row_checks = _recheck(loop, launched)
+        since = loop.add("recheck", since)
+    except BaseException:
+        discard(loop, launched)
+        raise
+    for staged in launched.staged:
+        loop.writes.queue(staged)
+    launched.staged.clear()
+    loop.add("stage", since)
+    return sum(launched.lengths[launched.position[idx]] for idx in launched.position), row_checks
+
+
+def _recheck(loop: Loop, launched: Launched) -> list[dict[str, Any]]:
+    """Re-run the batch's `plan` rows on the reference path; raise at the first that differs."""
+    rows, lengths, position = loop.rows, launched.lengths, launched.position
     row_checks: list[dict[str, Any]] = []
-    position = {idx: b for b, idx in mine}
     sampled = []
-    for idx in plan:
+    for idx in launched.plan:
         # a causal model's first n positions do not depend on the rest: a prefix re-check is exact
         n = lengths[position[idx]]
         n = min(n, loop.opts.recheck_tokens) if loop.opts.recheck_tokens else n
-        captured = {f"layer {i}": states[idx][i][:n] for i in loop.capture_ids}
-        captured["final norm"] = posts[idx][:n]
-        sampled.append((ids[position[idx], :n], captured))
-    all_diffs = recheck_rows(parts, sampled, loop.capture_ids, loop.tol, loop.on_fast)
-    for idx, diffs in zip(plan, all_diffs, strict=True):
+        captured = {f"layer {i}": launched.states[idx][i][:n] for i in loop.capture_ids}
+        captured["final norm"] = launched.posts[idx][:n]
+        sampled.append((launched.ids[position[idx], :n], captured))
+    all_diffs = recheck_rows(loop.parts, sampled, loop.capture_ids, loop.tol, loop.on_fast)
+    for idx, diffs in zip(launched.plan, all_diffs, strict=True):
         worst = max(diffs, key=lambda d: d.rel)
         row_checks.append({"row": idx, "ok": all(d.ok for d in diffs), "worst": worst.name,
                            "rel": worst.rel, "token_rel_max": max(d.token_rel_max for d in diffs)})
@@ -233,23 +359,7 @@ def capture_batch(loop: Loop, batch: list[int], todo: list[int], plan: list[int]
             why = ", ".join(d.flags) if d.flags else f"rel {d.rel:.2e} (limit {loop.tol.rel:g}), worst token {d.token_rel_max:.2e}"
             raise CaptureCheckError(f"row {idx} (data line {rows[idx].line}): {d.name} differs from the "
                                     f"reference path: {why}")
-    since = loop.add("recheck", since)
-    waited = loop.writes.wait_s
-    for _, idx in mine:
-        row = rows[idx]
-        stored = writer.layout([states[idx][i] for i in loop.aux_ids],
-                               states[idx][loop.num_layers] if writer.needs_pre else None,
-                               posts[idx] if writer.needs_post else None)
-        row_ids = torch.tensor(row.input_ids, dtype=torch.long)
-        row_mask = torch.tensor(row.loss_mask, dtype=torch.long)
-
-        def write(saved: list[Any], idx: int = idx, row_ids: Any = row_ids, row_mask: Any = row_mask) -> None:
-            writer.write_row(idx, row_ids, row_mask, saved, loop.meta)
-
-        loop.writes.stage(idx, stored, write)
-    loop.add("stage", since)
-    loop.timings["stage"] -= loop.writes.wait_s - waited  # time blocked on a slot is write_wait
-    return sum(lengths[b] for b, _ in mine), row_checks
+    return row_checks
 
 
 def loop_timings(loop: Loop, writes: RowWrites, seconds: float) -> dict[str, float]:

@@ -69,7 +69,8 @@ class CaptureOptions:
     shard: str = "auto"  # auto | replicate | fsdp (distributed.choose_shard)
     verify_last: int = 4
     write_threads: int = 4
-    write_slots: int | None = None  # staged rows at most (default: two batches' worth, within STAGING_BUDGET)
+    write_slots: int | None = None  # staged rows at most (default: three batches' worth, within STAGING_BUDGET)
+    overlap: bool = True  # queue batch k+1's forward before settling batch k (loop.capture_loop)
     progress: bool = True
     enable_kwargs: dict[str, Any] = field(default_factory=dict)
     check_client: str | None = None  # speculators | specforge: rebuild its training targets (capture.clients)

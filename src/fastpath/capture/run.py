@@ -1,18 +1,21 @@
 """A whole capture, in order: the options checked (options.py) and --out probed (out_dir.py), the
 target resolved and its rows read, the weights loaded and the fast path gated (target.py), the
-settings a resume must match written (out_dir.py), then the loop (loop.py: per batch, forward
-with hooks -> check every state on the device -> re-run sampled rows on the reference path ->
-stage the rows for the background writers), and rank 0's index and client checks (finish.py).
+settings a resume must match written (out_dir.py), then the loop (loop.py: per batch, launch the
+forward with hooks, the checks and the rows' copies on the device -> launch the next batch ->
+read the checks, re-run sampled rows on the reference path, hand the rows to the background
+writers), and rank 0's index and client checks (finish.py).
 
-Order matters for "nothing half-written": a batch is staged only after all its rows passed, and
-each file appears by an atomic rename. A failed check stops every rank with the row id; what was
-written before is complete and `--resume` continues from it.
+Order matters for "nothing half-written": a batch's rows go to the writers only after all of
+them passed, and each file appears by an atomic rename. A failed check stops every rank with the
+row id; what was written before is complete and `--resume` continues from it.
 
-The run records where its time went (CaptureResult.timings, per rank in the summary): forward
-(the batch forwards; on a GPU the device is synchronised after each, which costs nothing as the
-checks read results right after), checks, recheck (reference forwards and comparisons), stage
-(layout + queued copies), write_wait (blocked on a free staging slot or on the final writes),
-sync (status all-reduces and, sharded, the padding forwards) and other (the rest of the loop).
+The run records where its time went (CaptureResult.timings, per rank in the summary), as host
+time: forward (queueing the batch forwards), checks (queueing them, then waiting for their
+numbers: the device time the host did not hide), recheck (reference forwards and comparisons),
+stage (layouts, queued copies, hand-over to the writers), write_wait (blocked on a free staging
+slot or on the final writes), sync (status all-reduces and, sharded, the padding forwards) and
+other (the rest of the loop). A capture's cost over the plain forward is measured against a
+forward-only loop (benchmarks/capture_speed.py), not from these keys.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ main thread takes a staging slot (a host buffer sized for the longest row; pinne
 states are on a GPU), builds the layout's tensors on the device (a stack or a concat there is
 nearly free) and queues one non-blocking device->host copy of each on a side stream; a writer
 thread waits for that copy, writes the files (temp + rename, see writers.atomic_write) and
-gives the slot back.
+gives the slot back. The capture loop splits that in two (`copy`, then `queue` once the row's
+checks passed, or `release` when they failed), so a batch's copies run while its checks are
+still on the device and nothing unchecked is ever written.
 
 Bounded: at most `slots` rows are staged or being written; when all are taken the main thread
 waits (the time is counted as `wait_s`), so host memory stays at slots x slot_bytes. A write
@@ -24,6 +26,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from fastpath.shared.errors import FastpathError
@@ -67,6 +70,17 @@ class _Slot:
         return targets, saved
 
 
+@dataclass
+class Staged:
+    """One row copied (or being copied) into a slot, not yet handed to the writers."""
+
+    idx: int
+    slot: _Slot
+    event: Any  # the copy's CUDA event; None when the copy was synchronous
+    saved: list[Any]
+    write: Callable[[list[Any]], None]
+
+
 class RowWrites:
     """Stage rows to host slots and write them on `threads` background threads (module doc)."""
 
@@ -90,6 +104,12 @@ class RowWrites:
     def stage(self, idx: int, tensors: Sequence[Any], write: Callable[[list[Any]], None]) -> None:
         """Copy `tensors` (one row's stored tensors, on any device) to a slot and queue
         write(host tensors). Raises a writer thread's earlier failure."""
+        self.queue(self.copy(idx, tensors, write))
+
+    def copy(self, idx: int, tensors: Sequence[Any], write: Callable[[list[Any]], None]) -> Staged:
+        """Take a slot and start the copy of `tensors` into it (on a GPU: queued on a side
+        stream, nothing waits), without writing anything yet: `queue` hands it to the writers,
+        `release` gives the slot back unwritten (a batch whose checks failed)."""
         import torch
 
         slot = self._take()
@@ -114,9 +134,19 @@ class RowWrites:
         except BaseException:
             self.free.put(slot)
             raise
+        return Staged(idx, slot, event, saved, write)
+
+    def queue(self, staged: Staged) -> None:
+        """Hand a copied row to the writer threads."""
         with self.lock:
             self.outstanding += 1
-        self.jobs.put((idx, slot, event, saved, write))
+        self.jobs.put((staged.idx, staged.slot, staged.event, staged.saved, staged.write))
+
+    def release(self, staged: Staged) -> None:
+        """Give a copied row's slot back unwritten, once its copy has landed (the slot is reused)."""
+        if staged.event is not None:
+            staged.event.synchronize()
+        self.free.put(staged.slot)
 
     def wait(self) -> None:
         """Return when every queued row is on disk; raise the first failure (with its row)."""
