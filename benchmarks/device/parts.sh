@@ -49,7 +49,8 @@
 #   mprofile  benchmarks/model_profile.py (8-layer Qwen3.5: GPU time per kernel family, the split of
 #             elementwise/other; MPROFILE_CONFIGS, default fastpath,fastpath+liger)
 #   peer      mamba_ssm's own op test files against fastpath's functions (benchmarks/device/peer.sh;
-#             carry .carry/mamba_peer, packed by benchmarks/device/pack_peer_tests.sh; PEER_GRIDS)
+#             carry .carry/mamba_peer, packed by benchmarks/device/pack_peer_tests.sh; PEER_GRIDS;
+#             PEER_SEED=DIR continues a grid from an earlier call's OUTDIR/peer, on the same sources)
 #   memcheck  compute-sanitizer memcheck over every GPU test group, small shapes
 #             (benchmarks/device/memcheck.sh)
 #   hub       transformers 5.25 + kernels 0.19.1 (carried in .carry/tf525) offline on the GPU:

@@ -21,6 +21,13 @@
 #   PEER_RESUME=1         continue the previous call's grids on this (still warm) machine: cases
 #                         already finished are not run again and the counts cover every call;
 #                         default 0 starts afresh. The state lives in .dev/peer (PEER_STATE).
+#   PEER_SEED=DIR         continue a call made on another machine (a later session): DIR is that
+#                         call's OUTDIR/peer (state.tgz + state_key.txt, which every call writes).
+#                         Taken only when its key matches this tree's: a sha256 over the sources
+#                         the suites exercise (kernels/selective_scan, kernels/ssd,
+#                         kernels/causal_conv1d, the kernels/*.py they share, the causal_conv1d
+#                         face, tests/peer, the upstream commit); any change there starts afresh,
+#                         so every counted case ran on the kernels of this tree.
 # Each grid runs as SHARDS pytest processes sharing the GPU (PEER_SHARD=i/n); a process cut by its
 # limit gets SIGINT, so pytest still writes its JUnit XML for the cases it finished. A case that
 # loses the CUDA context (illegal memory access) stops its own process (named in its log).
@@ -53,6 +60,17 @@ t0=$(date +%s)
 state=${PEER_STATE:-$root/.dev/peer}
 [ "${PEER_RESUME:-0}" = 1 ] || rm -rf "$state"
 mkdir -p "$state"
+key=$( { find src/fastpath/kernels/selective_scan src/fastpath/kernels/ssd src/fastpath/kernels/causal_conv1d \
+           src/fastpath/causal_conv1d tests/peer -name '*.py'; ls src/fastpath/kernels/*.py; } | LC_ALL=C sort \
+       | xargs sha256sum | { cat; cat "$MAMBA_PEER_TESTS/UPSTREAM" 2>/dev/null; } | sha256sum | cut -c1-16)
+echo "peer: sources key $key"
+if [ -n "${PEER_SEED:-}" ]; then
+  if [ "$(cat "$PEER_SEED/state_key.txt" 2>/dev/null)" = "$key" ] && [ -f "$PEER_SEED/state.tgz" ]; then
+    tar xzf "$PEER_SEED/state.tgz" -C "$state" && echo "peer: continuing from $PEER_SEED ($(cat "$state"/*_done.txt 2>/dev/null | wc -l) cases done there)"
+  else
+    echo "peer: NOT continuing from $PEER_SEED: its key $(cat "$PEER_SEED/state_key.txt" 2>/dev/null || echo '(none)') is not this tree's $key (kernels or suites changed): every case runs again"
+  fi
+fi
 call=$(date +%s)
 
 run_grid() {  # run_grid GRID LIMIT SHARDS
@@ -71,6 +89,7 @@ run_grid() {  # run_grid GRID LIMIT SHARDS
   done
   wait $pids
   cp "$state/${grid}"_*_*.xml "$state/${grid}"_*_*.txt "$state/${grid}_judged.jsonl" "$dir"/ 2>/dev/null
+  tar czf "$dir/state.tgz" -C "$state" . && echo "$key" > "$dir/state_key.txt"  # PEER_SEED for a later call
   grep -h "lost the CUDA context\|KeyboardInterrupt\|^ERROR " "$state/${grid}_${call}"_*.txt | sort | uniq -c | head -20
 }
 
