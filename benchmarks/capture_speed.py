@@ -135,6 +135,80 @@ def plain_forward(built: Any, rows_file: Path, batch_tokens: int, fast: bool) ->
             "s_per_row": seconds / len(rows), "tokens_per_s": round(sum(len(r) for r in rows) / seconds, 1)}
 
 
+def _sync_points(run: Any) -> list[dict[str, Any]]:
+    """Every host<-device synchronisation `run()` makes on a GPU (torch's sync debug mode), by the
+    Python line that asked for it: a sync inside the loop leaves the GPU idle while the host
+    catches up."""
+    import collections
+    import warnings
+
+    import torch
+
+    seen: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    def note(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        seen[(f"{filename}:{lineno}", str(message).splitlines()[0][:120])] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        previous, warnings.showwarning = warnings.showwarning, note
+        torch.cuda.set_sync_debug_mode(1)
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+            warnings.showwarning = previous
+    return [{"where": where, "what": what, "count": n} for (where, what), n in seen.most_common(30)]
+
+
+def _device_profile(run: Any, cuda: bool) -> dict[str, Any]:
+    """Wall time of run() and the device time by kernel (torch.profiler): which kernels the
+    capture adds to the forward, and how much of the wall the device was busy computing."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        began = time.perf_counter()
+        run()
+        if cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - began
+    kernels = _device_ms_by_kernel(prof)
+    compute = sum(v for k, v in kernels.items() if not k.startswith(("Memcpy", "Memset")))
+    copies = sum(v for k, v in kernels.items() if k.startswith(("Memcpy", "Memset")))
+    return {"wall_ms": round(1e3 * wall, 3), "device_compute_ms": round(compute, 3), "device_copy_ms": round(copies, 3),
+            "device_idle_ms": round(max(0.0, 1e3 * wall - compute), 3),
+            "top": [{"name": k[:100], "ms": round(v, 3)} for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:20]],
+            "kernels": kernels}
+
+
+def _device_ms_by_kernel(prof: Any) -> dict[str, float]:
+    """Device milliseconds per kernel / copy name (self time, so nothing counts twice)."""
+    out: dict[str, float] = {}
+    for event in prof.key_averages():
+        us = getattr(event, "self_device_time_total", None)
+        if us is None:
+            us = getattr(event, "self_cuda_time_total", 0)
+        if us and getattr(event, "device_type", None) is not None and "CUDA" in str(event.device_type):
+            out[event.key] = out.get(event.key, 0.0) + us / 1e3
+    return out
+
+
+def diagnose(capture: Any, forward: Any, cuda: bool) -> dict[str, Any]:
+    """Where a capture's time goes beyond its forward, on the --short-rows rows: the sync points
+    inside the loop, and device profiles of the capture and of the plain forward side by side,
+    with the kernels only the capture runs."""
+    out: dict[str, Any] = {"sync_points": _sync_points(capture) if cuda else None}
+    cap, fwd = _device_profile(capture, cuda), _device_profile(forward, cuda)
+    extra = {k: round(v - fwd["kernels"].get(k, 0.0), 3) for k, v in cap["kernels"].items()}
+    out["capture"] = {k: v for k, v in cap.items() if k != "kernels"}
+    out["plain_forward"] = {k: v for k, v in fwd.items() if k != "kernels"}
+    out["capture_minus_forward_ms"] = dict(sorted(((k, v) for k, v in extra.items() if abs(v) >= 0.05),
+                                                  key=lambda kv: -kv[1])[:25])
+    return out
+
+
 def run_path(name: str, args: argparse.Namespace, data: Path, short: Path | None, warm: Path, scratch: Path,
              built: Any) -> dict[str, Any]:
     import torch
@@ -184,6 +258,10 @@ def run_path(name: str, args: argparse.Namespace, data: Path, short: Path | None
         long_run = _run_summary(done)
         forward = plain_forward(built, data, args.batch_tokens, fast=name == "fast")
         steady = steady_state(short_run, long_run, forward["s_per_row"]) if short_run is not None else None
+        if args.diagnose and short is not None:
+            result["diagnosis"] = diagnose(lambda: capture(short, "diagnose"),
+                                           lambda: plain_forward(built, short, args.batch_tokens, fast=name == "fast"),
+                                           cuda)
         result.update({
             "ok": True, "rows": done.rows, "tokens": done.tokens, "seconds": round(done.seconds, 3),
             "tokens_per_s": round(done.tokens_per_s, 1),
@@ -255,6 +333,9 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test the script (tiny configs)")
     parser.add_argument("--allow-slow-fast-path", action="store_true",
                         help="smoke tests on CPU: let the 'fast' run proceed where an op has no fast path")
+    parser.add_argument("--diagnose", action="store_true",
+                        help="also profile the --short-rows capture and its plain forward (device time by "
+                             "kernel, idle time) and list the loop's host<-device sync points")
     parser.add_argument("--scratch", default=None, help="where rows are written (default /dev/shm or tmp)")
     args = parser.parse_args()
     names = [n for n in args.paths.split(",") if n]

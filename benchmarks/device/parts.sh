@@ -35,8 +35,9 @@
 #             configuration (MODEL_CONFIGS; default reference,fastpath,fla+dao when Dao is there)
 #   decode    the same model's decode and CUDA-graph decode, one bench per configuration
 #   mamba     benchmarks/mamba_model.py (Nemotron-H 6 layers vs mamba_ssm's Triton SSD)
-#   capture   benchmarks/capture_speed.py (capture vs its fast forward vs the fallback; steady state
-#             from CAPTURE_ROWS against CAPTURE_SHORT_ROWS, fixed costs apart)
+#   capture   benchmarks/capture_speed.py (capture vs its plain forward vs the fallback; steady state
+#             from CAPTURE_ROWS against CAPTURE_SHORT_ROWS, fixed costs apart; CAPTURE_PATHS;
+#             CAPTURE_DIAGNOSE=1 adds device profiles and the loop's sync points)
 #   warmup    fastpath warmup --train per WARMUP_MODELS (default "qwen3.5-27b:8 kimi-linear-48b-a3b:2
 #             olmo-hybrid:4"), each on an empty TRITON_CACHE_DIR; autotune decisions merged into
 #             OUT/w/warmup/autotune-decisions.json
@@ -226,7 +227,8 @@ part_mamba() {
 }
 part_capture() {
   run capture "${CAPTURE_TIMEOUT:-300}" python3 benchmarks/capture_speed.py --out "$w/capture" \
-    --rows "${CAPTURE_ROWS:-128}" --short-rows "${CAPTURE_SHORT_ROWS:-32}"
+    --rows "${CAPTURE_ROWS:-128}" --short-rows "${CAPTURE_SHORT_ROWS:-32}" \
+    --paths "${CAPTURE_PATHS:-fast,fallback}" ${CAPTURE_DIAGNOSE:+--diagnose}
 }
 part_warmup() {  # each model on its own empty cache; the decisions merge into one file
   mkdir -p "$w/warmup"

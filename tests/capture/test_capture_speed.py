@@ -79,3 +79,15 @@ def test_a_window_that_is_not_there_is_one_line_exit_2(tmp_path):
     proc = _run(tmp_path, "--rows", "4", "--short-rows", "4")
     assert proc.returncode == 2
     assert "--short-rows" in proc.stderr and proc.stderr.strip().count("\n") == 0
+
+
+def test_diagnose_profiles_the_capture_beside_its_forward(tmp_path):
+    proc = _run(tmp_path, "--rows", "3", "--short-rows", "2", "--paths", "fast", "--diagnose")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    diagnosis = json.loads((tmp_path / "out" / "capture_speed.json").read_text())["paths"]["fast"]["diagnosis"]
+    assert diagnosis["sync_points"] is None  # CPU: no device to wait for
+    for side in ("capture", "plain_forward"):
+        profile = diagnosis[side]
+        assert profile["wall_ms"] > 0 and profile["device_idle_ms"] <= profile["wall_ms"]
+        assert profile["device_compute_ms"] == 0 and profile["top"] == []  # no CUDA activity on a CPU
+    assert diagnosis["capture_minus_forward_ms"] == {}
