@@ -195,11 +195,36 @@ def _device_ms_by_kernel(prof: Any) -> dict[str, float]:
     return out
 
 
+def _without_file_writes(capture: Any) -> Any:
+    """capture() with every row file reduced to an empty one (an experiment, never a product
+    setting): the loop's cost of writing, the host threads' share included, is the difference."""
+    from fastpath.capture.writers import SpecForgeWriter, SpeculatorsWriter
+
+    def touch(self: Any, idx: int, *_args: Any, **_kwargs: Any) -> None:
+        path = self.row_paths(idx)[0]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+
+    saved = {cls: cls.write_row for cls in (SpeculatorsWriter, SpecForgeWriter)}
+    for cls in saved:
+        cls.write_row = touch
+    try:
+        return capture()
+    finally:
+        for cls, write_row in saved.items():
+            cls.write_row = write_row
+
+
 def diagnose(capture: Any, forward: Any, cuda: bool) -> dict[str, Any]:
-    """Where a capture's time goes beyond its forward, on the --short-rows rows: the sync points
-    inside the loop, and device profiles of the capture and of the plain forward side by side,
-    with the kernels only the capture runs."""
-    out: dict[str, Any] = {"sync_points": _sync_points(capture) if cuda else None}
+    """Where a capture's time goes beyond its forward, on the --short-rows rows: the loop with and
+    without its file writes, the sync points inside the loop, and device profiles of the capture
+    and of the plain forward side by side, with the kernels only the capture runs."""
+    with_writes, without = capture(), _without_file_writes(capture)
+    out: dict[str, Any] = {
+        "loop_ms_per_row": {"with_writes": round(1e3 * with_writes.seconds / with_writes.rows, 3),
+                            "without_file_writes": round(1e3 * without.seconds / without.rows, 3)},
+        "sync_points": _sync_points(capture) if cuda else None,
+    }
     cap, fwd = _device_profile(capture, cuda), _device_profile(forward, cuda)
     extra = {k: round(v - fwd["kernels"].get(k, 0.0), 3) for k, v in cap["kernels"].items()}
     out["capture"] = {k: v for k, v in cap.items() if k != "kernels"}

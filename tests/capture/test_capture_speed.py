@@ -86,6 +86,8 @@ def test_diagnose_profiles_the_capture_beside_its_forward(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     diagnosis = json.loads((tmp_path / "out" / "capture_speed.json").read_text())["paths"]["fast"]["diagnosis"]
     assert diagnosis["sync_points"] is None  # CPU: no device to wait for
+    assert set(diagnosis["loop_ms_per_row"]) == {"with_writes", "without_file_writes"}
+    assert all(v > 0 for v in diagnosis["loop_ms_per_row"].values())
     for side in ("capture", "plain_forward"):
         profile = diagnosis[side]
         assert profile["wall_ms"] > 0 and profile["device_idle_ms"] <= profile["wall_ms"]
