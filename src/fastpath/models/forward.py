@@ -300,3 +300,40 @@ def oracle_runs(model: Any, inputs: Inputs, look: FirstLook, ref: PathRun, tol: 
         with Tf32Off():
             runs.noise = rounding_noise(model, inputs, ref.grads, look.noise_names, NOISE_RUNS, fused_loss)
     return runs
+
+
+# ---------------------------------------------------------------------------------------------
+# Both sides of a comparison
+
+
+@dataclass
+class SideRuns:
+    """Both sides of verify's comparison as they ran (run_sides)."""
+
+    ref: PathRun
+    ref_calls: dict[str, int]  # the kernel calls the reference side made
+    fast: PathRun
+    fast_calls: dict[str, int]
+    oracle_grads: dict[str, Any] | None  # an fp32 copy's gradients on the reference path
+    pins: SidePins  # the reference's MoE top-k choices, replayed by the fast side
+
+
+def run_sides(model: Any, inputs: Inputs, *, backward: bool, decode_tokens: int, oracle_grads: bool,
+              say: Callable[[str], None], to_fast: Callable[[Any], None],
+              fused_loss: FusedLoss | None = None) -> SideRuns:
+    """verify's runs of one model, in the order memory allows: with `oracle_grads` (bf16/fp16
+    backward) an fp32 copy's gradients first, while no gradients are held, so the copy is never
+    alive together with both paths' gradients (models/sizing.py peak_bytes); the reference side
+    on the active path; `to_fast(model)`, where the caller switches to the fast path (routing sits
+    above this floor); the fast side. See run_side for one side."""
+    pins = SidePins()
+    sides: dict[str, Any] = {"backward": backward, "decode_tokens": decode_tokens, "say": say, "pins": pins,
+                             "fused_loss": fused_loss}
+    grads = None
+    if oracle_grads:
+        say("reference path in fp32: gradient oracle")
+        grads = fp32_oracle_grads(model, inputs, fused_loss)
+    ref, ref_calls = run_side("reference path", model, inputs, packed_reference=True, **sides)
+    to_fast(model)
+    fast, fast_calls = run_side("fast path", model, inputs, packed_reference=False, **sides)
+    return SideRuns(ref, ref_calls, fast, fast_calls, grads, pins)

@@ -13,12 +13,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fastpath.models.compare import Judgement, Tolerance, final_judgement, first_look
-from fastpath.models.forward import FusedLoss, PathRun, oracle_runs
+from fastpath.models.forward import FusedLoss, SideRuns, oracle_runs
 from fastpath.models.inputs import Inputs
 
 if TYPE_CHECKING:
     from fastpath.models.build import BuiltModel
-    from fastpath.models.moe_pin import TopkPin
 
 
 def layer_names(layer_types: list[str], count: int, starts_with_embeddings: bool = True) -> list[tuple[str, str]]:
@@ -51,24 +50,25 @@ def _starts_with_embeddings(model: Any, ids: Any, first_hidden: Any) -> bool:
     return embedded.shape == first_hidden.shape and bool(torch.equal(embedded, first_hidden))
 
 
-def judge(built: BuiltModel, inputs: Inputs, ref: PathRun, fast: PathRun, tol: Tolerance, *,
-          oracle_grads: dict[str, Any] | None, pin: TopkPin, fused_loss: FusedLoss | None,
+def judge(built: BuiltModel, inputs: Inputs, sides: SideRuns, tol: Tolerance, *, fused_loss: FusedLoss | None,
           say: Callable[[str], None]) -> Judgement:
-    """Fast path against reference in three steps: a first look at the outputs, the gradients
-    (when the runs carry them) and the decode (when they decoded) against `tol`
-    (models/compare.first_look); the runs of the reference that settle a difference beyond it
-    (models/forward.oracle_runs); the final judgement with them (models/compare.final_judgement).
-    Runs on the model as the caller left it: the reference path active.
+    """Fast path against reference (models/forward.run_sides) in three steps: a first look at
+    the outputs, the gradients (when the runs carry them) and the decode (when they decoded)
+    against `tol` (models/compare.first_look); the runs of the reference that settle a difference
+    beyond it (models/forward.oracle_runs); the final judgement with them
+    (models/compare.final_judgement). Runs on the model as the caller left it: the reference
+    path active.
 
-    oracle_grads: the fp32 copy's gradients (bf16/fp16 backward; taken before either path ran,
-    while no gradients were held). pin: the reference's MoE top-k choices, replayed by the fp32
+    The sides carry the fp32 copy's gradients (bf16/fp16 backward; taken before either path ran,
+    while no gradients were held) and the reference's MoE top-k choices, replayed by the fp32
     copy. fused_loss: how the noise runs take a fused loss (models/forward.FusedLoss).
     """
     import torch
 
+    ref, fast = sides.ref, sides.fast
     ids = inputs.packed_ids if inputs.packed_ids is not None else inputs.ids
     names = layer_names(built.layer_types, len(ref.hidden), _starts_with_embeddings(built.model, ids, ref.hidden[0]))
-    look = first_look(names, ref, fast, tol, built.dtype != torch.float32, oracle_grads)
-    runs = oracle_runs(built.model, inputs, look, ref, tol, pin=pin, fused_loss=fused_loss, say=say)
+    look = first_look(names, ref, fast, tol, built.dtype != torch.float32, sides.oracle_grads)
+    runs = oracle_runs(built.model, inputs, look, ref, tol, pin=sides.pins.forward, fused_loss=fused_loss, say=say)
     return final_judgement(look, ref, fast, tol, oracle_hidden=runs.hidden, oracle_logits=runs.logits,
                            noise=runs.noise, decode_logits=runs.decode_logits)

@@ -17,7 +17,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from fastpath.models.dtypes import resolve_device, torch_dtype
+from fastpath.models.dtypes import resolve_device, resolve_dtype, torch_dtype
 from fastpath.shared.errors import UsageError, first_line
 
 # Keys that hold the number of decoder layers, in the order families use them.
@@ -264,7 +264,7 @@ class ResolvedModel:
     source: ModelSource  # what was typed, its kind, the raw config.json content, the checkpoint dir
     config: Any  # the transformers (text) config, cut to `layers`
     layers: int | None  # the --layers cut (None: every layer)
-    dtype: str  # the dtype name as the command took it ("bf16"), known to be valid
+    dtype: str  # the dtype name as the command took it ("bf16"; "auto" resolved), known to be valid
     device: Any  # torch.device
     min_layers: int  # the fewest layers that keep every layer type
 
@@ -319,9 +319,11 @@ class ResolvedModel:
 
 def resolve_model(source: str, *, layers: int | None = None, dtype: str = "fp32",
                   device: Any = "auto") -> ResolvedModel:
-    """Read `source` once and resolve the dtype, device and (cut) config: every UsageError a bad
-    source, --layers, --dtype or --device gives comes from here, before anything is built."""
+    """Read `source` once and resolve the dtype ('auto': models/dtypes.resolve_dtype), device and
+    (cut) config: every UsageError a bad source, --layers, --dtype or --device gives comes from
+    here, before anything is built."""
     src = resolve_source(source)
+    dtype = resolve_dtype(dtype, device)
     torch_dtype(dtype)
     target = resolve_device(device)
     full = transformers_config(src.config)

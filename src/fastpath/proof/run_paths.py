@@ -1,7 +1,8 @@
 """`fastpath verify`'s orchestration, in floor order: the model resolved (models/resolve), what
 routing cannot verify refused (routing/), the job sized and the model built (models/); then both
-paths run on it (the reference with fastpath disabled, then the fast path after enable(): routing
-is this floor's business, running a side is models/forward's), one judge call over the two runs
+paths run on it in one models/forward.run_sides call (the reference with fastpath disabled, then
+the fast path after enable(): routing is this floor's business, running the sides is models/'),
+one judge call over the two runs
 (models/judge.py), the verdict (proof/verdict.py).
 """
 
@@ -9,20 +10,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastpath.models.build import BuiltModel
 from fastpath.models.compare import TOLERANCES
-from fastpath.models.forward import (
-    PathRun,
-    Tf32Off,
-    fp32_oracle_grads,
-    run_side,
-)
+from fastpath.models.forward import PathRun, SideRuns, Tf32Off, run_sides
 from fastpath.models.forward import run_path as run_model_path
 from fastpath.models.inputs import Inputs, make_inputs
-from fastpath.models.moe_pin import SidePins
 from fastpath.models.paths import hidden_compiled_peers
 from fastpath.models.resolve import ResolvedModel, resolve_model
 from fastpath.models.sizing import JobSize
@@ -84,22 +79,27 @@ def check_settings(seq_len: int, batch: int, decode_tokens: int, reference: str)
         raise UsageError(f"unknown reference {reference!r}; use {' or '.join(REFERENCES)}")
 
 
-@dataclass
-class _Settings:
-    """What one verification runs (verify_model's arguments, checked)."""
+def _quiet(_msg: str) -> None:
+    """No progress lines (a caller without a Stages)."""
 
-    seq_len: int
-    batch: int
-    packed: bool
-    backward: bool
-    decode_tokens: int
-    seed: int
-    enable_kwargs: dict[str, Any]
-    reference: str
-    check_memory: bool
-    liger: bool
-    say: Callable[[str], None]
-    tell: Callable[[str], None]
+
+@dataclass
+class VerifySettings:
+    """What one verification runs, checked when made (check_settings): the command makes it
+    before the model source is read, so a bad value costs no read."""
+
+    seq_len: int = 64
+    batch: int = 2
+    packed: bool = False
+    backward: bool = False
+    decode_tokens: int = 8
+    seed: int = 0
+    enable_kwargs: dict[str, Any] = field(default_factory=dict)
+    reference: str = "torch"
+    check_memory: bool = True
+    liger: bool = False
+    say: Callable[[str], None] = _quiet  # a stage begins (progress)
+    tell: Callable[[str], None] = _quiet  # a line that stays (note)
 
     def __post_init__(self) -> None:
         check_settings(self.seq_len, self.batch, self.decode_tokens, self.reference)
@@ -112,17 +112,12 @@ class _Settings:
 
 @dataclass
 class _Runs:
-    """Both sides of one verification, as they ran."""
+    """Both sides of one verification, as they ran, with what routing said around them."""
 
     reference_rows: list[dict[str, Any]]  # explain() with fastpath disabled
     explain_rows: list[dict[str, Any]]  # explain() after enable()
     report: str  # what enable() said
-    ref: PathRun
-    ref_calls: dict[str, int]
-    fast: PathRun
-    fast_calls: dict[str, int]
-    oracle_grads: dict[str, Any] | None  # fp32 gradients of the reference path (bf16/fp16 --backward)
-    pins: SidePins
+    sides: SideRuns
 
 
 def _resolved(source: str | ResolvedModel, layers: int | None, dtype: str | None,
@@ -135,10 +130,9 @@ def _resolved(source: str | ResolvedModel, layers: int | None, dtype: str | None
     return resolve_model(source, layers=layers, dtype=dtype or "fp32", device=device or "auto")
 
 
-def _size_and_build(source: str | ResolvedModel, layers: int | None, dtype: str | None, device: str | None,
-                    run: _Settings) -> tuple[BuiltModel, JobSize | None]:
-    """Resolve (unless the command did), refuse what cannot be verified, size the job
-    (check_memory) and build the model: every UsageError / CannotVerify before the first pass."""
+def _size_and_build(model: ResolvedModel, run: VerifySettings) -> tuple[BuiltModel, JobSize | None]:
+    """Refuse what cannot be verified, size the job (check_memory) and build the model: every
+    UsageError / CannotVerify before the first pass."""
     from fastpath.models.build import build_resolved
     from fastpath.models.sizing import size_job
     from fastpath.routing.fla_route import packed_unverifiable
@@ -148,7 +142,6 @@ def _size_and_build(source: str | ResolvedModel, layers: int | None, dtype: str 
     # builds the module tree on the meta device, which imports the modeling module (and binds).
     peers = hidden_compiled_peers() if run.reference == "torch" else contextlib.nullcontext()
     with peers:
-        model = _resolved(source, layers, dtype, device)  # bad input: before any output
         if run.liger:
             check_usable(model.family, model.device)
         if run.packed and (why := packed_unverifiable(model.config, model.device, run.backward, run.gdn)):
@@ -170,7 +163,28 @@ def _size_and_build(source: str | ResolvedModel, layers: int | None, dtype: str 
     return built, size
 
 
-def _run_both_paths(built: BuiltModel, inputs: Inputs, run: _Settings) -> _Runs:
+class _FastSwitch:
+    """What happens between the sides (models/forward.run_sides' `to_fast`): enable(), and what
+    explain() then says; routing is this floor's business, not models'."""
+
+    def __init__(self, run: VerifySettings, step: Callable[[str], None]) -> None:
+        self.run, self.step = run, step
+        self.report = ""  # what enable() said
+        self.rows: list[dict[str, Any]] = []  # explain() after enable()
+
+    def __call__(self, model: Any) -> None:
+        from fastpath.routing import engine as routes
+
+        self.step("enable()")
+        self.report = str(routes.enable(**self.run.enable_kwargs))
+        self.rows = routes.explain_rows(model)
+        if model.device.type == "cuda" and any(str(r.get("impl", "")).startswith("fla") for r in self.rows):
+            # H200: a cold Triton cache made this step outlast a 150 s limit
+            self.run.tell("note: FLA's kernels compile and autotune at their first call for these head sizes "
+                          "(minutes with an empty Triton cache; cached for later runs)")
+
+
+def _run_both_paths(built: BuiltModel, inputs: Inputs, run: VerifySettings) -> _Runs:
     """The reference path (fastpath disabled), then the fast path (enable()), on one model and one
     set of inputs; fastpath is left disabled. Routing's refusals that need FLA importable come
     first, then Liger on both paths (--liger). A path that raises is one FastpathError line."""
@@ -193,29 +207,14 @@ def _run_both_paths(built: BuiltModel, inputs: Inputs, run: _Settings) -> _Runs:
         stage(name)
         run.say(name)
 
-    pins = SidePins()
-    sides = {"backward": run.backward, "decode_tokens": run.decode_tokens, "say": step, "pins": pins,
-             "fused_loss": _fused_loss}
+    fast = _FastSwitch(run, step)
     try:
         tf32.__enter__()
         routes.disable()
         reference_rows = routes.explain_rows(model)
-        oracle_grads = None
-        if run.backward and built.dtype != torch.float32:
-            # First, while no gradients are held: the fp32 copy and its gradients are never alive
-            # together with both paths' gradients (models/sizing.py peak_bytes).
-            step("reference path in fp32: gradient oracle")
-            oracle_grads = fp32_oracle_grads(model, inputs, _fused_loss)
-        ref, ref_calls = run_side("reference path", model, inputs, packed_reference=True, **sides)
-
-        step("enable()")
-        report = routes.enable(**run.enable_kwargs)
-        explain_rows = routes.explain_rows(model)
-        if built.device.type == "cuda" and any(str(r.get("impl", "")).startswith("fla") for r in explain_rows):
-            # H200: a cold Triton cache made this step outlast a 150 s limit
-            run.tell("note: FLA's kernels compile and autotune at their first call for these head sizes "
-                     "(minutes with an empty Triton cache; cached for later runs)")
-        fast, fast_calls = run_side("fast path", model, inputs, packed_reference=False, **sides)
+        sides = run_sides(model, inputs, backward=run.backward, decode_tokens=run.decode_tokens,
+                          oracle_grads=run.backward and built.dtype != torch.float32, say=step, to_fast=fast,
+                          fused_loss=_fused_loss)
     except FastpathError:
         raise
     except torch.cuda.OutOfMemoryError as exc:
@@ -228,7 +227,7 @@ def _run_both_paths(built: BuiltModel, inputs: Inputs, run: _Settings) -> _Runs:
     finally:
         routes.disable()
         tf32.__exit__(None, None, None)
-    return _Runs(reference_rows, explain_rows, str(report), ref, ref_calls, fast, fast_calls, oracle_grads, pins)
+    return _Runs(reference_rows, fast.rows, fast.report, sides)
 
 
 def verify_model(
@@ -251,51 +250,58 @@ def verify_model(
     liger: bool = False,
 ) -> VerifyResult:
     """Run `source` on the reference path and on the fast path; compare (see verify's module doc).
+    The settings are checked before `source` is read; then verify_resolved.
 
-    source: the command's ResolvedModel (layers, dtype, device left unset: they are its own), or
-    what the user typed, resolved here with layers, dtype (default fp32), device (default auto).
+    source: a ResolvedModel (layers, dtype, device left unset: they are its own), or what the user
+    typed, resolved here with layers, dtype (default fp32), device (default auto).
     enable_kwargs go to enable() (tests route deliberately wrong kernels this way).
     reference="torch": transformers' torch fallbacks are the reference even where Dao
     causal-conv1d / FLA are installed (see hidden_compiled_peers); "transformers": whatever
     transformers binds in this environment. check_memory: size the job first and refuse
     (UsageError) when it will not fit (models/sizing.py). fastpath is left disabled afterwards.
     """
-    run = _Settings(seq_len, batch, packed, backward, decode_tokens, seed, dict(enable_kwargs or {}), reference,
-                    check_memory, liger, progress or (lambda _msg: None), note or (lambda _msg: None))
+    run = VerifySettings(seq_len, batch, packed, backward, decode_tokens, seed, dict(enable_kwargs or {}), reference,
+                         check_memory, liger, progress or _quiet, note or _quiet)
+    return verify_resolved(_resolved(source, layers, dtype, device), run)
+
+
+def verify_resolved(model: ResolvedModel, run: VerifySettings) -> VerifyResult:
+    """verify_model on the command's ResolvedModel (read once, by the command) with its checked
+    settings: nothing is resolved again."""
     from fastpath.models.judge import judge
     from fastpath.proof.verdict import collect_problems
 
-    built, size = _size_and_build(source, layers, dtype, device, run)
+    built, size = _size_and_build(model, run)
     tol = TOLERANCES[built.dtype_name]
-    inputs = make_inputs(built.vocab_size, batch, seq_len, packed, seed, built.device)
-    if backward:
+    inputs = make_inputs(built.vocab_size, run.batch, run.seq_len, run.packed, run.seed, built.device)
+    if run.backward:
         built.model.requires_grad_(True)
     runs = _run_both_paths(built, inputs, run)
 
-    pin_line = runs.pins.report.line()
+    sides = runs.sides
+    pin_line = sides.pins.report.line()
     if pin_line:
         built.notes.append(pin_line)
     run.say("comparing")
-    judged = judge(built, inputs, runs.ref, runs.fast, tol, oracle_grads=runs.oracle_grads, pin=runs.pins.forward,
-                   fused_loss=_fused_loss, say=run.say)
+    judged = judge(built, inputs, sides, tol, fused_loss=_fused_loss, say=run.say)
     problems = judged.counts + collect_problems(judged.layers, judged.logits, judged.grads, judged.decode, tol,
-                                                fast_calls=runs.fast_calls, ref_calls=runs.ref_calls,
-                                                explain_rows=runs.explain_rows if packed else None)
+                                                fast_calls=sides.fast_calls, ref_calls=sides.ref_calls,
+                                                explain_rows=runs.explain_rows if run.packed else None)
 
     return VerifyResult(
         model=built.to_json(),
         dtype=built.dtype_name,
-        batch=batch,
-        seq_len=seq_len,
-        packed=packed,
+        batch=run.batch,
+        seq_len=run.seq_len,
+        packed=run.packed,
         segments=list(inputs.segments),
         tolerance=tol,
         layers=judged.layers,
         logits=judged.logits,
         grads=judged.grads,
         decode=judged.decode,
-        reference_calls=runs.ref_calls,
-        fast_calls=runs.fast_calls,
+        reference_calls=sides.ref_calls,
+        fast_calls=sides.fast_calls,
         enable_report=runs.report,
         explain=runs.explain_rows,
         problems=problems,

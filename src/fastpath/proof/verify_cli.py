@@ -67,32 +67,30 @@ def main(args: argparse.Namespace) -> int:
     from fastpath.shared.extras import require
 
     require("verify")  # the command's one check: verify_model, below, assumes it
+    from dataclasses import replace
+
     from rich.console import Console
 
-    from fastpath.models.dtypes import resolve_dtype
     from fastpath.models.resolve import resolve_model
     from fastpath.proof.progress import Stages
-    from fastpath.proof.run_paths import check_settings, verify_model
+    from fastpath.proof.run_paths import VerifySettings, verify_resolved
 
     save = None
     if args.save:  # checked before any work: a bad path used to cost the whole run
         from fastpath.shared.output_files import resolve_save_file
 
         save = resolve_save_file(args.save, "--save", SAVE_NAME, force=args.force)
-    dtype = resolve_dtype(args.dtype, args.device)
-    check_settings(args.seq_len, args.batch, args.decode_tokens, args.reference)
-    model = resolve_model(args.model, layers=args.layers, dtype=dtype, device=args.device)  # read once
+    run = VerifySettings(seq_len=args.seq_len, batch=args.batch, packed=args.packed, backward=args.backward,
+                         decode_tokens=args.decode_tokens, seed=args.seed, reference=args.reference,
+                         liger=args.liger)  # checked before the source is read
+    model = resolve_model(args.model, layers=args.layers, dtype=args.dtype, device=args.device)  # read once
     if args.liger:
         _refuse_liger_off_cuda(model)
     try:
         with Stages("verify") as stages:
             if save is not None and str(save) != args.save:
                 stages.note(f"the result JSON goes to {save}")
-            result = verify_model(
-                model, seq_len=args.seq_len, batch=args.batch, packed=args.packed, backward=args.backward,
-                decode_tokens=args.decode_tokens, seed=args.seed, reference=args.reference, liger=args.liger,
-                progress=stages, note=stages.note,
-            )
+            result = verify_resolved(model, replace(run, say=stages, tell=stages.note))
     except CannotVerify as exc:  # said before any work: the verdict, not an error
         print(f"fastpath verify: NOT VERIFIED: {exc}", file=sys.stderr)
         return exc.exit_code
