@@ -1,7 +1,7 @@
 """`fastpath verify`'s orchestration, in floor order: the model resolved (models/resolve), what
 routing cannot verify refused (routing/), the job sized and the model built (models/); then both
 paths run on it in one models/forward.run_sides call (the reference with fastpath disabled, then
-the fast path after enable(): routing is this floor's business, running the sides is models/'),
+the fast path after enable(): routing is this floor's business, running the sides belongs to models/),
 one judge call over the two runs
 (models/judge.py), the verdict (proof/verdict.py).
 """

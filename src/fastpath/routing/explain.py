@@ -332,31 +332,35 @@ def _all_or_nothing_gate(layer: Any, module: ModuleType, device: str) -> str | N
 
 
 def _resolve(op: str, layer: Any, module: ModuleType, device: str) -> tuple[str, bool]:
+    """(impl, fast) of one op: the value transformers reads for it (_hook), classified once, by
+    the Mamba route that owns the op where there is one, else by _classify."""
+    value, unresolved, route = _hook(op, layer, module)
+    if unresolved is not None:
+        return unresolved, False
+    return (route.classify(value, device, layer) if route is not None else None) or _classify(value, device)
+
+
+def _hook(op: str, layer: Any, module: ModuleType) -> tuple[Any, str | None, Any]:
+    """Where transformers reads `op` for `layer` right now: (its value, the impl when there is
+    nothing to classify, the Mamba route module that classifies it or None)."""
     g = vars(module)
     if op in CONV_OPS:
         value = layer.__dict__.get(op, g.get(op))
         if "_causal_conv1d_cache" in g and op not in layer.__dict__:
             cached = g.get("_causal_conv1d_cache")
-            value = (cached[1] if op == "causal_conv1d_fn" else cached[0]) if cached else None
             if not cached:
-                return "unresolved until first forward (4.57 lazy loader)", False
-        if value is None:
-            return "torch (F.conv1d in the layer)", False
-        return _classify(value, device)
+                return None, "unresolved until first forward (4.57 lazy loader)", None
+            value = cached[1] if op == "causal_conv1d_fn" else cached[0]
+        return value, "torch (F.conv1d in the layer)" if value is None else None, None
     if op in GDN_OPS:
         attr, glob = GDN_OPS[op]
-        value = layer.__dict__.get(attr, g.get(glob))
-        if value is None:
-            return "torch", False
-        return _classify(value, device)
+        return layer.__dict__.get(attr, g.get(glob)), None, None  # None: _classify says "torch"
     mamba1_globals = selective_scan_route.op_globals(module) if op in selective_scan_route.MAMBA1_OPS else {}
     if mamba1_globals:  # a Mamba-1 module: 5.15+ wrapper global names, <=5.14 mamba_ssm's
-        value = g.get(mamba1_globals.get(op, op))
-        return selective_scan_route.classify(value, device, layer) or _classify(value, device)
+        return g.get(mamba1_globals.get(op, op)), None, selective_scan_route
     if op in ssd_route.MAMBA_OPS:  # 5.15+ under its wrapper's global name, <=5.14 its own
-        value = g.get(ssd_route.op_globals(module).get(op, op))
-        return ssd_route.classify(value, device, layer) or _classify(value, device)
-    return _classify(g.get(op), device)
+        return g.get(ssd_route.op_globals(module).get(op, op)), None, ssd_route
+    return g.get(op), None, None
 
 
 def _classify(value: Any, device: str) -> tuple[str, bool]:
