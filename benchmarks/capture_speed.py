@@ -161,9 +161,10 @@ def _sync_points(run: Any) -> list[dict[str, Any]]:
     return [{"where": where, "what": what, "count": n} for (where, what), n in seen.most_common(30)]
 
 
-def _device_profile(run: Any, cuda: bool) -> dict[str, Any]:
+def _device_profile(run: Any, cuda: bool, trace: Path | None = None) -> dict[str, Any]:
     """Wall time of run() and the device time by kernel (torch.profiler): which kernels the
-    capture adds to the forward, and how much of the wall the device was busy computing."""
+    capture adds to the forward, and how much of the wall the device was busy computing. With
+    `trace`, the timeline too (Chrome trace format, gzipped): where the device's gaps sit."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -174,6 +175,14 @@ def _device_profile(run: Any, cuda: bool) -> dict[str, Any]:
         if cuda:
             torch.cuda.synchronize()
         wall = time.perf_counter() - began
+    if trace is not None:
+        import gzip
+
+        raw = trace.with_suffix("")
+        prof.export_chrome_trace(str(raw))
+        with raw.open("rb") as src, gzip.open(trace, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        raw.unlink()
     kernels = _device_ms_by_kernel(prof)
     compute = sum(v for k, v in kernels.items() if not k.startswith(("Memcpy", "Memset")))
     copies = sum(v for k, v in kernels.items() if k.startswith(("Memcpy", "Memset")))
@@ -215,7 +224,7 @@ def _without_file_writes(capture: Any) -> Any:
             cls.write_row = write_row
 
 
-def diagnose(capture: Any, forward: Any, cuda: bool) -> dict[str, Any]:
+def diagnose(capture: Any, forward: Any, cuda: bool, trace: Path | None = None) -> dict[str, Any]:
     """Where a capture's time goes beyond its forward, on the --short-rows rows: the loop with and
     without its file writes, the sync points inside the loop, and device profiles of the capture
     and of the plain forward side by side, with the kernels only the capture runs."""
@@ -225,10 +234,11 @@ def diagnose(capture: Any, forward: Any, cuda: bool) -> dict[str, Any]:
                             "without_file_writes": round(1e3 * without.seconds / without.rows, 3)},
         "sync_points": _sync_points(capture) if cuda else None,
     }
-    cap, fwd = _device_profile(capture, cuda), _device_profile(forward, cuda)
+    cap, fwd = _device_profile(capture, cuda, trace), _device_profile(forward, cuda)
     extra = {k: round(v - fwd["kernels"].get(k, 0.0), 3) for k, v in cap["kernels"].items()}
     out["capture"] = {k: v for k, v in cap.items() if k != "kernels"}
     out["plain_forward"] = {k: v for k, v in fwd.items() if k != "kernels"}
+    out["capture_trace"] = str(trace) if trace is not None else None
     out["capture_minus_forward_ms"] = dict(sorted(((k, v) for k, v in extra.items() if abs(v) >= 0.05),
                                                   key=lambda kv: -kv[1])[:25])
     return out
@@ -286,7 +296,7 @@ def run_path(name: str, args: argparse.Namespace, data: Path, short: Path | None
         if args.diagnose and short is not None:
             result["diagnosis"] = diagnose(lambda: capture(short, "diagnose"),
                                            lambda: plain_forward(built, short, args.batch_tokens, fast=name == "fast"),
-                                           cuda)
+                                           cuda, Path(args.out) / f"capture_trace_{name}.json.gz")
         result.update({
             "ok": True, "rows": done.rows, "tokens": done.tokens, "seconds": round(done.seconds, 3),
             "tokens_per_s": round(done.tokens_per_s, 1),
@@ -360,7 +370,8 @@ def main() -> int:
                         help="smoke tests on CPU: let the 'fast' run proceed where an op has no fast path")
     parser.add_argument("--diagnose", action="store_true",
                         help="also profile the --short-rows capture and its plain forward (device time by "
-                             "kernel, idle time) and list the loop's host<-device sync points")
+                             "kernel, idle time; the capture's timeline to --out/capture_trace_PATH.json.gz), "
+                             "time it without file writes and list the loop's host<-device sync points")
     parser.add_argument("--scratch", default=None, help="where rows are written (default /dev/shm or tmp)")
     args = parser.parse_args()
     names = [n for n in args.paths.split(",") if n]

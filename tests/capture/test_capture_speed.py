@@ -93,3 +93,7 @@ def test_diagnose_profiles_the_capture_beside_its_forward(tmp_path):
         assert profile["wall_ms"] > 0 and profile["device_idle_ms"] <= profile["wall_ms"]
         assert profile["device_compute_ms"] == 0 and profile["top"] == []  # no CUDA activity on a CPU
     assert diagnosis["capture_minus_forward_ms"] == {}
+    import gzip
+
+    trace = json.loads(gzip.decompress((tmp_path / "out" / "capture_trace_fast.json.gz").read_bytes()))
+    assert diagnosis["capture_trace"].endswith("capture_trace_fast.json.gz") and trace["traceEvents"]
