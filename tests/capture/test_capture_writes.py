@@ -56,7 +56,7 @@ def _stage_all(writer, rows: dict[int, tuple], slots: int = 2, threads: int = 2,
             def write(saved, idx=idx, ids=ids, mask=mask):
                 writer.write_row(idx, ids, mask, saved, META)
 
-            writes.stage(idx, stored, write)
+            writes.queue(writes.copy(idx, stored, write))
         writes.wait()
     finally:
         writes.close()
@@ -124,7 +124,7 @@ def test_staged_rows_never_exceed_the_slots():
                 with lock:
                     state["now"] -= 1
 
-            writes.stage(idx, [torch.full((8, 4), float(idx))], write)
+            writes.queue(writes.copy(idx, [torch.full((8, 4), float(idx))], write))
         writes.wait()
     finally:
         writes.close()

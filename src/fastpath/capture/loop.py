@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,19 +161,27 @@ def capture_loop(loop: Loop, steps: int, mine: list[tuple[int, list[int]]], done
     overlap = loop.opts.overlap and loop.budget is None
     pending: Launched | None = None
 
-    def settle(batch: Launched) -> None:
-        nonlocal written, tokens, error
+    def attempt(rows: int, step: Callable[..., Any], *args: Any) -> Any:
+        """step(*args), or None with its failure kept as `error` (the first one wins)."""
+        nonlocal error
         try:
-            n_tok, row_checks = settle_batch(loop, batch)
-            checked.extend(row_checks)
-            written += len(batch.todo)
-            tokens += n_tok
+            return step(*args)
         except FastpathError as exc:
             error = error or exc
         except torch.cuda.OutOfMemoryError as exc:
             if loop.budget is not None:
                 raise  # sharded: the other ranks are inside this forward's collectives
-            error = error or _oom(len(batch.lengths), exc)
+            error = error or FastpathError(f"out of GPU memory on a batch of {rows} rows ({first_line(exc)}); "
+                                           "lower --batch-tokens")
+        return None
+
+    def settle(batch: Launched) -> None:
+        nonlocal written, tokens
+        settled = attempt(len(batch.lengths), settle_batch, loop, batch)
+        if settled is not None:
+            checked.extend(settled[1])
+            written += len(batch.todo)
+            tokens += settled[0]
 
     try:
         for step in range(steps):
@@ -183,17 +192,8 @@ def capture_loop(loop: Loop, steps: int, mine: list[tuple[int, list[int]]], done
                 since = time.perf_counter()
                 loop.budget.plan(bool(todo), len(plan))
                 loop.add("sync", since)
-            launched = None
-            if todo:
-                try:
-                    launched = launch_batch(loop, batch, todo, plan)
-                    first = False
-                except FastpathError as exc:
-                    error = exc
-                except torch.cuda.OutOfMemoryError as exc:
-                    if loop.budget is not None:
-                        raise
-                    error = _oom(len(batch), exc)
+            launched = attempt(len(batch), launch_batch, loop, batch, todo, plan) if todo else None
+            first = first and launched is None
             if pending is not None:  # the batch before: its rows are finished work, keep them
                 settle(pending)
                 pending = None
@@ -223,10 +223,6 @@ def capture_loop(loop: Loop, steps: int, mine: list[tuple[int, list[int]]], done
     except FastpathError as exc:
         error = exc
     return written, tokens, checked, error, distributed.any_failed(error is not None, loop.device, loop.active)
-
-
-def _oom(rows: int, exc: BaseException) -> FastpathError:
-    return FastpathError(f"out of GPU memory on a batch of {rows} rows ({first_line(exc)}); lower --batch-tokens")
 
 
 def launch_batch(loop: Loop, batch: list[int], todo: list[int], plan: list[int]) -> Launched:

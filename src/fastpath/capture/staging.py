@@ -6,14 +6,14 @@ main thread takes a staging slot (a host buffer sized for the longest row; pinne
 states are on a GPU), builds the layout's tensors on the device (a stack or a concat there is
 nearly free) and queues one non-blocking device->host copy of each on a side stream; a writer
 thread waits for that copy, writes the files (temp + rename, see writers.atomic_write) and
-gives the slot back. The capture loop splits that in two (`copy`, then `queue` once the row's
-checks passed, or `release` when they failed), so a batch's copies run while its checks are
-still on the device and nothing unchecked is ever written.
+gives the slot back. `copy` and `queue` are two calls so that the capture loop can start a
+batch's copies while its checks are still on the device and queue the rows only once they
+passed (`release` when they failed): nothing unchecked is ever written.
 
 Bounded: at most `slots` rows are staged or being written; when all are taken the main thread
 waits (the time is counted as `wait_s`), so host memory stays at slots x slot_bytes. A write
 that fails is re-raised in the main thread, as a FastpathError naming the row, at its next
-`stage` or `wait`. `close` lets every queued row finish (whole files only, so Ctrl-C leaves
+`copy` or `wait`. `close` lets every queued row finish (whole files only, so Ctrl-C leaves
 complete rows, never half-written ones) and stops the threads without raising.
 
 Each staged tensor gets a storage of exactly its own bytes (`_Slot.carve`): torch.save writes
@@ -101,15 +101,11 @@ class RowWrites:
         for thread in self.threads:
             thread.start()
 
-    def stage(self, idx: int, tensors: Sequence[Any], write: Callable[[list[Any]], None]) -> None:
-        """Copy `tensors` (one row's stored tensors, on any device) to a slot and queue
-        write(host tensors). Raises a writer thread's earlier failure."""
-        self.queue(self.copy(idx, tensors, write))
-
     def copy(self, idx: int, tensors: Sequence[Any], write: Callable[[list[Any]], None]) -> Staged:
-        """Take a slot and start the copy of `tensors` into it (on a GPU: queued on a side
-        stream, nothing waits), without writing anything yet: `queue` hands it to the writers,
-        `release` gives the slot back unwritten (a batch whose checks failed)."""
+        """Take a slot and start the copy of `tensors` (one row's stored tensors, on any device)
+        into it (on a GPU: queued on a side stream, nothing waits), without writing anything yet:
+        `queue` hands it to the writers, which call write(host tensors); `release` gives the slot
+        back unwritten (a batch whose checks failed). Raises a writer thread's earlier failure."""
         import torch
 
         slot = self._take()

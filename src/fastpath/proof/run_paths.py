@@ -88,16 +88,16 @@ class VerifySettings:
     """What one verification runs, checked when made (check_settings): the command makes it
     before the model source is read, so a bad value costs no read."""
 
-    seq_len: int = 64
-    batch: int = 2
-    packed: bool = False
-    backward: bool = False
-    decode_tokens: int = 8
-    seed: int = 0
+    seq_len: int
+    batch: int
+    packed: bool
+    backward: bool
+    decode_tokens: int
+    seed: int
+    reference: str
+    liger: bool
     enable_kwargs: dict[str, Any] = field(default_factory=dict)
-    reference: str = "torch"
     check_memory: bool = True
-    liger: bool = False
     say: Callable[[str], None] = _quiet  # a stage begins (progress)
     tell: Callable[[str], None] = _quiet  # a line that stays (note)
 
@@ -260,8 +260,9 @@ def verify_model(
     transformers binds in this environment. check_memory: size the job first and refuse
     (UsageError) when it will not fit (models/sizing.py). fastpath is left disabled afterwards.
     """
-    run = VerifySettings(seq_len, batch, packed, backward, decode_tokens, seed, dict(enable_kwargs or {}), reference,
-                         check_memory, liger, progress or _quiet, note or _quiet)
+    run = VerifySettings(seq_len=seq_len, batch=batch, packed=packed, backward=backward, decode_tokens=decode_tokens,
+                         seed=seed, reference=reference, liger=liger, enable_kwargs=dict(enable_kwargs or {}),
+                         check_memory=check_memory, say=progress or _quiet, tell=note or _quiet)
     return verify_resolved(_resolved(source, layers, dtype, device), run)
 
 
