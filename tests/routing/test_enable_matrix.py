@@ -25,6 +25,7 @@ from matrix_runs import kernel_calls as _kernel_calls
 from matrix_runs import python_for as _python_for
 from matrix_runs import run_matrix_worker as _run
 from matrix_runs import venv_python as _venv_python
+from repo_paths import venv_missing
 
 from fastpath.doctor.families import CONV_MODEL_TYPES, family_for
 
@@ -55,7 +56,7 @@ def run_worker(version: str, *extra: str) -> dict[str, Any]:
     if future is None:
         python = _python_for(version)
         if python is None:
-            pytest.skip(f"transformers {version} venv missing (run scripts/setup_transformers_matrix.sh)")
+            pytest.skip(venv_missing(version))
         future = _POOL.submit(_run, python, extra)  # type: ignore[union-attr]
     proc = future.result()
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -169,7 +170,7 @@ def test_offline_load_with_kernels_installed_525() -> None:
     """transformers 5.25 + the newest reachable `kernels` (0.17.2; 5.25 wants >=0.19.1), Hub offline:
     from_pretrained after enable() neither hangs, crashes nor silently drops to torch."""
     if _venv_python("5.25.0-kernels") is None:
-        pytest.skip("tf-5.25.0-kernels venv missing")
+        pytest.skip(venv_missing("5.25.0-kernels"))
     data = run_worker("5.25.0-kernels", *OFFLINE_ARGS)
     assert data["kernels_installed"]
     off = data["offline_load"]

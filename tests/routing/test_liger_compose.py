@@ -25,7 +25,7 @@ from functools import cache
 from typing import Any
 
 import pytest
-from repo_paths import ROOT, SUPPORT, VENVS
+from repo_paths import ROOT, SUPPORT, VENVS, venv_missing
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -70,7 +70,7 @@ def _python(where: str) -> str | None:
 def _skip_reason(job: str) -> str | None:
     where, args = JOBS[job]
     if _python(where) is None:
-        return f"transformers {where} venv missing (run scripts/setup_transformers_matrix.sh)"
+        return venv_missing(where)
     if "--fla" in args and not (FLA_DIR / "fla" / "__init__.py").exists():
         return "fla-core not installed in .venvs/fla (scripts/setup_fla.sh)"
     return None

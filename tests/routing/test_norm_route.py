@@ -31,7 +31,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from repo_paths import ROOT, SUPPORT, VENVS, fla_path  # noqa: E402
+from repo_paths import ROOT, SUPPORT, VENVS, fla_path, venv_missing  # noqa: E402
 
 import fastpath  # noqa: E402
 from fastpath.routing import norm_route  # noqa: E402
@@ -269,7 +269,7 @@ def test_route_across_transformers_versions(version: str) -> None:
     always, the eager class is what runs, and the route takes it (fp32, forward + backward)."""
     python = VENVS / f"tf-{version}" / "bin" / "python"
     if not python.exists():
-        pytest.skip(f"transformers {version} venv missing (run scripts/setup_transformers_matrix.sh)")
+        pytest.skip(venv_missing(version))
     results = _run_worker("matrix", python=str(python))
     assert set(results) >= {"qwen3_next-fp32"}, results
     for case, res in results.items():

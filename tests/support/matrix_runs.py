@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from repo_paths import ROOT, SUPPORT, VENVS
+from repo_paths import ROOT, SUPPORT, VENVS, venv_missing
 
 WORKER = SUPPORT / "matrix_worker.py"
 VERSIONS = ["4.57.6", "5.12.1", "5.17.0", "5.23.0", "5.25.0", "default"]
@@ -96,7 +96,7 @@ class VersionRuns:
                 self._start(v)
             future = self._start(version)
             if future is None:
-                pytest.skip(f"transformers {version} venv missing (run scripts/setup_transformers_matrix.sh)")
+                pytest.skip(venv_missing(version))
             proc = future.result()
             assert proc.returncode == 0, proc.stderr[-3000:]
             self._results[version] = json.loads(proc.stdout)

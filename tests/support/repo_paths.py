@@ -31,3 +31,14 @@ def fla_path() -> str | None:
     if aside is not None:
         return aside
     return "" if importlib.util.find_spec("fla") is not None else None
+
+
+def venv_missing(version: str) -> str:
+    """The skip reason of a test whose `.venvs/tf-<version>` is absent: the reason its setup script
+    left in `.venvs/tf-<version>.unbuilt` (scripts/setup_default_stack.sh on a short disk), else
+    which script builds it."""
+    unbuilt = VENVS / f"tf-{version}.unbuilt"
+    if unbuilt.is_file():
+        return f"transformers {version} venv not built: {unbuilt.read_text().strip()}"
+    script = "setup_default_stack.sh" if version == "default" else "setup_transformers_matrix.sh"
+    return f"transformers {version} venv missing (run scripts/{script})"
