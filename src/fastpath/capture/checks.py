@@ -9,7 +9,8 @@ orders of magnitude.
 
 Why batched: the checks run where the states are (the GPU during a capture) and every number
 of a batch comes back in one transfer, instead of a host sync per fact per state per row; each
-state is read once for all its facts (kernels/state_stats), not once per fact.
+state is read once for all its facts (kernels/state_stats), not once per fact, and the batch's
+states are reduced together in a fixed number of launches (host time between forwards).
 The embeddings' scale comes from a per-vocabulary-entry norm table computed once before the
 run (`token_norms`), so no embedding lookup is needed per row, and none of a sharded
 (FSDP) embedding, whose weight a rank only holds a slice of outside a forward.
@@ -35,17 +36,6 @@ def token_norms(embedding: Any, chunk: int = 8192) -> Any:
                           for i in range(0, weight.shape[0], chunk)])
 
 
-def _state_stats(state: Any, embed_norm: Any) -> Any:
-    """[tensor_stats' four facts, mean token norm, the embeddings' mean token norm] of one state
-    [T, H]: kernels/state_stats reads the state once (on the GPU, or under the interpreter)."""
-    import torch
-
-    from fastpath.kernels.state_stats.interface import state_stats
-
-    embed = torch.as_tensor(embed_norm, dtype=torch.float32, device=state.device).reshape(1)
-    return torch.cat([state_stats(state.reshape(-1, state.shape[-1])), embed])
-
-
 def _problem(name: str, stats: Sequence[float]) -> str | None:
     from fastpath.models.compare import flags_from_stats
 
@@ -60,14 +50,27 @@ def _problem(name: str, stats: Sequence[float]) -> str | None:
 
 
 def batch_stats(rows: Sequence[Mapping[str, Any]], embed_norms: Sequence[Any]) -> tuple[list[list[str]], Any]:
-    """(state names per row, their numbers [states, 6] where the states are): queued on the
-    device, nothing read yet, so the caller decides when to wait for them (`batch_problems`
-    at once; the capture loop after the next batch's forward is queued)."""
+    """(state names per row, their numbers [states, 6] where the states are: state_stats' five
+    facts and the row's mean embedding token norm): queued on the device, nothing read yet, so the
+    caller decides when to wait for them (`batch_problems` at once; the capture loop after the
+    next batch's forward is queued). kernels/state_stats reads every state once, all the batch's
+    states in one go (states_stats)."""
     import torch
 
+    from fastpath.kernels.state_stats.interface import states_stats
+
     names = [list(states) for states in rows]
-    stats = [_state_stats(state, embed_norms[r]) for r, states in enumerate(rows) for state in states.values()]
-    return names, torch.stack(stats) if stats else None
+    states = [state.reshape(-1, state.shape[-1]) for row in rows for state in row.values()]
+    if not states:
+        return names, None
+    device = states[0].device
+    embed = torch.stack([torch.as_tensor(e, dtype=torch.float32, device=device).reshape(()) for e in embed_norms])
+    per_row = {len(row) for row in rows}
+    if len(per_row) == 1:  # a capture's rows hold the same states: one launch spreads the norms
+        embed = embed.repeat_interleave(per_row.pop())
+    else:
+        embed = torch.stack([embed[r] for r, row in enumerate(rows) for _ in row])
+    return names, torch.cat([states_stats(states), embed.unsqueeze(1)], dim=1)
 
 
 def problems_from(names: Sequence[Sequence[str]], values: Sequence[Sequence[float]]) -> list[list[str]]:

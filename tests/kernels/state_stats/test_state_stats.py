@@ -6,7 +6,9 @@ states and each fault a capture has to catch, placed anywhere (one NaN, one inf,
 constant, every position equal, one element differing from position 0), fp32 / fp16 / bf16,
 contiguous, row-strided (a slice of a wider buffer whose rest is NaN, so a read outside the view
 shows) and column-strided (copied) states, shapes around the kernel's blocks, a hypothesis sweep;
-the reference path without the interpreter. The `gpu` group checks a 4,096 x 5,120 state.
+the reference path without the interpreter. states_stats (many states at once, one buffer) gives
+each state's state_stats, also mixed with states only the reference takes. The `gpu` group checks a
+4,096 x 5,120 state and a capture batch's worth at once.
 The four facts must be exact; the mean token norm within float32 summation error.
 """
 
@@ -21,7 +23,7 @@ pytest.importorskip("triton")
 
 from fastpath.kernels.counters import CALLS  # noqa: E402
 from fastpath.kernels.state_stats.fwd import BLOCK_H, BLOCK_T  # noqa: E402
-from fastpath.kernels.state_stats.interface import state_stats  # noqa: E402
+from fastpath.kernels.state_stats.interface import state_stats, states_stats  # noqa: E402
 from fastpath.kernels.state_stats.naive import state_stats_ref  # noqa: E402
 from fastpath.models.compare import tensor_stats  # noqa: E402
 
@@ -125,6 +127,68 @@ def test_empty_state_and_bad_shapes() -> None:
         state_stats(torch.randn(2, 3, 4))
 
 
+def _check_many(states: list[torch.Tensor]) -> None:
+    got = states_stats(states)
+    assert got.dtype == torch.float32 and got.shape == (len(states), 5) and got.device == states[0].device
+    for i, state in enumerate(states):
+        one = state_stats(state)
+        assert got[i, :4].tolist() == one[:4].tolist(), (i, got[i], one)
+        g, w = float(got[i, 4]), float(one[4])
+        assert (g != g and w != w) or g == w or abs(g - w) <= 1e-6 * max(abs(w), 1e-30), (i, g, w)
+
+
+@needs_interp
+def test_many_states_at_once_with_every_fault_and_length() -> None:
+    """One state per fault, lengths from 1 to several blocks (so the shared buffer pads), dtypes
+    and layouts mixed: each row equals the state's own state_stats; one kernel call per state."""
+    gen = torch.Generator().manual_seed(5)
+    states = [_state((t, 70), DTYPES[k % 3], fault, gen, LAYOUTS[k % 3])
+              for k, (t, fault) in enumerate(zip([1, 2, BLOCK_T, BLOCK_T + 1, 3 * BLOCK_T + 2, 5, 40, 9], FAULTS, strict=True))]
+    CALLS.clear()
+    _check_many(states)
+    assert CALLS["state_stats:triton"] == 2 * len(states)  # states_stats', then _check_many's own
+
+
+@needs_interp
+def test_many_states_sweep() -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    state = st.tuples(st.integers(1, 50), st.sampled_from(DTYPES), st.sampled_from(FAULTS), st.sampled_from(LAYOUTS))
+
+    @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(specs=st.lists(state, min_size=1, max_size=6), h=st.integers(1, 300), seed=st.integers(0, 999))
+    def sweep(specs, h, seed):
+        gen = torch.Generator().manual_seed(seed)
+        _check_many([_state((t, h), dtype, fault, gen, layout) for t, dtype, fault, layout in specs])
+
+    sweep()
+
+
+def test_many_states_where_the_kernel_cannot_take_one() -> None:
+    """A float64 state (no Triton dtype) among others: every state goes to the reference, the
+    rows still equal state_stats; without the interpreter the same."""
+    gen = torch.Generator().manual_seed(6)
+    states = [_state((7, 33), torch.float32, "none", gen), _state((4, 33), torch.float32, "nan", gen).double()]
+    _check_many(states)
+
+
+def test_many_states_refuse_nothing_and_mixed_devices() -> None:
+    with pytest.raises(ValueError, match="no states"):
+        states_stats([])
+    with pytest.raises(ValueError, match="several devices"):
+        states_stats([torch.randn(3, 4), torch.randn(3, 4, device="meta")])
+    with pytest.raises(ValueError, match=r"\[T, H\]"):
+        states_stats([torch.randn(3, 4), torch.randn(3)])
+
+
+def test_partials_refuse_a_buffer_of_the_wrong_shape() -> None:
+    from fastpath.kernels.state_stats.fwd import FIELDS, state_partials
+
+    with pytest.raises(ValueError, match="out must be contiguous float32"):
+        state_partials(torch.randn(BLOCK_T + 1, 8), out=torch.empty(1, FIELDS))
+
+
 # ---------------------------------------------------------------- device only
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -139,3 +203,12 @@ def test_gpu_at_27b_state_size(fault: str) -> None:  # pragma: no cover - device
     CALLS.clear()
     _check(state)
     assert CALLS["state_stats:triton"] == 1
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_a_capture_batch_at_once() -> None:  # pragma: no cover - device only
+    """Four 2,048-token rows x five 5,120-wide bf16 states (a capture batch), faults mixed in."""
+    gen = torch.Generator().manual_seed(7)
+    states = [_state((2048 - 37 * k, 5120), torch.bfloat16, FAULTS[k % len(FAULTS)], gen).cuda() for k in range(20)]
+    _check_many(states)

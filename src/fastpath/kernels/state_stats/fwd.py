@@ -55,11 +55,22 @@ def _state_stats_kernel(x_ptr, out_ptr, n_tok, width, stride_t, BLOCK_T: tl.cons
     tl.store(out + 5, tl.sum(tl.where(tok_ok, tl.sqrt(sumsq), 0.0), axis=0))
 
 
-def state_partials(x: Tensor) -> Tensor:
-    """x: [T, H] with unit column stride, T, H >= 1; float32 partials [programs, FIELDS]."""
+def programs_for(n_tok: int) -> int:
+    """How many partial rows state_partials writes for a state of n_tok positions."""
+    return triton.cdiv(n_tok, BLOCK_T)
+
+
+def state_partials(x: Tensor, out: Tensor | None = None) -> Tensor:
+    """x: [T, H] with unit column stride, T, H >= 1; float32 partials [programs_for(T), FIELDS],
+    written into `out` (contiguous, that shape, x's device) when given: many states' partials can
+    share one buffer and be reduced together (interface.states_stats)."""
     n_tok, width = x.shape
-    programs = triton.cdiv(n_tok, BLOCK_T)
-    out = torch.empty((programs, FIELDS), device=x.device, dtype=torch.float32)
+    programs = programs_for(n_tok)
+    if out is None:
+        out = torch.empty((programs, FIELDS), device=x.device, dtype=torch.float32)
+    elif out.shape != (programs, FIELDS) or not out.is_contiguous() or out.dtype != torch.float32:
+        raise ValueError(f"state_partials: out must be contiguous float32 {(programs, FIELDS)}, got "
+                         f"{out.dtype} {tuple(out.shape)}")
     _state_stats_kernel[(programs,)](x, out, n_tok, width, x.stride(0), BLOCK_T=BLOCK_T, BLOCK_H=BLOCK_H,
                                      num_warps=8)
     return out
