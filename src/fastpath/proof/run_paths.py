@@ -96,6 +96,9 @@ class VerifySettings:
     seed: int
     reference: str
     liger: bool
+    # Liger on CPU tensors under TRITON_INTERPRET=1 counts as usable (liger_route.check_usable):
+    # the library's tests adapt Liger's kernels to the interpreter; the command refuses it
+    liger_interpreter: bool = True
     enable_kwargs: dict[str, Any] = field(default_factory=dict)
     check_memory: bool = True
     say: Callable[[str], None] = _quiet  # a stage begins (progress)
@@ -143,7 +146,7 @@ def _size_and_build(model: ResolvedModel, run: VerifySettings) -> tuple[BuiltMod
     peers = hidden_compiled_peers() if run.reference == "torch" else contextlib.nullcontext()
     with peers:
         if run.liger:
-            check_usable(model.family, model.device)
+            check_usable(model.family, model.device, interpreter_ok=run.liger_interpreter)
         if run.packed and (why := packed_unverifiable(model.config, model.device, run.backward, run.gdn)):
             raise CannotVerify(why)
         size = None

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 from fastpath.proof.run_paths import REFERENCES
 from fastpath.proof.verdict import NOT_VERIFIED_HINT, NOT_VERIFIED_LINE, CannotVerify
@@ -47,22 +46,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "4 SLOW (same function, but some op ran slow code; the lines above name them)")
 
 
-def _refuse_liger_off_cuda(model: Any) -> None:
-    """`--liger` on a CPU, TRITON_INTERPRET=1 or not: one line before any work. Liger Kernel's
-    kernels are Triton GPU kernels; under the interpreter (triton 3.9) they raise at their first
-    call ("'float' object has no attribute 'to'": the interpreter passes float arguments as Python
-    floats, triton/runtime/interpreter.py `_implicit_cvt`), which cost the build and the reference
-    path's setup before exit 1. A family Liger has no patch for is said first (a different fix)."""
-    from fastpath.routing.liger_route import check_usable
-    from fastpath.shared.errors import UsageError
-
-    if model.device.type == "cuda":
-        return
-    check_usable(model.family, model.device)  # the family; CUDA without the interpreter
-    raise UsageError(f"--liger needs a CUDA device (here: {model.device}): Liger Kernel's Triton kernels do not "
-                     "run on CPU tensors, not under TRITON_INTERPRET=1 either")
-
-
 def main(args: argparse.Namespace) -> int:
     from fastpath.shared.extras import require
 
@@ -82,10 +65,8 @@ def main(args: argparse.Namespace) -> int:
         save = resolve_save_file(args.save, "--save", SAVE_NAME, force=args.force)
     run = VerifySettings(seq_len=args.seq_len, batch=args.batch, packed=args.packed, backward=args.backward,
                          decode_tokens=args.decode_tokens, seed=args.seed, reference=args.reference,
-                         liger=args.liger)  # checked before the source is read
+                         liger=args.liger, liger_interpreter=False)  # checked before the source is read
     model = resolve_model(args.model, layers=args.layers, dtype=args.dtype, device=args.device)  # read once
-    if args.liger:
-        _refuse_liger_off_cuda(model)
     try:
         with Stages("verify") as stages:
             if save is not None and str(save) != args.save:

@@ -70,9 +70,12 @@ def patch_function(model_type: str | None) -> Any:
     return fn
 
 
-def check_usable(model_type: str | None, device: Any) -> str:
+def check_usable(model_type: str | None, device: Any, *, interpreter_ok: bool = True) -> str:
     """Before any work (verify --liger): the name of Liger's patch for `model_type`; a UsageError
-    (one line) when Liger is missing, has no patch for it, or its kernels cannot run on `device`."""
+    (one line) when Liger is missing, has no patch for it, or its kernels cannot run on `device`.
+    interpreter_ok: whether CPU tensors under TRITON_INTERPRET=1 count (tests adapt Liger's kernels
+    to the interpreter; as shipped they raise at their first call there: the interpreter passes
+    float arguments as Python floats, triton/runtime/interpreter.py `_implicit_cvt`)."""
     from fastpath.kernels.dispatch import triton_interpreter_on
     from fastpath.shared.errors import UsageError
 
@@ -81,9 +84,10 @@ def check_usable(model_type: str | None, device: Any) -> str:
     except LigerUnsupported as exc:
         raise UsageError(str(exc)) from None
     kind = getattr(device, "type", str(device))
-    if kind != "cuda" and not triton_interpreter_on():
-        raise UsageError(f"Liger Kernel's kernels are Triton GPU kernels: --liger needs a CUDA device "
-                         f"(here: {device})")
+    interpreted = triton_interpreter_on()
+    if kind != "cuda" and not (interpreter_ok and interpreted):
+        raise UsageError(f"--liger needs a CUDA device (here: {device}): Liger Kernel's Triton kernels do not "
+                         "run on CPU tensors" + (", not under TRITON_INTERPRET=1 either" if interpreted else ""))
     return str(fn.__name__)
 
 

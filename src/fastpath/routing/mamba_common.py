@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Any
 
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.routing.hub_wrappers import closure_value, kernels_func_inner
+from fastpath.routing.hub_wrappers import closure_value, hub_func_name, kernels_func_inner
 from fastpath.routing.patch_registry import PatchRegistry
 
 #: enable(mamba_ssm=...): "auto" routes unless a working mamba_ssm is installed
@@ -99,6 +99,35 @@ def module_source(module: ModuleType) -> str:
             return fh.read()
     except OSError:
         return ""
+
+
+def is_legacy_module(text: str, key_op: str) -> bool:
+    """<=5.14 modeling source (`text`) of a mixer family whose fused op is `key_op`: it imports the
+    ops by name from mamba_ssm (or its lazy loader) instead of wrapping them for the Hub (5.15+)."""
+    return key_op in text and "cuda_kernels_forward" in text and \
+        f'use_kernel_func_from_hub_with_fallback("{key_op}"' not in text
+
+
+def op_globals(module: ModuleType, route_attr: str, ops: tuple[str, ...], key_op: str,
+               aliases: dict[str, str] | None = None) -> dict[str, str]:
+    """op name -> the module global that the mixer calls for it, in this module right now: globals
+    holding a route marked `route_attr` or a 5.15+ Hub wrapper of one of `ops`; a module without
+    `key_op` is another family's (Mamba-1 and Mamba-2 both wrap selective_state_update) and yields
+    {}. A <=5.14 module (is_legacy_module) calls each op under its own name, or under its alias
+    where the source names the alias (falcon_mamba_inner_fn for mamba_inner_fn)."""
+    found: dict[str, str] = {}
+    for gname, value in vars(module).items():
+        op = getattr(value, route_attr, None)
+        op = op if isinstance(op, str) else hub_func_name(value)
+        if op in ops:
+            found[op] = gname
+    if key_op in found:
+        return found
+    text = module_source(module)
+    if not is_legacy_module(text, key_op):
+        return {}
+    aliases = aliases or {}
+    return {op: aliases[op] if aliases.get(op, "\0") in text else op for op in ops}
 
 
 def lift_device_gates(module: ModuleType, reg: PatchRegistry, opens: Callable[[Any, ModuleType], bool]) -> None:

@@ -68,7 +68,6 @@ from types import ModuleType
 from typing import Any
 
 from fastpath.routing import mamba_common, ssd_route
-from fastpath.routing.hub_wrappers import hub_func_name
 from fastpath.routing.mamba_common import MambaStatus, module_source, runs_here
 from fastpath.routing.patch_registry import PatchRegistry
 from fastpath.shared.known_issues import mamba1_cuda_scan_missing
@@ -77,7 +76,6 @@ MAMBA1_OPS = ("selective_scan_fn", "selective_state_update", "mamba_inner_fn")
 ROUTE_ATTR = "__fastpath_mamba1_route__"  # value: the op name
 # lazy_load_kernel names (5.0-5.14) -> the attribute the mixer reads its fused op from
 LAZY_KERNELS = {"mamba-ssm": "mamba_inner_fn", "falcon_mamba-ssm": "falcon_mamba_inner_fn"}
-_HUB_WRAPPER = 'use_kernel_func_from_hub_with_fallback("selective_scan_fn"'
 _RMS_WEIGHTS = ("b_rms_weight", "c_rms_weight", "dt_rms_weight")
 
 
@@ -237,25 +235,13 @@ def seed_lazy_kernel_mapping(hub: ModuleType, reg: PatchRegistry, mamba2_routed:
 # ------------------------------------------------------------------ reading transformers' modules
 def op_globals(module: ModuleType) -> dict[str, str]:
     """op name -> module global name that the mixer calls for it, in this module right now."""
-    found: dict[str, str] = {}
-    for gname, value in vars(module).items():
-        op = getattr(value, ROUTE_ATTR, None) or hub_func_name(value)
-        if op in MAMBA1_OPS:
-            found[op] = gname
-    if "selective_scan_fn" not in found:  # Mamba-2 modules wrap selective_state_update only
-        found = {}
-    if not found and is_legacy_mamba1(module):
-        inner = "falcon_mamba_inner_fn" if "falcon_mamba_inner_fn" in module_source(module) \
-            else "mamba_inner_fn"
-        found = {"selective_scan_fn": "selective_scan_fn", "selective_state_update": "selective_state_update",
-                 "mamba_inner_fn": inner}
-    return found
+    return mamba_common.op_globals(module, ROUTE_ATTR, MAMBA1_OPS, "selective_scan_fn",
+                                   aliases={"mamba_inner_fn": "falcon_mamba_inner_fn"})
 
 
 def is_legacy_mamba1(module: ModuleType) -> bool:
     """<=5.14 Mamba-1 modeling module: imports the ops by name from mamba_ssm (or its lazy loader)."""
-    text = module_source(module)
-    return "selective_scan_fn" in text and "cuda_kernels_forward" in text and _HUB_WRAPPER not in text
+    return mamba_common.is_legacy_module(module_source(module), "selective_scan_fn")
 
 
 def _global_names(module: ModuleType) -> set[str]:

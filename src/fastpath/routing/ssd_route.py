@@ -55,7 +55,6 @@ from types import ModuleType
 from typing import Any
 
 from fastpath.routing import mamba_common
-from fastpath.routing.hub_wrappers import hub_func_name
 from fastpath.routing.mamba_common import MODES, MambaStatus, runs_here
 from fastpath.routing.patch_registry import PatchRegistry
 
@@ -171,35 +170,14 @@ def route_module() -> ModuleType:
 
 
 # ------------------------------------------------------------------ reading transformers' modules
-def hub_op_of(value: Any) -> str | None:
-    """The op name a 5.15+ `use_kernel_func_from_hub_with_fallback` wrapper stands for (or a fastpath
-    Mamba route's op), else None."""
-    route = getattr(value, ROUTE_ATTR, None)
-    if isinstance(route, str):
-        return route
-    name = hub_func_name(value)
-    return name if name in MAMBA_OPS else None
-
-
 def op_globals(module: ModuleType) -> dict[str, str]:
     """op name -> module global name that forward() calls for it, in this module right now."""
-    found = {}
-    for gname, value in vars(module).items():
-        op = hub_op_of(value)
-        if op is not None:
-            found[op] = gname
-    if "mamba_chunk_scan_combined" not in found:  # Mamba-1 modules wrap selective_state_update only
-        found = {}
-    if not found and _is_legacy_mamba2(module):
-        found = {op: op for op in MAMBA_OPS}
-    return found
+    return mamba_common.op_globals(module, ROUTE_ATTR, MAMBA_OPS, "mamba_chunk_scan_combined")
 
 
 def _is_legacy_mamba2(module: ModuleType) -> bool:
     """<=5.14 Mamba-2 modeling module: imports the ops by name from mamba_ssm (or its lazy loader)."""
-    text = mamba_common.module_source(module)
-    return "mamba_chunk_scan_combined" in text and "cuda_kernels_forward" in text and \
-        "use_kernel_func_from_hub_with_fallback(\"mamba_chunk_scan_combined\"" not in text
+    return mamba_common.is_legacy_module(mamba_common.module_source(module), "mamba_chunk_scan_combined")
 
 
 # ------------------------------------------------------------------ patching
