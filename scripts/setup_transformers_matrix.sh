@@ -8,10 +8,10 @@
 #   5.12.1  the module-level-globals + lazy_load_kernel era (5.3-5.14), USE_HUB_KERNELS ignored
 #   5.17.0  is the system python's own transformers (no venv; tests run it in-process too)
 #   5.23.0  grouped-value GatedDeltaNet heads, packed-sequence ValueError on the torch path
-#   5.25.0  requires kernels>=0.19.1, which the package index does not have: installed with
-#           --no-deps + its other requirements (tests the path without `kernels`), and a second
-#           venv "5.25.0-kernels" adds the newest reachable `kernels` (0.17.2) to test the
-#           kernels-installed, offline behaviour.
+#   5.25.0  requires kernels>=0.19.1: installed with --no-deps + its other requirements (tests the
+#           path without `kernels`), and a second venv "5.25.0-kernels" adds kernels 0.17.2, older
+#           than 5.25 accepts, to test an installed `kernels` that fails its version check, offline.
+#           (The default stack, scripts/setup_default_stack.sh, has the kernels 5.25 requires.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

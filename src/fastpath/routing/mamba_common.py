@@ -1,7 +1,8 @@
 """What the Mamba-1 and Mamba-2 routes share: one decision shape, one device test, one way to read
-modeling sources (transformers' wrappers are read in routing/hub_wrappers.py), one testing-only device-gate lift and one
-explain() classification. routing/ssd_route.py (Mamba-2) and routing/selective_scan_route.py (Mamba-1)
-keep only what differs: their ops, signatures, lazy-loader names and kernel limits.
+modeling sources and find the module globals a mixer calls its ops through (transformers' wrappers
+are read in routing/hub_wrappers.py), one testing-only device-gate lift and one explain()
+classification. routing/ssd_route.py (Mamba-2) and routing/selective_scan_route.py (Mamba-1) keep
+only what differs: their ops, signatures, lazy-loader names and kernel limits.
 """
 
 from __future__ import annotations
