@@ -127,8 +127,8 @@ def op_globals(module: ModuleType, route_attr: str, ops: tuple[str, ...], key_op
     text = module_source(module)
     if not is_legacy_module(text, key_op):
         return {}
-    aliases = aliases or {}
-    return {op: aliases[op] if aliases.get(op, "\0") in text else op for op in ops}
+    named = {op: (aliases or {}).get(op) for op in ops}
+    return {op: alias if alias and alias in text else op for op, alias in named.items()}
 
 
 def lift_device_gates(module: ModuleType, reg: PatchRegistry, opens: Callable[[Any, ModuleType], bool]) -> None:
