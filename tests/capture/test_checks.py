@@ -2,7 +2,7 @@
 states pass; each fault is named with its state (NaN, all zero, constant, the same at every
 position, a norm far outside the embeddings'); a batch's numbers come back as one [states, 6]
 tensor whatever the rows hold (the same states per row, as a capture has, or not), with the
-embedding norm given as a float or a 0-d tensor. Under TRITON_INTERPRET=1 the state_stats kernel
+embedding norm given as a float or a 0-d tensor per row, or as one tensor for the batch. Under TRITON_INTERPRET=1 the state_stats kernel
 computes them, without it the reference does: the same answers."""
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ def test_rows_with_different_states_and_float_norms() -> None:
     rows = [{"a": _healthy(5, 16, 1)}, {"a": _healthy(6, 16, 2), "b": _healthy(6, 16, 3) * 0}]
     names, stats = batch_stats(rows, [1.5, 2.5])
     assert names == [["a"], ["a", "b"]] and stats[:, 5].tolist() == [1.5, 2.5, 2.5]
+    assert batch_stats(rows, torch.tensor([1.5, 2.5], dtype=torch.float64))[1].tolist() == stats.tolist()
     assert batch_problems(rows, [1.5, 2.5])[1] and not batch_problems(rows, [1.5, 2.5])[0]
     assert batch_stats([], []) == ([], None)
 

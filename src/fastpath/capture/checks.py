@@ -49,12 +49,13 @@ def _problem(name: str, stats: Sequence[float]) -> str | None:
     return None
 
 
-def batch_stats(rows: Sequence[Mapping[str, Any]], embed_norms: Sequence[Any]) -> tuple[list[list[str]], Any]:
+def batch_stats(rows: Sequence[Mapping[str, Any]], embed_norms: Any) -> tuple[list[list[str]], Any]:
     """(state names per row, their numbers [states, 6] where the states are: state_stats' five
     facts and the row's mean embedding token norm): queued on the device, nothing read yet, so the
     caller decides when to wait for them (`batch_problems` at once; the capture loop after the
     next batch's forward is queued). kernels/state_stats reads every state once, all the batch's
-    states in one go (states_stats)."""
+    states in one go (states_stats). embed_norms: per row, a float or 0-d tensor each, or one
+    tensor [rows]."""
     import torch
 
     from fastpath.kernels.state_stats.interface import states_stats
@@ -64,7 +65,10 @@ def batch_stats(rows: Sequence[Mapping[str, Any]], embed_norms: Sequence[Any]) -
     if not states:
         return names, None
     device = states[0].device
-    embed = torch.stack([torch.as_tensor(e, dtype=torch.float32, device=device).reshape(()) for e in embed_norms])
+    if isinstance(embed_norms, torch.Tensor):  # one per row already where the states are
+        embed = embed_norms.to(device=device, dtype=torch.float32).reshape(-1)
+    else:
+        embed = torch.stack([torch.as_tensor(e, dtype=torch.float32, device=device).reshape(()) for e in embed_norms])
     per_row = {len(row) for row in rows}
     if len(per_row) == 1:  # a capture's rows hold the same states: one launch spreads the norms
         embed = embed.repeat_interleave(per_row.pop())
