@@ -2,8 +2,9 @@
 states pass; each fault is named with its state (NaN, all zero, constant, the same at every
 position, a norm far outside the embeddings'); a batch's numbers come back as one [states, 6]
 tensor whatever the rows hold (the same states per row, as a capture has, or not), with the
-embedding norm given as a float or a 0-d tensor per row, or as one tensor for the batch. Under TRITON_INTERPRET=1 the state_stats kernel
-computes them, without it the reference does: the same answers."""
+embedding norm given as a float or a 0-d tensor per row, or as one tensor for the batch. Under
+TRITON_INTERPRET=1 the state_stats kernel computes them, without it the reference does: the same
+answers."""
 
 from __future__ import annotations
 
