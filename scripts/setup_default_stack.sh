@@ -33,14 +33,14 @@ if [ -n "$free_mb" ] && [ "$free_mb" -lt "$NEED_MB" ]; then
   unbuilt "$free_mb MB free on the disk of $(dirname "$DIR"), the default stack needs about $NEED_MB MB (torch's CUDA build)"
 fi
 [ -x "$DIR/bin/python" ] || "$PY" -m venv "$DIR"
-log="$DIR.log"
-# --no-cache-dir: the wheels (about 3 GB) would otherwise stay in pip's cache beside the venv
-if ! "$DIR/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir -U ".[kernels]" fla-core einops \
-    > "$log" 2>&1; then
-  if grep -q "No space left on device" "$log"; then
+# --no-cache-dir: the wheels (about 3 GB) would otherwise stay in pip's cache beside the venv.
+# pip's output is kept in memory, not in a file: on a full disk a log file could not be written.
+if ! out=$("$DIR/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir -U ".[kernels]" \
+    fla-core einops 2>&1); then
+  if printf '%s\n' "$out" | grep -q "No space left on device"; then
     unbuilt "the disk of $(dirname "$DIR") filled during the install (it had $free_mb MB free)"
   fi
-  grep -v "WARNING: Location" "$log" | tail -20 >&2
+  printf '%s\n' "$out" | grep -v "WARNING: Location" | tail -20 >&2
   exit 1
 fi
 "$DIR/bin/python" - > "$DIR/.fastpath-stack" <<'PYEOF'
