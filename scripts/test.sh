@@ -20,7 +20,7 @@ for setup in $(ls scripts/setup_*.sh | grep -v setup_default_stack.sh) scripts/s
   echo "== $setup"
   PYTHON="$PY" bash "$setup"
 done
-for unbuilt in .venvs/*.unbuilt; do
+for unbuilt in "${FASTPATH_VENVS:-.venvs}"/*.unbuilt; do
   if [ -e "$unbuilt" ]; then echo "== NOT BUILT: ${unbuilt%.unbuilt}: $(cat "$unbuilt")"; fi
 done
 

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 import torch
-from repo_paths import ROOT, VENVS
+from repo_paths import ROOT, VENVS, venv_missing
 from tiny_configs import QWEN35_4L as TINY_QWEN35  # the tiny Qwen3.5 hybrid the model tests build
 
 from fastpath.models import greedy
@@ -90,7 +90,7 @@ def test_old_transformers_static_cache_is_refused_with_the_reason(tmp_path):
     the missing GPU), and an eager step on that cache really fails there."""
     python = VENVS / "tf-4.57.6" / "bin" / "python"
     if not python.exists():
-        pytest.skip("transformers 4.57.6 venv missing (run scripts/setup_transformers_matrix.sh)")
+        pytest.skip(venv_missing("4.57.6"))
     config = tmp_path / "qwen3_next.json"
     config.write_text(json.dumps(TINY_QWEN3_NEXT))
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")

@@ -11,14 +11,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from repo_paths import BENCHMARKS, ROOT, VENVS
+from repo_paths import BENCHMARKS, ROOT, VENVS, venv_missing
 
 KERNELS_PY = VENVS / "tf-5.25.0-kernels" / "bin" / "python"
 SCRIPT = BENCHMARKS / "hub_wrappers_gpu.py"
 FAMILIES = ("qwen3_5_text", "qwen3_next", "nemotron_h", "falcon_mamba")
 
 pytestmark = pytest.mark.skipif(not KERNELS_PY.exists(),
-                                reason="tf-5.25.0-kernels venv missing (scripts/setup_*.sh)")
+                                reason=venv_missing("5.25.0-kernels"))
 
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
