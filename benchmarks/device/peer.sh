@@ -23,11 +23,14 @@
 #                         default 0 starts afresh. The state lives in .dev/peer (PEER_STATE).
 #   PEER_SEED=DIR         continue a call made on another machine (a later session): DIR is that
 #                         call's OUTDIR/peer (state.tgz + state_key.txt, which every call writes).
-#                         Taken only when its key matches this tree's: a sha256 over the sources
-#                         the suites exercise (kernels/selective_scan, kernels/ssd,
-#                         kernels/causal_conv1d, the kernels/*.py they share, the causal_conv1d
-#                         face, tests/peer, the upstream commit); any change there starts afresh,
-#                         so every counted case ran on the kernels of this tree.
+# The state's key has two parts. cases=: a sha256 over what decides a case's outcome (kernels/
+# selective_scan, kernels/ssd, kernels/causal_conv1d, the kernels/*.py they share, the
+# causal_conv1d face, tests/peer but for the judge's two files and test_mamba_ssm_suites.py, which
+# holds only the harness's own CPU tests, the upstream commit); judge=: over
+# tests/peer/float64_judge.py and conftest.py, which only decide cases whose upstream assertion
+# failed. A seed or resumed state is taken whole when both match; when only judge= differs, every
+# case that went to the judge (or failed) runs again and the rest stands; when cases= differs,
+# every case runs again. So every counted case ran on the kernels of this tree.
 # Each grid runs as SHARDS pytest processes sharing the GPU (PEER_SHARD=i/n); a process cut by its
 # limit gets SIGINT, so pytest still writes its JUnit XML for the cases it finished. A case that
 # loses the CUDA context (illegal memory access) stops its own process (named in its log).
@@ -36,7 +39,7 @@
 # same-dtype reference's distances from float64 (JUnit property float64_judge; every verdict also
 # in OUTDIR/peer/<grid>_judged.jsonl).
 # Output: OUTDIR/peer/<grid>_<call>_<i>.{xml,txt} (every call's), OUTDIR/peer/summary.json,
-# counts printed at the end.
+# counts printed at the end (benchmarks/device/peer_state.py: the state between calls, the counts).
 set -uo pipefail
 out=${1:?usage: peer.sh OUTDIR}
 root=$PWD
@@ -60,17 +63,41 @@ t0=$(date +%s)
 state=${PEER_STATE:-$root/.dev/peer}
 [ "${PEER_RESUME:-0}" = 1 ] || rm -rf "$state"
 mkdir -p "$state"
-key=$( { find src/fastpath/kernels/selective_scan src/fastpath/kernels/ssd src/fastpath/kernels/causal_conv1d \
-           src/fastpath/causal_conv1d tests/peer -name '*.py'; ls src/fastpath/kernels/*.py; } | LC_ALL=C sort \
-       | xargs sha256sum | { cat; cat "$MAMBA_PEER_TESTS/UPSTREAM" 2>/dev/null; } | sha256sum | cut -c1-16)
+peer_sources() {  # the files whose hash keys the state; $1 = cases (all but the judge) or judge
+  if [ "$1" = judge ]; then ls tests/peer/float64_judge.py tests/peer/conftest.py; return; fi
+  { find src/fastpath/kernels/selective_scan src/fastpath/kernels/ssd src/fastpath/kernels/causal_conv1d \
+      src/fastpath/causal_conv1d tests/peer -name '*.py' ! -name float64_judge.py ! -name conftest.py \
+      ! -name test_mamba_ssm_suites.py
+    ls src/fastpath/kernels/*.py; } | LC_ALL=C sort
+}
+cases_key=$(peer_sources cases | xargs sha256sum | { cat; cat "$MAMBA_PEER_TESTS/UPSTREAM" 2>/dev/null; } \
+            | sha256sum | cut -c1-16)
+judge_key=$(peer_sources judge | xargs sha256sum | sha256sum | cut -c1-16)
+key="cases=$cases_key judge=$judge_key"
 echo "peer: sources key $key"
-if [ -n "${PEER_SEED:-}" ]; then
-  if [ "$(cat "$PEER_SEED/state_key.txt" 2>/dev/null)" = "$key" ] && [ -f "$PEER_SEED/state.tgz" ]; then
-    tar xzf "$PEER_SEED/state.tgz" -C "$state" && echo "peer: continuing from $PEER_SEED ($(cat "$state"/*_done.txt 2>/dev/null | wc -l) cases done there)"
+adopt() {  # adopt FOLDER KEY: keep what FOLDER's state may keep under this tree's key (see above)
+  local folder=$1 theirs=$2
+  if [ "$theirs" = "$key" ]; then
+    python3 benchmarks/device/peer_state.py adopt "$folder"
+  elif [ "${theirs%% *}" = "cases=$cases_key" ]; then
+    python3 benchmarks/device/peer_state.py adopt "$folder" --rejudge
   else
-    echo "peer: NOT continuing from $PEER_SEED: its key $(cat "$PEER_SEED/state_key.txt" 2>/dev/null || echo '(none)') is not this tree's $key (kernels or suites changed): every case runs again"
+    echo "peer: NOT continuing: its key '${theirs:-(none)}' is not this tree's '$key' (kernels or suites changed): every case runs again"
+    rm -rf "${folder:?}"/* && return 1
+  fi
+}
+if [ "${PEER_RESUME:-0}" = 1 ] && [ -z "${PEER_SEED:-}" ] && ls "$state"/*_done.txt > /dev/null 2>&1; then
+  adopt "$state" "$(cat "$state/key.txt" 2>/dev/null)"
+fi
+if [ -n "${PEER_SEED:-}" ]; then
+  if [ -f "$PEER_SEED/state.tgz" ]; then
+    rm -rf "${state:?}"/* && tar xzf "$PEER_SEED/state.tgz" -C "$state" && echo "peer: seed $PEER_SEED" \
+      && adopt "$state" "$(cat "$PEER_SEED/state_key.txt" 2>/dev/null)"
+  else
+    echo "peer: NOT continuing from $PEER_SEED: no state.tgz there: every case runs again"
   fi
 fi
+echo "$key" > "$state/key.txt"
 call=$(date +%s)
 
 run_grid() {  # run_grid GRID LIMIT SHARDS
@@ -88,7 +115,8 @@ run_grid() {  # run_grid GRID LIMIT SHARDS
     pids="$pids $!"
   done
   wait $pids
-  cp "$state/${grid}"_*_*.xml "$state/${grid}"_*_*.txt "$state/${grid}_judged.jsonl" "$dir"/ 2>/dev/null
+  cp "$state/${grid}"_*_*.xml "$state/${grid}"_*_*.txt "$state/${grid}_judged.jsonl" "$state/${grid}_done.txt" \
+    "$dir"/ 2>/dev/null
   tar czf "$dir/state.tgz" -C "$state" . && echo "$key" > "$dir/state_key.txt"  # PEER_SEED for a later call
   grep -h "lost the CUDA context\|KeyboardInterrupt\|^ERROR " "$state/${grid}_${call}"_*.txt | sort | uniq -c | head -20
 }
@@ -102,68 +130,5 @@ for grid in "${grids[@]}"; do
   esac
 done
 
-python3 - "$dir" "${grids[@]}" <<'EOF'
-"""Counts per grid and per upstream test function from the JUnit XML; expected counts from
---collect-only (a case missing from the XML did not run: its process hit its limit or stopped)."""
-import collections, glob, json, re, sys
-import xml.etree.ElementTree as ET
-
-folder, grids = sys.argv[1], sys.argv[2:]
-summary = {}
-for grid in grids:
-    counts = collections.Counter()
-    per_test = collections.defaultdict(collections.Counter)
-    failures = []
-    judged = []
-    for path in sorted(glob.glob(f"{folder}/{grid}_[0-9]*_[0-9]*.xml")):
-        for case in ET.parse(path).getroot().iter("testcase"):
-            name = case.get("name", "")
-            suite = case.get("classname", "").removeprefix("tests.peer.test_mamba_ssm_suites.")
-            test = f"{suite}::{name.split('[')[0]}"
-            kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
-            kind = {"failure": "failed", "error": "error", "skipped": "skipped"}.get(
-                kinds[0] if kinds else "", "passed")
-            verdict = next((json.loads(p.get("value")) for p in case.iter("property")
-                            if p.get("name") == "float64_judge"), None)
-            if verdict is not None and kind == "passed":
-                kind = "passed_float64_judge"
-            counts[kind] += 1
-            per_test[test][kind] += 1
-            if verdict is not None:
-                judged.append({"case": f"{test}[{name.split('[', 1)[-1]}", "outcome": kind,
-                               "assertion": verdict["assertion"], "note": verdict["note"],
-                               "tensors": verdict["tensors"]})
-            if kind in ("failed", "error"):
-                message = case.find(kinds[0]).get("message", "")[:160]
-                failures.append(f"{test}[{name.split('[', 1)[-1]} {message}"
-                                + (" (float64 judge upheld it)" if verdict else ""))
-    try:
-        text = open(f"{folder}/{grid}_collect.txt").read()
-        expected = int(re.findall(r"(\d+)(?:/\d+)? tests? collected", text)[-1])
-    except (OSError, IndexError, ValueError):
-        expected = None
-    ran = sum(counts.values())
-    summary[grid] = {"expected": expected, "ran": ran, **counts,
-                     "not_run": None if expected is None else expected - ran,
-                     "per_test": {t: dict(c) for t, c in sorted(per_test.items())},
-                     "failures": failures, "float64_judge": judged}
-    print(f"peer {grid}: {expected} collected, {ran} ran: {counts['passed']} passed, "
-          f"{counts['passed_float64_judge']} passed only by the float64 judge, "
-          f"{counts['failed']} failed, {counts['error']} errors, {counts['skipped']} skipped"
-          + (f", {expected - ran} NOT RUN" if expected is not None and expected > ran else ""))
-    for test, c in sorted(per_test.items()):
-        print(f"  {test}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))
-    for line in failures[:15]:
-        print(f"  FAIL {line}")
-    for j in judged:  # every re-judged case, with fastpath's and the reference's distances
-        print(f"  JUDGED {j['outcome']} {j['case']}  <- {j['assertion']}")
-        for t in j["tensors"]:
-            f, r = t["fastpath"], t["reference"]
-            print(f"    {t['tensor']} ({t['dtype']}): fastpath max_abs {f['max_abs']:.3g} rel_l2 "
-                  f"{f['rel_l2']:.3g} | reference max_abs {r['max_abs']:.3g} rel_l2 "
-                  f"{r['rel_l2']:.3g} | {'ok' if t['ok'] else 'WORSE'}")
-        if j["note"]:
-            print(f"    {j['note']}")
-json.dump(summary, open(f"{folder}/summary.json", "w"), indent=1)
-EOF
+python3 benchmarks/device/peer_state.py summary "$dir" "${grids[@]}"
 echo "== peer end at $(( $(date +%s) - t0 )) s"

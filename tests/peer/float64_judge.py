@@ -20,9 +20,20 @@ The case counts as passing only if, for every tensor, fastpath's max_abs AND its
 most RATIO (2) times the same-dtype reference's (each floored at the distance of the float64
 result rounded to fastpath's output dtype, the best any answer in that dtype can do). Both
 metrics: max_abs alone is ruled by one element of an ill-conditioned sum, rel_l2 alone can hide
-one bad element. Anything else (an error, a NaN, fastpath further than 2x) keeps the failure. A
-re-judged case is reported as such (JUnit property `float64_judge`, the PEER_JUDGE_LOG JSON
-lines, the terminal summary), never as a plain upstream pass.
+one bad element. Anything else (an error, a NaN, fastpath further than 2x) keeps the failure.
+
+One draw is one sample of two float32 rounding errors, and their ratio has a long tail: on the
+64-element last state of `test_selective_scan`, two correct float32 evaluations (the reference
+and the same loop with one product reordered) cross the 2x bar in about 5 % of draws, by up to 6x
+(benchmarks/judge_noise.py, BENCHMARKS.md). So a tensor beyond the bar on the case's own draw is
+judged again on RESAMPLES more draws of the same case: the harness reruns the upstream test body
+with its seed moved (`torch.manual_seed(s)` becomes `s + k * SEED_STEP`) and judges the recorded
+calls the same way. The tensor passes when its *median* ratio over all the draws (the case's own
+included) is within RATIO by both metrics and no draw is non-finite: a precision loss that is
+the kernel's (a biased exp, a rounding that compounds) moves the median, one draw's tail does not.
+A re-judged case is reported as such (JUnit property `float64_judge`, the PEER_JUDGE_LOG JSON
+lines, the terminal summary, with every draw's ratios when it was resampled), never as a plain
+upstream pass.
 """
 
 from __future__ import annotations
@@ -37,10 +48,12 @@ import os
 import traceback
 import types
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 RATIO = 2.0
+RESAMPLES = 8  # more draws for a tensor beyond RATIO on the case's own draw
+SEED_STEP = 1_000_003  # draw k's seed offset is k * SEED_STEP (a prime, clear of upstream's seeds)
 LOG_ENV = "PEER_JUDGE_LOG"  # a file: one JSON line per re-judged case is appended
 PROPERTY = "float64_judge"  # the JUnit XML property name
 
@@ -126,6 +139,7 @@ class TensorVerdict:
     reference: Distance
     rounding: Distance  # the float64 result rounded to fastpath's dtype
     ok: bool
+    draws: list[tuple[float, float]] = field(default_factory=list)  # resampled: (max_abs, rel_l2) ratios
 
 
 @dataclass
@@ -134,6 +148,7 @@ class Verdict:
     assertion: str  # the upstream line that failed
     tensors: list[TensorVerdict]
     note: str = ""
+    complete: bool = True  # every recorded call judged and every tensor compared
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -144,6 +159,10 @@ class Verdict:
             out.append(
                 f"{t.tensor} ({t.dtype}): fastpath {_fmt(t.fastpath)}; same-dtype reference "
                 f"{_fmt(t.reference)}; rounding {_fmt(t.rounding)} -> {'ok' if t.ok else 'WORSE'}")
+            if t.draws:
+                cells = ", ".join(f"{a:.2f}/{r:.2f}" for a, r in t.draws)
+                out.append(f"  {len(t.draws)} draws, ratio max_abs/rel_l2: {cells}; median "
+                           f"{_median([a for a, _ in t.draws]):.2f}/{_median([r for _, r in t.draws]):.2f}")
         if self.note:
             out.append(self.note)
         return out
@@ -182,6 +201,27 @@ def _within(fast: Distance, ref: Distance, floor: Distance) -> bool:
     if any(math.isnan(v) for v in (bound_abs, bound_rel)):
         return False
     return fast.max_abs <= bound_abs and fast.rel_l2 <= bound_rel
+
+
+def _ratio(fast: float, bound: float) -> float:
+    if math.isnan(fast) or math.isnan(bound):
+        return math.nan
+    if bound > 0:
+        return fast / bound
+    return 0.0 if fast == 0 else math.inf
+
+
+def ratios(t: TensorVerdict) -> tuple[float, float]:
+    """fastpath's distance over the bar's base (the reference's, floored at rounding), per metric:
+    within the judge's bar when both are <= RATIO."""
+    return (_ratio(t.fastpath.max_abs, max(t.reference.max_abs, t.rounding.max_abs)),
+            _ratio(t.fastpath.rel_l2, max(t.reference.rel_l2, t.rounding.rel_l2)))
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 @contextlib.contextmanager
@@ -282,7 +322,7 @@ def judge_call(judge: Judge, call: Call, grads: bool, assertion: str = "") -> Ve
                                      floor, _within(f, r, floor)))
     note = f"not compared (missing or another shape): {', '.join(missing)}" if missing else ""
     passed = bool(tensors) and not missing and all(t.ok for t in tensors)
-    return Verdict(passed, assertion, tensors, note)
+    return Verdict(passed, assertion, tensors, note, complete=bool(tensors) and not missing)
 
 
 # ---------------------------------------------------------------- the failure it may re-judge
@@ -319,26 +359,73 @@ class SuiteJudges:
     test_file: str
 
 
-def rejudge(exc: BaseException, suite: SuiteJudges, test_name: str) -> Verdict | None:
-    """The judge's verdict on a failed upstream case, or None when it is not the judge's to give
-    (not a tolerance assertion of the file, or no call of a function under test recorded)."""
-    assertion = tolerance_assertion(exc, suite.test_file)
-    calls = [c for c in RECORDER.calls if c.name in suite.judges]
-    if assertion is None or not calls:
-        return None
-    grads = test_name.split("[")[0] in suite.grad_tests
+def _judge_calls(suite: SuiteJudges, calls: list[Call], grads: bool, assertion: str) -> Verdict:
     verdicts = []
     for call in calls:
         try:
             verdicts.append(judge_call(suite.judges[call.name], call, grads, assertion))
         except Exception as err:  # the judge's own runs failed: the upstream failure stands
             verdicts.append(Verdict(False, assertion, [], f"judge could not run: "
-                                    f"{type(err).__name__}: {str(err)[:300]}"))
+                                    f"{type(err).__name__}: {str(err)[:300]}", complete=False))
     tensors = [t for v in verdicts for t in v.tensors]
     notes = "; ".join(v.note for v in verdicts if v.note)
     if len(calls) > 1:
         notes = f"{len(calls)} calls judged; " + notes
-    return Verdict(all(v.passed for v in verdicts), assertion, tensors, notes.strip("; "))
+    return Verdict(bool(verdicts) and all(v.passed for v in verdicts), assertion, tensors, notes.strip("; "),
+                   complete=bool(verdicts) and all(v.complete for v in verdicts))
+
+
+def resample(verdict: Verdict, draw: Callable[[int], Verdict]) -> Verdict:
+    """The verdict after RESAMPLES more draws (`draw(k)`: the case's calls on its k-th moved seed,
+    judged), for a verdict that failed only by tensors beyond the bar: each of those passes when
+    its median ratio over every draw is within RATIO by both metrics and no draw is non-finite.
+    Anything else about a draw (a judge error, other calls recorded) keeps the failure."""
+    if verdict.passed or not verdict.complete:
+        return verdict
+    names = [t.tensor for t in verdict.tensors]
+    draws = [[ratios(t) for t in verdict.tensors]]
+    for k in range(1, RESAMPLES + 1):
+        try:
+            again = draw(k)
+        except Exception as err:  # the rerun itself failed: nothing to weigh the tail against
+            return replace(verdict, note=f"draw {k} could not run: {type(err).__name__}: {str(err)[:300]}")
+        if [t.tensor for t in again.tensors] != names or not again.complete:
+            return replace(verdict, note=f"draw {k} recorded other calls or could not be judged"
+                           + (f" ({again.note})" if again.note else ""))
+        draws.append([ratios(t) for t in again.tensors])
+    tensors = []
+    for i, t in enumerate(verdict.tensors):
+        if t.ok:
+            tensors.append(t)
+            continue
+        per = [d[i] for d in draws]
+        finite = all(math.isfinite(v) for pair in per for v in pair)
+        ok = finite and max(_median([a for a, _ in per]), _median([r for _, r in per])) <= RATIO
+        tensors.append(replace(t, ok=ok, draws=per))
+    note = "; ".join(v for v in (verdict.note, f"resampled: {len(draws)} draws (seed moved by k * "
+                                 f"{SEED_STEP}); a tensor beyond the bar on the case's own draw is judged by "
+                                 "its median ratio") if v)
+    return Verdict(all(t.ok for t in tensors), verdict.assertion, tensors, note)
+
+
+def rejudge(exc: BaseException, suite: SuiteJudges, test_name: str,
+            redraw: Callable[[int], list[Call]] | None = None) -> Verdict | None:
+    """The judge's verdict on a failed upstream case, or None when it is not the judge's to give
+    (not a tolerance assertion of the file, or no call of a function under test recorded).
+    `redraw(k)`: the calls of the case rerun on its k-th moved seed (conftest.py), for resample."""
+    assertion = tolerance_assertion(exc, suite.test_file)
+    calls = [c for c in RECORDER.calls if c.name in suite.judges]
+    if assertion is None or not calls:
+        return None
+    grads = test_name.split("[")[0] in suite.grad_tests
+    verdict = _judge_calls(suite, calls, grads, assertion)
+    if redraw is None:
+        return verdict
+
+    def draw(k: int) -> Verdict:
+        return _judge_calls(suite, [c for c in redraw(k) if c.name in suite.judges], grads, assertion)
+
+    return resample(verdict, draw)
 
 
 def log_verdict(nodeid: str, verdict: Verdict, environ: os._Environ | dict = os.environ) -> None:

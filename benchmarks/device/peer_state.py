@@ -1,0 +1,198 @@
+"""The peer grid's state between calls and its counts (benchmarks/device/peer.sh calls this).
+
+A state folder holds, per grid: <grid>_done.txt (node ids of finished cases, any outcome), the
+JUnit XML and log of every call (<grid>_<call>_<shard>.{xml,txt}, <call> = the call's start in
+epoch seconds) and <grid>_judged.jsonl (one line per case the float64 judge decided).
+
+    python3 benchmarks/device/peer_state.py adopt FOLDER [--rejudge]
+        before a call continues the state: a case in <grid>_done.txt that no XML records (its
+        process was killed before pytest wrote the XML) leaves the list, to run again. With
+        --rejudge (the judge changed, the kernels did not) so does every case the judge decided
+        and every failed or errored case (and their <grid>_judged.jsonl lines); the rest stands.
+    python3 benchmarks/device/peer_state.py summary FOLDER GRID...
+        counts per grid and per upstream test function from the XML (a case recorded by several
+        calls counts once, as its latest call left it; only cases in FOLDER/<grid>_done.txt, when
+        it is there, so a record an adopt --rejudge set aside is not counted), expected counts from
+        FOLDER/<grid>_collect.txt (pytest --collect-only): a case in no XML did not run. Writes
+        FOLDER/summary.json and prints the table.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+SUITES_FILE = "tests/peer/test_mamba_ssm_suites.py"
+_XML = re.compile(r"^(?P<grid>[a-z]+)_(?P<call>\d+)_(?P<shard>\d+)\.xml$")
+
+
+_CLASS_PREFIX = SUITES_FILE[:-3].replace("/", ".") + "."
+
+
+def node_id(case: ET.Element) -> str | None:
+    """The pytest node id of an upstream case's JUnit testcase (as PEER_DONE lists them); None for
+    the harness's own tests in the same file."""
+    classname = case.get("classname", "")
+    if not classname.startswith(_CLASS_PREFIX):
+        return None
+    return f"{SUITES_FILE}::{classname.removeprefix(_CLASS_PREFIX)}::{case.get('name', '')}"
+
+
+def latest_cases(folder: Path, grid: str) -> dict[str, ET.Element]:
+    """node id -> its testcase element in the latest call's XML that has it."""
+    found = []
+    for path in folder.glob(f"{grid}_*_*.xml"):
+        m = _XML.match(path.name)
+        if m and m["grid"] == grid:
+            found.append((int(m["call"]), int(m["shard"]), path))
+    cases: dict[str, ET.Element] = {}
+    for _, _, path in sorted(found):
+        try:
+            root = ET.parse(path).getroot()
+        except ET.ParseError:  # a process killed while writing: its cases are not in done either
+            continue
+        for case in root.iter("testcase"):
+            nodeid = node_id(case)
+            if nodeid is not None:
+                cases[nodeid] = case
+    return cases
+
+
+def outcome(case: ET.Element) -> tuple[str, dict[str, Any] | None]:
+    """passed, passed_float64_judge, failed, error or skipped, and the judge's verdict if any."""
+    tags = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
+    kind = {"failure": "failed", "error": "error", "skipped": "skipped"}.get(tags[0] if tags else "", "passed")
+    verdict = next((json.loads(p.get("value", "null")) for p in case.iter("property")
+                    if p.get("name") == "float64_judge"), None)
+    if verdict is not None and kind == "passed":
+        kind = "passed_float64_judge"
+    return kind, verdict
+
+
+def grids_in(folder: Path) -> list[str]:
+    return sorted(p.name.removesuffix("_done.txt") for p in folder.glob("*_done.txt"))
+
+
+def adopt(folder: Path, rejudge: bool) -> int:
+    """Drop from every grid's done list the cases no XML records and, with `rejudge`, those whose
+    outcome the judge decided or that failed."""
+    kept_n = unrecorded_n = again_n = 0
+    for grid in grids_in(folder):
+        cases = latest_cases(folder, grid)
+        again = set()
+        judged = folder / f"{grid}_judged.jsonl"
+        if rejudge:
+            if judged.is_file():
+                for line in judged.read_text().splitlines():
+                    try:
+                        again.add(json.loads(line)["nodeid"])
+                    except (ValueError, KeyError, TypeError):
+                        continue
+                judged.write_text("")
+            for nodeid, case in cases.items():
+                kind, verdict = outcome(case)
+                if verdict is not None or kind in ("failed", "error"):
+                    again.add(nodeid)
+        done = folder / f"{grid}_done.txt"
+        lines = list(dict.fromkeys(x.strip() for x in done.read_text().splitlines() if x.strip()))
+        kept = [x for x in lines if x in cases and x not in again]
+        done.write_text("".join(f"{x}\n" for x in kept))
+        kept_n += len(kept)
+        unrecorded_n += sum(1 for x in lines if x not in cases)
+        again_n += sum(1 for x in lines if x in cases and x in again)
+    why = f", {again_n} the judge decided (or that failed) run again under this judge" if rejudge else ""
+    print(f"peer: continuing: {kept_n} finished cases stand, {unrecorded_n} with no recorded outcome "
+          f"run again{why}")
+    return 0
+
+
+def _expected(folder: Path, grid: str) -> int | None:
+    try:
+        text = (folder / f"{grid}_collect.txt").read_text()
+        return int(re.findall(r"(\d+)(?:/\d+)? tests? collected", text)[-1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def summarize(folder: Path, grid: str) -> dict[str, Any]:
+    counts: collections.Counter = collections.Counter()
+    per_test: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    failures, judged = [], []
+    cases = latest_cases(folder, grid)
+    done = folder / f"{grid}_done.txt"
+    if done.is_file():
+        listed = {x.strip() for x in done.read_text().splitlines()}
+        cases = {k: v for k, v in cases.items() if k in listed}
+    for nodeid, case in cases.items():
+        suite, name = nodeid.split("::")[1:3]
+        test = f"{suite}::{name.split('[')[0]}"
+        kind, verdict = outcome(case)
+        counts[kind] += 1
+        per_test[test][kind] += 1
+        label = f"{test}[{name.split('[', 1)[-1]}" if "[" in name else test
+        if verdict is not None:
+            judged.append({"case": label, "outcome": kind, "assertion": verdict.get("assertion", ""),
+                           "note": verdict.get("note", ""), "tensors": verdict.get("tensors", [])})
+        if kind in ("failed", "error"):
+            element = case.find("failure" if kind == "failed" else "error")
+            message = (element.get("message", "") if element is not None else "")[:160]
+            failures.append(f"{label} {message}" + (" (float64 judge upheld it)" if verdict else ""))
+    expected = _expected(folder, grid)
+    ran = sum(counts.values())
+    return {"expected": expected, "ran": ran,
+            **{k: counts[k] for k in ("passed", "passed_float64_judge", "failed", "error", "skipped")},
+            "not_run": None if expected is None else expected - ran,
+            "per_test": {t: dict(c) for t, c in sorted(per_test.items())},
+            "failures": failures, "float64_judge": judged}
+
+
+def print_summary(grid: str, s: dict[str, Any]) -> None:
+    not_run = f", {s['not_run']} NOT RUN" if s["not_run"] else ""
+    print(f"peer {grid}: {s['expected']} collected, {s['ran']} ran: {s['passed']} passed, "
+          f"{s['passed_float64_judge']} passed only by the float64 judge, {s['failed']} failed, "
+          f"{s['error']} errors, {s['skipped']} skipped{not_run}")
+    for test, c in s["per_test"].items():
+        print(f"  {test}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))
+    for line in s["failures"][:15]:
+        print(f"  FAIL {line}")
+    for j in s["float64_judge"]:  # every re-judged case, with fastpath's and the reference's distances
+        print(f"  JUDGED {j['outcome']} {j['case']}  <- {j['assertion']}")
+        for t in j["tensors"]:
+            f, r = t["fastpath"], t["reference"]
+            draws = t.get("draws") or []
+            median = (f" | {len(draws)} draws, median ratio {sorted(a for a, _ in draws)[len(draws) // 2]:.2f}"
+                      f"/{sorted(b for _, b in draws)[len(draws) // 2]:.2f}") if draws else ""
+            print(f"    {t['tensor']} ({t['dtype']}): fastpath max_abs {f['max_abs']:.3g} rel_l2 "
+                  f"{f['rel_l2']:.3g} | reference max_abs {r['max_abs']:.3g} rel_l2 "
+                  f"{r['rel_l2']:.3g} | {'ok' if t['ok'] else 'WORSE'}{median}")
+        if j["note"]:
+            print(f"    {j['note']}")
+
+
+def main(argv: list[str]) -> int:
+    usage = "usage: peer_state.py adopt FOLDER [--rejudge] | summary FOLDER GRID..."
+    if (len(argv) < 2 or argv[0] not in ("adopt", "summary") or (argv[0] == "summary" and len(argv) < 3)
+            or (argv[0] == "adopt" and argv[2:] not in ([], ["--rejudge"]))):
+        print(usage, file=sys.stderr)
+        return 2
+    folder = Path(argv[1])
+    if not folder.is_dir():
+        print(f"peer_state.py: {folder} is not a folder", file=sys.stderr)
+        return 2
+    if argv[0] == "adopt":
+        return adopt(folder, rejudge=argv[2:] == ["--rejudge"])
+    summary = {}
+    for grid in argv[2:]:
+        summary[grid] = summarize(folder, grid)
+        print_summary(grid, summary[grid])
+    (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
