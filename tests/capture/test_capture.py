@@ -445,6 +445,45 @@ def test_a_failed_check_keeps_the_batches_before_it_and_writes_nothing_after(ove
     assert not list(out.rglob(".*.tmp*"))
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_batchs_host_copies_are_queued_after_the_next_forward(overlap, lfm2_capture, lfm2_config, tokenizer_dir,
+                                                                tmp_path, monkeypatch):
+    """Overlapped, batch k's rows are copied to the host only once batch k+1's forward is queued
+    (on a GPU the forward's own read-back would otherwise wait behind them on the copy engine);
+    settled one by one, before it. The files are the same either way."""
+    from fastpath.capture.packing import make_batches
+    from fastpath.capture.staging import RowWrites
+
+    clean, data = lfm2_capture
+    events: list[tuple[str, int]] = []
+    copy = RowWrites.copy
+
+    def recorded_copy(self, idx, *args, **kwargs):
+        events.append(("copy", idx))
+        return copy(self, idx, *args, **kwargs)
+
+    monkeypatch.setattr(RowWrites, "copy", recorded_copy)
+
+    def count_forwards(model):
+        model.model.layers[0].register_forward_pre_hook(lambda _m, _a: events.append(("forward", 0)))
+
+    out = tmp_path / "out"
+    run_capture(_opts(lfm2_config, data, out, tokenizer=str(tokenizer_dir), on_model=count_forwards, overlap=overlap))
+    batches = make_batches(_seq_lens(clean.out), 64)
+    assert len(batches) >= 3
+    forwards_before = {}
+    for n, (kind, idx) in enumerate(events):
+        if kind == "copy":
+            forwards_before[idx] = sum(1 for k, _ in events[:n] if k == "forward")
+    for k, batch in enumerate(batches):
+        seen = {forwards_before[idx] for idx in batch}
+        # forwards before batch k's copies: its own and those before it, the first row's re-check
+        # (settled before its copies are queued) and, overlapped, batch k+1's
+        expected = k + 2 if not overlap else min(k + 3, len(batches) + 1)
+        assert seen == {expected}, (k, seen, events, batches)
+    _assert_same_capture(out, clean.out)
+
+
 def _seq_lens(out: Path) -> list[int]:
     import datasets
 

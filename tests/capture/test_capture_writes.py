@@ -52,11 +52,16 @@ def _stage_all(writer, rows: dict[int, tuple], slots: int = 2, threads: int = 2,
         for idx, (aux, pre, post, ids, mask) in rows.items():
             aux, pre, post = [a.to(device) for a in aux], pre.to(device), post.to(device)
             stored = writer.layout(aux, pre if writer.needs_pre else None, post if writer.needs_post else None)
+            after = None
+            if device == "cuda":  # as the capture loop: the copy waits for the layout, not later work
+                after = torch.cuda.Event()
+                after.record()
+                torch.cuda._sleep(1_000_000)
 
             def write(saved, idx=idx, ids=ids, mask=mask):
                 writer.write_row(idx, ids, mask, saved, META)
 
-            writes.queue(writes.copy(idx, stored, write))
+            writes.queue(writes.copy(idx, stored, write, after=after))
         writes.wait()
     finally:
         writes.close()
@@ -78,8 +83,9 @@ _CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torc
 @pytest.mark.parametrize("device", ["cpu", _CUDA])
 @pytest.mark.parametrize("fmt", ["speculators", "specforge"])
 def test_staged_rows_are_byte_identical_to_writing_the_stacked_tensors(fmt, device, tmp_path):
-    """On a GPU this covers the pinned slots, the side-stream copies and the event the writer
-    threads wait on: 2 slots for 12 rows, so slots are reused while copies are in flight."""
+    """On a GPU this covers the pinned slots, the side-stream copies waiting on the layout's event
+    (with later work queued behind it) and the event the writer threads wait on: 2 slots for 12
+    rows, so slots are reused while copies are in flight."""
     import safetensors.torch as st
 
     writer = (SpeculatorsWriter if fmt == "speculators" else SpecForgeWriter)(tmp_path / "staged")

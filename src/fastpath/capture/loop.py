@@ -1,9 +1,9 @@
 """The capture loop, per batch: launch (forward with hooks, every state's checks and the rows'
-device->host copies, all queued on the device) -> the next batch's launch -> settle (read the
-checks, re-run sampled rows on the reference path, hand the rows to the background writers of
-staging.RowWrites); with the progress line, the staging slots and the record of where the time
-went (CaptureResult.timings: forward, checks, recheck, stage, write_wait, sync, other; run.py's
-module doc).
+stored layouts, all queued on the device) -> the next batch's launch -> settle (read the checks,
+re-run sampled rows on the reference path, queue the rows' device->host copies, hand the rows
+to the background writers of staging.RowWrites); with the progress line, the staging slots and
+the record of where the time went (CaptureResult.timings: forward, checks, recheck, stage,
+write_wait, sync, other; run.py's module doc).
 """
 
 from __future__ import annotations
@@ -128,8 +128,9 @@ def recheck_plan(todo: list[int], check_every: int, first: bool) -> list[int]:
 
 @dataclass
 class Launched:
-    """A batch whose forward, checks and device->host copies are queued on the device: its
-    rows reach the writers only in `settle_batch`, once every check has passed."""
+    """A batch whose forward, checks and stored layouts are queued on the device: its rows'
+    device->host copies are queued by `start_copies` (after the next batch's forward is queued)
+    and reach the writers only in `settle_batch`, once every check has passed."""
 
     todo: list[int]
     plan: list[int]
@@ -141,16 +142,19 @@ class Launched:
     names: list[list[str]]  # checks.batch_stats' state names per row
     stats: Any  # their numbers: on the host once `ready` has fired (None: no rows)
     ready: Any  # CUDA event of the numbers' copy; None when they are on the host already
-    staged: list[Any] = field(default_factory=list)  # staging.Staged per row
+    outputs: list[tuple[int, list[Any], Any]] = field(default_factory=list)  # (row id, stored tensors, write)
+    laid_out: Any = None  # CUDA event: the stored tensors are ready (None off CUDA)
+    staged: list[Any] = field(default_factory=list)  # staging.Staged per row, once start_copies ran
 
 
 def capture_loop(loop: Loop, steps: int, mine: list[tuple[int, list[int]]], done: set[int], progress: Progress,
                   ) -> tuple[int, int, list[dict[str, Any]], BaseException | None, bool]:
     """This rank's batches; every rank runs `steps` steps and learns after each whether any failed.
 
-    Overlapped (`opts.overlap`, not sharded): batch k's checks are read and its rows handed to
-    the writers after batch k+1's forward is queued, so the device never waits for the host's
-    share of a step (the verdict, re-check bookkeeping, file writes). Sharded runs settle every
+    Overlapped (`opts.overlap`, not sharded): batch k's checks are read, its rows' host copies
+    queued and its rows handed to the writers after batch k+1's forward is queued, so the device
+    never waits for the host's share of a step (the verdict, re-check bookkeeping, file writes)
+    nor the next forward's read-back for the rows' copies (start_copies). Sharded runs settle every
     batch in its own step: their forwards (re-checks included) must line up across ranks."""
     import torch
 
@@ -236,8 +240,8 @@ def _long(values: list[int]) -> Any:
 
 def launch_batch(loop: Loop, batch: list[int], todo: list[int], plan: list[int]) -> Launched:
     """Queue one batch on the device: the forward with hooks, the checks' numbers (one
-    non-blocking copy to the host) and each row's stored tensors' copies to staging slots.
-    Nothing waits for the device here and nothing is written."""
+    non-blocking copy to the host) and each row's stored tensors in their layout. Nothing waits
+    for the device here and nothing is copied to the host or written (start_copies, settle_batch)."""
     import torch
 
     from fastpath.capture.checks import batch_stats
@@ -287,32 +291,49 @@ def launch_batch(loop: Loop, batch: list[int], todo: list[int], plan: list[int])
         stats = host
     since = loop.add("checks", since)
     launched = Launched(todo, plan, lengths, ids, {idx: b for b, idx in mine}, states, posts, names, stats, ready)
+    for _, idx in mine:
+        row = rows[idx]
+        stored = writer.layout([states[idx][i] for i in loop.aux_ids],
+                               states[idx][loop.num_layers] if writer.needs_pre else None,
+                               posts[idx] if writer.needs_post else None)
+        row_mask = _long(row.loss_mask)
+
+        def write(saved: list[Any], idx: int = idx, tokens: Any = row_ids[idx], row_mask: Any = row_mask) -> None:
+            writer.write_row(idx, tokens, row_mask, saved, loop.meta)
+
+        launched.outputs.append((idx, stored, write))
+    if cuda:
+        launched.laid_out = torch.cuda.Event()
+        launched.laid_out.record()
+    loop.add("stage", since)
+    return launched
+
+
+def start_copies(loop: Loop, launched: Launched) -> None:
+    """Queue the batch's device->host copies into staging slots (once). Called after the next
+    batch's forward is queued: transformers' mask helper reads a value back at the start of every
+    forward (masking_utils.find_packed_sequence_indices), and that small copy waits on the same
+    copy engine as the rows' ~200 MB each; queued before it, they held the next forward ~12 ms
+    per 4-row batch (BENCHMARKS.md). The copies wait only for this batch's layouts (laid_out)."""
+    since = time.perf_counter()
     waited = loop.writes.wait_s
     try:
-        for _, idx in mine:
-            row = rows[idx]
-            stored = writer.layout([states[idx][i] for i in loop.aux_ids],
-                                   states[idx][loop.num_layers] if writer.needs_pre else None,
-                                   posts[idx] if writer.needs_post else None)
-            row_mask = _long(row.loss_mask)
-
-            def write(saved: list[Any], idx: int = idx, tokens: Any = row_ids[idx], row_mask: Any = row_mask) -> None:
-                writer.write_row(idx, tokens, row_mask, saved, loop.meta)
-
-            launched.staged.append(loop.writes.copy(idx, stored, write))
+        while launched.outputs:
+            idx, stored, write = launched.outputs.pop(0)
+            launched.staged.append(loop.writes.copy(idx, stored, write, after=launched.laid_out))
     except BaseException:
         discard(loop, launched)
         raise
     loop.add("stage", since)
     loop.timings["stage"] -= loop.writes.wait_s - waited  # time blocked on a slot is write_wait
-    return launched
 
 
 def discard(loop: Loop, launched: Launched) -> None:
-    """Give a launched batch's slots back unwritten."""
+    """Give a launched batch's slots back unwritten (and drop the layouts not yet copied)."""
     for staged in launched.staged:
         loop.writes.release(staged)
     launched.staged.clear()
+    launched.outputs.clear()
 
 
 def settle_batch(loop: Loop, launched: Launched) -> tuple[int, list[dict[str, Any]]]:
@@ -333,6 +354,8 @@ def settle_batch(loop: Loop, launched: Launched) -> tuple[int, list[dict[str, An
         since = loop.add("checks", since)
         row_checks = _recheck(loop, launched)
         since = loop.add("recheck", since)
+        start_copies(loop, launched)
+        since = time.perf_counter()
     except BaseException:
         discard(loop, launched)
         raise

@@ -101,11 +101,13 @@ class RowWrites:
         for thread in self.threads:
             thread.start()
 
-    def copy(self, idx: int, tensors: Sequence[Any], write: Callable[[list[Any]], None]) -> Staged:
+    def copy(self, idx: int, tensors: Sequence[Any], write: Callable[[list[Any]], None], after: Any = None) -> Staged:
         """Take a slot and start the copy of `tensors` (one row's stored tensors, on any device)
         into it (on a GPU: queued on a side stream, nothing waits), without writing anything yet:
         `queue` hands it to the writers, which call write(host tensors); `release` gives the slot
-        back unwritten (a batch whose checks failed). Raises a writer thread's earlier failure."""
+        back unwritten (a batch whose checks failed). Raises a writer thread's earlier failure.
+        `after`: the CUDA event the tensors are ready at (default: all work queued so far on the
+        current stream; an event lets the copy be queued after later work without waiting for it)."""
         import torch
 
         slot = self._take()
@@ -117,7 +119,10 @@ class RowWrites:
                 stream = _COPY_STREAMS.get(device)
                 if stream is None:
                     stream = _COPY_STREAMS[device] = torch.cuda.Stream(device=device)
-                stream.wait_stream(torch.cuda.current_stream(device))
+                if after is not None:
+                    stream.wait_event(after)
+                else:
+                    stream.wait_stream(torch.cuda.current_stream(device))
                 with torch.cuda.stream(stream):
                     for src, dst in zip(tensors, targets, strict=True):
                         dst.copy_(src, non_blocking=True)
