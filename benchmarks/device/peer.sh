@@ -27,12 +27,15 @@
 # selective_scan, kernels/ssd, kernels/causal_conv1d, the kernels/*.py they share, the
 # causal_conv1d face, tests/peer but for the judge's two files and test_mamba_ssm_suites.py, which
 # holds only the harness's own CPU tests, the upstream commit); judge=: over
-# tests/peer/float64_judge.py and conftest.py, which only decide cases whose upstream assertion
-# failed. A seed or resumed state is taken whole when both match; when only judge= differs, every
-# case that went to the judge (or failed) runs again and the rest stands; when cases= differs,
-# every case runs again. So every counted case ran on the kernels of this tree.
+# tests/peer/float64_judge.py and conftest.py (the judge and the harness plumbing: shards, the done
+# list, the judge hook), which decide no outcome of a case whose upstream assertions passed.
+# A seed or resumed state is taken whole when both match; when only judge= differs, every case
+# that went to the judge (or failed) runs again and the rest stands; when cases= differs, every
+# case runs again. So every counted case ran on the kernels of this tree. A finished case with no
+# outcome on record runs again either way (benchmarks/device/peer_state.py adopt).
 # Each grid runs as SHARDS pytest processes sharing the GPU (PEER_SHARD=i/n); a process cut by its
-# limit gets SIGINT, so pytest still writes its JUnit XML for the cases it finished. A case that
+# limit gets SIGINT, so pytest still writes its JUnit XML for the cases it finished (and the done
+# list holds each case's outcome, for a process killed before it wrote the XML). A case that
 # loses the CUDA context (illegal memory access) stops its own process (named in its log).
 # An upstream tolerance failure goes to the float64 judge (tests/peer/float64_judge.py): a case it
 # passes counts as "passed_float64_judge", never as "passed", and is listed with fastpath's and the

@@ -1,18 +1,20 @@
 """The peer grid's state between calls and its counts (benchmarks/device/peer.sh calls this).
 
-A state folder holds, per grid: <grid>_done.txt (node ids of finished cases, any outcome), the
-JUnit XML and log of every call (<grid>_<call>_<shard>.{xml,txt}, <call> = the call's start in
+A state folder holds, per grid: <grid>_done.txt (one "node id<TAB>outcome" line per finished
+case; a bare node id in states written before outcomes were kept), the JUnit XML and log of every call (<grid>_<call>_<shard>.{xml,txt}, <call> = the call's start in
 epoch seconds) and <grid>_judged.jsonl (one line per case the float64 judge decided).
 
     python3 benchmarks/device/peer_state.py adopt FOLDER [--rejudge]
-        before a call continues the state: a case in <grid>_done.txt that no XML records (its
-        process was killed before pytest wrote the XML) leaves the list, to run again. With
+        before a call continues the state: a case in <grid>_done.txt with no outcome there and
+        none in any XML (its process was killed before pytest wrote the XML) leaves the list, to
+        run again. With
         --rejudge (the judge changed, the kernels did not) so does every case the judge decided
         and every failed or errored case (and their <grid>_judged.jsonl lines); the rest stands.
     python3 benchmarks/device/peer_state.py summary FOLDER GRID...
         counts per grid and per upstream test function from the XML (a case recorded by several
         calls counts once, as its latest call left it; only cases in FOLDER/<grid>_done.txt, when
-        it is there, so a record an adopt --rejudge set aside is not counted), expected counts from
+        it is there, so a record an adopt --rejudge set aside is not counted; a done case no XML
+        holds counts by the outcome its done line gives), expected counts from
         FOLDER/<grid>_collect.txt (pytest --collect-only): a case in no XML did not run. Writes
         FOLDER/summary.json and prints the table.
 """
@@ -74,6 +76,20 @@ def outcome(case: ET.Element) -> tuple[str, dict[str, Any] | None]:
     return kind, verdict
 
 
+def done_list(path: Path) -> dict[str, str | None]:
+    """node id -> outcome (None where the line has none), first line of a node id wins."""
+    done: dict[str, str | None] = {}
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        nodeid, _, outcome = line.strip().partition("\t")
+        if nodeid and nodeid not in done:
+            done[nodeid] = outcome if outcome and outcome != "unknown" else None
+    return done
+
+
+def _line(nodeid: str, outcome: str | None) -> str:
+    return f"{nodeid}\t{outcome}\n" if outcome else f"{nodeid}\n"
+
+
 def grids_in(folder: Path) -> list[str]:
     return sorted(p.name.removesuffix("_done.txt") for p in folder.glob("*_done.txt"))
 
@@ -98,13 +114,16 @@ def adopt(folder: Path, rejudge: bool) -> int:
                 kind, verdict = outcome(case)
                 if verdict is not None or kind in ("failed", "error"):
                     again.add(nodeid)
-        done = folder / f"{grid}_done.txt"
-        lines = list(dict.fromkeys(x.strip() for x in done.read_text().splitlines() if x.strip()))
-        kept = [x for x in lines if x in cases and x not in again]
-        done.write_text("".join(f"{x}\n" for x in kept))
+        path = folder / f"{grid}_done.txt"
+        done = done_list(path)
+        if rejudge:
+            again |= {n for n, o in done.items() if n not in cases and o in ("passed_float64_judge", "failed", "error")}
+        recorded = {n for n, o in done.items() if n in cases or o is not None}
+        kept = [n for n in done if n in recorded and n not in again]
+        path.write_text("".join(_line(n, done[n]) for n in kept))
         kept_n += len(kept)
-        unrecorded_n += sum(1 for x in lines if x not in cases)
-        again_n += sum(1 for x in lines if x in cases and x in again)
+        unrecorded_n += len(done) - len(recorded)
+        again_n += sum(1 for n in done if n in recorded and n in again)
     why = f", {again_n} the judge decided (or that failed) run again under this judge" if rejudge else ""
     print(f"peer: continuing: {kept_n} finished cases stand, {unrecorded_n} with no recorded outcome "
           f"run again{why}")
@@ -123,14 +142,24 @@ def summarize(folder: Path, grid: str) -> dict[str, Any]:
     counts: collections.Counter = collections.Counter()
     per_test: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     failures, judged = [], []
-    cases = latest_cases(folder, grid)
-    done = folder / f"{grid}_done.txt"
-    if done.is_file():
-        listed = {x.strip() for x in done.read_text().splitlines()}
-        cases = {k: v for k, v in cases.items() if k in listed}
+    cases: dict[str, ET.Element | str] = dict(latest_cases(folder, grid))
+    path = folder / f"{grid}_done.txt"
+    if path.is_file():
+        done = done_list(path)
+        cases = {k: v for k, v in cases.items() if k in done}
+        cases.update({n: o for n, o in done.items() if n not in cases and o is not None})
+    lost = 0
     for nodeid, case in cases.items():
         suite, name = nodeid.split("::")[1:3]
         test = f"{suite}::{name.split('[')[0]}"
+        if isinstance(case, str):  # its process's XML was lost: the done list's outcome
+            lost += 1
+            kind, verdict = case, None
+            if kind in ("failed", "error"):
+                failures.append(f"{test}[{name.split('[', 1)[-1]} (outcome from the done list; no XML)")
+            counts[kind] += 1
+            per_test[test][kind] += 1
+            continue
         kind, verdict = outcome(case)
         counts[kind] += 1
         per_test[test][kind] += 1
@@ -144,7 +173,7 @@ def summarize(folder: Path, grid: str) -> dict[str, Any]:
             failures.append(f"{label} {message}" + (" (float64 judge upheld it)" if verdict else ""))
     expected = _expected(folder, grid)
     ran = sum(counts.values())
-    return {"expected": expected, "ran": ran,
+    return {"expected": expected, "ran": ran, "counted_from_done_list": lost,
             **{k: counts[k] for k in ("passed", "passed_float64_judge", "failed", "error", "skipped")},
             "not_run": None if expected is None else expected - ran,
             "per_test": {t: dict(c) for t, c in sorted(per_test.items())},
@@ -156,6 +185,8 @@ def print_summary(grid: str, s: dict[str, Any]) -> None:
     print(f"peer {grid}: {s['expected']} collected, {s['ran']} ran: {s['passed']} passed, "
           f"{s['passed_float64_judge']} passed only by the float64 judge, {s['failed']} failed, "
           f"{s['error']} errors, {s['skipped']} skipped{not_run}")
+    if s.get("counted_from_done_list"):
+        print(f"  {s['counted_from_done_list']} of them counted from the done list (their process's XML was lost)")
     for test, c in s["per_test"].items():
         print(f"  {test}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))
     for line in s["failures"][:15]:

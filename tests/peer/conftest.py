@@ -38,7 +38,8 @@ itself ships no tests). PEER_GRID=wide widens every parametrize list to the unio
 lists the file leaves commented out (its seqlens 8...4096, every itype, time-invariant B and C,
 each option on and off), by rewriting the file's syntax tree in memory at collection.
 PEER_SHARD=i/n keeps every n-th upstream case from i (n processes share the GPU); PEER_DONE=FILE
-skips the node ids listed in FILE and appends each case it finishes (resuming across calls);
+skips the node ids listed in FILE and appends each case it finishes with its outcome, one
+"node id<TAB>outcome" line (resuming across calls; benchmarks/device/peer_state.py reads it);
 PEER_DEVICE=cpu with TRITON_INTERPRET=1 runs them on the CPU (a smoke check: small cases only).
 A failed tolerance assertion (`assert torch.allclose(...)` in the upstream file) is re-judged
 against float64 (float64_judge.py): the recorded call of the function under test is rerun through
@@ -144,19 +145,40 @@ def _done() -> set[str]:
     path = os.environ.get(harness.DONE_ENV)
     if not path or not os.path.isfile(path):
         return set()
-    with open(path) as f:
-        return {line.strip() for line in f if line.strip()}
+    with open(path) as f:  # "node id<TAB>outcome" (or a bare node id, as written before outcomes)
+        return {line.split("\t")[0].strip() for line in f if line.strip()}
+
+
+def _outcome(report: pytest.TestReport) -> str | None:
+    """The outcome a phase's report settles (None when the phase settles nothing): the done list
+    keeps it, so a case stays counted when its process is killed before pytest writes the XML."""
+    if report.when == "call":
+        if report.passed and any(name == judge.PROPERTY for name, _ in report.user_properties):
+            return "passed_float64_judge"
+        return report.outcome
+    if report.skipped:
+        return "skipped"
+    return "error" if report.failed else None
 
 
 class RuntestHooks:
     """Registered as a plugin, not left as conftest hooks: pytest calls a conftest's run-time
     hooks only for items under the conftest's folder, and the upstream cases live elsewhere."""
 
+    def __init__(self) -> None:
+        self.outcomes: dict[str, str] = {}
+
+    def pytest_runtest_logreport(self, report):
+        outcome = _outcome(report)
+        if outcome is not None and self.outcomes.get(report.nodeid) not in ("failed", "error"):
+            self.outcomes[report.nodeid] = outcome  # a teardown error outranks the call's pass
+
     def pytest_runtest_logfinish(self, nodeid, location):
         path = os.environ.get(harness.DONE_ENV)
+        outcome = self.outcomes.pop(nodeid, "unknown")
         if path and nodeid.count("::") >= 2 and "test_mamba_ssm_suites.py::test_" in nodeid:
             with open(path, "a") as f:  # one short line per write: parallel shards may share it
-                f.write(nodeid + "\n")
+                f.write(f"{nodeid}\t{outcome}\n")
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item):

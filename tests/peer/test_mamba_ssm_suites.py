@@ -158,7 +158,8 @@ FAKE_TESTS = {
 
 def test_harness_end_to_end_on_a_fake_upstream(tmp_path):
     """The harness over a fake checkout, in a pytest subprocess on CPU: names swapped, the
-    reference kept, the wide grid, a lost CUDA context ending the process, PEER_DONE written."""
+    reference kept, the wide grid, a lost CUDA context ending the process, PEER_DONE written with
+    each case's outcome."""
     import os
     import subprocess
     from pathlib import Path
@@ -180,8 +181,10 @@ def test_harness_end_to_end_on_a_fake_upstream(tmp_path):
     assert re.search(r"1 failed, 3 passed, \d+ deselected", text), text
     assert "test_lost_context[1] lost the CUDA context" in text, text
     assert "test_swapped n: 1 -> 3 values" in text, text
-    finished = done.read_text().split()
+    finished = dict(line.split("\t") for line in done.read_text().splitlines())
     assert len(finished) == 4 and not any("test_varlen" in n for n in finished), finished
+    assert sorted(finished.values()) == ["failed", "passed", "passed", "passed"], finished
+    assert finished[next(n for n in finished if n.endswith("test_lost_context[1]"))] == "failed"
 
 
 # ---------------------------------------------------------------- the float64 judge
@@ -535,11 +538,11 @@ def test_float64_judge_resamples_a_case_beyond_its_bar_end_to_end_on_cpu(tmp_pat
     for rel, text in {**library, **tests}.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
-    log = tmp_path / "judged.jsonl"
+    log, done = tmp_path / "judged.jsonl", tmp_path / "done.txt"
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, harness.TESTS_ENV: str(tmp_path), harness.DEVICE_ENV: "cpu",
-           "TRITON_INTERPRET": "1", judge.LOG_ENV: str(log)}
-    for name in (harness.SRC_ENV, harness.SHARD_ENV, harness.DONE_ENV, harness.GRID_ENV):
+           "TRITON_INTERPRET": "1", judge.LOG_ENV: str(log), harness.DONE_ENV: str(done)}
+    for name in (harness.SRC_ENV, harness.SHARD_ENV, harness.GRID_ENV):
         env.pop(name, None)
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rfE",
@@ -547,6 +550,8 @@ def test_float64_judge_resamples_a_case_beyond_its_bar_end_to_end_on_cpu(tmp_pat
         cwd=root, env=env, capture_output=True, text=True, timeout=600)
     text = run.stdout + run.stderr
     assert "1 failed, 1 passed" in text, text
+    outcomes = {n.rsplit("[", 1)[-1]: o for n, o in (line.split("\t") for line in done.read_text().splitlines())}
+    assert outcomes == {"False]": "passed_float64_judge", "True]": "failed"}, outcomes
     assert "REJUDGED PASS" in text and "STILL FAILED" in text and "9 draws, ratio max_abs/rel_l2" in text, text
     lines = {json.loads(line)["nodeid"].rsplit("[", 1)[-1]: json.loads(line)
              for line in log.read_text().splitlines()}

@@ -1,0 +1,148 @@
+"""benchmarks/device/peer_state.py on a state folder built here: what a continued call keeps
+(cases with a recorded outcome; with --rejudge not those the judge decided or that failed), and
+the counts (one record per case, the latest call's; only cases on the done list; a case whose
+XML was lost counted by its done line's outcome)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from repo_paths import BENCHMARKS
+
+SCRIPT = BENCHMARKS / "device" / "peer_state.py"
+PREFIX = "tests/peer/test_mamba_ssm_suites.py::test_x.py::"
+VERDICT = json.dumps({"passed": True, "assertion": "test_x.py:9: assert torch.allclose(a, b)", "note": "",
+                      "tensors": [{"tensor": "out", "dtype": "float16", "ok": True, "draws": [],
+                                   "fastpath": {"max_abs": 1.0, "rel_l2": 0.1},
+                                   "reference": {"max_abs": 1.0, "rel_l2": 0.1}}]})
+
+
+def _case(name: str, kind: str) -> str:
+    inner = {"passed": "", "failed": '<failure message="boom"/>', "skipped": '<skipped message="s"/>',
+             "judged": f'<properties><property name="float64_judge" value="{VERDICT.replace(chr(34), "&quot;")}"/>'
+                       "</properties>"}[kind]
+    return f'<testcase classname="tests.peer.test_mamba_ssm_suites.test_x.py" name="{name}">{inner}</testcase>'
+
+
+def _xml(path: Path, cases: dict[str, str]) -> None:
+    own = '<testcase classname="tests.peer.test_mamba_ssm_suites" name="test_harness_itself"/>'
+    body = "".join(_case(n, k) for n, k in cases.items())
+    path.write_text(f'<?xml version="1.0"?><testsuites><testsuite name="pytest">{own}{body}</testsuite></testsuites>')
+
+
+def _state(folder: Path) -> None:
+    _xml(folder / "wide_100_0.xml", {"test_a[1]": "passed", "test_b[1]": "failed", "test_j[1]": "judged"})
+    _xml(folder / "wide_200_0.xml", {"test_b[1]": "passed", "test_s[1]": "skipped", "test_gone[1]": "passed"})
+    (folder / "wide_100_1.xml").write_text("<testsuites><testsuite")  # killed mid-write: unreadable
+    done = [f"{PREFIX}test_a[1]\tpassed", f"{PREFIX}test_b[1]\tpassed", f"{PREFIX}test_j[1]\tpassed_float64_judge",
+            f"{PREFIX}test_s[1]\tskipped", f"{PREFIX}test_lost[1]\tpassed", f"{PREFIX}test_lostfail[1]\tfailed",
+            f"{PREFIX}test_bare[1]", f"{PREFIX}test_unknown[1]\tunknown", f"{PREFIX}test_a[1]\tpassed"]
+    (folder / "wide_done.txt").write_text("\n".join(done) + "\n")
+    (folder / "wide_judged.jsonl").write_text(json.dumps({"nodeid": f"{PREFIX}test_j[1]", "passed": True}) + "\n")
+    (folder / "wide_collect.txt").write_text("20/21 tests collected (1 deselected) in 0.1s\n")
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
+
+
+def _done(folder: Path) -> list[str]:
+    return [line.split("\t")[0].removeprefix(PREFIX) for line in (folder / "wide_done.txt").read_text().splitlines()]
+
+
+def test_the_counts_take_each_cases_latest_record_and_only_cases_on_the_done_list(tmp_path):
+    _state(tmp_path)
+    proc = _run("summary", str(tmp_path), "wide")
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads((tmp_path / "summary.json").read_text())["wide"]
+    # a, b (its later pass), j (judged), s (skipped) from the XML; lost, lostfail from the done list
+    assert (s["passed"], s["passed_float64_judge"], s["failed"], s["skipped"]) == (3, 1, 1, 1), s
+    assert s["ran"] == 6 and s["counted_from_done_list"] == 2 and s["expected"] == 20 and s["not_run"] == 14
+    assert s["failures"] == ["test_x.py::test_lostfail[1] (outcome from the done list; no XML)"]
+    assert [j["case"] for j in s["float64_judge"]] == ["test_x.py::test_j[1]"]
+    assert "6 ran: 3 passed, 1 passed only by the float64 judge, 1 failed" in proc.stdout
+    assert "2 of them counted from the done list" in proc.stdout
+
+
+def test_adopt_reruns_cases_with_no_recorded_outcome(tmp_path):
+    _state(tmp_path)
+    proc = _run("adopt", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert _done(tmp_path) == ["test_a[1]", "test_b[1]", "test_j[1]", "test_s[1]", "test_lost[1]", "test_lostfail[1]"]
+    assert "6 finished cases stand, 2 with no recorded outcome run again" in proc.stdout
+    assert (tmp_path / "wide_judged.jsonl").read_text()  # the judge's log stays when it did not change
+
+
+def test_adopt_rejudge_also_reruns_what_the_judge_decided_or_what_failed(tmp_path):
+    _state(tmp_path)
+    proc = _run("adopt", str(tmp_path), "--rejudge")
+    assert proc.returncode == 0, proc.stderr
+    assert _done(tmp_path) == ["test_a[1]", "test_b[1]", "test_s[1]", "test_lost[1]"]
+    assert (tmp_path / "wide_judged.jsonl").read_text() == ""
+    assert "2 the judge decided (or that failed) run again under this judge" in proc.stdout
+    lines = (tmp_path / "wide_done.txt").read_text().splitlines()
+    assert lines[0] == f"{PREFIX}test_a[1]\tpassed"  # outcomes kept on the lines that stay
+
+
+def test_bad_arguments_are_one_line_exit_2(tmp_path):
+    for args in ([], ["adopt"], ["summary", str(tmp_path)], ["adopt", str(tmp_path), "--force"],
+                 ["adopt", str(tmp_path / "missing")], ["rejudge", str(tmp_path)]):
+        proc = _run(*args)
+        assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, (args, proc.stderr)
+
+
+def _peer_sh(tmp_path: Path, out: str, **env: str) -> subprocess.CompletedProcess:
+    """benchmarks/device/peer.sh over the peer harness's fake upstream checkout, on the CPU
+    (PEER_DEVICE=cpu, TRITON_INTERPRET=1), its state in tmp_path/state."""
+    import os
+
+    from repo_paths import ROOT
+
+    sys.path.insert(0, str(ROOT / "tests" / "peer"))
+    from test_mamba_ssm_suites import FAKE_LIBRARY, FAKE_TESTS
+
+    fake = tmp_path / "upstream"
+    for rel, text in {**FAKE_LIBRARY, **FAKE_TESTS}.items():
+        (fake / rel).parent.mkdir(parents=True, exist_ok=True)
+        (fake / rel).write_text(text)
+    (fake / "UPSTREAM").write_text("fake checkout\n")
+    shim = tmp_path / "bin"
+    shim.mkdir(exist_ok=True)
+    (shim / "python3").unlink(missing_ok=True)
+    (shim / "python3").symlink_to(sys.executable)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PEER_", "MAMBA_"))}
+    run_env = {**base, "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}", "MAMBA_PEER_TESTS": str(fake),
+               "PEER_DEVICE": "cpu", "TRITON_INTERPRET": "1", "PEER_STATE": str(tmp_path / "state"),
+               "PEER_GRIDS": "wide", "PEER_WIDE_SHARDS": "1", "PEER_WIDE_TIMEOUT": "200",
+               "TRITON_CACHE_DIR": str(tmp_path / "triton"), **env}
+    return subprocess.run(["bash", str(BENCHMARKS / "device" / "peer.sh"), str(tmp_path / out)], cwd=ROOT,
+                          env=run_env, capture_output=True, text=True, timeout=600)
+
+
+def test_peer_sh_continues_a_state_by_its_key(tmp_path):
+    """A first call, a resumed one (nothing left to run), a seed whose judge part differs (the
+    judged and failed cases run again) and one whose cases part differs (everything runs again)."""
+    first = _peer_sh(tmp_path, "one")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    key = (tmp_path / "one" / "peer" / "state_key.txt").read_text().split()
+    assert [k.split("=")[0] for k in key] == ["cases", "judge"]
+    summary = json.loads((tmp_path / "one" / "peer" / "summary.json").read_text())["wide"]
+    assert (summary["passed"], summary["failed"]) == (3, 1), summary  # test_swapped x3, the lost context
+    done = (tmp_path / "state" / "wide_done.txt").read_text().splitlines()
+    assert len(done) == 4 and all("\t" in line for line in done), done
+
+    again = _peer_sh(tmp_path, "two", PEER_RESUME="1")
+    assert "4 finished cases stand, 0 with no recorded outcome run again" in again.stdout, again.stdout
+    assert "4 done before" in again.stdout, again.stdout
+
+    seed = tmp_path / "one" / "peer"
+    (seed / "state_key.txt").write_text(f"{key[0]} judge=another\n")
+    rejudged = _peer_sh(tmp_path, "three", PEER_SEED=str(seed))
+    assert "3 finished cases stand, 0 with no recorded outcome run again, 1 the judge decided" in rejudged.stdout, \
+        rejudged.stdout
+    (seed / "state_key.txt").write_text("cases=another judge=another\n")
+    fresh = _peer_sh(tmp_path, "four", PEER_SEED=str(seed))
+    assert "NOT continuing" in fresh.stdout and "0 done before" in fresh.stdout, fresh.stdout
