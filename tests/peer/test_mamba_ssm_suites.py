@@ -388,29 +388,36 @@ def test_judge_only_takes_the_test_files_own_tolerance_asserts(tmp_path):
     assert judge.tolerance_assertion(RuntimeError("x"), str(path)) is None
 
 
+def _exact_match_test(parameter: str, values: str, dtype: str, bias_shift: str, preamble: str = "") -> str:
+    """A fake upstream state-update test (Mamba-2 shapes, 2 B/C groups) that demands an exact match
+    with the module's reference: a tolerance assertion of the file itself, for the judge."""
+    return textwrap.dedent(f'''
+        @pytest.mark.parametrize('{parameter}', [{values}])
+        def test_exact_match_required({parameter}):
+            device = 'cuda'
+            {preamble}
+            torch.random.manual_seed(0)
+            b, h, p, n = 2, 4, 16, 16
+            state = torch.randn(b, h, p, n, {dtype}device=device)
+            x = torch.randn(b, h, p, {dtype}device=device)
+            dt = torch.randn(b, h, p, {dtype}device=device)
+            dt_bias = torch.rand(h, p, device=device) - {bias_shift}
+            A = -torch.rand(h, p, n, device=device) - 1.0
+            B = torch.randn(b, 2, n, device=device)
+            C = torch.randn(b, 2, n, device=device)
+            D = torch.randn(h, p, device=device)
+            state_ref = state.detach().clone()
+            out = selective_state_update(state, x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=True)
+            out_ref = selective_state_update_ref(state_ref, x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=True)
+            assert torch.allclose(out, out_ref, rtol=0, atol=0)
+    ''')
+
+
 JUDGE_TEST = textwrap.dedent('''
     import pytest
     import torch
     from mamba_ssm.ops.triton.selective_state_update import selective_state_update, selective_state_update_ref
-
-    @pytest.mark.parametrize('itype', [torch.float16])
-    def test_exact_match_required(itype):
-        device = 'cuda'
-        torch.random.manual_seed(0)
-        b, h, p, n = 2, 4, 16, 16
-        state = torch.randn(b, h, p, n, dtype=itype, device=device)
-        x = torch.randn(b, h, p, dtype=itype, device=device)
-        dt = torch.randn(b, h, p, dtype=itype, device=device)
-        dt_bias = torch.rand(h, p, device=device) - 4.0
-        A = -torch.rand(h, p, n, device=device) - 1.0
-        B = torch.randn(b, 2, n, device=device)
-        C = torch.randn(b, 2, n, device=device)
-        D = torch.randn(h, p, device=device)
-        state_ref = state.detach().clone()
-        out = selective_state_update(state, x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=True)
-        out_ref = selective_state_update_ref(state_ref, x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=True)
-        assert torch.allclose(out, out_ref, rtol=0, atol=0)
-
+''') + _exact_match_test("itype", "torch.float16", "dtype=itype, ", "4.0") + textwrap.dedent('''
     def test_not_a_tolerance_failure():
         device = 'cuda'
         state = torch.randn(1, 1, 16, 16, device=device)
@@ -420,6 +427,28 @@ JUDGE_TEST = textwrap.dedent('''
 ''')
 
 
+def _run_fake_state_update_suite(tmp_path, library: dict[str, str], test_file: str, *args: str, **env: str) -> str:
+    """The harness over a fake checkout (FAKE_LIBRARY and FAKE_TESTS with `library` and this
+    state-update test file) in a pytest subprocess on the CPU (PEER_DEVICE=cpu, TRITON_INTERPRET=1),
+    its state-update cases only: the run's output."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    tests = {**FAKE_TESTS, "tests/ops/triton/test_selective_state_update.py": test_file}
+    for rel, text in {**library, **tests}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    full_env = {k: v for k, v in os.environ.items()
+                if k not in (harness.SRC_ENV, harness.SHARD_ENV, harness.DONE_ENV, harness.GRID_ENV)}
+    full_env.update({harness.TESTS_ENV: str(tmp_path), harness.DEVICE_ENV: "cpu", "TRITON_INTERPRET": "1", **env})
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rfE", *args,
+         "tests/peer/test_mamba_ssm_suites.py", "-k", "test_selective_state_update.py"],
+        cwd=Path(__file__).resolve().parents[2], env=full_env, capture_output=True, text=True, timeout=600)
+    return run.stdout + run.stderr
+
+
 def test_float64_judge_end_to_end_on_cpu(tmp_path):
     """The harness over a fake checkout whose state-update test demands an exact match in
     float16, run in a pytest subprocess (PEER_DEVICE=cpu, TRITON_INTERPRET=1, fastpath's real
@@ -427,10 +456,7 @@ def test_float64_judge_end_to_end_on_cpu(tmp_path):
     distances, in the terminal summary, the JUnit XML and PEER_JUDGE_LOG; a failure that is not
     a tolerance assertion stays a plain failure."""
     import json
-    import os
-    import subprocess
     import xml.etree.ElementTree as ET
-    from pathlib import Path
 
     import float64_judge as judge
 
@@ -439,22 +465,8 @@ def test_float64_judge_end_to_end_on_cpu(tmp_path):
         "def selective_state_update(*a, **k):\n    raise AssertionError\n\n"
         + textwrap.dedent(__import__("inspect").getsource(_rounding_update_ref)).replace(
             "_rounding_update_ref", "selective_state_update_ref"))}
-    tests = {**FAKE_TESTS, "tests/ops/triton/test_selective_state_update.py": JUDGE_TEST}
-    for rel, text in {**library, **tests}.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
     log, xml = tmp_path / "judged.jsonl", tmp_path / "junit.xml"
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, harness.TESTS_ENV: str(tmp_path), harness.DEVICE_ENV: "cpu",
-           "TRITON_INTERPRET": "1", judge.LOG_ENV: str(log)}
-    for name in (harness.SRC_ENV, harness.SHARD_ENV, harness.DONE_ENV, harness.GRID_ENV):
-        env.pop(name, None)
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rfE",
-         f"--junitxml={xml}", "tests/peer/test_mamba_ssm_suites.py",
-         "-k", "test_selective_state_update.py"],
-        cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    text = run.stdout + run.stderr
+    text = _run_fake_state_update_suite(tmp_path, library, JUDGE_TEST, f"--junitxml={xml}", **{judge.LOG_ENV: str(log)})
     assert "1 failed, 1 passed" in text, text
     assert "FAILED tests/peer/test_mamba_ssm_suites.py::test_selective_state_update.py::test_not_a_tolerance_failure" in text, text
     assert "float64 judge: 1 upstream tolerance failures re-judged, 1 passed" in text, text
@@ -499,26 +511,7 @@ RESAMPLE_TEST = textwrap.dedent('''
     import torch
     from mamba_ssm.ops.triton import selective_state_update as module
     from mamba_ssm.ops.triton.selective_state_update import selective_state_update, selective_state_update_ref
-
-    @pytest.mark.parametrize('always', [False, True])
-    def test_exact_match_required(always):
-        device = 'cuda'
-        module.ALWAYS_EXACT = always
-        torch.random.manual_seed(0)
-        b, h, p, n = 2, 4, 16, 16
-        state = torch.randn(b, h, p, n, device=device)
-        x = torch.randn(b, h, p, device=device)
-        dt = torch.randn(b, h, p, device=device)
-        dt_bias = torch.rand(h, p, device=device) - 1.0
-        A = -torch.rand(h, p, n, device=device) - 1.0
-        B = torch.randn(b, 2, n, device=device)
-        C = torch.randn(b, 2, n, device=device)
-        D = torch.randn(h, p, device=device)
-        state_ref = state.detach().clone()
-        out = selective_state_update(state, x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=True)
-        out_ref = selective_state_update_ref(state_ref, x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=True)
-        assert torch.allclose(out, out_ref, rtol=0, atol=0)
-''')
+''') + _exact_match_test("always", "False, True", "", "1.0", preamble="module.ALWAYS_EXACT = always")
 
 
 def test_float64_judge_resamples_a_case_beyond_its_bar_end_to_end_on_cpu(tmp_path):
@@ -527,28 +520,13 @@ def test_float64_judge_resamples_a_case_beyond_its_bar_end_to_end_on_cpu(tmp_pat
     the harness reruns the upstream test body on 8 moved seeds and passes it by the median; the
     same case against a reference exact on every seed stays failed. Both list every draw."""
     import json
-    import os
-    import subprocess
-    from pathlib import Path
 
     import float64_judge as judge
 
     library = {**FAKE_LIBRARY, "mamba_ssm/ops/triton/selective_state_update.py": RESAMPLE_LIBRARY}
-    tests = {**FAKE_TESTS, "tests/ops/triton/test_selective_state_update.py": RESAMPLE_TEST}
-    for rel, text in {**library, **tests}.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
     log, done = tmp_path / "judged.jsonl", tmp_path / "done.txt"
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, harness.TESTS_ENV: str(tmp_path), harness.DEVICE_ENV: "cpu",
-           "TRITON_INTERPRET": "1", judge.LOG_ENV: str(log), harness.DONE_ENV: str(done)}
-    for name in (harness.SRC_ENV, harness.SHARD_ENV, harness.GRID_ENV):
-        env.pop(name, None)
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rfE",
-         "tests/peer/test_mamba_ssm_suites.py", "-k", "test_selective_state_update.py"],
-        cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    text = run.stdout + run.stderr
+    text = _run_fake_state_update_suite(tmp_path, library, RESAMPLE_TEST,
+                                        **{judge.LOG_ENV: str(log), harness.DONE_ENV: str(done)})
     assert "1 failed, 1 passed" in text, text
     outcomes = {n.rsplit("[", 1)[-1]: o for n, o in (line.split("\t") for line in done.read_text().splitlines())}
     assert outcomes == {"False]": "passed_float64_judge", "True]": "failed"}, outcomes

@@ -313,8 +313,9 @@ def start_copies(loop: Loop, launched: Launched) -> None:
     """Queue the batch's device->host copies into staging slots (once). Called after the next
     batch's forward is queued: transformers' mask helper reads a value back at the start of every
     forward (masking_utils.find_packed_sequence_indices), and that small copy waits on the same
-    copy engine as the rows' ~200 MB each; queued before it, they held the next forward ~12 ms
-    per 4-row batch (BENCHMARKS.md). The copies wait only for this batch's layouts (laid_out)."""
+    copy engine as the rows' (168 MB each at Qwen3.5-27B's size); queued before it, they held the
+    next forward 11.7 ms per 4-row batch (BENCHMARKS.md). The copies wait only for this batch's
+    layouts (laid_out)."""
     since = time.perf_counter()
     waited = loop.writes.wait_s
     try:
