@@ -34,12 +34,14 @@ def _xml(path: Path, cases: dict[str, str]) -> None:
 
 
 def _state(folder: Path) -> None:
-    _xml(folder / "wide_100_0.xml", {"test_a[1]": "passed", "test_b[1]": "failed", "test_j[1]": "judged"})
+    _xml(folder / "wide_100_0.xml", {"test_a[1]": "passed", "test_b[1]": "failed", "test_j[1]": "judged",
+                                     "test_stale[1]": "judged"})
     _xml(folder / "wide_200_0.xml", {"test_b[1]": "passed", "test_s[1]": "skipped", "test_gone[1]": "passed"})
     (folder / "wide_100_1.xml").write_text("<testsuites><testsuite")  # killed mid-write: unreadable
     done = [f"{PREFIX}test_a[1]\tpassed", f"{PREFIX}test_b[1]\tpassed", f"{PREFIX}test_j[1]\tpassed_float64_judge",
             f"{PREFIX}test_s[1]\tskipped", f"{PREFIX}test_lost[1]\tpassed", f"{PREFIX}test_lostfail[1]\tfailed",
-            f"{PREFIX}test_bare[1]", f"{PREFIX}test_unknown[1]\tunknown", f"{PREFIX}test_a[1]\tpassed"]
+            f"{PREFIX}test_bare[1]", f"{PREFIX}test_unknown[1]\tunknown", f"{PREFIX}test_a[1]\tpassed",
+            f"{PREFIX}test_stale[1]\tfailed"]  # run again since its XML record; that run's XML lost
     (folder / "wide_done.txt").write_text("\n".join(done) + "\n")
     (folder / "wide_judged.jsonl").write_text(json.dumps({"nodeid": f"{PREFIX}test_j[1]", "passed": True}) + "\n")
     (folder / "wide_collect.txt").write_text("20/21 tests collected (1 deselected) in 0.1s\n")
@@ -58,21 +60,24 @@ def test_the_counts_take_each_cases_latest_record_and_only_cases_on_the_done_lis
     proc = _run("summary", str(tmp_path), "wide")
     assert proc.returncode == 0, proc.stderr
     s = json.loads((tmp_path / "summary.json").read_text())["wide"]
-    # a, b (its later pass), j (judged), s (skipped) from the XML; lost, lostfail from the done list
-    assert (s["passed"], s["passed_float64_judge"], s["failed"], s["skipped"]) == (3, 1, 1, 1), s
-    assert s["ran"] == 6 and s["counted_from_done_list"] == 2 and s["expected"] == 20 and s["not_run"] == 14
-    assert s["failures"] == ["test_x.py::test_lostfail[1] (outcome from the done list; no XML)"]
+    # a, b (its later pass), j (judged), s (skipped) from the XML; lost, lostfail and stale (its
+    # done line outranks its older XML record) from the done list
+    assert (s["passed"], s["passed_float64_judge"], s["failed"], s["skipped"]) == (3, 1, 2, 1), s
+    assert s["ran"] == 7 and s["counted_from_done_list"] == 3 and s["expected"] == 20 and s["not_run"] == 13
+    assert s["failures"] == [f"test_x.py::{t}[1] (outcome from the done list; no XML of that run)"
+                             for t in ("test_stale", "test_lostfail")], s["failures"]
     assert [j["case"] for j in s["float64_judge"]] == ["test_x.py::test_j[1]"]
-    assert "6 ran: 3 passed, 1 passed only by the float64 judge, 1 failed" in proc.stdout
-    assert "2 of them counted from the done list" in proc.stdout
+    assert "7 ran: 3 passed, 1 passed only by the float64 judge, 2 failed" in proc.stdout
+    assert "3 of them counted from the done list" in proc.stdout
 
 
 def test_adopt_reruns_cases_with_no_recorded_outcome(tmp_path):
     _state(tmp_path)
     proc = _run("adopt", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    assert _done(tmp_path) == ["test_a[1]", "test_b[1]", "test_j[1]", "test_s[1]", "test_lost[1]", "test_lostfail[1]"]
-    assert "6 finished cases stand, 2 with no recorded outcome run again" in proc.stdout
+    assert _done(tmp_path) == ["test_a[1]", "test_b[1]", "test_j[1]", "test_s[1]", "test_lost[1]", "test_lostfail[1]",
+                               "test_stale[1]"]
+    assert "7 finished cases stand, 2 with no recorded outcome run again" in proc.stdout
     assert (tmp_path / "wide_judged.jsonl").read_text()  # the judge's log stays when it did not change
 
 
@@ -82,7 +87,7 @@ def test_adopt_rejudge_also_reruns_what_the_judge_decided_or_what_failed(tmp_pat
     assert proc.returncode == 0, proc.stderr
     assert _done(tmp_path) == ["test_a[1]", "test_b[1]", "test_s[1]", "test_lost[1]"]
     assert (tmp_path / "wide_judged.jsonl").read_text() == ""
-    assert "2 the judge decided (or that failed) run again under this judge" in proc.stdout
+    assert "3 the judge decided (or that failed) run again under this judge" in proc.stdout
     lines = (tmp_path / "wide_done.txt").read_text().splitlines()
     assert lines[0] == f"{PREFIX}test_a[1]\tpassed"  # outcomes kept on the lines that stay
 

@@ -14,7 +14,8 @@ epoch seconds) and <grid>_judged.jsonl (one line per case the float64 judge deci
         counts per grid and per upstream test function from the XML (a case recorded by several
         calls counts once, as its latest call left it; only cases in FOLDER/<grid>_done.txt, when
         it is there, so a record an adopt --rejudge set aside is not counted; a done case no XML
-        holds counts by the outcome its done line gives), expected counts from
+        holds, or whose XML record says otherwise, counts by the outcome its done line gives),
+        expected counts from
         FOLDER/<grid>_collect.txt (pytest --collect-only): a case in no XML did not run. Writes
         FOLDER/summary.json and prints the table.
 """
@@ -146,24 +147,26 @@ def summarize(folder: Path, grid: str) -> dict[str, Any]:
     path = folder / f"{grid}_done.txt"
     if path.is_file():
         done = done_list(path)
-        cases = {k: v for k, v in cases.items() if k in done}
+        # a done line's outcome is the latest word on its case: an XML record that disagrees is an
+        # earlier call's (set aside by adopt --rejudge, run again since, the new XML lost)
+        cases = {k: (done[k] if done[k] is not None and outcome(v)[0] != done[k] else v)
+                 for k, v in cases.items() if k in done}
         cases.update({n: o for n, o in done.items() if n not in cases and o is not None})
     lost = 0
     for nodeid, case in cases.items():
         suite, name = nodeid.split("::")[1:3]
         test = f"{suite}::{name.split('[')[0]}"
+        label = f"{test}[{name.split('[', 1)[-1]}" if "[" in name else test
         if isinstance(case, str):  # its process's XML was lost: the done list's outcome
             lost += 1
-            kind, verdict = case, None
-            if kind in ("failed", "error"):
-                failures.append(f"{test}[{name.split('[', 1)[-1]} (outcome from the done list; no XML)")
-            counts[kind] += 1
-            per_test[test][kind] += 1
+            if case in ("failed", "error"):
+                failures.append(f"{label} (outcome from the done list; no XML of that run)")
+            counts[case] += 1
+            per_test[test][case] += 1
             continue
         kind, verdict = outcome(case)
         counts[kind] += 1
         per_test[test][kind] += 1
-        label = f"{test}[{name.split('[', 1)[-1]}" if "[" in name else test
         if verdict is not None:
             judged.append({"case": label, "outcome": kind, "assertion": verdict.get("assertion", ""),
                            "note": verdict.get("note", ""), "tensors": verdict.get("tensors", [])})
