@@ -220,11 +220,10 @@ def main(argv: list[str]) -> int:
         return 2
     if argv[0] == "adopt":
         return adopt(folder, rejudge=argv[2:] == ["--rejudge"])
-    summary = {}
-    for grid in argv[2:]:
-        summary[grid] = summarize(folder, grid)
-        print_summary(grid, summary[grid])
-    (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    summary = {grid: summarize(folder, grid) for grid in argv[2:]}
+    (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")  # before any printing
+    for grid, counts in summary.items():
+        print_summary(grid, counts)
     return 0
 
 
