@@ -46,8 +46,9 @@ against float64 (float64_judge.py): the recorded call of the function under test
 fastpath, mamba_ssm's same-dtype reference and that reference on float64 inputs; the case passes
 only if fastpath's max_abs and rel_l2 from float64 are each at most 2x the reference's (a tensor
 beyond that on the case's own draw is judged by its median over 8 more draws: the test body rerun
-with its seed moved, `_redraw` below). A case it passes is reported apart (terminal summary "float64 judge", JUnit property `float64_judge`, one
-JSON line in PEER_JUDGE_LOG when set); any other failure stays a plain failure.
+with its seed moved, `_redraw` below). A case it passes is reported apart (terminal summary
+"float64 judge", JUnit property `float64_judge`, one JSON line in PEER_JUDGE_LOG when set); any
+other failure stays a plain failure.
 Without MAMBA_PEER_TESTS the group is one skipped test naming the variable; without a GPU every
 upstream case is collected and skipped. bash benchmarks/device/peer.sh OUT runs it all on the
 device and writes JUnit XML and counts to OUT.
