@@ -14,8 +14,9 @@ for:
                    (delta' B) u): a second correct float32 evaluation;
   reordered_fma    the same with each step's a h + x rounded once (a fused multiply-add);
   biased_exp       the reordered loop with every fourth decay one float32 step low (exp(.) times
-                   1 - 2**-24): a wrong evaluation, a quarter of the bias that once made fastpath's
-                   last state 2-4x worse than the reference's (exp2 of a rounded delta' A log2 e).
+                   1 - 2**-24): a wrong evaluation, a small systematic bias of the kind that once
+                   made fastpath's last state 2-4x worse than the reference's (exp2 of a rounded
+                   delta' A log2 e).
 "flagged" is the single-draw bar; "flagged_resampled" the judge's rule: a draw beyond the bar is
 judged by its median ratio over itself and the next RESAMPLES draws of the same configuration.
 The correct candidates' rates are the rule's false alarms, biased_exp's its power.

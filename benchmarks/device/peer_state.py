@@ -1,23 +1,23 @@
 """The peer grid's state between calls and its counts (benchmarks/device/peer.sh calls this).
 
 A state folder holds, per grid: <grid>_done.txt (one "node id<TAB>outcome" line per finished
-case; a bare node id in states written before outcomes were kept), the JUnit XML and log of every call (<grid>_<call>_<shard>.{xml,txt}, <call> = the call's start in
-epoch seconds) and <grid>_judged.jsonl (one line per case the float64 judge decided).
+case; a bare node id in states written before outcomes were kept), the JUnit XML and log of every
+call (<grid>_<call>_<shard>.{xml,txt}, <call> = the call's start in epoch seconds) and
+<grid>_judged.jsonl (one line per case the float64 judge decided).
 
     python3 benchmarks/device/peer_state.py adopt FOLDER [--rejudge]
         before a call continues the state: a case in <grid>_done.txt with no outcome there and
         none in any XML (its process was killed before pytest wrote the XML) leaves the list, to
-        run again. With
-        --rejudge (the judge changed, the kernels did not) so does every case the judge decided
-        and every failed or errored case (and their <grid>_judged.jsonl lines); the rest stands.
+        run again. With --rejudge (the judge changed, the kernels did not) so does every case
+        the judge decided and every failed or errored case (and their <grid>_judged.jsonl
+        lines); the rest stands.
     python3 benchmarks/device/peer_state.py summary FOLDER GRID...
-        counts per grid and per upstream test function from the XML (a case recorded by several
-        calls counts once, as its latest call left it; only cases in FOLDER/<grid>_done.txt, when
-        it is there, so a record an adopt --rejudge set aside is not counted; a done case no XML
-        holds, or whose XML record says otherwise, counts by the outcome its done line gives),
-        expected counts from
-        FOLDER/<grid>_collect.txt (pytest --collect-only): a case in no XML did not run. Writes
-        FOLDER/summary.json and prints the table.
+        counts per grid and per upstream test function from the XML: a case recorded by several
+        calls counts once, as its latest call left it; only cases in FOLDER/<grid>_done.txt count
+        (when it is there), so a record an adopt --rejudge set aside does not; a done case that no
+        XML holds, or whose XML record says otherwise, counts by its done line's outcome. Expected
+        counts from FOLDER/<grid>_collect.txt (pytest --collect-only): a case counted nowhere did
+        not run. Writes FOLDER/summary.json, then prints the table.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ from typing import Any
 
 SUITES_FILE = "tests/peer/test_mamba_ssm_suites.py"
 _XML = re.compile(r"^(?P<grid>[a-z]+)_(?P<call>\d+)_(?P<shard>\d+)\.xml$")
-
-
 _CLASS_PREFIX = SUITES_FILE[:-3].replace("/", ".") + "."
 
 
@@ -57,7 +55,7 @@ def latest_cases(folder: Path, grid: str) -> dict[str, ET.Element]:
     for _, _, path in sorted(found):
         try:
             root = ET.parse(path).getroot()
-        except ET.ParseError:  # a process killed while writing: its cases are not in done either
+        except ET.ParseError:  # a process killed while writing: its cases count by their done lines
             continue
         for case in root.iter("testcase"):
             nodeid = node_id(case)
