@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import sys
 import time
@@ -108,25 +107,17 @@ def _percentiles(values: list[float]) -> dict[str, float]:
             "mean": round(sum(values) / len(values), 3)}
 
 
-def resampled_flags(pairs: list[tuple[float, float]], ratio: float, resamples: int) -> int:
-    """How many draws the judge's rule flags: a draw beyond `ratio` is judged by the median of each
-    metric over itself and the next `resamples` draws (cyclically; the median of 9 is the 5th); a
-    non-finite ratio in the window keeps the flag, as in the judge."""
-    from float64_judge import _median
+def resampled_flags(pairs: list[tuple[float, float]], resamples: int) -> int:
+    """How many draws the judge's rule flags: a draw beyond the bar is judged by the median of each
+    metric over itself and the next `resamples` draws (cyclically), float64_judge.passes_by_median."""
+    from float64_judge import RATIO, passes_by_median
 
-    flagged = 0
-    for i, pair in enumerate(pairs):
-        if max(pair) <= ratio:
-            continue
-        window = [pairs[(i + k) % len(pairs)] for k in range(resamples + 1)]
-        finite = all(math.isfinite(v) for window_pair in window for v in window_pair)
-        medians = (_median([a for a, _ in window]), _median([r for _, r in window])) if finite else (math.inf,)
-        flagged += not max(medians) <= ratio
-    return flagged
+    return sum(1 for i, pair in enumerate(pairs) if not max(pair) <= RATIO
+               and not passes_by_median([pairs[(i + k) % len(pairs)] for k in range(resamples + 1)]))
 
 
 def study(length: int, itype: Any, draws: int, device: str) -> dict[str, Any]:
-    from float64_judge import RATIO, RESAMPLES, _within, distance
+    from float64_judge import RATIO, RESAMPLES, _within, bar_ratios, distance
 
     ratios: dict[str, dict[str, list[float]]] = {k: {"max_abs": [], "rel_l2": []} for k in KINDS}
     pairs: dict[str, list[tuple[float, float]]] = {k: [] for k in KINDS}
@@ -140,10 +131,9 @@ def study(length: int, itype: Any, draws: int, device: str) -> dict[str, Any]:
             got = distance(states[kind], truth)
             ratios[kind]["max_abs"].append(got.max_abs / ref.max_abs)
             ratios[kind]["rel_l2"].append(got.rel_l2 / ref.rel_l2)
-            pairs[kind].append((got.max_abs / max(ref.max_abs, floor.max_abs),
-                                got.rel_l2 / max(ref.rel_l2, floor.rel_l2)))
+            pairs[kind].append(bar_ratios(got, ref, floor))
             flagged[kind] += not _within(got, ref, floor)
-    resampled = {k: resampled_flags(pairs[k], RATIO, min(RESAMPLES, draws - 1)) for k in KINDS}
+    resampled = {k: resampled_flags(pairs[k], min(RESAMPLES, draws - 1)) for k in KINDS}
     return {"length": length, "itype": str(itype).removeprefix("torch."), "draws": draws, "ratio_bar": RATIO,
             "resamples": min(RESAMPLES, draws - 1),
             "flagged": flagged, "flagged_rate": {k: round(v / draws, 3) for k, v in flagged.items()},

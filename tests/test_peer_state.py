@@ -107,12 +107,10 @@ def _peer_sh(tmp_path: Path, out: str, **env: str) -> subprocess.CompletedProces
     from repo_paths import ROOT
 
     sys.path.insert(0, str(ROOT / "tests" / "peer"))
-    from test_mamba_ssm_suites import FAKE_LIBRARY, FAKE_TESTS
+    from test_mamba_ssm_suites import write_fake_upstream
 
     fake = tmp_path / "upstream"
-    for rel, text in {**FAKE_LIBRARY, **FAKE_TESTS}.items():
-        (fake / rel).parent.mkdir(parents=True, exist_ok=True)
-        (fake / rel).write_text(text)
+    write_fake_upstream(fake)
     (fake / "UPSTREAM").write_text("fake checkout\n")
     shim = tmp_path / "bin"
     shim.mkdir(exist_ok=True)

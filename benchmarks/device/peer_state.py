@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import json
 import re
+import statistics
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -197,8 +198,8 @@ def print_summary(grid: str, s: dict[str, Any]) -> None:
         for t in j["tensors"]:
             f, r = t["fastpath"], t["reference"]
             draws = t.get("draws") or []
-            median = (f" | {len(draws)} draws, median ratio {sorted(a for a, _ in draws)[len(draws) // 2]:.2f}"
-                      f"/{sorted(b for _, b in draws)[len(draws) // 2]:.2f}") if draws else ""
+            median = (f" | {len(draws)} draws, median ratio {statistics.median(a for a, _ in draws):.2f}"
+                      f"/{statistics.median(b for _, b in draws):.2f}") if draws else ""
             print(f"    {t['tensor']} ({t['dtype']}): fastpath max_abs {f['max_abs']:.3g} rel_l2 "
                   f"{f['rel_l2']:.3g} | reference max_abs {r['max_abs']:.3g} rel_l2 "
                   f"{r['rel_l2']:.3g} | {'ok' if t['ok'] else 'WORSE'}{median}")

@@ -45,6 +45,7 @@ import json
 import linecache
 import math
 import os
+import statistics
 import traceback
 import types
 from collections.abc import Callable, Iterator
@@ -162,7 +163,7 @@ class Verdict:
             if t.draws:
                 cells = ", ".join(f"{a:.2f}/{r:.2f}" for a, r in t.draws)
                 out.append(f"  {len(t.draws)} draws, ratio max_abs/rel_l2: {cells}; median "
-                           f"{_median([a for a, _ in t.draws]):.2f}/{_median([r for _, r in t.draws]):.2f}")
+                           + "/".join(f"{m:.2f}" for m in medians(t.draws)))
         if self.note:
             out.append(self.note)
         return out
@@ -194,34 +195,41 @@ def distance(candidate, truth) -> Distance:
     return Distance(diff.abs().max().item(), err / norm if norm > 0 else err)
 
 
+def bar_ratios(fast: Distance, ref: Distance, floor: Distance) -> tuple[float, float]:
+    """fastpath's distance over the bar's base (the reference's, floored at rounding), per metric
+    (max_abs, rel_l2): within the judge's bar when both are <= RATIO. NaN stays NaN (it fails
+    every comparison); a zero base gives 0 for a zero distance, inf otherwise."""
+
+    def ratio(got: float, base: float) -> float:
+        if math.isnan(got) or math.isnan(base):
+            return math.nan
+        if base > 0:
+            return got / base
+        return 0.0 if got == 0 else math.inf
+
+    return (ratio(fast.max_abs, max(ref.max_abs, floor.max_abs)),
+            ratio(fast.rel_l2, max(ref.rel_l2, floor.rel_l2)))
+
+
 def _within(fast: Distance, ref: Distance, floor: Distance) -> bool:
-    """NaN anywhere fails (every comparison with NaN is False)."""
-    bound_abs = RATIO * max(ref.max_abs, floor.max_abs)
-    bound_rel = RATIO * max(ref.rel_l2, floor.rel_l2)
-    if any(math.isnan(v) for v in (bound_abs, bound_rel)):
-        return False
-    return fast.max_abs <= bound_abs and fast.rel_l2 <= bound_rel
-
-
-def _ratio(fast: float, bound: float) -> float:
-    if math.isnan(fast) or math.isnan(bound):
-        return math.nan
-    if bound > 0:
-        return fast / bound
-    return 0.0 if fast == 0 else math.inf
+    return all(r <= RATIO for r in bar_ratios(fast, ref, floor))
 
 
 def ratios(t: TensorVerdict) -> tuple[float, float]:
-    """fastpath's distance over the bar's base (the reference's, floored at rounding), per metric:
-    within the judge's bar when both are <= RATIO."""
-    return (_ratio(t.fastpath.max_abs, max(t.reference.max_abs, t.rounding.max_abs)),
-            _ratio(t.fastpath.rel_l2, max(t.reference.rel_l2, t.rounding.rel_l2)))
+    return bar_ratios(t.fastpath, t.reference, t.rounding)
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+def medians(draws: list[tuple[float, float]]) -> tuple[float, float]:
+    """Per metric, the median ratio over the draws (inf if any draw is non-finite)."""
+    if not all(math.isfinite(v) for pair in draws for v in pair):
+        return math.inf, math.inf
+    return statistics.median(a for a, _ in draws), statistics.median(r for _, r in draws)
+
+
+def passes_by_median(draws: list[tuple[float, float]]) -> bool:
+    """The resampling rule (module doc): every draw finite and the median ratio within RATIO by
+    both metrics."""
+    return max(medians(draws)) <= RATIO
 
 
 @contextlib.contextmanager
@@ -399,9 +407,7 @@ def resample(verdict: Verdict, draw: Callable[[int], Verdict]) -> Verdict:
             tensors.append(t)
             continue
         per = [d[i] for d in draws]
-        finite = all(math.isfinite(v) for pair in per for v in pair)
-        ok = finite and max(_median([a for a, _ in per]), _median([r for _, r in per])) <= RATIO
-        tensors.append(replace(t, ok=ok, draws=per))
+        tensors.append(replace(t, ok=passes_by_median(per), draws=per))
     note = "; ".join(v for v in (verdict.note, f"resampled: {len(draws)} draws (seed moved by k * "
                                  f"{SEED_STEP}); a tensor beyond the bar on the case's own draw is judged by "
                                  "its median ratio") if v)

@@ -156,6 +156,19 @@ FAKE_TESTS = {
 }
 
 
+def write_fake_upstream(root, state_update_module: str | None = None, state_update_tests: str | None = None) -> None:
+    """FAKE_LIBRARY and FAKE_TESTS written under root (a checkout the harness reads), with the
+    state-update module and test file replaced when given."""
+    files = {**FAKE_LIBRARY, **FAKE_TESTS}
+    if state_update_module is not None:
+        files["mamba_ssm/ops/triton/selective_state_update.py"] = state_update_module
+    if state_update_tests is not None:
+        files["tests/ops/triton/test_selective_state_update.py"] = state_update_tests
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
 def test_harness_end_to_end_on_a_fake_upstream(tmp_path):
     """The harness over a fake checkout, in a pytest subprocess on CPU: names swapped, the
     reference kept, the wide grid, a lost CUDA context ending the process, PEER_DONE written with
@@ -164,9 +177,7 @@ def test_harness_end_to_end_on_a_fake_upstream(tmp_path):
     import subprocess
     from pathlib import Path
 
-    for rel, text in {**FAKE_LIBRARY, **FAKE_TESTS}.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
+    write_fake_upstream(tmp_path)
     done = tmp_path / "done.txt"
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, harness.TESTS_ENV: str(tmp_path), harness.GRID_ENV: "wide",
@@ -427,18 +438,15 @@ JUDGE_TEST = textwrap.dedent('''
 ''')
 
 
-def _run_fake_state_update_suite(tmp_path, library: dict[str, str], test_file: str, *args: str, **env: str) -> str:
-    """The harness over a fake checkout (FAKE_LIBRARY and FAKE_TESTS with `library` and this
-    state-update test file) in a pytest subprocess on the CPU (PEER_DEVICE=cpu, TRITON_INTERPRET=1),
-    its state-update cases only: the run's output."""
+def _run_fake_state_update_suite(tmp_path, module: str, test_file: str, *args: str, **env: str) -> str:
+    """The harness over a fake checkout (write_fake_upstream with this state-update module and test
+    file) in a pytest subprocess on the CPU (PEER_DEVICE=cpu, TRITON_INTERPRET=1), its state-update
+    cases only: the run's output."""
     import os
     import subprocess
     from pathlib import Path
 
-    tests = {**FAKE_TESTS, "tests/ops/triton/test_selective_state_update.py": test_file}
-    for rel, text in {**library, **tests}.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
+    write_fake_upstream(tmp_path, module, test_file)
     full_env = {k: v for k, v in os.environ.items()
                 if k not in (harness.SRC_ENV, harness.SHARD_ENV, harness.DONE_ENV, harness.GRID_ENV)}
     full_env.update({harness.TESTS_ENV: str(tmp_path), harness.DEVICE_ENV: "cpu", "TRITON_INTERPRET": "1", **env})
@@ -460,13 +468,12 @@ def test_float64_judge_end_to_end_on_cpu(tmp_path):
 
     import float64_judge as judge
 
-    library = {**FAKE_LIBRARY, "mamba_ssm/ops/triton/selective_state_update.py": (
-        "import torch\nimport torch.nn.functional as F\n"
-        "def selective_state_update(*a, **k):\n    raise AssertionError\n\n"
-        + textwrap.dedent(__import__("inspect").getsource(_rounding_update_ref)).replace(
-            "_rounding_update_ref", "selective_state_update_ref"))}
+    module = ("import torch\nimport torch.nn.functional as F\n"
+              "def selective_state_update(*a, **k):\n    raise AssertionError\n\n"
+              + textwrap.dedent(__import__("inspect").getsource(_rounding_update_ref)).replace(
+                  "_rounding_update_ref", "selective_state_update_ref"))
     log, xml = tmp_path / "judged.jsonl", tmp_path / "junit.xml"
-    text = _run_fake_state_update_suite(tmp_path, library, JUDGE_TEST, f"--junitxml={xml}", **{judge.LOG_ENV: str(log)})
+    text = _run_fake_state_update_suite(tmp_path, module, JUDGE_TEST, f"--junitxml={xml}", **{judge.LOG_ENV: str(log)})
     assert "1 failed, 1 passed" in text, text
     assert "FAILED tests/peer/test_mamba_ssm_suites.py::test_selective_state_update.py::test_not_a_tolerance_failure" in text, text
     assert "float64 judge: 1 upstream tolerance failures re-judged, 1 passed" in text, text
@@ -523,9 +530,8 @@ def test_float64_judge_resamples_a_case_beyond_its_bar_end_to_end_on_cpu(tmp_pat
 
     import float64_judge as judge
 
-    library = {**FAKE_LIBRARY, "mamba_ssm/ops/triton/selective_state_update.py": RESAMPLE_LIBRARY}
     log, done = tmp_path / "judged.jsonl", tmp_path / "done.txt"
-    text = _run_fake_state_update_suite(tmp_path, library, RESAMPLE_TEST,
+    text = _run_fake_state_update_suite(tmp_path, RESAMPLE_LIBRARY, RESAMPLE_TEST,
                                         **{judge.LOG_ENV: str(log), harness.DONE_ENV: str(done)})
     assert "1 failed, 1 passed" in text, text
     outcomes = {n.rsplit("[", 1)[-1]: o for n, o in (line.split("\t") for line in done.read_text().splitlines())}

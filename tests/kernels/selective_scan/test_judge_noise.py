@@ -62,8 +62,8 @@ def test_the_resampled_rule_weighs_a_flagged_draw_against_the_next_ones():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     good, bad = (0.9, 0.8), (3.0, 2.5)
-    assert module.resampled_flags([bad] + [good] * 9, 2.0, 8) == 0
-    assert module.resampled_flags([bad] * 5 + [good] * 5, 2.0, 8) >= 1
-    assert module.resampled_flags([bad] * 10, 2.0, 8) == 10
-    assert module.resampled_flags([good] * 10, 2.0, 8) == 0
-    assert module.resampled_flags([(float("nan"), 1.0)] + [good] * 9, 2.0, 8) == 1
+    assert module.resampled_flags([bad] + [good] * 9, 8) == 0
+    assert module.resampled_flags([bad] * 5 + [good] * 5, 8) >= 1
+    assert module.resampled_flags([bad] * 10, 8) == 10
+    assert module.resampled_flags([good] * 10, 8) == 0
+    assert module.resampled_flags([(float("nan"), 1.0)] + [good] * 9, 8) == 1
