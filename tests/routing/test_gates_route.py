@@ -111,6 +111,69 @@ def test_tiny_model_matches_the_reference_path_and_disable_restores() -> None:
     assert not any(r["op"] in ("gdn_gates", "attn_output_gate") for r in explain(model).rows)
 
 
+
+def _fla_route_on_cpu(module):
+    """fastpath's FLA route around transformers' torch rule, as enable() builds it; on CPU tensors
+    it runs the torch rule (FLA's kernels are never reached here)."""
+    from fastpath.routing import fla_route
+
+    def fla_kernel(*args, **kwargs):
+        raise AssertionError("FLA's kernel takes CUDA tensors only; the route keeps CPU ones off it")
+
+    status = fla_route.FlaStatus(True, "fla", "fla", "test", chunk_fn=fla_kernel, recurrent_fn=fla_kernel)
+    return fla_route.make_gdn_route("chunk", status, module.torch_chunk_gated_delta_rule)
+
+
+@pytest.mark.parametrize("grouped_rule", [True, False], ids=["fla-route", "other-rule"])
+def test_grouped_heads_reach_a_rule_that_takes_them(grouped_rule: bool) -> None:
+    """transformers <= 5.22 repeats q and k to one head per value head before the gated delta rule.
+    The routed forward hands them over grouped when the rule is fastpath's FLA route (FLA's kernels
+    read the shared key head themselves: no repeated copies, no sum of their gradients), repeated to
+    any other rule; the output and every gradient are the original forward's either way."""
+    import inspect
+
+    from fastpath.routing import fla_route
+    from fastpath.routing.route_modes import GROUPED_HEADS_ATTR
+
+    module = _module()
+    original = module.Qwen3_5GatedDeltaNet.forward
+    layer = tiny_model(seed=3).model.layers[0].linear_attn  # 2 key heads, 4 value heads
+    route = _fla_route_on_cpu(module)
+    assert getattr(route, GROUPED_HEADS_ATTR) is True
+    seen = []
+
+    def rule(q, k, v, *args, **kwargs):
+        seen.append((q.shape[2], k.shape[2], v.shape[2]))
+        return route(q, k, v, *args, **kwargs)
+
+    if grouped_rule:
+        setattr(rule, GROUPED_HEADS_ATTR, True)
+    x = torch.randn(2, 9, 32, generator=torch.Generator().manual_seed(4), requires_grad=True)
+    want = original(layer, x)
+    want_grads = torch.autograd.grad(want.square().sum(), [x, *layer.parameters()])
+    old = module.torch_chunk_gated_delta_rule
+    module.torch_chunk_gated_delta_rule = rule
+    try:
+        forward = gates_route.make_gdn_forward(original, module, force=True)
+        got = forward(layer, x)
+        got_grads = torch.autograd.grad(got.square().sum(), [x, *layer.parameters()])
+    finally:
+        module.torch_chunk_gated_delta_rule = old
+    repeats = "repeat_interleave" in inspect.getsource(original)  # 5.23+ hands grouped heads itself
+    assert seen == [(2, 2, 4) if grouped_rule or not repeats else (4, 4, 4)]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+    # the route itself, given grouped heads on CPU, is the torch rule on repeated ones
+    q, k = torch.randn(2, 2, 5, 2, 8).unbind(0)
+    v = torch.randn(2, 5, 4, 8)
+    g, beta = -torch.rand(2, 5, 4), torch.rand(2, 5, 4)
+    qr, kr = fla_route.one_key_head_per_value_head(q, k, v)
+    assert qr.shape == (2, 5, 4, 8) and torch.equal(qr[:, :, 1], q[:, :, 0]) and torch.equal(kr[:, :, 2], k[:, :, 1])
+    torch.testing.assert_close(route(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)[0],
+                               old(qr, kr, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)[0])
+
+
 def test_off_by_env_or_option(monkeypatch) -> None:
     module = _module()
     gdn_forward = module.Qwen3_5GatedDeltaNet.forward

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fastpath.routing.route_modes import GROUPED_HEADS_ATTR
 from fastpath.shared.known_issues import FLA_ISSUE_640, fla_640
 
 REMEDY_640 = "pip install -U 'triton>=3.7.1'  (or: pip install tilelang)"
@@ -289,8 +290,10 @@ def make_gdn_route(kind: str, status: FlaStatus, torch_fn: Callable[..., Any]) -
             if cu_seqlens is not None:
                 raise ValueError("fastpath: packed sequences (cu_seqlens) in the gated delta rule need FLA "
                                  "on a CUDA device; the torch reference would mix the sequences")
+            q, k = one_key_head_per_value_head(q, k, v)
             return raw(q, k, v, *args, **_filter_kwargs(raw, kwargs))
         if impl == "fla-fwd+torch-bwd":
+            q, k = one_key_head_per_value_head(q, k, v)  # its backward is the torch reference's
             if cu_seqlens is not None and torch_grad_enabled():
                 raise NotImplementedError(
                     "fastpath: training on packed sequences (cu_seqlens) needs FLA's own backward, "
@@ -302,8 +305,19 @@ def make_gdn_route(kind: str, status: FlaStatus, torch_fn: Callable[..., Any]) -
         return fla_fn(q, k, v, *args, **_filter_kwargs(fla_fn, kw))
 
     setattr(gated_delta_rule, ROUTE_ATTR, impl)
+    if kind == "chunk":  # FLA's chunk kernels read key head i // (HV // H) themselves (GVA)
+        setattr(gated_delta_rule, GROUPED_HEADS_ATTR, True)
     gated_delta_rule.__wrapped__ = raw  # type: ignore[attr-defined]
     return gated_delta_rule
+
+
+def one_key_head_per_value_head(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+    """q and k repeated to v's head count (dim 2), as transformers <= 5.22 hands them to its torch
+    reference, which pairs head i of q, k and v; unchanged when the counts already agree."""
+    groups = v.shape[2] // q.shape[2]
+    if groups <= 1:
+        return q, k
+    return q.repeat_interleave(groups, dim=2), k.repeat_interleave(groups, dim=2)
 
 
 def make_kda_route(kind: str, status: FlaStatus, torch_fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.routing.patch_registry import PatchRegistry
-from fastpath.routing.route_modes import RouteStatus, env_mode, kernel_dtypes
+from fastpath.routing.route_modes import GROUPED_HEADS_ATTR, RouteStatus, env_mode, kernel_dtypes
 
 ENV_MODE = "FASTPATH_GLUE"
 MODES = ("auto", "off")
@@ -172,12 +172,14 @@ def make_gdn_forward(original: Callable[..., Any], module: ModuleType, *, force:
         value = value.reshape(batch, seq_len, -1, self.head_v_dim)
         g, beta = gdn_gates(a, b, self.A_log, self.dt_bias)
         groups = self.num_v_heads // self.num_k_heads
-        if repeat_heads and groups > 1:
+        chunk_rule = module.torch_chunk_gated_delta_rule
+        # fastpath's FLA route takes grouped heads (FLA's kernels index the shared key head): the
+        # two repeated copies of q and k, and their gradients' sum over the copies, are not needed
+        if repeat_heads and groups > 1 and not getattr(chunk_rule, GROUPED_HEADS_ATTR, False):
             query = query.repeat_interleave(groups, dim=2)
             key = key.repeat_interleave(groups, dim=2)
-        core, _ = module.torch_chunk_gated_delta_rule(query, key, value, g=g, beta=beta, initial_state=None,
-                                                      output_final_state=False, use_qk_l2norm_in_kernel=True,
-                                                      cu_seqlens=None, **kwargs)
+        core, _ = chunk_rule(query, key, value, g=g, beta=beta, initial_state=None, output_final_state=False,
+                             use_qk_l2norm_in_kernel=True, cu_seqlens=None, **kwargs)
         core = self.norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
         return self.out_proj(core.reshape(batch, seq_len, -1))
 

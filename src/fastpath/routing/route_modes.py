@@ -14,6 +14,11 @@ from typing import Any, ClassVar, TypeVar
 from fastpath.kernels.dispatch import TRITON_DTYPES, triton_interpreter_on
 from fastpath.routing.patch_registry import PatchRegistry
 
+#: set on a routed gated-delta-rule function that takes q and k with fewer heads than v (grouped
+#: value heads, each key head serving HV // H value heads): a layer forward that would repeat q
+#: and k to one head per value head (transformers <= 5.22) may hand them over grouped instead
+GROUPED_HEADS_ATTR = "__fastpath_grouped_heads__"
+
 
 def env_mode(env: str, modes: tuple[str, ...], default: str = "auto") -> str:
     """The value of `env`, lower-cased, `default` when unset or empty; UsageError when not in `modes`."""
