@@ -24,7 +24,7 @@ import fastpath
 from fastpath.causal_conv1d import causal_conv1d_fn as real_causal_conv1d_fn
 from fastpath.causal_conv1d import causal_conv1d_update as real_causal_conv1d_update
 from fastpath.models.compare import TOLERANCES
-from fastpath.models.moe_pin import PinReport, TopkPin
+from fastpath.models.moe_pin import PinReport, SidePins, TopkPin
 from fastpath.proof.run_paths import verify_model
 
 # Kimi-Linear at toy size (tiny_configs), with 32 experts, 8 per token
@@ -116,6 +116,22 @@ def test_packed_calls_are_regrouped_per_layer():
         torch.topk(torch.cat([a, b]), 2)
         torch.topk(torch.cat([a, b]) * 2, 3)
     assert report.calls == 2 and report.flipped_rows == 0 and not report.unpinned
+
+
+def test_side_pins_regroup_the_forward_for_the_fast_side_but_not_the_decode():
+    pins = SidePins(pieces=2)
+    a, b = torch.randn(3, 6), torch.randn(5, 6)
+    with pins.around_pass(True):  # the reference side: each packed sequence alone
+        for seg in (a, b):
+            torch.topk(seg, 2)
+    with pins.around_decode(True):
+        torch.topk(a, 2)
+    with pins.around_pass(False):  # the fast side: one call over both sequences
+        torch.topk(torch.cat([a, b]), 2)
+    with pins.around_decode(False):
+        torch.topk(a, 2)
+    assert pins.report.calls == 2 and pins.report.flipped_rows == 0 and not pins.report.unpinned
+    assert [tuple(c.shape) for c in pins.forward.calls] == [(3, 2), (5, 2)]  # kept as recorded
 
 
 # --- verify with the pin ----------------------------------------------------------------------

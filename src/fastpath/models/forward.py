@@ -1,7 +1,7 @@
 """Running a model and collecting what `fastpath verify` compares on its inputs (models/inputs.py):
-one pass on whatever path is active (hidden states, logits, optional gradients), and the runs
-that judge a difference (models/judge.py): an fp32 copy of the reference, and the reference with
-every weight nudged by one rounding step.
+one pass on whatever path is active (hidden states, logits, optional gradients; verify's two
+sides around it are models/sides.py), and the runs that judge a difference (models/judge.py):
+an fp32 copy of the reference, and the reference with every weight nudged by one rounding step.
 
 Which path is active is the caller's business (routing.engine enable / disable sits above this
 floor): everything here runs the model as it is now. A fused loss (Liger's, enable()'s LM head)
@@ -17,7 +17,7 @@ from typing import Any
 
 from fastpath.models.compare import NOISE_RUNS, FirstLook, Tolerance, relative_distance
 from fastpath.models.inputs import Inputs
-from fastpath.models.moe_pin import PinReport, SidePins, TopkPin
+from fastpath.models.moe_pin import PinReport, TopkPin
 
 # Given a model, the mean next-token loss of `ids` through its fused LM head + cross-entropy (a
 # forward that returns the loss and no logits), or None when no such forward is in place.
@@ -116,30 +116,6 @@ def run_path(model: Any, inputs: Inputs, *, packed_reference: bool, backward: bo
         logits = torch.cat(pieces_l, dim=1)
     grads = _collect_grads(model) if backward else None
     return PathRun(hidden, logits, grads)
-
-
-def run_side(name: str, model: Any, inputs: Inputs, *, packed_reference: bool, backward: bool,
-             decode_tokens: int, say: Callable[[str], None], pins: SidePins,
-             fused_loss: FusedLoss | None = None) -> tuple[PathRun, dict[str, int]]:
-    """One side of verify's comparison on the active path: forward (+ backward), an optional
-    greedy decode (the run's `decode`), and the kernel calls it made (counted at the kernels' own
-    entry points). `pins`: the reference side (packed_reference) records its top-k choices there,
-    the fast side replays them."""
-    from collections import Counter
-
-    from fastpath.kernels.counters import CALLS
-    from fastpath.models.greedy import greedy_decode
-
-    say(f"{name}: forward" + (" + backward" if backward else ""))
-    before = Counter(CALLS)
-    with pins.around(pins.forward, packed_reference, len(inputs.segments)):
-        run = run_path(model, inputs, packed_reference=packed_reference, backward=backward, fused_loss=fused_loss)
-    if decode_tokens:
-        say(f"{name}: greedy decode")
-        with pins.around(pins.decode, packed_reference, 1):
-            run.decode = greedy_decode(model, inputs.ids, decode_tokens)
-    after = Counter(CALLS)
-    return run, {k: after[k] - before.get(k, 0) for k in sorted(after) if after[k] - before.get(k, 0) > 0}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,40 +276,3 @@ def oracle_runs(model: Any, inputs: Inputs, look: FirstLook, ref: PathRun, tol: 
         with Tf32Off():
             runs.noise = rounding_noise(model, inputs, ref.grads, look.noise_names, NOISE_RUNS, fused_loss)
     return runs
-
-
-# ---------------------------------------------------------------------------------------------
-# Both sides of a comparison
-
-
-@dataclass
-class SideRuns:
-    """Both sides of verify's comparison as they ran (run_sides)."""
-
-    ref: PathRun
-    ref_calls: dict[str, int]  # the kernel calls the reference side made
-    fast: PathRun
-    fast_calls: dict[str, int]
-    oracle_grads: dict[str, Any] | None  # an fp32 copy's gradients on the reference path
-    pins: SidePins  # the reference's MoE top-k choices, replayed by the fast side
-
-
-def run_sides(model: Any, inputs: Inputs, *, backward: bool, decode_tokens: int, oracle_grads: bool,
-              say: Callable[[str], None], to_fast: Callable[[Any], None],
-              fused_loss: FusedLoss | None = None) -> SideRuns:
-    """verify's runs of one model, in the order memory allows: with `oracle_grads` (bf16/fp16
-    backward) an fp32 copy's gradients first, while no gradients are held, so the copy is never
-    alive together with both paths' gradients (models/sizing.py peak_bytes); the reference side
-    on the active path; `to_fast(model)`, where the caller switches to the fast path (routing sits
-    above this floor); the fast side. See run_side for one side."""
-    pins = SidePins()
-    sides: dict[str, Any] = {"backward": backward, "decode_tokens": decode_tokens, "say": say, "pins": pins,
-                             "fused_loss": fused_loss}
-    grads = None
-    if oracle_grads:
-        say("reference path in fp32: gradient oracle")
-        grads = fp32_oracle_grads(model, inputs, fused_loss)
-    ref, ref_calls = run_side("reference path", model, inputs, packed_reference=True, **sides)
-    to_fast(model)
-    fast, fast_calls = run_side("fast path", model, inputs, packed_reference=False, **sides)
-    return SideRuns(ref, ref_calls, fast, fast_calls, grads, pins)

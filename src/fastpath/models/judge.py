@@ -13,8 +13,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fastpath.models.compare import Judgement, Tolerance, final_judgement, first_look
-from fastpath.models.forward import FusedLoss, SideRuns, oracle_runs
+from fastpath.models.forward import FusedLoss, oracle_runs
 from fastpath.models.inputs import Inputs
+from fastpath.models.sides import SideRuns
 
 if TYPE_CHECKING:
     from fastpath.models.build import BuiltModel
@@ -52,7 +53,7 @@ def _starts_with_embeddings(model: Any, ids: Any, first_hidden: Any) -> bool:
 
 def judge(built: BuiltModel, inputs: Inputs, sides: SideRuns, tol: Tolerance, *, fused_loss: FusedLoss | None,
           say: Callable[[str], None]) -> Judgement:
-    """Fast path against reference (models/forward.run_sides) in three steps: a first look at
+    """Fast path against reference (models/sides.run_sides) in three steps: a first look at
     the outputs, the gradients (when the runs carry them) and the decode (when they decoded)
     against `tol` (models/compare.first_look); the runs of the reference that settle a difference
     beyond it (models/forward.oracle_runs); the final judgement with them

@@ -134,12 +134,20 @@ class TopkPin:
 @dataclass
 class SidePins:
     """A comparison's pins: the reference side records its top-k choices (forward and decode
-    apart), the fast side replays them and reports what pinning did."""
+    apart), the fast side replays them and reports what pinning did. `pieces`: the packed
+    sequences the reference runs one at a time (1 unpacked); the decode runs unpacked on both."""
 
+    pieces: int = 1
     forward: TopkPin = field(default_factory=TopkPin)
     decode: TopkPin = field(default_factory=TopkPin)
     report: PinReport = field(default_factory=PinReport)
 
-    def around(self, pin: TopkPin, recording: bool, pieces: int) -> contextlib.AbstractContextManager[None]:
-        """Record `pin` (the reference side) or replay it regrouped into `pieces` calls."""
-        return pin.recording() if recording else pin.regrouped(pieces).replaying(self.report)
+    def around_pass(self, recording: bool) -> contextlib.AbstractContextManager[None]:
+        """Record the forward's choices (the reference side) or replay them regrouped into one run."""
+        if recording:
+            return self.forward.recording()
+        return self.forward.regrouped(self.pieces).replaying(self.report)
+
+    def around_decode(self, recording: bool) -> contextlib.AbstractContextManager[None]:
+        """Record the greedy decode's choices (the reference side) or replay them."""
+        return self.decode.recording() if recording else self.decode.replaying(self.report)

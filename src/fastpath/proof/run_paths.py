@@ -1,9 +1,8 @@
 """`fastpath verify`'s orchestration, in floor order: the model resolved (models/resolve), what
 routing cannot verify refused (routing/), the job sized and the model built (models/); then both
-paths run on it in one models/forward.run_sides call (the reference with fastpath disabled, then
+paths run on it in one models/sides.run_sides call (the reference with fastpath disabled, then
 the fast path after enable(): routing is this floor's business, running the sides belongs to models/),
-one judge call over the two runs
-(models/judge.py), the verdict (proof/verdict.py).
+one judge call over the two runs (models/judge.py), the verdict (proof/verdict.py).
 """
 
 from __future__ import annotations
@@ -15,11 +14,12 @@ from typing import Any
 
 from fastpath.models.build import BuiltModel
 from fastpath.models.compare import TOLERANCES
-from fastpath.models.forward import PathRun, SideRuns, Tf32Off, run_sides
+from fastpath.models.forward import PathRun, Tf32Off
 from fastpath.models.forward import run_path as run_model_path
 from fastpath.models.inputs import Inputs, make_inputs
 from fastpath.models.paths import hidden_compiled_peers
 from fastpath.models.resolve import ResolvedModel, resolve_model
+from fastpath.models.sides import SideRuns, run_sides
 from fastpath.models.sizing import JobSize
 from fastpath.proof.verdict import CannotVerify, VerifyResult
 from fastpath.shared.errors import FastpathError, UsageError, first_line
@@ -31,7 +31,7 @@ from fastpath.shared.errors import FastpathError, UsageError, first_line
 def _fused_loss(model: Any) -> Callable[[Any], Any] | None:
     """The training loss of `model` where its forward fuses the LM head with the loss and returns
     no logits: Liger's fused linear cross-entropy (verify --liger) or enable()'s fused LM head;
-    None otherwise. Handed to models/forward.run_path, which cannot import routing."""
+    None otherwise. Handed to models/ (forward.run_path, sides.run_sides), which cannot import routing."""
     from fastpath.routing import lm_head_route
     from fastpath.routing.liger_route import fused_loss_in_place, next_token_loss
 
@@ -167,7 +167,7 @@ def _size_and_build(model: ResolvedModel, run: VerifySettings) -> tuple[BuiltMod
 
 
 class _FastSwitch:
-    """What happens between the sides (models/forward.run_sides' `to_fast`): enable(), and what
+    """What happens between the sides (models/sides.run_sides' `to_fast`): enable(), and what
     explain() then says; routing is this floor's business, not models'."""
 
     def __init__(self, run: VerifySettings, step: Callable[[str], None]) -> None:
