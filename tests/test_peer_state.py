@@ -21,9 +21,10 @@ VERDICT = json.dumps({"passed": True, "assertion": "test_x.py:9: assert torch.al
 
 
 def _case(name: str, kind: str) -> str:
+    judged = f'<properties><property name="float64_judge" value="{VERDICT.replace(chr(34), "&quot;")}"/></properties>'
     inner = {"passed": "", "failed": '<failure message="boom"/>', "skipped": '<skipped message="s"/>',
-             "judged": f'<properties><property name="float64_judge" value="{VERDICT.replace(chr(34), "&quot;")}"/>'
-                       "</properties>"}[kind]
+             "judged": judged, "beyond": judged + '<skipped message="float64 judge: beyond its range"/>',
+             "oom": '<failure message="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 256 MiB"/>'}[kind]
     return f'<testcase classname="tests.peer.test_mamba_ssm_suites.test_x.py" name="{name}">{inner}</testcase>'
 
 
@@ -90,6 +91,29 @@ def test_adopt_rejudge_also_reruns_what_the_judge_decided_or_what_failed(tmp_pat
     assert "3 the judge decided (or that failed) run again under this judge" in proc.stdout
     lines = (tmp_path / "wide_done.txt").read_text().splitlines()
     assert lines[0] == f"{PREFIX}test_a[1]\tpassed"  # outcomes kept on the lines that stay
+
+
+
+def test_a_case_beyond_its_dtypes_range_counts_apart_and_an_out_of_memory_failure_runs_again(tmp_path):
+    """The judge's skip of a result beyond its dtype's range is its own count (not upstream's
+    skips, not a pass); a case that ran out of GPU memory beside the other shards is listed as such
+    and runs again in the next call, judge changed or not."""
+    _xml(tmp_path / "wide_100_0.xml", {"test_r[1]": "beyond", "test_m[1]": "oom", "test_a[1]": "passed"})
+    (tmp_path / "wide_done.txt").write_text("".join(f"{PREFIX}{n}[1]\t{o}\n" for n, o in (
+        ("test_r", "skipped_beyond_range"), ("test_m", "failed"), ("test_a", "passed"))))
+    proc = _run("summary", str(tmp_path), "wide")
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads((tmp_path / "summary.json").read_text())["wide"]
+    assert (s["passed"], s["skipped"], s["skipped_beyond_range"], s["failed"]) == (1, 0, 1, 1), s
+    assert s["failures"] == ["test_x.py::test_m[1] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                             "256 MiB (out of GPU memory beside the other shards: runs again)"]
+    assert "1 skipped by the judge as beyond their dtype's range" in proc.stdout
+    proc = _run("adopt", str(tmp_path))
+    assert proc.returncode == 0 and "1 that ran out of GPU memory run again" in proc.stdout, proc.stdout
+    assert _done(tmp_path) == ["test_r[1]", "test_a[1]"]
+    proc = _run("adopt", str(tmp_path), "--rejudge")
+    assert proc.returncode == 0, proc.stderr
+    assert _done(tmp_path) == ["test_a[1]"]  # the judge's skip is the judge's decision: it reruns
 
 
 def test_bad_arguments_are_one_line_exit_2(tmp_path):

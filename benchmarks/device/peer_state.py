@@ -8,16 +8,19 @@ call (<grid>_<call>_<shard>.{xml,txt}, <call> = the call's start in epoch second
     python3 benchmarks/device/peer_state.py adopt FOLDER [--rejudge]
         before a call continues the state: a case in <grid>_done.txt with no outcome there and
         none in any XML (its process was killed before pytest wrote the XML) leaves the list, to
-        run again. With --rejudge (the judge changed, the kernels did not) so does every case
-        the judge decided and every failed or errored case (and their <grid>_judged.jsonl
-        lines); the rest stands.
+        run again, and so does a case that failed for want of GPU memory (the shards share one
+        GPU: an out-of-memory error says nothing of the kernels). With --rejudge (the judge
+        changed, the kernels did not) so does every case the judge decided and every failed or
+        errored case (and their <grid>_judged.jsonl lines); the rest stands.
     python3 benchmarks/device/peer_state.py summary FOLDER GRID...
         counts per grid and per upstream test function from the XML: a case recorded by several
         calls counts once, as its latest call left it; only cases in FOLDER/<grid>_done.txt count
         (when it is there), so a record an adopt --rejudge set aside does not; a done case that no
         XML holds, or whose XML record says otherwise, counts by its done line's outcome. Expected
         counts from FOLDER/<grid>_collect.txt (pytest --collect-only): a case counted nowhere did
-        not run. Writes FOLDER/summary.json, then prints the table.
+        not run. A case the judge skipped as beyond its dtype's range (tests/peer/float64_judge.py)
+        counts as skipped_beyond_range, apart from upstream's own skips; a failure for want of GPU
+        memory is listed as such. Writes FOLDER/summary.json, then prints the table.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ from typing import Any
 SUITES_FILE = "tests/peer/test_mamba_ssm_suites.py"
 _XML = re.compile(r"^(?P<grid>[a-z]+)_(?P<call>\d+)_(?P<shard>\d+)\.xml$")
 _CLASS_PREFIX = SUITES_FILE[:-3].replace("/", ".") + "."
+BEYOND_RANGE = "skipped_beyond_range"  # tests/peer/conftest.py's outcome for such a case
+OUTCOMES = ("passed", "passed_float64_judge", "failed", "error", "skipped", BEYOND_RANGE)
+JUDGED_OR_FAILED = ("passed_float64_judge", "failed", "error", BEYOND_RANGE)
+_OOM = re.compile(r"out of memory|OutOfMemoryError", re.IGNORECASE)
 
 
 def node_id(case: ET.Element) -> str | None:
@@ -66,14 +73,24 @@ def latest_cases(folder: Path, grid: str) -> dict[str, ET.Element]:
 
 
 def outcome(case: ET.Element) -> tuple[str, dict[str, Any] | None]:
-    """passed, passed_float64_judge, failed, error or skipped, and the judge's verdict if any."""
+    """One of OUTCOMES, and the judge's verdict if any."""
     tags = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
     kind = {"failure": "failed", "error": "error", "skipped": "skipped"}.get(tags[0] if tags else "", "passed")
     verdict = next((json.loads(p.get("value", "null")) for p in case.iter("property")
                     if p.get("name") == "float64_judge"), None)
-    if verdict is not None and kind == "passed":
-        kind = "passed_float64_judge"
+    if verdict is not None and kind in ("passed", "skipped"):
+        kind = "passed_float64_judge" if kind == "passed" else BEYOND_RANGE
     return kind, verdict
+
+
+def out_of_memory(case: ET.Element) -> bool:
+    """A failed or errored case whose error (or the judge's note on it) is a GPU out-of-memory."""
+    kind, verdict = outcome(case)
+    if kind not in ("failed", "error"):
+        return False
+    element = case.find("failure" if kind == "failed" else "error")
+    text = "" if element is None else f"{element.get('message', '')}\n{element.text or ''}"
+    return bool(_OOM.search(text) or _OOM.search((verdict or {}).get("note", "")))
 
 
 def done_list(path: Path) -> dict[str, str | None]:
@@ -97,10 +114,11 @@ def grids_in(folder: Path) -> list[str]:
 def adopt(folder: Path, rejudge: bool) -> int:
     """Drop from every grid's done list the cases no XML records and, with `rejudge`, those whose
     outcome the judge decided or that failed."""
-    kept_n = unrecorded_n = again_n = 0
+    kept_n = unrecorded_n = again_n = oom_n = 0
     for grid in grids_in(folder):
         cases = latest_cases(folder, grid)
-        again = set()
+        again = {n for n, case in cases.items() if out_of_memory(case)}
+        oom_n += len(again)
         judged = folder / f"{grid}_judged.jsonl"
         if rejudge:
             if judged.is_file():
@@ -117,7 +135,7 @@ def adopt(folder: Path, rejudge: bool) -> int:
         path = folder / f"{grid}_done.txt"
         done = done_list(path)
         if rejudge:
-            again |= {n for n, o in done.items() if n not in cases and o in ("passed_float64_judge", "failed", "error")}
+            again |= {n for n, o in done.items() if n not in cases and o in JUDGED_OR_FAILED}
         recorded = {n for n, o in done.items() if n in cases or o is not None}
         kept = [n for n in done if n in recorded and n not in again]
         path.write_text("".join(_line(n, done[n]) for n in kept))
@@ -125,8 +143,9 @@ def adopt(folder: Path, rejudge: bool) -> int:
         unrecorded_n += len(done) - len(recorded)
         again_n += sum(1 for n in done if n in recorded and n in again)
     why = f", {again_n} the judge decided (or that failed) run again under this judge" if rejudge else ""
+    oom = f", {oom_n} that ran out of GPU memory run again" if oom_n and not rejudge else ""
     print(f"peer: continuing: {kept_n} finished cases stand, {unrecorded_n} with no recorded outcome "
-          f"run again{why}")
+          f"run again{why}{oom}")
     return 0
 
 
@@ -172,21 +191,30 @@ def summarize(folder: Path, grid: str) -> dict[str, Any]:
         if kind in ("failed", "error"):
             element = case.find("failure" if kind == "failed" else "error")
             message = (element.get("message", "") if element is not None else "")[:160]
-            failures.append(f"{label} {message}" + (" (float64 judge upheld it)" if verdict else ""))
+            why = (" (out of GPU memory beside the other shards: runs again)" if out_of_memory(case)
+                   else " (float64 judge upheld it)" if verdict else "")
+            failures.append(f"{label} {message}{why}")
     expected = _expected(folder, grid)
     ran = sum(counts.values())
     return {"expected": expected, "ran": ran, "counted_from_done_list": lost,
-            **{k: counts[k] for k in ("passed", "passed_float64_judge", "failed", "error", "skipped")},
+            **{k: counts[k] for k in OUTCOMES},
             "not_run": None if expected is None else expected - ran,
             "per_test": {t: dict(c) for t, c in sorted(per_test.items())},
             "failures": failures, "float64_judge": judged}
+
+
+def _word(tensor: dict[str, Any]) -> str:
+    if tensor.get("beyond_range"):
+        return f"BEYOND ITS DTYPE'S RANGE (exact result reaches {tensor['beyond_range']:.3g})"
+    return "ok" if tensor["ok"] else "WORSE"
 
 
 def print_summary(grid: str, s: dict[str, Any]) -> None:
     not_run = f", {s['not_run']} NOT RUN" if s["not_run"] else ""
     print(f"peer {grid}: {s['expected']} collected, {s['ran']} ran: {s['passed']} passed, "
           f"{s['passed_float64_judge']} passed only by the float64 judge, {s['failed']} failed, "
-          f"{s['error']} errors, {s['skipped']} skipped{not_run}")
+          f"{s['error']} errors, {s['skipped']} skipped, {s.get(BEYOND_RANGE, 0)} skipped by the judge as "
+          f"beyond their dtype's range{not_run}")
     if s.get("counted_from_done_list"):
         print(f"  {s['counted_from_done_list']} of them counted from the done list (their process's XML was lost)")
     for test, c in s["per_test"].items():
@@ -202,7 +230,7 @@ def print_summary(grid: str, s: dict[str, Any]) -> None:
                       f"/{statistics.median(b for _, b in draws):.2f}") if draws else ""
             print(f"    {t['tensor']} ({t['dtype']}): fastpath max_abs {f['max_abs']:.3g} rel_l2 "
                   f"{f['rel_l2']:.3g} | reference max_abs {r['max_abs']:.3g} rel_l2 "
-                  f"{r['rel_l2']:.3g} | {'ok' if t['ok'] else 'WORSE'}{median}")
+                  f"{r['rel_l2']:.3g} | {_word(t)}{median}")
         if j["note"]:
             print(f"    {j['note']}")
 

@@ -34,6 +34,12 @@ the kernel's (a biased exp, a rounding that compounds) moves the median, one dra
 A re-judged case is reported as such (JUnit property `float64_judge`, the PEER_JUDGE_LOG JSON
 lines, the terminal summary, with every draw's ratios when it was resampled), never as a plain
 upstream pass.
+
+A tensor whose float64 result does not fit its dtype (finite in float64, infinite once rounded to
+float16: mamba_inner_fn's widened grid reaches outputs near 1e9 against float16's 65,504) cannot
+be computed in that dtype by anyone: mamba_ssm's own reference gives inf and NaN there too. Such a
+case is not judged at all: it is reported as beyond the dtype's range (a skip whose reason gives
+the largest magnitude), never as a pass and never resampled.
 """
 
 from __future__ import annotations
@@ -141,6 +147,7 @@ class TensorVerdict:
     rounding: Distance  # the float64 result rounded to fastpath's dtype
     ok: bool
     draws: list[tuple[float, float]] = field(default_factory=list)  # resampled: (max_abs, rel_l2) ratios
+    beyond_range: float = 0.0  # max |float64 result| where rounding it to the dtype overflows (0: it fits)
 
 
 @dataclass
@@ -154,12 +161,34 @@ class Verdict:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def beyond_range(self) -> list[TensorVerdict]:
+        """The tensors whose exact result does not fit their dtype (module doc)."""
+        return [t for t in self.tensors if t.beyond_range]
+
+    @property
+    def unjudgeable(self) -> bool:
+        """Failed only by tensors beyond their dtype's range (module doc): no verdict. A tensor
+        that fits and is worse than the bar keeps the failure."""
+        return (not self.passed and self.complete and bool(self.beyond_range)
+                and all(t.ok or t.beyond_range for t in self.tensors))
+
+    def range_reason(self) -> str:
+        """The skip reason of an unjudgeable case."""
+        import torch
+
+        parts = [f"{t.tensor} reaches {t.beyond_range:.3g}, {t.dtype} holds {torch.finfo(getattr(torch, t.dtype)).max:.3g}"
+                 for t in self.beyond_range]
+        return ("float64 judge: the exact result is beyond its dtype's range (" + "; ".join(parts)
+                + "): no result in that dtype can match it, the same-dtype reference's neither; not judged")
+
     def lines(self) -> list[str]:
         out = []
         for t in self.tensors:
+            word = "BEYOND ITS DTYPE'S RANGE" if t.beyond_range else ("ok" if t.ok else "WORSE")
             out.append(
                 f"{t.tensor} ({t.dtype}): fastpath {_fmt(t.fastpath)}; same-dtype reference "
-                f"{_fmt(t.reference)}; rounding {_fmt(t.rounding)} -> {'ok' if t.ok else 'WORSE'}")
+                f"{_fmt(t.reference)}; rounding {_fmt(t.rounding)} -> {word}")
             if t.draws:
                 cells = ", ".join(f"{a:.2f}/{r:.2f}" for a, r in t.draws)
                 out.append(f"  {len(t.draws)} draws, ratio max_abs/rel_l2: {cells}; median "
@@ -193,6 +222,15 @@ def distance(candidate, truth) -> Distance:
     err = torch.linalg.vector_norm(diff).item()
     norm = torch.linalg.vector_norm(truth).item()
     return Distance(diff.abs().max().item(), err / norm if norm > 0 else err)
+
+
+def overflow_magnitude(truth, dtype) -> float:
+    """max |truth| over the elements that are finite in float64 but not once rounded to `dtype`
+    (0.0 when every finite element fits)."""
+    import torch
+
+    lost = torch.isfinite(truth) & ~torch.isfinite(truth.to(dtype))
+    return truth[lost].abs().max().item() if bool(lost.any()) else 0.0
 
 
 def bar_ratios(fast: Distance, ref: Distance, floor: Distance) -> tuple[float, float]:
@@ -326,8 +364,9 @@ def judge_call(judge: Judge, call: Call, grads: bool, assertion: str = "") -> Ve
             continue
         f, r = distance(fast[name], truth), distance(ref[name], truth)
         floor = distance(truth.to(fast[name].dtype), truth)
+        beyond = overflow_magnitude(truth, fast[name].dtype)
         tensors.append(TensorVerdict(name, str(fast[name].dtype).removeprefix("torch."), f, r,
-                                     floor, _within(f, r, floor)))
+                                     floor, not beyond and _within(f, r, floor), beyond_range=beyond))
     note = f"not compared (missing or another shape): {', '.join(missing)}" if missing else ""
     passed = bool(tensors) and not missing and all(t.ok for t in tensors)
     return Verdict(passed, assertion, tensors, note, complete=bool(tensors) and not missing)
@@ -387,8 +426,9 @@ def resample(verdict: Verdict, draw: Callable[[int], Verdict]) -> Verdict:
     """The verdict after RESAMPLES more draws (`draw(k)`: the case's calls on its k-th moved seed,
     judged), for a verdict that failed only by tensors beyond the bar: each of those passes when
     its median ratio over every draw is within RATIO by both metrics and no draw is non-finite.
-    Anything else about a draw (a judge error, other calls recorded) keeps the failure."""
-    if verdict.passed or not verdict.complete:
+    Anything else about a draw (a judge error, other calls recorded) keeps the failure. A verdict
+    failing only by tensors beyond their dtype's range is returned as it is: no draw can judge it."""
+    if verdict.passed or not verdict.complete or verdict.unjudgeable:
         return verdict
     names = [t.tensor for t in verdict.tensors]
     draws = [[ratios(t) for t in verdict.tensors]]

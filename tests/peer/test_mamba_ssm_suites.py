@@ -296,6 +296,41 @@ def test_judge_upholds_a_failure_when_fastpath_is_worse():
     assert not next(t for t in bad.tensors if t.tensor == "out").ok
 
 
+
+def test_a_result_beyond_its_dtypes_range_is_not_judged():
+    """float16 holds 65,504: an exact result of ~1e5 rounds to inf, so no float16 computation can
+    match it and neither side gets a verdict (unjudgeable, never resampled); a second output that
+    fits and is worse than the bar keeps the failure."""
+    torch = pytest.importorskip("torch")
+    import float64_judge as judge
+
+    def scaled(x):
+        return x * 1000.0, x * 1.0
+
+    def scaled_worse(x):
+        return x * 1000.0, x * 1.05
+
+    x = torch.linspace(-120.0, 120.0, 64).to(torch.float16)
+    call = _record(scaled, (), x=x)
+    verdict = judge.judge_call(judge.Judge(scaled, scaled), call, grads=False)
+    beyond = {t.tensor: t.beyond_range for t in verdict.tensors}
+    assert beyond["out[1]"] == 0.0 and beyond["out[0]"] == pytest.approx(120_000.0)
+    assert not verdict.passed and verdict.unjudgeable
+    assert "out[0] reaches 1.2e+05, float16 holds 6.55e+04" in verdict.range_reason()
+    assert "BEYOND ITS DTYPE'S RANGE" in verdict.lines()[0]
+
+    def no_draw(k):
+        raise AssertionError("an unjudgeable case is not drawn again")
+
+    assert judge.resample(verdict, no_draw) is verdict
+    worse = judge.judge_call(judge.Judge(scaled_worse, scaled), call, grads=False)
+    assert not worse.passed and worse.beyond_range and not worse.unjudgeable
+    fits = judge.judge_call(judge.Judge(scaled, scaled), _record(scaled, (), x=x / 100), grads=False)
+    assert fits.passed and not fits.beyond_range
+    assert judge.overflow_magnitude(torch.tensor([1e5, float("inf"), 3.0], dtype=torch.float64),
+                                    torch.float16) == 1e5  # an infinite exact result is not "beyond"
+
+
 def _scaled_error_case(seed: int, factors: dict[int, float], draw: int):
     """A recorded scan call on the inputs of `seed` and a candidate whose error from float64 is
     factors[draw] times the float32 reference's (float64 result + factor * (reference - float64)):
