@@ -31,7 +31,8 @@ call and mamba_chunk_scan_combined's prefill with initial states and varlen stat
 decode step), selective_scan (forward default + sweep configs, backward default + every SWEEP
 config, flip and reverse-scan adjoints, via mamba_inner_fn's training layout and transformers'
 prefill layout; the time-sequential forward of FASTPATH_SSCAN_FWD=seq at every
-fwd_seq.SEQ_SWEEP config), the Mamba-1 decode step, gdn_gates, sigmoid_gate, swiglu, zc_rmsnorm,
+fwd_seq.SEQ_SWEEP config and backward of FASTPATH_SSCAN_BWD=seq at every bwd_seq.BWD_SEQ_SWEEP
+config), the Mamba-1 decode step, gdn_gates, sigmoid_gate, swiglu, zc_rmsnorm,
 linear_ce (the fused LM head + cross-entropy row kernel).
 --quick keeps a representative subset per family (the CI test's): default configs, one shape
 each, of an autotuned kernel only the configs with the most pipeline stages (the most shared
@@ -79,7 +80,7 @@ from fastpath.kernels.causal_conv1d import interface as conv_if
 from fastpath.kernels.gdn_gates import interface as gates_if
 from fastpath.kernels.linear_ce import interface as lce_if
 from fastpath.kernels.selective_scan import bwd as bwd_mod
-from fastpath.kernels.selective_scan import fwd_chunked, fwd_seq
+from fastpath.kernels.selective_scan import bwd_seq, fwd_chunked, fwd_seq
 from fastpath.kernels.selective_scan import inner as scan_inner
 from fastpath.kernels.selective_scan import interface as scan_if
 from fastpath.kernels.selective_scan import update as scan_update
@@ -284,30 +285,47 @@ def sweep_scan(rec: Recorder, quick: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def sweep_seq(rec: Recorder, quick: bool) -> Iterator[None]:
-    """FASTPATH_SSCAN_FWD=seq while active; the interface's seq forward runs once per
-    fwd_seq.SEQ_SWEEP config (each launch labelled). The backward's chunk states still come
-    from the chunked kernel (covered by the default pass)."""
-    fwd = fwd_seq.selective_scan_fwd_seq_triton
-    configs = (fwd_seq.SEQ_CONFIG,) if quick else fwd_seq.SEQ_SWEEP
+def sweep_env(rec: Recorder, env: str, module, launcher: str, configs: tuple,
+              label: str) -> Iterator[None]:
+    """`env`=seq while active, and the interface's call of module.<launcher> runs once per
+    config (each launch labelled `label config`)."""
+    launch = getattr(module, launcher)
 
-    def fwd_all(*args, **kwargs):
+    def launch_all(*args, **kwargs):
         for cfg in configs:
-            rec.label = f"fwd-seq {cfg}"
-            result = fwd(*args, **{**kwargs, "config": cfg})
+            rec.label = f"{label} {cfg}"
+            result = launch(*args, **{**kwargs, "config": cfg})
         return result
 
-    saved = os.environ.get(scan_if.FWD_ENV)
-    os.environ[scan_if.FWD_ENV] = "seq"
-    fwd_seq.selective_scan_fwd_seq_triton = fwd_all
+    saved = os.environ.get(env)
+    os.environ[env] = "seq"
+    setattr(module, launcher, launch_all)
     try:
         yield
     finally:
-        fwd_seq.selective_scan_fwd_seq_triton = fwd
+        setattr(module, launcher, launch)
         if saved is None:
-            os.environ.pop(scan_if.FWD_ENV, None)
+            os.environ.pop(env, None)
         else:
-            os.environ[scan_if.FWD_ENV] = saved
+            os.environ[env] = saved
+
+
+def sweep_seq(rec: Recorder, quick: bool):
+    """FASTPATH_SSCAN_FWD=seq while active; the interface's seq forward runs once per
+    fwd_seq.SEQ_SWEEP config (each launch labelled). The backward's chunk states still come
+    from the chunked kernel (covered by the default pass)."""
+    configs = (fwd_seq.SEQ_CONFIG,) if quick else fwd_seq.SEQ_SWEEP
+    return sweep_env(rec, scan_if.FWD_ENV, fwd_seq, "selective_scan_fwd_seq_triton", configs,
+                     "fwd-seq")
+
+
+def sweep_bwd_seq(rec: Recorder, quick: bool):
+    """FASTPATH_SSCAN_BWD=seq while active; the interface's seq backward (bwd_seq.py: its three
+    kernels, both compilations of the gradient kernel across the sweep) runs once per
+    bwd_seq.BWD_SEQ_SWEEP config (each launch labelled)."""
+    configs = (bwd_seq.BWD_SEQ_CONFIG,) if quick else bwd_seq.BWD_SEQ_SWEEP
+    return sweep_env(rec, scan_if.BWD_ENV, bwd_seq, "selective_scan_bwd_seq_triton", configs,
+                     "bwd-seq")
 
 
 def scan_training(dtype: torch.dtype, seqlen: int) -> None:
@@ -341,7 +359,8 @@ def scan_prefill(dtype: torch.dtype, seqlen: int) -> None:
 
 def selective_scan(rec: Recorder, dtype: torch.dtype, seqlen: int, quick: bool) -> None:
     """The chunked forward/backward at their configs through both layouts, then the
-    time-sequential forward (FASTPATH_SSCAN_FWD=seq) at its configs."""
+    time-sequential forward (FASTPATH_SSCAN_FWD=seq) and backward (FASTPATH_SSCAN_BWD=seq, in
+    mamba_inner_fn's training call) at their configs."""
     with triton_on(scan_if), sweep_scan(rec, quick):
         with rec.prefixed("train"):
             scan_training(dtype, seqlen)
@@ -354,6 +373,9 @@ def selective_scan(rec: Recorder, dtype: torch.dtype, seqlen: int, quick: bool) 
         for name, site in sites:
             with rec.prefixed(f"seq-{name}"):
                 site(dtype, seqlen)
+    with triton_on(scan_if), sweep_scan(rec, True), sweep_bwd_seq(rec, quick):
+        with rec.prefixed("bwd-seq-train"):
+            scan_training(dtype, seqlen)
 
 
 def state_update(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:

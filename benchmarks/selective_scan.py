@@ -10,6 +10,8 @@ Peers (each skipped with its reason when it cannot run; each capped by --time-ca
 - ours-seq:    the same with FASTPATH_SSCAN_FWD=seq (the time-sequential forward,
                kernels/selective_scan/fwd_seq.py); ours-tile, ours-tile-poly likewise
                (fwd_tile.py); in fwdbwd their backward is ours' (the same kernel)
+- ours-bwd-seq: ours with FASTPATH_SSCAN_BWD=seq (the time-sequential backward,
+               kernels/selective_scan/bwd_seq.py); fwdbwd only (its forward is ours')
 - loop:        transformers' torch fallback `mamba_selective_scan` (its Python loop over L)
 - pscan:       the same function with use_mambapy=True (mambapy's pscan, when importable)
 - assoc_scan:  torch._higher_order_ops.associative_scan over (exp(dA), dB u) as transformers
@@ -18,10 +20,15 @@ Peers (each skipped with its reason when it cannot run; each capped by --time-ca
 - compile:     torch.compile of the loop fallback, in a child process killed after --time-cap
 Phases: fwd and fwdbwd (ms, median of CUDA-event timed calls after one untimed warm-up call, so
 Triton's compilation never lands in a timing row), update (the decode step at B = 64 vs
-transformers' torch step), sweep (our tile configs at the first case), seqsweep (the seq
-forward's SEQ_SWEEP configs at every case), copy (the device's copy bandwidth, measured
-first). For our forwards the JSON also has `copy_frac`: the mandatory bytes (read u, delta, B,
-C, z; write y) over our time, as a fraction of the measured copy bandwidth. The JSON is rewritten after every measurement.
+transformers' torch step), sweep (our tile configs at the first case), seqsweep (the seq forward's
+SEQ_SWEEP configs at every case), copy (the device's copy bandwidth, measured first); sweep also
+times the seq backward's BWD_SEQ_SWEEP configs (rows with "variant": "bwd-seq", bwd_ms only). Phase
+bwd (not in the default list) times the two backwards alone at every case: the chunked one (bwd.py)
+and the seq one (bwd_seq.py) at its default and every BWD_SEQ_SWEEP config, each after an untimed
+compile call, with `speedup` over the chunked one and `max_rel_diff` (the largest relative L2
+distance of a gradient to the chunked one's). For our forwards the JSON also has `copy_frac`: the
+mandatory bytes (read u, delta, B, C, z; write y) over our time, as a fraction of the measured copy
+bandwidth. The JSON is rewritten after every measurement.
 
 Forward-variant sweep (--fwd-variants chunked,seq,tile,tile-poly; phase "fwdvariants", alone
 unless --phases names others): in one process, every variant (at its default config, then with
@@ -36,8 +43,9 @@ variant's time. Total device time is capped by --budget-s (default 110 s, compil
 a row that would start past it is written as skipped), so the whole sweep stays under 120 s.
 
 usage: python benchmarks/selective_scan.py --out DIR
-           [--phases copy,fwd,fwdbwd,update,sweep,seqsweep] [--cases 1x4096,8x4096]
-           [--peers ours,ours-seq,ours-tile,ours-tile-poly,loop,pscan,assoc_scan,compile]
+           [--phases copy,fwd,fwdbwd,bwd,update,sweep,seqsweep] [--cases 1x4096,8x4096]
+           [--peers ours,ours-seq,ours-tile,ours-tile-poly,ours-bwd-seq,loop,pscan,assoc_scan,
+                    compile]
            [--time-cap 20] [--smoke]
        python benchmarks/selective_scan.py --out DIR --fwd-variants chunked,seq,tile,tile-poly
            [--fwd-configs default|sweep|VARIANT:B/T/W[/...];...] [--fwd-cases 8x4096,1x4096]
@@ -48,6 +56,7 @@ usage: python benchmarks/selective_scan.py --out DIR
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -63,16 +72,25 @@ from pathlib import Path
 import torch
 
 from fastpath.kernels.selective_scan import bwd as bwd_mod
-from fastpath.kernels.selective_scan import fwd_chunked, fwd_seq, fwd_tile
-from fastpath.kernels.selective_scan.interface import FWD_ENV, FWD_KERNELS, selective_scan_fn
+from fastpath.kernels.selective_scan import bwd_seq, fwd_chunked, fwd_seq, fwd_tile
+from fastpath.kernels.selective_scan.interface import (
+    BWD_ENV,
+    FWD_ENV,
+    FWD_KERNELS,
+    selective_scan_fn,
+)
 from fastpath.kernels.selective_scan.update import selective_state_update
 
 DIM, N = 8192, 16
 SMOKE_DIM = 16
 SMOKE_SWEEP = ((8, 8, 4, True), (16, 8, 2, False))
 SMOKE_SEQ_SWEEP = ((8, 2), (16, 4))
-PEERS = ("ours", "ours-seq", "ours-tile", "ours-tile-poly", "loop", "pscan", "assoc_scan",
-         "compile")
+SMOKE_BWD_SEQ_SWEEP = ((8, 4, 1, 2, False, False),)  # the default (smoke: T 8) is vector
+PEERS = ("ours", "ours-seq", "ours-tile", "ours-tile-poly", "ours-bwd-seq", "loop", "pscan",
+         "assoc_scan", "compile")
+# peers that are ours with an environment variable set around the whole step (the backward
+# reads FASTPATH_SSCAN_BWD when autograd calls it, after the forward has returned)
+PEER_ENV = {"ours-bwd-seq": (BWD_ENV, "seq")}
 OURS = ("ours", "ours-seq", "ours-tile", "ours-tile-poly")
 SWEEP = bwd_mod.SWEEP_CONFIGS
 
@@ -161,7 +179,7 @@ def transformers_scan() -> Callable:
 def peer_fn(name: str) -> Callable[[dict], torch.Tensor]:
     """A callable (inputs -> out) for each peer, or Skip with the reason."""
     kw = {"delta_softplus": True}
-    if name == "ours":
+    if name == "ours" or name in PEER_ENV:
         return lambda t: selective_scan_fn(**t, **kw)
     if name.startswith("ours-") and name[5:] in FWD_KERNELS:
         return lambda t: with_env(FWD_ENV, name[5:], lambda: selective_scan_fn(**t, **kw))
@@ -297,27 +315,40 @@ def measure(name: str, phase: str, batch: int, length: int, dim: int, device: to
             compile_gave_up = f"not tried: {res.get('skipped') or res.get('error')} at {batch}x{length} {phase}"
             return {**row, **res}
         return {**row, **res}
-    try:
+    if name in PEER_ENV and phase == "fwd":
+        return {**row, "skipped": "its forward is ours' (only the backward differs)"}
+    with failure_recorded(row, device):
         fn = peer_fn(name)
         t = make_inputs(batch, length, dim, device, grad=phase == "fwdbwd")
         step = fwd_bwd_fn(fn, t) if phase == "fwdbwd" else (lambda: fn(t))
+        if name in PEER_ENV:
+            step = functools.partial(with_env, *PEER_ENV[name], step)
         with torch.no_grad() if phase == "fwd" else torch.enable_grad():
             res = timed(step, device, cap)
         row.update(res)
         if name in OURS and phase == "fwd" and "ms" in res:
             row["mandatory_bytes"] = mandatory_bytes(t)
             row["gbps"] = row["mandatory_bytes"] / (row["ms"] / 1e3) / 1e9
+    return row
+
+
+@contextlib.contextmanager
+def failure_recorded(row: dict, device: torch.device) -> Iterator[None]:
+    """A measurement's failure becomes its row's result ("skipped" with a Skip's reason, else
+    "error"), not the end of the run; the allocator's cache goes back to the device either way, so
+    one peer's high-water mark never starves the next."""
+    try:
+        yield
     except Skip as exc:
         row["skipped"] = str(exc)
     except torch.OutOfMemoryError as exc:
         row["error"] = f"out of memory: {str(exc).splitlines()[0][:200]}"
-    except Exception as exc:  # a peer's failure is a result, not the end of the run
+    except Exception as exc:
         row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
         traceback.print_exc()
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return row
 
 
 def update_rows(device: torch.device, dim: int, cap: float) -> list[dict]:
@@ -346,12 +377,18 @@ def update_rows(device: torch.device, dim: int, cap: float) -> list[dict]:
     return rows
 
 
-def sweep_rows(batch: int, length: int, dim: int, device: torch.device, cap: float,
-               copy_bw: float | None, configs: tuple) -> list[dict]:
+def bwd_inputs(batch: int, length: int, dim: int, device: torch.device
+               ) -> tuple[dict, tuple, torch.Tensor]:
+    """(inputs, the backward launchers' arguments after dout and dlast_state, dout)."""
     t = make_inputs(batch, length, dim, device, grad=False)
-    B4, C4 = t["B"][:, None], t["C"][:, None]
-    args = (t["u"], t["delta"], t["A"], B4, C4, t["D"], t["z"], t["delta_bias"], True)
-    dout = torch.randn(t["u"].shape, device=device, dtype=torch.bfloat16)
+    args = (t["u"], t["delta"], t["A"], t["B"][:, None], t["C"][:, None], t["D"], t["z"],
+            t["delta_bias"], True)
+    return t, args, torch.randn(t["u"].shape, device=device, dtype=torch.bfloat16)
+
+
+def sweep_rows(batch: int, length: int, dim: int, device: torch.device, cap: float,
+               copy_bw: float | None, configs: tuple, seq_configs: tuple = ()) -> list[dict]:
+    t, args, dout = bwd_inputs(batch, length, dim, device)
     rows = []
     for cfg in configs:
         row = {"phase": "sweep", "case": f"{batch}x{length}", "dim": dim, "config": list(cfg)}
@@ -370,7 +407,58 @@ def sweep_rows(batch: int, length: int, dim: int, device: torch.device, cap: flo
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         rows.append(row)
+    for cfg in seq_configs:  # the seq backward (bwd_seq.py): its own configs, backward only
+        row = {"phase": "sweep", "case": f"{batch}x{length}", "dim": dim, "variant": "bwd-seq",
+               "config": list(cfg)}
+        try:
+            bwd = timed(functools.partial(bwd_seq.selective_scan_bwd_seq_triton, dout, None,
+                                          *args, config=cfg), device, cap)
+            row.update({"bwd_ms": bwd["ms"]} if "ms" in bwd else {"bwd_skipped": bwd["skipped"]})
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        rows.append(row)
     return rows
+
+
+def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
+def bwd_rows(batch: int, length: int, dim: int, device: torch.device, cap: float,
+             seq_configs: tuple) -> Iterator[dict]:
+    """Phase bwd: the chunked backward at its default, then the seq backward at its default and
+    each of `seq_configs`, alone (no forward), after an untimed first call (the compile, its
+    seconds recorded); each seq row with its speedup over the chunked one and the largest
+    relative L2 distance of its gradients to the chunked one's."""
+    _, args, dout = bwd_inputs(batch, length, dim, device)
+    items = [("chunked", None)] + [("seq", cfg) for cfg in
+                                   dict.fromkeys((None, *(tuple(c) for c in seq_configs)))]
+    base, base_ms = None, None
+    for kernel, cfg in items:
+        shown = cfg or (bwd_mod.default_config(bwd_mod.BWD_CONFIG) if kernel == "chunked"
+                        else bwd_seq.default_seq_config())
+        row = {"phase": "bwd", "case": f"{batch}x{length}", "dim": dim, "kernel": kernel,
+               "config": list(shown), "default": cfg is None}
+        launch = (bwd_mod.selective_scan_bwd_triton if kernel == "chunked"
+                  else bwd_seq.selective_scan_bwd_seq_triton)
+        call = functools.partial(launch, dout, None, *args, config=cfg)
+        with failure_recorded(row, device):
+            start = time.perf_counter()
+            grads = call()
+            sync(device)
+            row["compile_s"] = time.perf_counter() - start
+            if base is None:
+                base = grads
+            else:
+                row["max_rel_diff"] = max(rel_diff(a, b) for a, b in zip(grads, base, strict=True)
+                                          if a is not None)
+            del grads
+            row.update(timed(call, device, cap))
+            if kernel == "chunked":
+                base_ms = row.get("ms")
+            elif base_ms and "ms" in row:
+                row["speedup"] = base_ms / row["ms"]
+        yield row
 
 
 def seq_sweep_rows(batch: int, length: int, dim: int, device: torch.device, cap: float,
@@ -555,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="output directory (selective_scan.json)")
     ap.add_argument("--phases", default=None,
                     help="copy,fwd,fwdbwd,update,sweep,seqsweep (all) unless --fwd-variants is "
-                         "given (then fwdvariants alone)")
+                         "given (then fwdvariants alone); bwd (both backwards alone) on request")
     ap.add_argument("--cases", default="1x4096,8x4096", help="BxL list")
     ap.add_argument("--peers", default=",".join(PEERS))
     ap.add_argument("--time-cap", type=float, default=10.0, help="seconds per peer and case")
@@ -588,7 +676,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.perf_counter()
     if args.phases is None:
-        args.phases = "fwdvariants" if args.fwd_variants else "copy,fwd,fwdbwd,update,sweep,seqsweep"
+        args.phases = ("fwdvariants" if args.fwd_variants
+                       else "copy,fwd,fwdbwd,update,sweep,seqsweep")
     phases = set(args.phases.split(","))
     dim = SMOKE_DIM if args.smoke else DIM
     fwd_variants: list[str] = []
@@ -621,7 +710,8 @@ def main(argv: list[str] | None = None) -> int:
             "transformers": transformers.__version__, "python": platform.python_version(),
             "dim": dim, "N": N, "dtype": "bfloat16", "smoke": args.smoke,
             "fwd_config": list(fwd_chunked.FWD_CONFIG), "bwd_config": list(bwd_mod.BWD_CONFIG),
-            "seq_config": list(fwd_seq.SEQ_CONFIG)}
+            "seq_config": list(fwd_seq.SEQ_CONFIG),
+            "bwd_seq_config": list(bwd_seq.BWD_SEQ_CONFIG)}
     rec = Recorder(out_dir, meta)
     start = time.perf_counter()
     if "fwdvariants" in phases:
@@ -650,14 +740,20 @@ def main(argv: list[str] | None = None) -> int:
                 if copy_bw and "gbps" in row:
                     row["copy_frac"] = row["gbps"] * 1e9 / copy_bw
                 rec.add(row)
+    if "bwd" in phases:
+        seq_configs = SMOKE_BWD_SEQ_SWEEP if args.smoke else bwd_seq.BWD_SEQ_SWEEP
+        for batch, length in cases:
+            for row in bwd_rows(batch, length, dim, device, min(args.time_cap, 4.0), seq_configs):
+                rec.add(row)
     if "update" in phases:
         for row in update_rows(device, dim, args.time_cap):
             rec.add(row)
     if "sweep" in phases:
         batch, length = cases[0]
         configs = SMOKE_SWEEP if args.smoke else SWEEP
+        seq_configs = SMOKE_BWD_SEQ_SWEEP if args.smoke else bwd_seq.BWD_SEQ_SWEEP
         for row in sweep_rows(batch, length, dim, device, min(args.time_cap, 4.0), copy_bw,
-                              configs):
+                              configs, seq_configs):
             rec.add(row)
     if "seqsweep" in phases:
         configs = SMOKE_SEQ_SWEEP if args.smoke else fwd_seq.SEQ_SWEEP

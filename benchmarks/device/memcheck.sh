@@ -19,6 +19,8 @@
 #   sscan   selective_scan/test_selective_scan_gpu.py without the 1x8192x4096 / 2x5120x1024 /
 #           8x1024x4096 cases (the float64 step-loop reference at those lengths alone outlasts the
 #           limit), the swept tile configs cut to config0 (tl.flip adjoint) and config7 (reverse scan)
+#   sscanseq selective_scan/test_selective_scan_bwd_seq.py, the opt-in time-walking backward: its
+#           tests at tiny shapes compiled on CUDA (not the every-config test at L = 1134)
 #   glue    gdn_gates/test_gates_gpu.py (not the 4-layer 27B routing test)
 #   norm    zc_rmsnorm/test_zc_rmsnorm.py and swiglu/test_swiglu.py, their GPU tests (the
 #           zero-centred RMSNorm at 27B row widths, the SwiGLU product at 27B's MLP width)
@@ -61,7 +63,7 @@ mkdir -p "$out"
 root=$PWD
 limit=${MEMCHECK_TIMEOUT:-300}
 examples=${MEMCHECK_EXAMPLES:-4}
-groups=${MEMCHECK_GROUPS:-conv,ssd,sscan,glue,norm,lce,stats,decode,graphs}
+groups=${MEMCHECK_GROUPS:-conv,ssd,sscan,sscanseq,glue,norm,lce,stats,decode,graphs}
 exclude=${MEMCHECK_EXCLUDE-'^_Z|at::native|at6native|c10::|cublas|cutlass|gemm|gemv|nvjet|xmma|cudnn|splitKreduce'}
 t0=$(date +%s)
 at() { echo "$(( $(date +%s) - t0 )) s"; }
@@ -131,6 +133,8 @@ files[ssd]="$kt/ssd/test_ssd_gpu.py $kt/ssd/test_ssd_update.py $kt/ssd/test_mamb
 kexpr[ssd]="not agrees_with_mamba_ssm"
 files[sscan]="$kt/selective_scan/test_selective_scan_gpu.py"
 kexpr[sscan]="not falcon_and_mamba_shapes and not forward_only_long_batch and not (every_swept_config and not (config0 or config7))"
+files[sscanseq]="$kt/selective_scan/test_selective_scan_bwd_seq.py"
+kexpr[sscanseq]="not gpu_every_sweep_config"
 files[glue]="$kt/gdn_gates/test_gates_gpu.py"
 kexpr[glue]="not 27b_layers"
 files[decode]="tests/proof/test_decode_graphs.py"

@@ -134,9 +134,11 @@ part_tests() {
   group capture -m gpu tests/capture/test_capture_writes.py tests/capture/test_capture.py $k/state_stats/test_state_stats.py
   group sscan -m gpu $k/selective_scan/test_selective_scan_gpu.py $k/selective_scan/test_mamba1_gpu.py \
     $k/selective_scan/test_mamba_inner.py $k/selective_scan/test_selective_scan_update.py \
-    $k/selective_scan/test_selective_scan_seq.py $k/selective_scan/test_selective_scan_fwd_variants.py
+    $k/selective_scan/test_selective_scan_seq.py $k/selective_scan/test_selective_scan_fwd_variants.py \
+    $k/selective_scan/test_selective_scan_bwd_seq.py
   group layouts $k/selective_scan/test_selective_scan_layouts.py \
-    $k/selective_scan/test_selective_scan_long_state.py  # every test, compiled on CUDA
+    $k/selective_scan/test_selective_scan_long_state.py \
+    $k/selective_scan/test_selective_scan_bwd_seq.py  # every test, compiled on CUDA
   group glue -m gpu $k/gdn_gates/test_gates_gpu.py $r/test_liger_compose.py
   group norm -m gpu $k/zc_rmsnorm/test_zc_rmsnorm.py $k/swiglu/test_swiglu.py
   group lce -m gpu $k/linear_ce/test_linear_ce.py $r/test_lm_head_route.py

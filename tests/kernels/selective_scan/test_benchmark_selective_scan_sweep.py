@@ -62,6 +62,33 @@ def test_sweep_rows_diffs_and_best(bench, tmp_path, capsys):
     assert "max_abs_diff_out" in capsys.readouterr().out  # printed as the rows come
 
 
+def test_seq_backward_beside_the_chunked_one(bench, tmp_path):
+    """The seq backward (bwd_seq.py) timed in the same run as the chunked one: the ours-bwd-seq
+    peer in fwdbwd (FASTPATH_SSCAN_BWD=seq around the whole step, so autograd's call takes it)
+    and phase bwd (both backwards alone, the seq one at its default and smoke configs, with its
+    distance to the chunked one's gradients)."""
+    from fastpath.kernels.counters import CALLS
+
+    CALLS.clear()
+    rc = bench.main(["--out", str(tmp_path), "--smoke", "--phases", "fwdbwd,bwd",
+                     "--peers", "ours-bwd-seq"])
+    assert rc == 0
+    rows = results(tmp_path)["results"]
+    peer = [r for r in rows if r["phase"] == "fwdbwd"]
+    assert [r["peer"] for r in peer] == ["ours-bwd-seq"] * 2 and all(r["ms"] > 0 for r in peer)
+    assert CALLS["ss_bwd:triton-seq"] > 0 and CALLS["ss_bwd:triton"] == 0, dict(CALLS)
+    bwd = [r for r in rows if r["phase"] == "bwd"]
+    seq_configs = [list(c) for c in bench.SMOKE_BWD_SEQ_SWEEP]
+    for case in ("1x12", "2x12"):
+        got = [r for r in bwd if r["case"] == case]
+        assert [r["kernel"] for r in got] == ["chunked"] + ["seq"] * (1 + len(seq_configs))
+        assert [r["config"] for r in got[2:]] == seq_configs and got[1]["default"]
+        for r in got:
+            assert "error" not in r and r["ms"] > 0, r
+        for r in got[1:]:
+            assert r["max_rel_diff"] < 1e-5 and r["speedup"] > 0, r
+
+
 def test_budget_cuts_rows_but_writes_them(bench, tmp_path):
     rc = bench.main(["--out", str(tmp_path), "--smoke", "--fwd-variants", "tile",
                      "--fwd-layouts", "tf", "--budget-s", "0"])

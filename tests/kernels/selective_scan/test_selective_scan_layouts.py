@@ -36,6 +36,21 @@ pytestmark = pytest.mark.skipif(
 TOL = {torch.float32: 1e-4, torch.float16: 6e-3, torch.bfloat16: 3e-2}
 KEEP32 = ("A", "D", "delta_bias")  # float32 in every dtype, as mamba_ssm's test and transformers
 LAYOUTS = ("invariant", "shared", "grouped")
+# hypothesis strategies of one scan case (make's arguments, a dtype, six option bits, a seed):
+# this file's sweep and the other backwards' draw from the same space
+CASES = dict(
+    batch=st.integers(1, 2),
+    per_group=st.integers(1, 3),
+    nstate=st.integers(1, 9),
+    length=st.integers(1, 20),
+    b_layout=st.sampled_from(LAYOUTS),
+    c_layout=st.sampled_from(LAYOUTS),
+    b_groups=st.sampled_from([1, 2]),
+    c_groups=st.sampled_from([1, 2]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    flags=st.integers(0, 63),
+    seed=st.integers(0, 2**16),
+)
 
 
 # where the float64 value is exactly zero (dA at L = 1: no state precedes the only step) a
@@ -254,19 +269,7 @@ def test_transposed_views_of_every_layout(dtype):
 
 # ---------------------------------------------------------------- every option, every layout
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
-@given(
-    batch=st.integers(1, 2),
-    per_group=st.integers(1, 3),
-    nstate=st.integers(1, 9),
-    length=st.integers(1, 20),
-    b_layout=st.sampled_from(LAYOUTS),
-    c_layout=st.sampled_from(LAYOUTS),
-    b_groups=st.sampled_from([1, 2]),
-    c_groups=st.sampled_from([1, 2]),
-    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
-    flags=st.integers(0, 63),
-    seed=st.integers(0, 2**16),
-)
+@given(**CASES)
 # the GPU's shrunk failure before ZERO_ATOL: dA exactly 0 in float64, ~1e-8 from the kernel
 @example(batch=1, per_group=1, nstate=1, length=1, b_layout="invariant", c_layout="invariant",
          b_groups=1, c_groups=1, dtype=torch.float32, flags=0, seed=0)

@@ -14,6 +14,8 @@ and defines autograd:
       asked
 - selective_scan_bwd(dout, dlast_state, [u, delta, A, B, C, D, z, delta_bias], delta_softplus)
       -> [du, ddelta, dA, dB, dC, dD, dz, ddelta_bias]   (empty tensors for absent inputs)
+Kernels: FASTPATH_SSCAN_FWD picks the forward (fwd_kernel), FASTPATH_SSCAN_BWD the backward
+(bwd_kernel: "chunked", bwd.py, the default, or "seq", bwd_seq.py), read at every call.
 Semantics and the float64 spec: naive.py. Unlike mamba_ssm, a gradient flowing into last_state
 is honoured. What the kernels do not take (complex A, N > MAX_DSTATE, float64, no Triton device)
 runs the reference, with a warning naming the reason (dispatch.warn_fallback).
@@ -37,6 +39,10 @@ FWD_ENV = "FASTPATH_SSCAN_FWD"
 FWD_COUNTERS = {"chunked": "ss_fwd:triton", "seq": "ss_fwd:triton-seq",
                 "tile": "ss_fwd:triton-tile", "tile-poly": "ss_fwd:triton-tile-poly"}
 FWD_KERNELS = tuple(FWD_COUNTERS)
+BWD_ENV = "FASTPATH_SSCAN_BWD"
+# FASTPATH_SSCAN_BWD's values -> the call counter each one bumps
+BWD_COUNTERS = {"chunked": "ss_bwd:triton", "seq": "ss_bwd:triton-seq"}
+BWD_KERNELS = tuple(BWD_COUNTERS)
 MAX_DSTATE = 64  # the kernels hold (chunk, channels, N) fp32 tiles in registers
 KERNELS_READY = True
 
@@ -114,6 +120,29 @@ def fwd_launcher(kernel: str):
     return selective_scan_fwd_triton
 
 
+def bwd_kernel() -> str:
+    """The backward kernel FASTPATH_SSCAN_BWD picks, read at every call: "chunked" (default,
+    bwd.py: chunk states recomputed by the chunked forward, associative scans per chunk) or
+    "seq" (bwd_seq.py: time walked step by step, chunks in parallel, a sequential combine),
+    opt-in until its GPU numbers are in. Anything else is a UsageError."""
+    value = os.environ.get(BWD_ENV, "").strip().lower() or "chunked"
+    if value not in BWD_KERNELS:
+        raise UsageError(f"{BWD_ENV}={value!r}: expected one of {', '.join(BWD_KERNELS)}")
+    return value
+
+
+def bwd_launcher(kernel: str):
+    """The Triton backward launcher of a BWD_KERNELS name, with the contract of
+    bwd.selective_scan_bwd_triton."""
+    if kernel == "seq":
+        from fastpath.kernels.selective_scan.bwd_seq import selective_scan_bwd_seq_triton
+
+        return selective_scan_bwd_seq_triton
+    from fastpath.kernels.selective_scan.bwd import selective_scan_bwd_triton
+
+    return selective_scan_bwd_triton
+
+
 def _state_dtype(u: Tensor) -> torch.dtype:
     return torch.float64 if u.dtype == torch.float64 else torch.float32
 
@@ -185,11 +214,10 @@ def selective_scan_bwd(
     """Gradients of (u, delta, A, B, C, D, z, delta_bias), one each, in that order."""
     u, delta, A, B, C, D, z, delta_bias = inputs
     if _use_triton("scan bwd", u, A, delta, B, C, D, z, delta_bias, dout, dlast_state):
-        from fastpath.kernels.selective_scan.bwd import selective_scan_bwd_triton
-
-        CALLS["ss_bwd:triton"] += 1
-        grads = selective_scan_bwd_triton(dout, dlast_state, u, delta, A, B, C, D, z, delta_bias,
-                                          delta_softplus)
+        kernel = bwd_kernel()
+        CALLS[BWD_COUNTERS[kernel]] += 1
+        grads = bwd_launcher(kernel)(dout, dlast_state, u, delta, A, B, C, D, z, delta_bias,
+                                     delta_softplus)
     else:
         CALLS["ss_bwd:reference"] += 1
         grads = _reference_bwd(dout, dlast_state, inputs, delta_softplus)
