@@ -86,6 +86,9 @@ def main(args: argparse.Namespace) -> int:
 
     env = {name: os.environ[name] for name in RESUME_ENV if name in os.environ}  # before fastpath sets any
     require("capture")  # before any work: one line naming the pip install, exit 2
+    from fastpath.routing.routes import check_switches
+
+    check_switches()  # a bad FASTPATH_* value: one line, exit 2, before the model is built
     from fastpath.capture.options import CaptureOptions, check_options
     from fastpath.capture.run import run_capture
 

@@ -148,6 +148,9 @@ def main(args: argparse.Namespace) -> int:
     from fastpath.shared.extras import require, requirement_error
 
     require("bench")  # before any work: torch and transformers
+    from fastpath.routing.routes import check_switches
+
+    check_switches()  # a bad FASTPATH_* value stops here, not in each worker
     no_chart = requirement_error("chart")  # matplotlib: only the PNG depends on it
     from fastpath.models.dtypes import resolve_device, resolve_dtype
     from fastpath.shared.output_files import check_out_dir, free_dir

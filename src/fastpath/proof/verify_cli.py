@@ -50,6 +50,9 @@ def main(args: argparse.Namespace) -> int:
     from fastpath.shared.extras import require
 
     require("verify")  # the command's one check: verify_model, below, assumes it
+    from fastpath.routing.routes import check_switches
+
+    check_switches()  # a bad FASTPATH_* value stops here, not after the reference side has run
     from dataclasses import replace
 
     from rich.console import Console

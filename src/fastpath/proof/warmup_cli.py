@@ -124,6 +124,9 @@ def main(args: argparse.Namespace) -> int:
     from fastpath.shared.extras import require
 
     require("verify")  # torch and transformers: one install line, before torch is imported
+    from fastpath.routing.routes import check_switches
+
+    check_switches()  # a bad FASTPATH_* value: one line, before any compile
     refuse_here(settings.device)
     if settings.save_decisions and Path(settings.save_decisions).is_file():
         _check_mergeable(Path(settings.save_decisions))

@@ -239,6 +239,16 @@ def shipped_file(capability: tuple[int, int] | None) -> Path | None:
     return path if path.is_file() else None
 
 
+def check_setting() -> None:
+    """FASTPATH_AUTOTUNE_DECISIONS checked without applying it: unset, "off" or a readable
+    decisions file (UsageError, one line, otherwise)."""
+    import os
+
+    setting = os.environ.get(ENV, "").strip()
+    if setting and setting.lower() != "off":
+        load(setting)
+
+
 def seed_for_process(capability: tuple[int, int] | None) -> SeedReport | None:
     """What a process applies at start (enable()): the file FASTPATH_AUTOTUNE_DECISIONS names,
     else the shipped one for this capability; nothing with FASTPATH_AUTOTUNE_DECISIONS=off.

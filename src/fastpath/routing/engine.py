@@ -33,6 +33,7 @@ from fastpath.routing.routes import (
     EnableRequest,
     Session,
     build_hooks,
+    check_switches,
     route,
     route_of_op,
 )
@@ -166,6 +167,7 @@ def enable(
         raise UsageError(f"mamba_ssm must be one of {mamba_common.MODES}, got {mamba_ssm!r}")
     if lift_device_gate and not triton_interpreter_on():
         raise UsageError("lift_device_gate=True is a testing option and needs TRITON_INTERPRET=1")
+    check_switches()  # every FASTPATH_* value, before anything is changed
     request = EnableRequest(causal_conv1d_fn, causal_conv1d_update, gated_delta_rule, mamba_ssm, glue,
                             lift_device_gate, hub_route.route_mode(hub_kernels), lm_loss)
     with _LOCK:

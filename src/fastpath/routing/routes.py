@@ -11,8 +11,10 @@ hub-kernel module: the <=5.14 lazy loader's cache), `patch` (each modeling modul
 imported; in table order, so the Hub-kernel wrappers are seen through first and the conv route,
 which recomputes the <=5.14 gates from every kernel global, comes after the routes that set them),
 `patch_built` (<=5.14 layers that copied globals at __init__), `after_undo` (disable() only, after
-the registry's undo) and `explain_layer` / `explain_model` (explain()'s rows for one module / the
-whole model, besides the transformers hooks explain() reads itself).
+the registry's undo), `explain_layer` / `explain_model` (explain()'s rows for one module / the
+whole model, besides the transformers hooks explain() reads itself) and `switches` (readers of
+the FASTPATH_* variables the route and the kernels it routes to obey, each raising UsageError on
+a bad value: check_switches() runs them all before any work).
 
 enable() / disable() / suspended() in routing/engine.py, explain() in routing/explain.py
 and EnableReport.summary() loop over this table; nothing else names a route.
@@ -27,10 +29,12 @@ from types import ModuleType
 from typing import Any
 
 from fastpath.kernels.dispatch import cuda_capability, triton_interpreter_on
+from fastpath.kernels.selective_scan import interface as sscan_kernels
 from fastpath.routing import (
     autotune_decisions,
     conv_route,
     fla_route,
+    fla_selfcheck,
     gates_route,
     lm_head_route,
     modeling_patch,
@@ -123,6 +127,7 @@ class Route:
     after_undo: Callable[[Any, Session], None] | None = None
     explain_layer: Callable[[Any, str], list[Row]] | None = None
     explain_model: Callable[[Any], list[dict[str, Any]]] | None = None
+    switches: tuple[Callable[[], object], ...] = ()
 
 
 # ---------------------------------------------------------------- transformers 5.25's Hub wrappers
@@ -413,45 +418,49 @@ def _active(module: ModuleType) -> Callable[[Any, Session], None]:
 # ---------------------------------------------------------------- the table
 ROUTES: tuple[Route, ...] = (
     Route("hub_kernels", (), _hub_detect, report=_hub_report, summary=_hub_summary,
-          enter=_hub_enter, leave=_hub_leave, patch=_hub_patch),
+          enter=_hub_enter, leave=_hub_leave, patch=_hub_patch, switches=(hub_route.route_mode,)),
     Route("mamba_ssd", ssd_route.MAMBA_OPS, lambda s: ssd_route.detect_mamba(s.request.mamba_ssm),
           report=_mamba_report("mamba_ssd", "Mamba-2 SSD ops"),
           summary=lambda r: [f"Mamba-2 SSD ops -> {r.mamba_ssd}"], seed=_mamba2_seed, patch=_mamba2_patch),
     Route("mamba1_scan", selective_scan_route.MAMBA1_OPS, lambda s: selective_scan_route.detect_mamba1(s.request.mamba_ssm),
           report=_mamba_report("mamba1_scan", "Mamba-1 selective scan ops"),
-          summary=lambda r: [f"Mamba-1 scan ops -> {r.mamba1_scan}"], seed=_mamba1_seed, patch=_mamba1_patch),
+          summary=lambda r: [f"Mamba-1 scan ops -> {r.mamba1_scan}"], seed=_mamba1_seed, patch=_mamba1_patch,
+          switches=(sscan_kernels.fwd_kernel, sscan_kernels.bwd_kernel)),
     Route("gated_delta_rule", ("chunk_gated_delta_rule", "recurrent_gated_delta_rule"), _gdn_detect,
-          report=_gdn_report, summary=_gdn_summary, enter=_gdn_enter, leave=_gdn_leave, patch=_gdn_patch),
+          report=_gdn_report, summary=_gdn_summary, enter=_gdn_enter, leave=_gdn_leave, patch=_gdn_patch,
+          switches=(fla_selfcheck.route_mode,)),
     Route("kda", tuple(fla_route.KDA_GLOBALS), lambda s: s.decisions["gated_delta_rule"],
           report=_kda_report, summary=lambda r: [f"Kimi-Linear KDA -> {r.kda} ({r.kda_reason})"],
           patch=_kda_patch),
     Route("gated_norm", (norm_route.OP,), _norm_detect, report=_report_into("gated_norm", "gated_norm_reason"),
           summary=lambda r: [f"gated RMSNorm -> {r.gated_norm} ({r.gated_norm_reason})"],
-          install=_norm_install, patch=_norm_patch, explain_layer=_norm_rows),
+          install=_norm_install, patch=_norm_patch, explain_layer=_norm_rows, switches=(norm_route.route_mode,)),
     # after the routes that set kernel globals: it recomputes the <=5.14 gates from all of them
     Route("causal_conv1d", ("causal_conv1d_fn", "causal_conv1d_update"), _conv_detect, report=_conv_report,
           summary=lambda r: [f"causal_conv1d -> {r.conv_impl}"], install=_conv_install, seed=_conv_seed,
           patch=_conv_patch, patch_built=_conv_patch_built, after_undo=_conv_after_undo),
     Route("glue", (gates_route.OP_GATES, gates_route.OP_OUTPUT_GATE), lambda s: gates_route.detect_glue(s.request.glue),
           report=_report_into("glue", "glue_reason"), install=_active(gates_route),
-          patch=_patch_noting(gates_route.patch_module), explain_layer=_glue_rows),
+          patch=_patch_noting(gates_route.patch_module), explain_layer=_glue_rows,
+          switches=(gates_route.route_mode,)),
     Route("zc_norm", (zc_norm_route.OP,), lambda s: zc_norm_route.detect_zc_norm(),
           report=_report_into("zc_norm", "zc_norm_reason"),
           summary=lambda r: [f"zero-centred RMSNorm -> {r.zc_norm} ({r.zc_norm_reason})"],
           install=_active(zc_norm_route), patch=_patch_noting(zc_norm_route.patch_module),
-          explain_layer=_class_rows(zc_norm_route)),
+          explain_layer=_class_rows(zc_norm_route), switches=(zc_norm_route.route_mode,)),
     Route("swiglu", (swiglu_route.OP,), lambda s: swiglu_route.detect_swiglu(),
           report=_report_into("swiglu", "swiglu_reason"),
           summary=lambda r: [f"gated MLP silu(gate) * up -> {r.swiglu} ({r.swiglu_reason})"],
           install=_active(swiglu_route), patch=_patch_noting(swiglu_route.patch_module),
-          explain_layer=_class_rows(swiglu_route)),
+          explain_layer=_class_rows(swiglu_route), switches=(swiglu_route.route_mode,)),
     # after the routes that may patch the same modules: it replaces the causal-LM classes' forward
     Route("lm_head_loss", (lm_head_route.OP,), lambda s: lm_head_route.detect_lm_head(s.request.lm_loss),
           report=_report_into("lm_loss", "lm_loss_reason"),
           summary=lambda r: [f"LM head + loss -> {r.lm_loss} ({r.lm_loss_reason})"],
           install=_active(lm_head_route), patch=_patch_noting(lm_head_route.patch_module),
-          explain_model=lm_head_route.explain_rows),
-    Route("autotune_decisions", (), lambda s: AutotuneSeed(), enter=_seed_enter, leave=_seed_leave),
+          explain_model=lm_head_route.explain_rows, switches=(lm_head_route.route_mode,)),
+    Route("autotune_decisions", (), lambda s: AutotuneSeed(), enter=_seed_enter, leave=_seed_leave,
+          switches=(autotune_decisions.check_setting,)),
 )
 
 #: the order enable()'s summary lists the routes in
@@ -473,20 +482,14 @@ def route_of_op(op: str) -> str | None:
 
 
 def check_switches() -> None:
-    """Every FASTPATH_* switch enable() and the kernels read, validated now (UsageError, one line):
-    `fastpath run` calls it before it starts the program, whose processes enable() only later, at
-    their first import of transformers, where a bad value could not stop anything."""
-    import os
-
-    from fastpath.kernels.selective_scan.interface import fwd_kernel
-    from fastpath.routing import fla_selfcheck
-
-    for read in (gates_route.route_mode, norm_route.route_mode, zc_norm_route.route_mode, swiglu_route.route_mode,
-                 lm_head_route.route_mode, fla_selfcheck.route_mode, hub_route.route_mode, fwd_kernel):
-        read()
-    decisions = os.environ.get(autotune_decisions.ENV, "").strip()
-    if decisions and decisions.lower() != "off":
-        autotune_decisions.load(decisions)
+    """Every FASTPATH_* switch enable() and the kernels read (the table's `switches`), validated
+    now (UsageError, one line). enable() calls it before it changes anything; verify, bench,
+    capture and warmup before any work (a kernel's switch is otherwise read at its first call,
+    after the reference side has run); `fastpath run` before it starts the program, whose
+    processes enable() only later, at their first import of transformers."""
+    for r in ROUTES:
+        for read in r.switches:
+            read()
 
 
 def build_hooks(s: Session) -> modeling_patch.Routes:
