@@ -10,6 +10,7 @@ CPU, Triton interpreter (scripts/test.sh sets TRITON_INTERPRET=1), a 2-layer mod
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,16 +23,20 @@ from tiny_configs import QWEN35_2L as TINY_QWEN35
 import fastpath
 from fastpath.causal_conv1d import causal_conv1d_fn as real_causal_conv1d_fn
 from fastpath.kernels.dispatch import triton_interpreter_on
+from fastpath.models.compare import TOLERANCES
 from fastpath.proof.run_paths import verify_model
 
 pytestmark = pytest.mark.skipif(not triton_interpreter_on(), reason="needs TRITON_INTERPRET=1 (kernels on CPU)")
 
-# Seed 6 of this model: dt_bias's gradient differs by 2.6e-3 between the paths (limit 1e-3), its
-# rounding noise 6e-3. Both paths take transformers' own loss here (FASTPATH_LM_LOSS=off): the
+# Seed 6 of this model: dt_bias's gradient differs between the paths by about the fp32 limit (1e-3):
+# 2.6e-3 on one CPU, 9.9e-4 on another (the BLAS's summation order), its rounding noise 6e-3. The
+# first test lowers the gradient limit to GRAD_LIMIT so that the difference is beyond it on every
+# machine and the noise judge must settle it. Both paths take transformers' own loss here (FASTPATH_LM_LOSS=off): the
 # difference is then the conv / gated-delta numerics alone. With the fused LM-head loss on the fast
 # path the difference depends on that op's rounding too (1.7e-3 before its log-sum-exp was kept
 # as m + log s, below 1e-3 after), which is not what this test is about.
 ILL_CONDITIONED_SEED = 6
+GRAD_LIMIT = 1e-4
 
 
 @pytest.fixture(autouse=True)
@@ -59,17 +64,18 @@ def conv_backward_one_percent_off(x, weight, bias=None, seq_idx=None, initial_st
     return (y, state) if isinstance(out, tuple) else y
 
 
-def test_an_ill_conditioned_gradient_passes_against_the_references_own_rounding_noise(tiny):
+def test_an_ill_conditioned_gradient_passes_against_the_references_own_rounding_noise(tiny, monkeypatch):
+    monkeypatch.setitem(TOLERANCES, "fp32", replace(TOLERANCES["fp32"], grad_rel=GRAD_LIMIT))
     result = verify_model(tiny, dtype="fp32", seq_len=32, batch=2, backward=True, decode_tokens=0,
                           seed=ILL_CONDITIONED_SEED)
     # the same function (no problem); whether every op ran a fast kernel is the verdict's business
     assert not result.problems, result.problems
     judged = {g.name: g for g in result.grads or [] if g.noise is not None}
-    assert "model.layers.0.linear_attn.dt_bias" in judged  # beyond 1e-3, so its noise was measured
+    assert "model.layers.0.linear_attn.dt_bias" in judged  # beyond the limit: its noise was measured
     dt_bias = judged["model.layers.0.linear_attn.dt_bias"]
-    assert dt_bias.rel > 1e-3 and dt_bias.noise > 1e-4
+    assert dt_bias.rel > GRAD_LIMIT and dt_bias.noise > dt_bias.rel
     # every other gradient kept the plain limit
-    assert all(g.rel <= 1e-3 for g in result.grads or [] if g.noise is None)
+    assert all(g.rel <= GRAD_LIMIT for g in result.grads or [] if g.noise is None)
 
 
 def test_a_backward_that_is_one_percent_off_still_fails(tiny):
