@@ -80,6 +80,7 @@ def test_the_doctor_works_on_the_bare_install(bare_venv):
 
 @pytest.mark.parametrize(("argv", "pip"), [
     (("fastpath", "verify", "lfm2-1.2b"), KERNELS),
+    (("fastpath", "warmup", "qwen3.5-27b"), KERNELS),
     (("fastpath", "bench", "lfm2-1.2b"), BENCH),
     (("fastpath", "capture", "lfm2-1.2b", "data.jsonl", "--out", "o"), CAPTURE),
     (("fastpath", "run", "--", "python", "-c", "pass"), KERNELS),
@@ -90,6 +91,8 @@ def test_the_doctor_works_on_the_bare_install(bare_venv):
 def test_every_feature_needing_an_extra_names_the_pip_command(bare_venv, argv, pip):
     line = _one_line_exit_2(_run(bare_venv, *argv), pip)
     assert "torch" in line
+    if argv[0] == "fastpath":  # the command the user typed, not another one, is named
+        assert line.startswith(f"fastpath {argv[1]}: error: fastpath {argv[1]} needs "), line
 
 
 def test_disable_without_torch_is_a_no_op(bare_venv):

@@ -123,7 +123,7 @@ def main(args: argparse.Namespace) -> int:
         raise NothingToCompile(INTERPRETER)
     from fastpath.shared.extras import require
 
-    require("verify")  # torch and transformers: one install line, before torch is imported
+    require("warmup")  # torch and transformers: one install line, before torch is imported
     from fastpath.routing.routes import check_switches
 
     check_switches()  # a bad FASTPATH_* value: one line, before any compile

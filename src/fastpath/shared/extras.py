@@ -24,6 +24,7 @@ FEATURES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "run": ("fastpath run", "kernels", ("torch",)),
     "explain": ("fastpath.explain()", "kernels", ("torch",)),
     "verify": ("fastpath verify", "kernels", ("torch", "transformers")),
+    "warmup": ("fastpath warmup", "kernels", ("torch", "transformers")),
     "bench": ("fastpath bench", "bench", ("torch", "transformers")),
     "chart": ("bench's chart", "bench", ("matplotlib",)),
     "capture": ("fastpath capture", "capture", ("torch", "transformers", "safetensors")),
