@@ -151,7 +151,8 @@ def _peer_sh(tmp_path: Path, out: str, **env: str) -> subprocess.CompletedProces
 
 def test_peer_sh_continues_a_state_by_its_key(tmp_path):
     """A first call, a resumed one (nothing left to run), a seed whose judge part differs (the
-    judged and failed cases run again) and one whose cases part differs (everything runs again)."""
+    judged and failed cases run again) and one whose cases part differs: the same sources under
+    another scan switch (everything runs again)."""
     first = _peer_sh(tmp_path, "one")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     key = (tmp_path / "one" / "peer" / "state_key.txt").read_text().split()
@@ -170,6 +171,8 @@ def test_peer_sh_continues_a_state_by_its_key(tmp_path):
     rejudged = _peer_sh(tmp_path, "three", PEER_SEED=str(seed))
     assert "3 finished cases stand, 0 with no recorded outcome run again, 1 the judge decided" in rejudged.stdout, \
         rejudged.stdout
-    (seed / "state_key.txt").write_text("cases=another judge=another\n")
-    fresh = _peer_sh(tmp_path, "four", PEER_SEED=str(seed))
+    # the same sources under another backward (a scan switch) are other cases: every case runs again
+    (seed / "state_key.txt").write_text(" ".join(key) + "\n")
+    fresh = _peer_sh(tmp_path, "four", PEER_SEED=str(seed), FASTPATH_SSCAN_BWD="seq")
     assert "NOT continuing" in fresh.stdout and "0 done before" in fresh.stdout, fresh.stdout
+    assert (tmp_path / "four" / "peer" / "state_key.txt").read_text().split()[0] != key[0]

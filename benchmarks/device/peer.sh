@@ -26,7 +26,8 @@
 # The state's key has two parts. cases=: a sha256 over what decides a case's outcome (kernels/
 # selective_scan, kernels/ssd, kernels/causal_conv1d, the kernels/*.py they share, the
 # causal_conv1d face, tests/peer but for the judge's two files and test_mamba_ssm_suites.py, which
-# holds only the harness's own CPU tests, the upstream commit); judge=: over
+# holds only the harness's own CPU tests, the upstream commit, the FASTPATH_SSCAN_* switches set);
+# judge=: over
 # tests/peer/float64_judge.py and conftest.py (the judge and the harness plumbing: shards, the done
 # list, the judge hook), which decide no outcome of a case whose upstream assertions passed.
 # A seed or resumed state is taken whole when both match; when only judge= differs, every case
@@ -73,8 +74,10 @@ peer_sources() {  # the files whose hash keys the state; $1 = cases (all but the
       ! -name test_mamba_ssm_suites.py
     ls src/fastpath/kernels/*.py; } | LC_ALL=C sort
 }
-cases_key=$(peer_sources cases | xargs sha256sum | { cat; cat "$MAMBA_PEER_TESTS/UPSTREAM" 2>/dev/null; } \
-            | sha256sum | cut -c1-16)
+# the scan's kernel switches decide outcomes too (FASTPATH_SSCAN_BWD=seq runs another backward);
+# with none set the key is the sources' alone
+cases_key=$(peer_sources cases | xargs sha256sum | { cat; cat "$MAMBA_PEER_TESTS/UPSTREAM" 2>/dev/null
+            env | grep '^FASTPATH_SSCAN_' | LC_ALL=C sort; } | sha256sum | cut -c1-16)
 judge_key=$(peer_sources judge | xargs sha256sum | sha256sum | cut -c1-16)
 key="cases=$cases_key judge=$judge_key"
 echo "peer: sources key $key"
