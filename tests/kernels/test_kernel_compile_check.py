@@ -3,8 +3,8 @@ selective scan, the decode updates, GatedDeltaNet gates, sigmoid gate, zero-cent
 compiles for sm_90, sm_100 and sm_120 with the installed Triton's bundled ptxas, 0 failures, and the
 rows carry ptxas's numbers (the script's point is catching GPU-compiler refusals, and Blackwell's
 smaller shared memory, without a GPU). CI runs --quick (default configs, one shape per family,
-bf16), under the Triton installed here and under today's stack's (the venv of
-scripts/setup_default_stack.sh); the full sweep is the benchmark (BENCHMARKS.md). Runs in a
+bf16), under the Triton installed here (every arch) and under today's stack's (the venv of
+scripts/setup_default_stack.sh; sm_120); the full sweep is the benchmark (BENCHMARKS.md). Runs in a
 subprocess: the script clears TRITON_INTERPRET for itself."""
 
 from __future__ import annotations
@@ -44,19 +44,26 @@ def _stack_python(stack: str) -> tuple[str, str]:
     return str(python), probe.stdout.strip()
 
 
+# the installed Triton compiles for every arch; today's stack for the seed's Blackwell card (sm_120),
+# the arch whose ptxas and shared-memory limit differ most from the others (and half the CI time)
+STACK_ARCHS = {"installed": ARCHS, "today": (120,)}
+
+
 @pytest.mark.parametrize("stack", ["installed", "today"])
 def test_every_kernel_family_compiles_for_hopper_and_blackwell(tmp_path: Path, stack: str) -> None:
     python, version = _stack_python(stack)
+    archs = STACK_ARCHS[stack]
     out = tmp_path / "rows.json"
     env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.run([python, str(SCRIPT), "--quick", "--dtype", "bf16", "--jobs", "2",
-                           "--out", str(out)], capture_output=True, text=True, env=env, timeout=1200)
+                           "--arch", *map(str, archs), "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     data = json.loads(out.read_text())
-    assert data["archs"] == list(ARCHS) and data["triton"] == version
+    assert data["archs"] == list(archs) and data["triton"] == version
     rows = data["rows"]
     assert not [r for r in rows if "error" in r]
-    for arch in ARCHS:
+    for arch in archs:
         mine = [r for r in rows if r["arch"] == arch]
         assert {r["family"] for r in mine} == FAMILIES, arch
         assert data["summary"][str(arch)]["failed"] == 0

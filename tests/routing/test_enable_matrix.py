@@ -197,6 +197,11 @@ DEFAULT_STACK_OPS = {
 }
 
 
+# ops whose Triton kernels this worker turns off (slow under the interpreter), per family
+SCAN_OPS = {"falcon_mamba": {"selective_scan_fn", "selective_state_update"},
+            "nemotron_h": {"mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined"}}
+
+
 def test_default_stack_is_todays_resolution_with_hub_wrappers() -> None:
     """The leg runs what `pip install ".[kernels]"` resolves now: transformers >= 5.25 with the
     `kernels` it requires (its ops behind Hub-kernel wrappers), plus fla-core."""
@@ -224,9 +229,9 @@ def test_default_stack_routes_every_op() -> None:
                 assert not r["impl"].startswith(("hub kernel", "torch fallback")), (model_type, r)
                 if r["op"].endswith("gated_delta_rule"):
                     assert "FLA routed for CUDA" in r["impl"], (model_type, r)
-                elif r["op"] in ("selective_scan_fn", "selective_state_update") and model_type == "falcon_mamba":
-                    # this worker turns the Triton Mamba-1 scan off (slow under the interpreter):
-                    # routed to fastpath's reference; test_mamba1_matrix runs the kernels
+                elif r["op"] in SCAN_OPS.get(model_type, ()):
+                    # routed to fastpath's reference: test_mamba_matrix / test_mamba1_matrix run
+                    # these kernels
                     assert r["fast"] or r["impl"].startswith("fastpath (torch reference"), (model_type, r)
                 else:
                     assert r["fast"], (model_type, r)

@@ -448,11 +448,14 @@ def main() -> int:
                   **mamba_main(interp, args.gen_tokens, [f for f in args.families.split(",") if f])}
         json.dump(result, sys.stdout)
         return 0
-    # the Mamba-1 families' scans run their float reference here: tests/routing/test_mamba1_matrix.py
-    # (--mamba1) checks them, and their Triton scans under the CPU interpreter cost minutes
+    # the Mamba families' scans run their float reference here (routed through fastpath all the
+    # same): tests/routing/test_mamba_matrix.py (--mamba) and test_mamba1_matrix.py (--mamba1) run
+    # their Triton kernels, which under the CPU interpreter cost minutes per version
     from fastpath.kernels.selective_scan import interface as scan_interface
+    from fastpath.kernels.ssd import interface as ssd_interface
 
     scan_interface.KERNELS_READY = False
+    ssd_interface.KERNELS_READY = False
     wanted = [f for f in (args.families.split(",") if args.families else FAMILIES) if f]
     result: dict[str, Any] = {
         "transformers": transformers.__version__,
