@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from repo_paths import ROOT, VENVS, venv_missing
+from repo_paths import ROOT, venv_missing, venv_python
 
 triton = pytest.importorskip("triton")
 
@@ -35,7 +35,7 @@ def _stack_python(stack: str) -> tuple[str, str]:
         if not PTXAS.exists():
             pytest.skip("this Triton wheel has no bundled ptxas")
         return sys.executable, triton.__version__
-    python = VENVS / "tf-default" / "bin" / "python"
+    python = venv_python("default")
     if not python.exists():
         pytest.skip(venv_missing("default"))
     probe = subprocess.run([str(python), "-c", "import triton; print(triton.__version__)"],

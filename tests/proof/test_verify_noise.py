@@ -31,10 +31,11 @@ pytestmark = pytest.mark.skipif(not triton_interpreter_on(), reason="needs TRITO
 # Seed 6 of this model: dt_bias's gradient differs between the paths by about the fp32 limit (1e-3):
 # 2.6e-3 on one CPU, 9.9e-4 on another (the BLAS's summation order), its rounding noise 6e-3. The
 # first test lowers the gradient limit to GRAD_LIMIT so that the difference is beyond it on every
-# machine and the noise judge must settle it. Both paths take transformers' own loss here (FASTPATH_LM_LOSS=off): the
-# difference is then the conv / gated-delta numerics alone. With the fused LM-head loss on the fast
-# path the difference depends on that op's rounding too (1.7e-3 before its log-sum-exp was kept
-# as m + log s, below 1e-3 after), which is not what this test is about.
+# machine and the noise judge must settle it. Both paths take transformers' own loss here
+# (FASTPATH_LM_LOSS=off): the difference is then the conv / gated-delta numerics alone. With the
+# fused LM-head loss on the fast path the difference depends on that op's rounding too (1.7e-3
+# before its log-sum-exp was kept as m + log s, below 1e-3 after), which is not what this test is
+# about.
 ILL_CONDITIONED_SEED = 6
 GRAD_LIMIT = 1e-4
 

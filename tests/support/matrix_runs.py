@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from repo_paths import ROOT, SUPPORT, VENVS, venv_missing
+from repo_paths import venv_python as venv_exe
 
 WORKER = SUPPORT / "matrix_worker.py"
 VERSIONS = ["4.57.6", "5.12.1", "5.17.0", "5.23.0", "5.25.0", "default"]
@@ -36,7 +37,7 @@ def python_for(version: str) -> str | None:
 
 
 def venv_python(version: str) -> str | None:
-    exe = VENVS / f"tf-{version}" / "bin" / "python"
+    exe = venv_exe(version)
     return str(exe) if exe.exists() else None
 
 

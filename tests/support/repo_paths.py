@@ -33,6 +33,11 @@ def fla_path() -> str | None:
     return "" if importlib.util.find_spec("fla") is not None else None
 
 
+def venv_python(version: str) -> Path:
+    """The interpreter of `.venvs/tf-<version>` (it may not exist: see venv_missing)."""
+    return VENVS / f"tf-{version}" / "bin" / "python"
+
+
 def venv_missing(version: str) -> str:
     """The skip reason of a test whose `.venvs/tf-<version>` is absent: the reason its setup script
     left in `.venvs/tf-<version>.unbuilt` (scripts/setup_default_stack.sh on a short disk), else
