@@ -14,9 +14,41 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
+
 SUPPORT = str(Path(__file__).resolve().parent / "support")
 if SUPPORT not in sys.path:
     sys.path.insert(0, SUPPORT)
 
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# Seconds each heavy test file takes on 2 cores (about: the sum of its tests in a full run's
+# --durations report, 2 workers, less the cuts measured since; only the order matters). `--dist loadfile` hands files to the workers in collection order,
+# so a heavy file collected late leaves one worker running it alone while the other sits idle:
+# heavy ones first, longest first, keep both workers busy to the end. Files not named keep their
+# collection order after these.
+HEAVY_FILES = {
+    "tests/routing/test_enable_matrix.py": 600,
+    "tests/kernels/test_kernel_compile_check.py": 200,
+    "tests/routing/test_norm_route.py": 240,
+    "tests/routing/test_liger_compose.py": 230,
+    "tests/capture/test_capture.py": 220,
+    "tests/routing/test_mamba_matrix.py": 170,
+    "tests/routing/test_hub_wrappers_script.py": 160,
+    "tests/kernels/selective_scan/test_benchmark_selective_scan_sweep.py": 100,
+    "tests/proof/test_first_contact_findings.py": 75,
+    "tests/proof/test_cold_start.py": 74,
+    "tests/proof/test_model_profile.py": 58,
+    "tests/routing/test_mamba1_matrix.py": 51,
+    "tests/capture/test_capture_speed.py": 50,
+}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                   items: list[pytest.Item]) -> None:
+    """Heavy files first, longest first; a stable sort, so each file's items stay together and in
+    order, and every xdist worker computes the same order."""
+    items.sort(key=lambda item: -HEAVY_FILES.get(item.nodeid.split("::", 1)[0], 0))
