@@ -27,10 +27,12 @@ done
 export TRITON_INTERPRET=1
 "$PY" -m ruff check --no-cache src tests benchmarks
 # Two workers, one test file each at a time (a file's module fixtures, such as the fleet's sshd
-# run, are built once); FASTPATH_TEST_WORKERS=0 runs everything in this process.
+# run, are built once); FASTPATH_TEST_WORKERS=0 runs everything in this process. Files go out in
+# collection order (tests/conftest.py puts the heavy ones first), not in xdist's default order
+# (most tests first), which left the long-running files of few tests to the end.
 WORKERS=${FASTPATH_TEST_WORKERS:-2}
 if [ "$WORKERS" = 0 ]; then
   "$PY" -m pytest -q "$@"
 else
-  "$PY" -m pytest -q -n "$WORKERS" --dist loadfile "$@"
+  "$PY" -m pytest -q -n "$WORKERS" --dist loadfile --no-loadscope-reorder "$@"
 fi

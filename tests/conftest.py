@@ -25,10 +25,11 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 # Seconds each heavy test file takes on 2 cores (about: the sum of its tests in a full run's
-# --durations report, 2 workers, less the cuts measured since; only the order matters). `--dist loadfile` hands files to the workers in collection order,
-# so a heavy file collected late leaves one worker running it alone while the other sits idle:
-# heavy ones first, longest first, keep both workers busy to the end. Files not named keep their
-# collection order after these.
+# --durations report, 2 workers, less the cuts measured since; only the order matters).
+# scripts/test.sh runs `--dist loadfile --no-loadscope-reorder`: files go to the two workers in
+# collection order. A heavy file collected late (xdist's default order puts files with many tests
+# first, and these have few) leaves one worker running it alone while the other sits idle: heavy
+# ones first, longest first, keep both workers busy to the end. Other files keep their order.
 HEAVY_FILES = {
     "tests/routing/test_enable_matrix.py": 600,
     "tests/kernels/test_kernel_compile_check.py": 200,
