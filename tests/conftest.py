@@ -32,10 +32,10 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # ones first, longest first, keep both workers busy to the end. Other files keep their order.
 HEAVY_FILES = {
     "tests/routing/test_enable_matrix.py": 600,
-    "tests/kernels/test_kernel_compile_check.py": 200,
     "tests/routing/test_norm_route.py": 240,
     "tests/routing/test_liger_compose.py": 230,
     "tests/capture/test_capture.py": 220,
+    "tests/kernels/test_kernel_compile_check.py": 200,
     "tests/routing/test_mamba_matrix.py": 170,
     "tests/routing/test_hub_wrappers_script.py": 160,
     "tests/kernels/selective_scan/test_benchmark_selective_scan_sweep.py": 100,

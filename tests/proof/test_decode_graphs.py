@@ -16,7 +16,7 @@ import sys
 
 import pytest
 import torch
-from repo_paths import ROOT, VENVS, venv_missing
+from repo_paths import ROOT, venv_missing, venv_python
 from tiny_configs import QWEN35_4L as TINY_QWEN35  # the tiny Qwen3.5 hybrid the model tests build
 
 from fastpath.models import greedy
@@ -88,7 +88,7 @@ def test_old_transformers_static_cache_is_refused_with_the_reason(tmp_path):
     """transformers 4.57.6 builds a StaticCache for Qwen3-Next, but with key/value layers where the
     GatedDeltaNet layers need conv/recurrent state: the phase is skipped with that reason (before
     the missing GPU), and an eager step on that cache really fails there."""
-    python = VENVS / "tf-4.57.6" / "bin" / "python"
+    python = venv_python("4.57.6")
     if not python.exists():
         pytest.skip(venv_missing("4.57.6"))
     config = tmp_path / "qwen3_next.json"

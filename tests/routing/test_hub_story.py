@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from repo_paths import ROOT, SUPPORT, VENVS
+from repo_paths import ROOT, SUPPORT, venv_python
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-KERNELS_PY = VENVS / "tf-5.25.0-kernels" / "bin" / "python"
+KERNELS_PY = venv_python("5.25.0-kernels")
 CASES = {  # name -> (interpreter, USE_HUB_KERNELS or None)
     "5.25-kernels-unset": (KERNELS_PY, None),
     "5.25-kernels-0": (KERNELS_PY, "0"),

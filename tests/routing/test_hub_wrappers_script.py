@@ -11,9 +11,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from repo_paths import BENCHMARKS, ROOT, VENVS, venv_missing
+from repo_paths import BENCHMARKS, ROOT, venv_missing, venv_python
 
-KERNELS_PY = VENVS / "tf-5.25.0-kernels" / "bin" / "python"
+KERNELS_PY = venv_python("5.25.0-kernels")
 SCRIPT = BENCHMARKS / "hub_wrappers_gpu.py"
 FAMILIES = ("qwen3_5_text", "qwen3_next", "nemotron_h", "falcon_mamba")
 

@@ -25,7 +25,7 @@ from functools import cache
 from typing import Any
 
 import pytest
-from repo_paths import ROOT, SUPPORT, VENVS, venv_missing
+from repo_paths import ROOT, SUPPORT, VENVS, venv_missing, venv_python
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -63,7 +63,7 @@ def _python(where: str) -> str | None:
         import transformers
 
         return sys.executable if transformers.__version__ == "5.17.0" else None
-    exe = VENVS / f"tf-{where}" / "bin" / "python"
+    exe = venv_python(where)
     return str(exe) if exe.exists() else None
 
 

@@ -31,7 +31,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from repo_paths import ROOT, SUPPORT, VENVS, fla_path, venv_missing  # noqa: E402
+from repo_paths import ROOT, SUPPORT, fla_path, venv_missing, venv_python  # noqa: E402
 
 import fastpath  # noqa: E402
 from fastpath.routing import norm_route  # noqa: E402
@@ -267,7 +267,7 @@ MATRIX = ["4.57.6", "5.12.1", "5.23.0", "5.25.0"]  # 5.17.0 is this interpreter'
 def test_route_across_transformers_versions(version: str) -> None:
     """<=5.14 builds FLA's own FusedRMSNormGated only on a CUDA machine; elsewhere, and from 5.15
     always, the eager class is what runs, and the route takes it (fp32, forward + backward)."""
-    python = VENVS / f"tf-{version}" / "bin" / "python"
+    python = venv_python(version)
     if not python.exists():
         pytest.skip(venv_missing(version))
     results = _run_worker("matrix", python=str(python))

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from repo_paths import ROOT, SUPPORT, VENVS, venv_missing  # noqa: E402
+from repo_paths import ROOT, SUPPORT, venv_missing, venv_python  # noqa: E402
 
 import fastpath  # noqa: E402
 from fastpath.routing import zc_norm_route  # noqa: E402
@@ -166,7 +166,7 @@ _KERNELIZE = textwrap.dedent("""
 
 @pytest.mark.skipif(not INTERP, reason="runs the fused kernels: needs TRITON_INTERPRET=1")
 def test_route_survives_kernelize_on_transformers_525_with_kernels() -> None:
-    python = VENVS / "tf-default" / "bin" / "python"
+    python = venv_python("default")
     if not python.exists():
         pytest.skip(venv_missing("default"))
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(SUPPORT)]),
