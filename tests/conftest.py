@@ -1,5 +1,6 @@
-"""Puts tests/support (the shared workers, fakes and paths) on sys.path for every test folder, and
-gives the run Python's own Ctrl-C handling back when it was started with SIGINT ignored.
+"""Puts tests/support (the shared workers, fakes and paths) on sys.path for every test folder,
+gives the run Python's own Ctrl-C handling back when it was started with SIGINT ignored, and spares
+the Triton interpreter a listing it repeats on every call (tests/support/interpreter_speed.py).
 
 Why the second: a shell starts a background job (`cmd &`, nohup, some CI runners) with SIGINT
 ignored, and Python then keeps it ignored, in pytest and in every child it starts. The tests that
@@ -22,6 +23,9 @@ if SUPPORT not in sys.path:
 
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# the Triton interpreter's per-call listing of tl's builtins, done once (tests/support/interpreter_speed.py)
+__import__("interpreter_speed").install()
 
 
 # Seconds each heavy test file takes on 2 cores (about: the sum of its tests in a full run's

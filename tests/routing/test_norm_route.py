@@ -525,6 +525,7 @@ def _worker_verify(dtype: str, device: str) -> dict:
 def _worker(mode: str) -> None:
     import warnings
 
+    __import__("interpreter_speed").install()  # tests/support is on this worker's PYTHONPATH
     warnings.filterwarnings("ignore")
     try:
         if not mode.startswith("verify"):  # verify must find fla unimported (see _worker_verify)

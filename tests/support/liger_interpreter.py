@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from interpreter_speed import builtins_listed_once
+
 
 def float_args_as_fp32() -> bool:
     """Wrap float kernel arguments as fp32 scalars in the interpreter; False when it already does."""
@@ -123,4 +125,6 @@ def install() -> list[str]:
         changed.append("triton interpreter: xor_sum reduced by NumPy")
     if first_config_only():
         changed.append("liger_kernel.ops.fused_moe autotuned kernels: first config only")
+    if builtins_listed_once():
+        changed.append("triton interpreter: tl's builtins listed once (interpreter_speed)")
     return changed

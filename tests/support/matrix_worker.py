@@ -424,6 +424,9 @@ def main() -> int:
                     help="run the SSD chunk scan on its float reference (its Triton kernels are slow under "
                          "the CPU interpreter; one version runs them, the others check the routing)")
     args = ap.parse_args()
+    import interpreter_speed  # this script's folder, tests/support, is first on sys.path
+
+    interpreter_speed.install()
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 

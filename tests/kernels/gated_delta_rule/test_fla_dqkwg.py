@@ -681,6 +681,7 @@ def _worker_selfcheck() -> dict:
 def _worker(mode: str) -> None:
     import warnings
 
+    __import__("interpreter_speed").install()  # tests/support is on this worker's PYTHONPATH
     warnings.filterwarnings("ignore")
     try:
         import fla.ops.common.chunk_o
