@@ -20,6 +20,8 @@ stop liger-kernel 0.8.5's RMSNorm, SwiGLU and fused MoE kernels there, or slow t
     a call: 70 % of the Liger compose test's MoE job (measured with cProfile).
     `xor_reduce_in_numpy` gives `xor_sum`'s combine (`tl.standard._xor_combine`) a NumPy path,
     `np.bitwise_xor.reduce`: the same integers in any order, as xor is associative and commutative.
+  * `install` also lists tl's builtins once for the interpreter (interpreter_speed.py, as every
+    test process does): speed only.
 The fused linear cross-entropy kernels run without any of these. The kernels' arithmetic is Liger's,
 unchanged; the tests check the results against transformers' float modules.
 """
