@@ -12,6 +12,13 @@ those still bound to the original builtin: what `inspect.getmembers` + `is_built
 a member already mapped (by an enclosing call) is a plain lambda, not a builtin. The mapping itself
 (`_patch_attr`, the patch scope and its restore) is the interpreter's own, unchanged; so are the
 kernels' arithmetic and results (tests/test_interpreter_speed.py compares them).
+
+`ReduceOps.apply_impl` has NumPy paths for sum / min / max / argmin / argmax only; any other combine
+function falls back to `generic_reduce`, a Python loop over every element. `tl.sort`'s bitonic
+network reduces with `xor_sum` many times a call (Liger's MoE router sorts: tests/support/
+liger_interpreter.py installs it). `xor_reduce_in_numpy` gives `xor_sum`'s combine
+(`tl.standard._xor_combine`) one `np.bitwise_xor.reduce`: the same integers in any order, as xor
+is associative and commutative.
 """
 
 from __future__ import annotations
@@ -52,6 +59,31 @@ def builtins_listed_once() -> bool:
 
     setattr(patch_builtin, MARK, True)
     interpreter._patch_builtin = patch_builtin
+    return True
+
+
+def xor_reduce_in_numpy() -> bool:
+    """`xor_sum` in one NumPy reduction instead of the interpreter's per-element loop; False
+    when already installed or when this Triton has no `_xor_combine` / `ReduceOps`."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    ops = getattr(interpreter, "ReduceOps", None)
+    combine = getattr(tl.standard, "_xor_combine", None)
+    if ops is None or combine is None or getattr(ops.apply_impl, MARK, False):
+        return False
+    original = ops.apply_impl
+
+    def apply_impl(self: Any, input: Any) -> Any:
+        if self.combine_fn is not combine or len(input) != 1:
+            return original(self, input)
+        data = input[0].handle.data
+        out = np.bitwise_xor.reduce(data, axis=self.axis, keepdims=self.keep_dims)
+        return self.to_tensor(out, input[0].dtype)
+
+    setattr(apply_impl, MARK, True)
+    ops.apply_impl = apply_impl
     return True
 
 

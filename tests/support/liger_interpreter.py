@@ -14,14 +14,10 @@ stop liger-kernel 0.8.5's RMSNorm, SwiGLU and fused MoE kernels there, or slow t
   * an autotuned kernel (liger's fused MoE experts, ops/fused_moe.py) asks the active driver for a
     benchmarker, which the interpreter has not ("0 active drivers"): `first_config_only` keeps
     each such kernel's first config, as fastpath's own interpreter runs do (norm_route).
-  * `ReduceOps.apply_impl` has NumPy paths for sum / min / max / argmin / argmax only; any other
-    combine function falls back to `generic_reduce`, a Python loop over every element. Liger's
-    MoE router sorts with `tl.sort`, whose bitonic network reduces with `xor_sum` hundreds of times
-    a call: 70 % of the Liger compose test's MoE job (measured with cProfile).
-    `xor_reduce_in_numpy` gives `xor_sum`'s combine (`tl.standard._xor_combine`) a NumPy path,
-    `np.bitwise_xor.reduce`: the same integers in any order, as xor is associative and commutative.
-  * `install` also lists tl's builtins once for the interpreter (interpreter_speed.py, as every
-    test process does): speed only.
+  * Liger's MoE router sorts with `tl.sort`, whose bitonic network reduces with `xor_sum` hundreds of
+    times a call, element by element in the interpreter (70 % of the Liger compose test's MoE job,
+    measured with cProfile): `install` adds interpreter_speed.py's NumPy path for it, and that
+    module's once-only listing of tl's builtins (both speed only).
 The fused linear cross-entropy kernels run without any of these. The kernels' arithmetic is Liger's,
 unchanged; the tests check the results against transformers' float modules.
 """
@@ -30,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from interpreter_speed import builtins_listed_once
+from interpreter_speed import builtins_listed_once, xor_reduce_in_numpy
 
 
 def float_args_as_fp32() -> bool:
@@ -67,31 +63,6 @@ def libdevice_rsqrt_at_call_time() -> bool:
         return tl.math.rsqrt(x)
 
     rms_norm.rsqrt = rsqrt
-    return True
-
-
-def xor_reduce_in_numpy() -> bool:
-    """`xor_sum` in one NumPy reduction instead of the interpreter's per-element loop; False
-    when already installed or when this Triton has no `_xor_combine` / `ReduceOps`."""
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    ops = getattr(interpreter, "ReduceOps", None)
-    combine = getattr(tl.standard, "_xor_combine", None)
-    if ops is None or combine is None or getattr(ops.apply_impl, "__liger_test__", False):
-        return False
-    original = ops.apply_impl
-
-    def apply_impl(self: Any, input: Any) -> Any:
-        if self.combine_fn is not combine or len(input) != 1:
-            return original(self, input)
-        data = input[0].handle.data
-        out = np.bitwise_xor.reduce(data, axis=self.axis, keepdims=self.keep_dims)
-        return self.to_tensor(out, input[0].dtype)
-
-    apply_impl.__liger_test__ = True  # type: ignore[attr-defined]
-    ops.apply_impl = apply_impl
     return True
 
 
