@@ -144,7 +144,9 @@ def module_scopes(model: Any) -> Iterator[None]:
     exit), so a profile can name the module each op ran in. Not on the LM head: a hook there makes
     fastpath's fused-loss route keep transformers' own loss (a hooked lm_head may be an offload or
     a wrapper), so the profile would time a step the benchmark does not run; its GEMMs count under
-    the model's scope."""
+    the model's scope. Not on plain nn.Linear modules either, for the same reason: a hooked
+    projection keeps fastpath's linear group off it (kernels/linear_group); their GEMMs count
+    under the enclosing module's scope."""
     import torch
 
     handles = []
@@ -161,7 +163,7 @@ def module_scopes(model: Any) -> Iterator[None]:
             stack.pop().__exit__(None, None, None)
 
     for mod in model.modules():
-        if mod is head:
+        if mod is head or type(mod) is torch.nn.Linear:
             continue
         handles.append(mod.register_forward_pre_hook(pre))
         handles.append(mod.register_forward_hook(post))

@@ -98,6 +98,8 @@ def test_tiny_model_matches_the_reference_path_and_disable_restores() -> None:
     loss, grads = _step(model, ids)
     for op in ("gdn_gates_fwd", "gdn_gates_bwd", "sigmoid_gate_fwd", "sigmoid_gate_bwd"):
         assert CALLS[f"{op}:triton"] == 1, dict(CALLS)
+    # the GatedDeltaNet's 4 projections, the attention's 3 and each layer's MLP gate/up pair
+    assert CALLS["linear_group:shared"] == 4, dict(CALLS)
     torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-5)
     for name, grad in want_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)

@@ -1,9 +1,10 @@
 """Compiler-free kernels (Triton), one subpackage per op, each with its float reference beside it.
 
-Ops (10): causal_conv1d (the engine of the `fastpath.causal_conv1d` face), ssd (Mamba-2),
+Ops (11): causal_conv1d (the engine of the `fastpath.causal_conv1d` face), ssd (Mamba-2),
 selective_scan (Mamba-1), gated_delta_rule (a PyTorch dqkwg for FLA's #640), gdn_gates,
 sigmoid_gate, swiglu (the gated MLP's silu(gate) * up), zc_rmsnorm, linear_ce, state_stats
-(capture's one-pass health facts of a hidden state; no gradient).
+(capture's one-pass health facts of a hidden state; no gradient), linear_group (projections of
+one input whose input gradient accumulates in the GEMMs; torch GEMMs, no Triton).
 
 One naming rule in every op folder, so a module's name says which pass it computes:
 - interface.py: the op's entry points, what routing and the public faces import (torch custom ops

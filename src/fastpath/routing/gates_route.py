@@ -7,8 +7,12 @@ Liger's RMSNorm / SwiGLU / fused cross-entropy, these are the eager pieces left 
   kernel each way in ``fastpath.kernels.gdn_gates``;
 * gated attention's output gate: ``attn_output * sigmoid(gate)`` with ``gate`` first copied out
   of the q_proj output: a copy and two kernels forward, three backward in transformers; one kernel
-  each way reading the strided gate in place in ``fastpath.kernels.sigmoid_gate``.
-Both live inline in the layers' ``forward`` (transformers models/qwen3_5/modeling_qwen3_5.py,
+  each way reading the strided gate in place in ``fastpath.kernels.sigmoid_gate``;
+* the projections of one hidden state (GatedDeltaNet's in_proj_qkv / _z / _b / _a, attention's
+  q / k / v): autograd adds their input gradients with one kernel per extra projection;
+  ``fastpath.kernels.linear_group`` sums them inside the GEMMs (plain un-hooked ``nn.Linear``
+  only, else each module is called as usual).
+All live inline in the layers' ``forward`` (transformers models/qwen3_5/modeling_qwen3_5.py,
 ``Qwen3_5GatedDeltaNet.forward`` and ``Qwen3_5Attention.forward``), so the smallest function that
 carries them is the forward itself: enable() replaces the class's ``forward`` with fastpath's
 (recorded in the PatchRegistry, undone exactly by disable()). Every other step calls what the
@@ -136,6 +140,7 @@ def make_gdn_forward(original: Callable[..., Any], module: ModuleType, *, force:
     import torch
 
     from fastpath.kernels.gdn_gates.interface import gdn_gates
+    from fastpath.kernels.linear_group.interface import linears_of_one_input
 
     interpreter = triton_interpreter_on()
     source = _source(original)
@@ -155,10 +160,9 @@ def make_gdn_forward(original: Callable[..., Any], module: ModuleType, *, force:
         kwargs.pop("cache", None)  # 5.25's name for the cache: None here, and a named parameter there
         hidden_states = module.apply_mask_to_padding_states(hidden_states, attention_mask)
         batch, seq_len, _ = hidden_states.shape
-        mixed_qkv = self.in_proj_qkv(hidden_states).transpose(1, 2)
-        z = self.in_proj_z(hidden_states)
-        b = self.in_proj_b(hidden_states)
-        a = self.in_proj_a(hidden_states)
+        mixed_qkv, z, b, a = linears_of_one_input(
+            hidden_states, (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a))
+        mixed_qkv = mixed_qkv.transpose(1, 2)
         if conv_helper:
             mixed_qkv = module.causal_conv1d_forward(self.conv1d, mixed_qkv, None, self.layer_idx,
                                                      activation=self.activation, **kwargs)
@@ -194,6 +198,7 @@ def make_attention_forward(original: Callable[..., Any], module: ModuleType, *,
     """The routed gated-attention forward: the original's steps with the output gate fused."""
     import torch
 
+    from fastpath.kernels.linear_group.interface import linears_of_one_input
     from fastpath.kernels.sigmoid_gate.interface import sigmoid_gate
 
     interpreter = triton_interpreter_on()
@@ -209,10 +214,11 @@ def make_attention_forward(original: Callable[..., Any], module: ModuleType, *,
             return original(self, hidden_states, position_embeddings, attention_mask, **kwargs)
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
-        query, gate = torch.chunk(self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim * 2), 2, dim=-1)
+        q_gate, key, value = linears_of_one_input(hidden_states, (self.q_proj, self.k_proj, self.v_proj))
+        query, gate = torch.chunk(q_gate.view(*input_shape, -1, self.head_dim * 2), 2, dim=-1)
         query = self.q_norm(query.reshape(hidden_shape)).transpose(1, 2)
-        key = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
-        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        key = self.k_norm(key.view(hidden_shape)).transpose(1, 2)
+        value = value.view(hidden_shape).transpose(1, 2)
         cos, sin = position_embeddings
         query, key = module.apply_rotary_pos_emb(query, key, cos, sin)
         interface = module.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,

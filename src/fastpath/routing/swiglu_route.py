@@ -7,7 +7,9 @@ transformers' ``Qwen3_5MLP``, ``Qwen3_5MoeMLP``, ``Qwen3NextMLP`` (also the MoE'
 a multiply forward (keeping silu's output for backward) and a multiply-backward plus a silu-backward:
 five passes over (tokens, intermediate) activations per layer, ~4.4 ms of an 8-layer Qwen3.5-27B
 training step on an H100 (benchmarks/model_profile.py). ``fastpath.kernels.swiglu`` does one
-pass each way, keeps only the two projections for backward and rounds once from float32.
+pass each way, keeps only the two projections for backward and rounds once from float32. The two
+projections of x go through ``fastpath.kernels.linear_group`` (x's gradient summed inside the
+GEMMs, not by an add kernel; plain un-hooked ``nn.Linear`` only, else each is called as usual).
 
 Candidates: the ``*MLP`` classes defined in a modeling module enable() patches whose forward body
 is that one expression (read from its source: ``return`` of it, or one assignment then its
@@ -130,6 +132,7 @@ def _takes(gate: Any, up: Any) -> bool:
 def make_forward(original: Callable[..., Any]) -> Callable[..., Any]:
     """The routed `forward(x)`: down_proj(silu_mul(gate_proj(x), up_proj(x))) while enabled, where
     act_fn is SiLU and the kernels take the tensors; else `original`."""
+    from fastpath.kernels.linear_group.interface import linears_of_one_input
     from fastpath.kernels.swiglu.interface import silu_mul
 
     def forward(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
@@ -137,7 +140,7 @@ def make_forward(original: Callable[..., Any]) -> Callable[..., Any]:
         if (args or kwargs or active is None or not active.route or not route_modes.runs_kernels_here(x)
                 or not is_silu(getattr(self, "act_fn", None))):
             return original(self, x, *args, **kwargs)
-        gate, up = self.gate_proj(x), self.up_proj(x)
+        gate, up = linears_of_one_input(x, (self.gate_proj, self.up_proj))
         product = silu_mul(gate, up) if _takes(gate, up) else self.act_fn(gate) * up
         return self.down_proj(product)
 
