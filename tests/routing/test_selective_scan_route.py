@@ -19,12 +19,12 @@ import torch
 import fastpath
 from fastpath.kernels import dispatch
 from fastpath.kernels.counters import CALLS, reset
-from fastpath.kernels.selective_scan.interface import BWD_COUNTERS, bwd_kernel
 from fastpath.routing import selective_scan_route, ssd_route
 
 transformers = pytest.importorskip("transformers")
 MAMBA = "transformers.models.mamba.modeling_mamba"
 FALCON = "transformers.models.falcon_mamba.modeling_falcon_mamba"
+from kernel_checks import sscan_bwd_counter  # noqa: E402
 from matrix_worker import build_mamba1, train_step  # noqa: E402
 
 interp = pytest.mark.skipif(not dispatch.triton_interpreter_on(), reason="needs TRITON_INTERPRET=1")
@@ -234,7 +234,7 @@ def test_mamba_runs_fastpaths_triton_kernels_and_the_fused_training_op() -> None
     finally:
         hook.remove()
     assert not seen, "training did not take the fused mamba_inner_fn (x_proj ran as a module)"
-    assert CALLS[BWD_COUNTERS[bwd_kernel()]] >= 1, dict(CALLS)  # the backward FASTPATH_SSCAN_BWD picks
+    assert CALLS[sscan_bwd_counter()] >= 1, dict(CALLS)
     assert abs(loss - ref_loss) < 1e-4
     for name, g in ref_grads.items():
         torch.testing.assert_close(grads[name], g, atol=1e-4, rtol=1e-3)

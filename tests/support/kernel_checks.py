@@ -15,6 +15,14 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got - ref).norm() / ref.norm().clamp_min(1e-12)).item()
 
 
+def sscan_bwd_counter(impl: str = "triton") -> str:
+    """The CALLS key a Mamba-1 scan backward bumps: the Triton backward FASTPATH_SSCAN_BWD picks,
+    or ss_bwd:<impl> for the reference."""
+    from fastpath.kernels.selective_scan.interface import BWD_COUNTERS, bwd_kernel
+
+    return BWD_COUNTERS[bwd_kernel()] if impl == "triton" else f"ss_bwd:{impl}"
+
+
 def selective_scan_inputs(batch, dim, nstate, length, layout, groups, seed, dtype):
     """Random inputs of selective_scan_fn rounded to `dtype` (A, D, delta_bias float32, as
     transformers passes); B and C "shared", "grouped" or (anything else) time-invariant."""

@@ -11,13 +11,13 @@ import torch
 
 import fastpath
 from fastpath.kernels.counters import CALLS, reset
-from fastpath.kernels.selective_scan.interface import BWD_COUNTERS, bwd_kernel
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 pytest.importorskip("transformers")
+from kernel_checks import sscan_bwd_counter  # noqa: E402
 from matrix_worker import build_mamba1, run_model, train_step  # noqa: E402
 
 TOL = 2e-4  # float32, relative to the logits' scale
@@ -47,7 +47,7 @@ def test_family_on_cuda_matches_the_torch_path(family: str) -> None:
     assert gen == ref_gen
     reset()
     loss, grads = train_step(model, ids)
-    assert CALLS[BWD_COUNTERS[bwd_kernel()]] >= 1, dict(CALLS)  # the backward FASTPATH_SSCAN_BWD picks
+    assert CALLS[sscan_bwd_counter()] >= 1, dict(CALLS)
     assert abs(loss - ref_loss) <= TOL * 10
     for name, g in ref_grads.items():
         rel = float((grads[name] - g).abs().max()) / max(1e-6, float(g.abs().max()))

@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_checks import sscan_bwd_counter
 
 from fastpath.kernels.counters import CALLS
 from fastpath.kernels.dispatch import use_triton
 from fastpath.kernels.selective_scan.inner import mamba_inner_fn
-from fastpath.kernels.selective_scan.interface import BWD_COUNTERS, bwd_kernel
 from fastpath.kernels.selective_scan.naive import mamba_inner_ref
 
 IMPL = "triton" if use_triton(torch.empty(0)) else "reference"
@@ -103,7 +103,7 @@ def test_mamba_inner_forward_and_gradients(rms_weights, dtype):
     names = list(ref)
     gg = torch.autograd.grad((got.double() * dout).sum(), [got_in[k] for k in names])
     rg = torch.autograd.grad((want * dout).sum(), [ref[k] for k in names])
-    assert CALLS[BWD_COUNTERS[bwd_kernel()] if IMPL == "triton" else "ss_bwd:reference"] == 1, dict(CALLS)
+    assert CALLS[sscan_bwd_counter(IMPL)] == 1, dict(CALLS)
     for name, a, b in zip(names, gg, rg, strict=True):
         assert rel(a, b) < 3 * tol, f"d{name}: {rel(a, b):.2e}"
 

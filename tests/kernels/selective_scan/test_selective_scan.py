@@ -15,17 +15,12 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kernel_checks import rel_err
+from kernel_checks import rel_err, sscan_bwd_counter
 
 from fastpath.kernels import dispatch
 from fastpath.kernels.counters import CALLS
 from fastpath.kernels.dispatch import use_triton
-from fastpath.kernels.selective_scan.interface import (
-    BWD_COUNTERS,
-    MAX_DSTATE,
-    bwd_kernel,
-    selective_scan_fn,
-)
+from fastpath.kernels.selective_scan.interface import MAX_DSTATE, selective_scan_fn
 from fastpath.kernels.selective_scan.naive import selective_scan_ref
 
 ON_TRITON = use_triton(torch.empty(0))
@@ -103,8 +98,7 @@ def run_case(case, dtype, *, use_d=True, use_z=True, use_bias=True, softplus=Tru
     names = list(ref_in)
     rgrads = torch.autograd.grad(loss_ref, [ref_in[k] for k in names])
     ggrads = torch.autograd.grad(loss_got, [got_in[k] for k in names])
-    # the Triton backward FASTPATH_SSCAN_BWD picks, or the reference
-    assert CALLS[BWD_COUNTERS[bwd_kernel()] if impl == "triton" else f"ss_bwd:{impl}"] == 1, dict(CALLS)
+    assert CALLS[sscan_bwd_counter(impl)] == 1, dict(CALLS)
     for k, gg, rg in zip(names, ggrads, rgrads, strict=True):
         assert gg.shape == got_in[k].shape and gg.dtype == got_in[k].dtype, k
         err = rel_err(gg, rg)

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_checks import sscan_bwd_counter
 
 from fastpath.kernels.counters import CALLS
 from fastpath.kernels.selective_scan import bwd, fwd_chunked
 from fastpath.kernels.selective_scan.inner import mamba_inner_fn
-from fastpath.kernels.selective_scan.interface import BWD_COUNTERS, bwd_kernel, selective_scan_fn
+from fastpath.kernels.selective_scan.interface import selective_scan_fn
 from fastpath.kernels.selective_scan.naive import mamba_inner_ref, selective_scan_ref
 from fastpath.kernels.selective_scan.update import selective_state_update
 
@@ -80,7 +81,7 @@ def check(t, dtype, views=False, grads=True):
                               [ins[k] for k in names])
     want = torch.autograd.grad((rout * dout.double()).sum() + (rlast * dlast.double()).sum(),
                                [ref[k] for k in names])
-    assert CALLS[BWD_COUNTERS[bwd_kernel()]] == 1  # the backward FASTPATH_SSCAN_BWD picks
+    assert CALLS[sscan_bwd_counter()] == 1
     for name, a, b in zip(names, got, want, strict=True):
         assert rel(a, b) < 2 * TOL[dtype], f"d{name}: {rel(a, b):.2e}"
 

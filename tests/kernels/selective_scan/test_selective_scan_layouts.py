@@ -20,15 +20,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
+from kernel_checks import sscan_bwd_counter
 
 from fastpath.kernels.counters import CALLS
 from fastpath.kernels.dispatch import triton_interpreter_on, use_triton
-from fastpath.kernels.selective_scan.interface import (
-    BWD_COUNTERS,
-    FWD_ENV,
-    bwd_kernel,
-    selective_scan_fn,
-)
+from fastpath.kernels.selective_scan.interface import FWD_ENV, selective_scan_fn
 from fastpath.kernels.selective_scan.naive import selective_scan_ref
 
 # the kernels on CPU tensors under TRITON_INTERPRET=1, else compiled on the CUDA device
@@ -161,7 +157,7 @@ def check(case: dict, dtype: torch.dtype, *, opts=(True, True, True), softplus=T
     CALLS.clear()
     out, state, grads = run(selective_scan_fn, given, softplus=softplus, last=last, dout=dout,
                             dlast=dlast)
-    assert CALLS[f"ss_fwd:{impl}"] == 1 and CALLS[BWD_COUNTERS[bwd_kernel()]] == 1, dict(CALLS)
+    assert CALLS[f"ss_fwd:{impl}"] == 1 and CALLS[sscan_bwd_counter()] == 1, dict(CALLS)
     exact = {k: None if v is None else v.double() for k, v in low.items()}
     rout, rstate, rgrads = run(selective_scan_ref, exact, softplus=softplus, last=last,
                                dout=dout, dlast=dlast)
