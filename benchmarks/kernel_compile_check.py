@@ -10,7 +10,7 @@ Triton (3.6, from a venv) and the CI's (3.9).
 
 How: the real launch sites run on CPU tensors with real model shapes (Falcon-Mamba-7B for the
 Mamba-1 scan and update; Nemotron-H-8B and Mamba-2 2.7B for the SSD scan, its split conv and its
-decode step; Qwen3-Next / Qwen3.5 for the conv, GatedDeltaNet gates, sigmoid gate and zero-centred RMSNorm), with
+decode step; Qwen3-Next / Qwen3.5 for the conv, GatedDeltaNet gates, sigmoid gate, rotary and zero-centred RMSNorm), with
 `JITFunction.run` replaced by a recorder: every `kernel[grid](...)` is captured with its real
 arguments (dtypes, strides, alignment, constexprs, num_warps); an autotuned kernel is captured
 once per config. Each launch is specialised by Triton's own binder (the same ints-equal-to-1 and
@@ -32,7 +32,7 @@ decode step), selective_scan (forward default + sweep configs, backward default 
 config, flip and reverse-scan adjoints, via mamba_inner_fn's training layout and transformers'
 prefill layout; the time-sequential forward of FASTPATH_SSCAN_FWD=seq at every
 fwd_seq.SEQ_SWEEP config and backward of FASTPATH_SSCAN_BWD=seq at every bwd_seq.BWD_SEQ_SWEEP
-config), the Mamba-1 decode step, gdn_gates, sigmoid_gate, swiglu, zc_rmsnorm,
+config), the Mamba-1 decode step, gdn_gates, sigmoid_gate, rotary, swiglu, zc_rmsnorm,
 linear_ce (the fused LM head + cross-entropy row kernel).
 --quick keeps a representative subset per family (the CI test's): default configs, one shape
 each, of an autotuned kernel only the configs with the most pipeline stages (the most shared
@@ -79,6 +79,7 @@ from triton.runtime.jit import JITFunction, create_function_from_signature
 from fastpath.kernels.causal_conv1d import interface as conv_if
 from fastpath.kernels.gdn_gates import interface as gates_if
 from fastpath.kernels.linear_ce import interface as lce_if
+from fastpath.kernels.rotary import interface as rotary_if
 from fastpath.kernels.selective_scan import bwd as bwd_mod
 from fastpath.kernels.selective_scan import bwd_seq, fwd_chunked, fwd_seq
 from fastpath.kernels.selective_scan import inner as scan_inner
@@ -94,7 +95,7 @@ from fastpath.kernels.swiglu import interface as swiglu_if
 from fastpath.kernels.zc_rmsnorm import interface as norm_if
 
 FAMILIES = ("causal_conv1d", "ssd", "selective_scan", "state_update", "gdn_gates", "sigmoid_gate",
-            "swiglu", "zc_rmsnorm", "linear_ce", "state_stats")
+            "rotary", "swiglu", "zc_rmsnorm", "linear_ce", "state_stats")
 ARCHS = (90, 100, 120)
 # cudaDevAttrMaxSharedMemoryPerBlockOptin per arch (what Triton checks at load): CCCL arch_traits,
 # kept where the SSD launchers read it to fit their configs
@@ -540,6 +541,21 @@ def sigmoid_gate(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
             gate_if.bwd_impl(x, gate, torch.randn(1, rows, heads * hd, dtype=dtype))
 
 
+def rotary(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
+    """Qwen3.5's partial RoPE, forward and backward: q / k a transpose view of the (batch, L,
+    heads, 256) norm output, cos / sin (batch, L, 64) expanded over the batch (Qwen3.5-27B: 24
+    query / 4 key heads, partial_rotary_factor 0.25; Qwen3-Next: 16 / 2), and a full rotary."""
+    rows = 512
+    cases = ((24, 256, 64),) if quick else ((24, 256, 64), (4, 256, 64), (16, 256, 64), (16, 128, 128))
+    for heads, hd, rot in cases:
+        rec.label = f"{heads} heads x {hd}, R {rot}"
+        x = torch.randn(2, rows, heads, hd, dtype=dtype).transpose(1, 2)
+        cos, sin = (torch.randn(1, rows, rot, dtype=dtype).expand(2, -1, -1) for _ in "cs")
+        with triton_on(rotary_if):
+            rotary_if.fwd_impl(x, cos, sin)
+            rotary_if.bwd_impl(torch.randn(2, heads, rows, hd, dtype=dtype), cos, sin)
+
+
 def swiglu(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
     """The gated MLP's silu(gate) * up, forward and backward, over Qwen3.5-27B's intermediate
     17408 (flat kernels: the width only sets how many programs run)."""
@@ -612,6 +628,8 @@ def record(family: str, dtype_name: str, seqlen: int, quick: bool = False) -> li
             gdn_gates(rec, dtype, quick)
         elif family == "sigmoid_gate":
             sigmoid_gate(rec, dtype, quick)
+        elif family == "rotary":
+            rotary(rec, dtype, quick)
         elif family == "swiglu":
             swiglu(rec, dtype, quick)
         elif family == "zc_rmsnorm":

@@ -113,6 +113,7 @@ def case_ssd(side: str) -> None:
 
 def case_glue_and_norm(side: str) -> None:
     from fastpath.kernels.gdn_gates.interface import gdn_gates
+    from fastpath.kernels.rotary.interface import rotary
     from fastpath.kernels.sigmoid_gate.interface import sigmoid_gate
     from fastpath.kernels.state_stats.interface import state_stats
     from fastpath.kernels.swiglu.interface import silu_mul
@@ -124,6 +125,10 @@ def case_glue_and_norm(side: str) -> None:
     (g.sum() + beta.sum()).backward()
     x = _g(_rand(7, 12, seed=4), side).requires_grad_()
     sigmoid_gate(x, _g(_rand(7, 12, seed=5), side)).sum().backward()
+    for width, rot in ((10, 6), (8, 8)):  # partial and full rotary; q a transpose view of (B, L, H, D)
+        q = _g(_rand(2, 5, 3, width, seed=11), side).transpose(1, 2).requires_grad_()
+        out = rotary(q, _g(_rand(2, 5, rot, seed=12), side), _g(_rand(2, 5, rot, seed=13), side))
+        out.backward(_g(_rand(2, 3, 5, width, seed=14), side))
     silu_mul(_g(_rand(5, 9, seed=8), side).requires_grad_(), _g(_rand(5, 9, seed=9), side)).sum().backward()
     state_stats(_g(_rand(6, 11, seed=10), side))
     y = zc_rmsnorm(_g(_rand(7, 40, seed=6), side).requires_grad_(), _g(_rand(40, seed=7), side).requires_grad_())

@@ -1,5 +1,5 @@
 """benchmarks/kernel_compile_check.py on the CPU: every fastpath Triton kernel family (conv, SSD,
-selective scan, the decode updates, GatedDeltaNet gates, sigmoid gate, zero-centred RMSNorm)
+selective scan, the decode updates, GatedDeltaNet gates, sigmoid gate, rotary, zero-centred RMSNorm)
 compiles for sm_90, sm_100 and sm_120 with the installed Triton's bundled ptxas, 0 failures, and the
 rows carry ptxas's numbers (the script's point is catching GPU-compiler refusals, and Blackwell's
 smaller shared memory, without a GPU). CI runs --quick (default configs, one shape per family,
@@ -24,7 +24,7 @@ SCRIPT = ROOT / "benchmarks" / "kernel_compile_check.py"
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 ARCHS = (90, 100, 120)
 FAMILIES = {"causal_conv1d", "ssd", "selective_scan", "state_update", "gdn_gates", "sigmoid_gate",
-            "swiglu", "zc_rmsnorm", "linear_ce", "state_stats"}
+            "rotary", "swiglu", "zc_rmsnorm", "linear_ce", "state_stats"}
 
 
 def _stack_python(stack: str) -> tuple[str, str]:

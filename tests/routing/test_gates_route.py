@@ -1,6 +1,7 @@
 """routing/gates_route.py: enable() routes the Qwen3.5 GatedDeltaNet gates and the gated
-attention's output gate to fastpath's fused ops after a probe, the tiny random model matches the
-reference path (logits and every gradient), disable() restores exactly, FASTPATH_GLUE=off /
+attention's output gate and RoPE to fastpath's fused ops after a probe, the tiny random model
+matches the reference path (logits and every gradient), the RoPE takes fastpath's op only for
+transformers' partial rotary and calls that fit, disable() restores exactly, FASTPATH_GLUE=off /
 enable(glue=False) turn it off, explain() lists the ops, torch.compile sees no fastpath break."""
 
 from __future__ import annotations
@@ -98,6 +99,9 @@ def test_tiny_model_matches_the_reference_path_and_disable_restores() -> None:
     loss, grads = _step(model, ids)
     for op in ("gdn_gates_fwd", "gdn_gates_bwd", "sigmoid_gate_fwd", "sigmoid_gate_bwd"):
         assert CALLS[f"{op}:triton"] == 1, dict(CALLS)
+    # the attention layer's RoPE: one call each way for q and one for k
+    assert CALLS["rotary_fwd:triton"] == 2 and CALLS["rotary_bwd:triton"] == 2, dict(CALLS)
+    assert not CALLS["rotary_fwd:reference"] and not CALLS["rotary_bwd:reference"], dict(CALLS)
     # the GatedDeltaNet's 4 projections, the attention's 3 and each layer's MLP gate/up pair
     assert CALLS["linear_group:shared"] == 4, dict(CALLS)
     torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-5)
@@ -176,6 +180,48 @@ def test_grouped_heads_reach_a_rule_that_takes_them(grouped_rule: bool) -> None:
                                old(qr, kr, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)[0])
 
 
+def test_rope_is_fused_only_for_transformers_partial_rotary_and_calls_that_fit() -> None:
+    """The routed attention calls fastpath's rotary only while the module's apply_rotary_pos_emb is
+    transformers' partial rotate-half RoPE and the call fits; else the module's own function."""
+    module = _module()
+    assert gates_route.is_rotate_half_rope(module.apply_rotary_pos_emb)
+
+    def interleaved(q, k, cos, sin):
+        return q * cos, k * sin
+
+    assert not gates_route.is_rotate_half_rope(interleaved)
+    q, k, cs = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8), torch.randn(1, 3, 4)
+    assert gates_route.rope_fits(q, k, cs, cs, True, False)
+    assert not gates_route.rope_fits(q, k, cs, cs, False, False)  # CPU tensors, no interpreter
+    assert not gates_route.rope_fits(q, k, cs.clone().requires_grad_(True), cs, True, False)
+    assert not gates_route.rope_fits(q, k, torch.randn(1, 3, 5), torch.randn(1, 3, 5), True, False)  # R odd
+    assert not gates_route.rope_fits(q, k, torch.randn(1, 3, 10), torch.randn(1, 3, 10), True, False)  # R > D
+    assert not gates_route.rope_fits(q, k, cs[None], cs[None], True, False)  # not (B, L, R)
+    # transformers' arithmetic would give float32 q and k; the op rounds to x's dtype
+    assert not gates_route.rope_fits(q.bfloat16(), k.bfloat16(), cs, cs, True, False)
+    assert gates_route.rope_fits(q, k, cs.bfloat16(), cs.bfloat16(), True, False)
+
+
+def test_routed_attention_keeps_the_module_rope_where_cos_wants_a_gradient() -> None:
+    """cos / sin that require grad (fastpath's op gives x's gradient only): the module's function
+    runs, and the gradients of cos and sin are the original forward's."""
+    module = _module()
+    cls = module.Qwen3_5Attention
+    layer = cls(gates_route._probe_config(module), 1).float()
+    routed = gates_route.make_attention_forward(cls.__dict__["forward"], module, force=True)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 5, layer.config.hidden_size, generator=gen)
+    cos, sin = torch.randn(2, 5, 8, generator=gen), torch.randn(2, 5, 8, generator=gen)
+    grads = []
+    for forward in (cls.__dict__["forward"], routed):
+        c, s = cos.clone().requires_grad_(True), sin.clone().requires_grad_(True)
+        CALLS.clear()
+        forward(layer, x, (c, s), None)[0].square().sum().backward()
+        assert not any(key.startswith("rotary") for key in CALLS), dict(CALLS)
+        grads.append((c.grad, s.grad))
+    torch.testing.assert_close(grads[1], grads[0])
+
+
 def test_off_by_env_or_option(monkeypatch) -> None:
     module = _module()
     gdn_forward = module.Qwen3_5GatedDeltaNet.forward
@@ -206,7 +252,7 @@ def test_cpu_without_interpreter_and_cached_calls_keep_the_original(monkeypatch)
     with torch.no_grad():
         got = model(input_ids=ids, use_cache=True).logits
         model(input_ids=ids, use_cache=False)
-    assert not any(k.startswith(("gdn_gates", "sigmoid_gate")) for k in CALLS), dict(CALLS)
+    assert not any(k.startswith(("gdn_gates", "sigmoid_gate", "rotary")) for k in CALLS), dict(CALLS)
     torch.testing.assert_close(got, want)
 
 

@@ -63,7 +63,7 @@ class EnableReport:
     mamba1_scan: str = "fastpath"       # Mamba-1 ops (routing/selective_scan_route.py): same choices
     gated_norm: str = "torch"           # GatedDeltaNet gated RMSNorm: norm_route.IMPL | "torch"
     gated_norm_reason: str = ""
-    glue: str = "torch"                 # GatedDeltaNet gates + attention output gate: gates_route.IMPL | "torch"
+    glue: str = "torch"                 # GatedDeltaNet gates + attention RoPE, output gate: gates_route.IMPL | "torch"
     glue_reason: str = ""
     zc_norm: str = "torch"              # Qwen3.5 / Qwen3-Next zero-centred RMSNorm: zc_norm_route.IMPL | "torch"
     zc_norm_reason: str = ""
@@ -142,8 +142,9 @@ def enable(
     mamba_split_conv1d_scan_combined; see routing/ssd_route.py) and the Mamba-1 ops
     (selective_scan_fn, mamba_inner_fn, selective_state_update; routing/selective_scan_route.py): "auto"
     routes them to fastpath unless a working mamba_ssm is installed, "fastpath" always, "off" never.
-    glue: route the Qwen3.5 GatedDeltaNet gates and attention output gate to fastpath's fused
-    ops where a probe shows the same function (routing/gates_route.py); FASTPATH_GLUE=off too.
+    glue: route the Qwen3.5 GatedDeltaNet gates and the gated attention's RoPE and output gate to
+    fastpath's fused ops where a probe shows the same function (routing/gates_route.py);
+    FASTPATH_GLUE=off too.
     The zero-centred RMSNorm of Qwen3.5 / Qwen3-Next goes to fastpath's fused kernel likewise
     (routing/zc_norm_route.py; FASTPATH_ZC_NORM=auto|fastpath|torch), and the gated MLP's
     silu(gate) * up (Qwen3.5, Qwen3-Next, OLMo-hybrid, Bamba, Jamba) to fastpath's fused SwiGLU

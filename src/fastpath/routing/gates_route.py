@@ -8,6 +8,11 @@ Liger's RMSNorm / SwiGLU / fused cross-entropy, these are the eager pieces left 
 * gated attention's output gate: ``attn_output * sigmoid(gate)`` with ``gate`` first copied out
   of the q_proj output: a copy and two kernels forward, three backward in transformers; one kernel
   each way reading the strided gate in place in ``fastpath.kernels.sigmoid_gate``;
+* gated attention's partial rotate-half RoPE of q and k (``apply_rotary_pos_emb``: slices,
+  rotate_half, multiplies and two cats each way in transformers): one kernel each way per tensor in
+  ``fastpath.kernels.rotary``, where the module's function is transformers' partial rotary
+  (checked on its source when the route is built) and the call fits (3-D cos / sin of (B, L, R),
+  R even <= head_dim, no gradient wanted for them); otherwise the module's function as before;
 * the projections of one hidden state (GatedDeltaNet's in_proj_qkv / _z / _b / _a, attention's
   q / k / v): autograd adds their input gradients with one kernel per extra projection;
   ``fastpath.kernels.linear_group`` sums them inside the GEMMs (plain un-hooked ``nn.Linear``
@@ -93,7 +98,7 @@ def detect_glue(enabled: bool = True) -> GlueStatus:
     if route_mode() == "off":
         return GlueStatus(False, f"{ENV_MODE}=off")
     how = "CUDA tensors" + (", and CPU tensors under TRITON_INTERPRET=1" if triton_interpreter_on() else "")
-    return GlueStatus(True, f"fastpath's fused GatedDeltaNet gates and attention output gate for {how} "
+    return GlueStatus(True, f"fastpath's fused GatedDeltaNet gates, attention RoPE and output gate for {how} "
                             f"({ENV_MODE}=off turns them off)")
 
 
@@ -132,6 +137,42 @@ def _usable(x: Any, interpreter: bool) -> bool:
 
     return (isinstance(x, torch.Tensor) and kernel_dtypes(x)
             and (x.is_cuda or (interpreter and x.device.type == "cpu")))
+
+
+def is_rotate_half_rope(fn: Any) -> bool:
+    """Whether `fn` is transformers' partial rotate-half RoPE (q, k, cos, sin): R = cos.shape[-1]
+    features of each head rotated by halves, the rest passed through (what kernels/rotary computes).
+    Read from its source once when the route is built; the probe then checks the whole forward."""
+    src = _source(fn)
+    return callable(fn) and all(s in src for s in ("rotate_half", "cos.shape[-1]", "torch.cat("))
+
+
+def rope_fits(query: Any, key: Any, cos: Any, sin: Any, force: bool, interpreter: bool) -> bool:
+    """Whether fastpath's rotary takes this call: q, k (B, H, L, D) and cos, sin (B, L, R) with R
+    even <= D, tensors the kernels take (any, with force: the reference runs off-GPU), cos / sin in
+    no wider dtype than q and k, and wanting no gradient (the op gives x's only)."""
+    import torch
+
+    tensors = (query, key, cos, sin)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return False
+    if not (force or all(_usable(t, interpreter) for t in tensors)):
+        return False
+    if query.dim() != 4 or key.dim() != 4 or cos.dim() != 3 or sin.shape != cos.shape:
+        return False
+    rot = cos.shape[-1]
+    if rot % 2 or rot > min(query.shape[-1], key.shape[-1]):
+        return False
+    if cos.shape[:2] != (query.shape[0], query.shape[2]) or key.shape[0] != query.shape[0] \
+            or key.shape[2] != query.shape[2]:
+        return False
+    if not all(t.dtype.is_floating_point for t in tensors) or len({t.device for t in tensors}) != 1:
+        return False
+    # the op rounds to x's dtype; transformers' arithmetic promotes (float32 cos with bf16 q: float32)
+    table = torch.promote_types(cos.dtype, sin.dtype)
+    if any(torch.promote_types(x.dtype, table) != x.dtype for x in (query, key)):
+        return False
+    return not (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad))
 
 
 def make_gdn_forward(original: Callable[..., Any], module: ModuleType, *, force: bool = False) -> Callable[..., Any]:
@@ -195,13 +236,25 @@ def make_gdn_forward(original: Callable[..., Any], module: ModuleType, *, force:
 
 def make_attention_forward(original: Callable[..., Any], module: ModuleType, *,
                            force: bool = False) -> Callable[..., Any]:
-    """The routed gated-attention forward: the original's steps with the output gate fused."""
+    """The routed gated-attention forward: the original's steps with the output gate and, where the
+    module's `apply_rotary_pos_emb` is transformers' partial rotate-half RoPE, q's and k's RoPE fused."""
     import torch
 
     from fastpath.kernels.linear_group.interface import linears_of_one_input
+    from fastpath.kernels.rotary.interface import rotary
     from fastpath.kernels.sigmoid_gate.interface import sigmoid_gate
 
     interpreter = triton_interpreter_on()
+    checked_rope = getattr(module, "apply_rotary_pos_emb", None)
+    if not is_rotate_half_rope(checked_rope):
+        checked_rope = None
+
+    def rope(query: Any, key: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
+        # looked up at call time, like the original; fused only while it is the function checked
+        apply = module.apply_rotary_pos_emb
+        if apply is checked_rope and rope_fits(query, key, cos, sin, force, interpreter):
+            return rotary(query, cos, sin), rotary(key, cos, sin)
+        return apply(query, key, cos, sin)
 
     def forward(self: Any, hidden_states: Any, position_embeddings: Any, attention_mask: Any = None,
                 past_key_values: Any = None, **kwargs: Any) -> Any:
@@ -220,7 +273,7 @@ def make_attention_forward(original: Callable[..., Any], module: ModuleType, *,
         key = self.k_norm(key.view(hidden_shape)).transpose(1, 2)
         value = value.view(hidden_shape).transpose(1, 2)
         cos, sin = position_embeddings
-        query, key = module.apply_rotary_pos_emb(query, key, cos, sin)
+        query, key = rope(query, key, cos, sin)
         interface = module.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
                                                                  module.eager_attention_forward)
         attn_output, attn_weights = interface(self, query, key, value, attention_mask,
@@ -231,7 +284,7 @@ def make_attention_forward(original: Callable[..., Any], module: ModuleType, *,
 
     setattr(forward, ROUTE_ATTR, OP_OUTPUT_GATE)
     forward.__wrapped__ = original  # type: ignore[attr-defined]
-    forward.__doc__ = f"fastpath: fused attention output gate where it fits, else {original.__qualname__}"
+    forward.__doc__ = f"fastpath: fused RoPE and output gate where they fit, else {original.__qualname__}"
     return forward
 
 
