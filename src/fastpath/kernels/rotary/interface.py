@@ -50,26 +50,26 @@ def _use_kernel(op: str, x: Tensor, cos: Tensor, sin: Tensor) -> bool:
     return bool(x.numel()) and use_triton(x) and dtypes_fit(op, FAMILY, x, cos, sin)
 
 
-def fwd_impl(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    check_args(x, cos, sin)
-    if _use_kernel("fwd", x, cos, sin):
-        from fastpath.kernels.rotary.fwd_bwd import rotary_fwd as kernel
+def _apply(direction: str, t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """One pass ("fwd": x -> out, "bwd": dout -> dx): the Triton kernel where it runs, else the
+    float32 reference rounded once to t's dtype."""
+    check_args(t, cos, sin)
+    if _use_kernel(direction, t, cos, sin):
+        from fastpath.kernels.rotary import fwd_bwd
 
-        CALLS["rotary_fwd:triton"] += 1
-        return kernel(x, cos, sin)
-    CALLS["rotary_fwd:reference"] += 1
-    return naive.rotary_ref(x, cos, sin, compute=torch.float32).to(x.dtype).contiguous()
+        CALLS[f"rotary_{direction}:triton"] += 1
+        return getattr(fwd_bwd, f"rotary_{direction}")(t, cos, sin)
+    CALLS[f"rotary_{direction}:reference"] += 1
+    reference = naive.rotary_ref if direction == "fwd" else naive.rotary_bwd_ref
+    return reference(t, cos, sin, compute=torch.float32).to(t.dtype).contiguous()
+
+
+def fwd_impl(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    return _apply("fwd", x, cos, sin)
 
 
 def bwd_impl(dout: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    check_args(dout, cos, sin)
-    if _use_kernel("bwd", dout, cos, sin):
-        from fastpath.kernels.rotary.fwd_bwd import rotary_bwd as kernel
-
-        CALLS["rotary_bwd:triton"] += 1
-        return kernel(dout, cos, sin)
-    CALLS["rotary_bwd:reference"] += 1
-    return naive.rotary_bwd_ref(dout, cos, sin, compute=torch.float32).to(dout.dtype).contiguous()
+    return _apply("bwd", dout, cos, sin)
 
 
 class _RotaryFunction(torch.autograd.Function):
