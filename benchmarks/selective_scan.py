@@ -10,8 +10,9 @@ Peers (each skipped with its reason when it cannot run; each capped by --time-ca
 - ours-seq:    the same with FASTPATH_SSCAN_FWD=seq (the time-sequential forward,
                kernels/selective_scan/fwd_seq.py); ours-tile, ours-tile-poly likewise
                (fwd_tile.py); in fwdbwd their backward is ours' (the same kernel)
-- ours-bwd-seq: ours with FASTPATH_SSCAN_BWD=seq (the time-sequential backward,
-               kernels/selective_scan/bwd_seq.py); fwdbwd only (its forward is ours')
+- ours-bwd-chunked: ours with FASTPATH_SSCAN_BWD=chunked (the chunked backward,
+               kernels/selective_scan/bwd.py, instead of the default time-walking bwd_seq.py);
+               fwdbwd only (its forward is ours')
 - loop:        transformers' torch fallback `mamba_selective_scan` (its Python loop over L)
 - pscan:       the same function with use_mambapy=True (mambapy's pscan, when importable)
 - assoc_scan:  torch._higher_order_ops.associative_scan over (exp(dA), dB u) as transformers
@@ -44,7 +45,7 @@ a row that would start past it is written as skipped), so the whole sweep stays 
 
 usage: python benchmarks/selective_scan.py --out DIR
            [--phases copy,fwd,fwdbwd,bwd,update,sweep,seqsweep] [--cases 1x4096,8x4096]
-           [--peers ours,ours-seq,ours-tile,ours-tile-poly,ours-bwd-seq,loop,pscan,assoc_scan,
+           [--peers ours,ours-seq,ours-tile,ours-tile-poly,ours-bwd-chunked,loop,pscan,assoc_scan,
                     compile]
            [--time-cap 20] [--smoke]
        python benchmarks/selective_scan.py --out DIR --fwd-variants chunked,seq,tile,tile-poly
@@ -88,11 +89,11 @@ SMOKE_DIM = 16
 SMOKE_SWEEP = ((8, 8, 4, True), (16, 8, 2, False))
 SMOKE_SEQ_SWEEP = ((8, 2), (16, 4))
 SMOKE_BWD_SEQ_SWEEP = ((8, 4, 1, 2, False, False),)  # the default (smoke: T 8) is vector
-PEERS = ("ours", "ours-seq", "ours-tile", "ours-tile-poly", "ours-bwd-seq", "loop", "pscan",
+PEERS = ("ours", "ours-seq", "ours-tile", "ours-tile-poly", "ours-bwd-chunked", "loop", "pscan",
          "assoc_scan", "compile")
 # peers that are ours with an environment variable set around the whole step (the backward
 # reads FASTPATH_SSCAN_BWD when autograd calls it, after the forward has returned)
-PEER_ENV = {"ours-bwd-seq": (BWD_ENV, "seq")}
+PEER_ENV = {"ours-bwd-chunked": (BWD_ENV, "chunked")}
 OURS = ("ours", "ours-seq", "ours-tile", "ours-tile-poly")
 SWEEP = bwd_mod.SWEEP_CONFIGS
 

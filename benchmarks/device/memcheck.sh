@@ -19,7 +19,7 @@
 #   sscan   selective_scan/test_selective_scan_gpu.py without the 1x8192x4096 / 2x5120x1024 /
 #           8x1024x4096 cases (the float64 step-loop reference at those lengths alone outlasts the
 #           limit), the swept tile configs cut to config0 (tl.flip adjoint) and config7 (reverse scan)
-#   sscanseq selective_scan/test_selective_scan_bwd_seq.py, the opt-in time-walking backward: its
+#   sscanseq selective_scan/test_selective_scan_bwd_seq.py, the default time-walking backward: its
 #           tests at tiny shapes compiled on CUDA (not the every-config test at L = 1134)
 #   glue    gdn_gates/test_gates_gpu.py (not the 4-layer 27B routing test)
 #   norm    zc_rmsnorm/test_zc_rmsnorm.py, swiglu/test_swiglu.py and rotary/test_rotary.py, their

@@ -74,7 +74,7 @@ peer_sources() {  # the files whose hash keys the state; $1 = cases (all but the
       ! -name test_mamba_ssm_suites.py
     ls src/fastpath/kernels/*.py; } | LC_ALL=C sort
 }
-# the scan's kernel switches decide outcomes too (FASTPATH_SSCAN_BWD=seq runs another backward);
+# the scan's kernel switches decide outcomes too (FASTPATH_SSCAN_BWD=chunked runs another backward);
 # with none set the key is the sources' alone
 cases_key=$(peer_sources cases | xargs sha256sum | { cat; cat "$MAMBA_PEER_TESTS/UPSTREAM" 2>/dev/null
             env | grep '^FASTPATH_SSCAN_' | LC_ALL=C sort; } | sha256sum | cut -c1-16)

@@ -63,20 +63,20 @@ def test_sweep_rows_diffs_and_best(bench, tmp_path, capsys):
 
 
 def test_seq_backward_beside_the_chunked_one(bench, tmp_path):
-    """The seq backward (bwd_seq.py) timed in the same run as the chunked one: the ours-bwd-seq
-    peer in fwdbwd (FASTPATH_SSCAN_BWD=seq around the whole step, so autograd's call takes it)
-    and phase bwd (both backwards alone, the seq one at its default and smoke configs, with its
+    """The seq backward (bwd_seq.py, the default) timed in the same run as the chunked one: the
+    ours-bwd-chunked peer in fwdbwd (FASTPATH_SSCAN_BWD=chunked around the whole step, so
+    autograd's call takes it) beside ours, and phase bwd (both backwards alone, the seq one at its default and smoke configs, with its
     distance to the chunked one's gradients)."""
     from fastpath.kernels.counters import CALLS
 
     CALLS.clear()
     rc = bench.main(["--out", str(tmp_path), "--smoke", "--phases", "fwdbwd,bwd",
-                     "--peers", "ours-bwd-seq"])
+                     "--peers", "ours-bwd-chunked"])
     assert rc == 0
     rows = results(tmp_path)["results"]
     peer = [r for r in rows if r["phase"] == "fwdbwd"]
-    assert [r["peer"] for r in peer] == ["ours-bwd-seq"] * 2 and all(r["ms"] > 0 for r in peer)
-    assert CALLS["ss_bwd:triton-seq"] > 0 and CALLS["ss_bwd:triton"] == 0, dict(CALLS)
+    assert [r["peer"] for r in peer] == ["ours-bwd-chunked"] * 2 and all(r["ms"] > 0 for r in peer)
+    assert CALLS["ss_bwd:triton"] > 0 and CALLS["ss_bwd:triton-seq"] == 0, dict(CALLS)
     bwd = [r for r in rows if r["phase"] == "bwd"]
     seq_configs = [list(c) for c in bench.SMOKE_BWD_SEQ_SWEEP]
     for case in ("1x12", "2x12"):

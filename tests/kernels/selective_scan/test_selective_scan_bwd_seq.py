@@ -1,4 +1,4 @@
-"""The time-sequential selective-scan backward (bwd_seq.py, FASTPATH_SSCAN_BWD=seq) against
+"""The time-sequential selective-scan backward (bwd_seq.py, the default backward) against
 float64 autograd of naive.py's reference, side by side with the chunked backward (bwd.py).
 
 Every gradient (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias) of the new kernel is checked on
@@ -244,16 +244,17 @@ def test_property_sweep(batch, per_group, nstate, length, b_layout, c_layout, b_
 
 # ---------------------------------------------------------------- selection and memory
 def test_env_selects_the_backward(monkeypatch):
-    """FASTPATH_SSCAN_BWD: unset is the chunked backward; "seq" runs bwd_seq.py (its counter
-    bumps, gradients equal float64's through selective_scan_fn); anything else is a UsageError
-    naming the valid values."""
+    """FASTPATH_SSCAN_BWD: unset is the seq backward (bwd_seq.py: its counter bumps, gradients
+    equal float64's through selective_scan_fn); "chunked" runs bwd.py; anything else is a
+    UsageError naming the valid values."""
     low, given = prepared(make(1, 4, 4, 9, "shared", "shared", seed=2), torch.float32)
     dout, dlast = cotangents(low["u"].shape, (1, 4, 4), torch.float32)
     exact = {k: v.double() for k, v in low.items()}
     _, _, ref = run(selective_scan_ref, exact, softplus=True, last=True, dout=dout, dlast=dlast)
     monkeypatch.delenv(BWD_ENV, raising=False)
-    assert bwd_kernel() == "chunked" and BWD_KERNELS == ("chunked", "seq")
-    for value, counter in (("", "ss_bwd:triton"), (" SEQ ", "ss_bwd:triton-seq")):
+    assert bwd_kernel() == "seq" and BWD_KERNELS == ("chunked", "seq")
+    for value, counter in (("", "ss_bwd:triton-seq"), (" Chunked ", "ss_bwd:triton"),
+                           ("seq", "ss_bwd:triton-seq")):
         if value:
             monkeypatch.setenv(BWD_ENV, value)
         CALLS.clear()

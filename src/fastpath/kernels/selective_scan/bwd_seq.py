@@ -53,8 +53,8 @@ int32 under the interface's element_span rule, as the other kernels.
 Numerics: float32 throughout; masked steps past L have delta' = 0 (a = 1, x = 0, dy = 0) and
 masked channels / states carry zeros. The decay is fwd_chunked.exp_precise (the chunked forward's,
 ~1 ulp, unbiased) by default; configs without `precise` take exp2(delta' A log2 e) on the SFU, as
-fwd_seq.py does; every walk of one call takes the same one. Selected with FASTPATH_SSCAN_BWD=seq
-(interface.py); the default stays bwd.py until the GPU numbers are in.
+fwd_seq.py does; every walk of one call takes the same one. The default backward
+(interface.bwd_kernel; FASTPATH_SSCAN_BWD=chunked picks bwd.py instead).
 """
 
 from __future__ import annotations

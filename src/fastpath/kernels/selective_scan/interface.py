@@ -15,7 +15,7 @@ and defines autograd:
 - selective_scan_bwd(dout, dlast_state, [u, delta, A, B, C, D, z, delta_bias], delta_softplus)
       -> [du, ddelta, dA, dB, dC, dD, dz, ddelta_bias]   (empty tensors for absent inputs)
 Kernels: FASTPATH_SSCAN_FWD picks the forward (fwd_kernel), FASTPATH_SSCAN_BWD the backward
-(bwd_kernel: "chunked", bwd.py, the default, or "seq", bwd_seq.py), read at every call.
+(bwd_kernel: "seq", bwd_seq.py, the default, or "chunked", bwd.py), read at every call.
 Semantics and the float64 spec: naive.py. Unlike mamba_ssm, a gradient flowing into last_state
 is honoured. What the kernels do not take (complex A, N > MAX_DSTATE, float64, no Triton device)
 runs the reference, with a warning naming the reason (dispatch.warn_fallback).
@@ -121,11 +121,12 @@ def fwd_launcher(kernel: str):
 
 
 def bwd_kernel() -> str:
-    """The backward kernel FASTPATH_SSCAN_BWD picks, read at every call: "chunked" (default,
-    bwd.py: chunk states recomputed by the chunked forward, associative scans per chunk) or
-    "seq" (bwd_seq.py: time walked step by step, chunks in parallel, a sequential combine),
-    opt-in until its GPU numbers are in. Anything else is a UsageError."""
-    value = os.environ.get(BWD_ENV, "").strip().lower() or "chunked"
+    """The backward kernel FASTPATH_SSCAN_BWD picks, read at every call: "seq" (default,
+    bwd_seq.py: time walked step by step, chunks in parallel, a sequential combine; about 2x the
+    chunked one's speed on an H100, BENCHMARKS.md) or "chunked" (bwd.py: chunk states
+    recomputed by the chunked forward, associative scans per chunk). Anything else is a
+    UsageError."""
+    value = os.environ.get(BWD_ENV, "").strip().lower() or "seq"
     if value not in BWD_KERNELS:
         raise UsageError(f"{BWD_ENV}={value!r}: expected one of {', '.join(BWD_KERNELS)}")
     return value
