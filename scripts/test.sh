@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 # Nothing here installs twice on a fresh machine: pip's cache would only double the disk it takes.
 export PIP_NO_CACHE_DIR=1
+# The free disk first: the extra venvs below are left unbuilt (their tests skip, saying why) on a full one.
+df -Pm . | awk 'NR == 2 {print "== disk: " $4 " MB free"}'
 
 # torch CPU wheel (local disk on the dev/CI machines), Triton (its interpreter runs the kernels on CPU).
 "$PY" -m pip install -q --disable-pip-version-check "torch==2.13.0" "triton==3.9.0"
