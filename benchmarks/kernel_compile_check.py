@@ -569,7 +569,8 @@ def swiglu(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
 def zc_rmsnorm(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
     """Qwen3.5 / Qwen3-Next zero-centred RMSNorm, forward and backward: the decoder norms over
     hidden 5120 (Qwen3.5-27B) and 2048 (Qwen3-Next-80B), q_norm over head_dim 256 read from a
-    (.., 24, 512) q_proj view, the widest row the kernel takes; weight float32 and the model dtype."""
+    (.., 24, 512) q_proj view, the widest row the kernel takes; weight float32 and the model dtype;
+    the decoder norms again with the residual add fused in (add_zc_rmsnorm)."""
     rows = 512
     cases = ((5120, "hidden"), (256, "q_norm")) if quick else (
         (5120, "hidden"), (2048, "hidden"), (256, "q_norm"), (norm_if.MAX_WIDTH, "widest"))
@@ -584,6 +585,11 @@ def zc_rmsnorm(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
             with triton_on(norm_if):
                 norm_if.fwd_impl(x, w, 1e-6)
                 norm_if.bwd_impl(x, w, torch.randn(x.shape, dtype=dtype), 1e-6)
+                if how == "hidden":  # the post-attention norm with the residual add fused in
+                    rec.label = f"add+{how} {width} w {str(w_dtype).removeprefix('torch.')}"
+                    norm_if.add_fwd_impl(x, torch.randn(x.shape, dtype=dtype), w, 1e-6)
+                    norm_if.add_bwd_impl(x, w, torch.randn(x.shape, dtype=dtype), torch.randn(x.shape, dtype=dtype),
+                                         1e-6)
 
 
 def linear_ce(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:

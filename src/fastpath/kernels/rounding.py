@@ -19,3 +19,15 @@ def store_rounded(ptrs, v, mask, RNE: tl.constexpr):
         tl.store(ptrs, (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
     else:
         tl.store(ptrs, v.to(ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def rounded_like(v, ptrs, RNE: tl.constexpr):
+    """float32 `v` rounded to the pointee dtype and back, in registers: the value a store to `ptrs`
+    then a load would give (round to nearest even also under the interpreter, as store_rounded)."""
+    if RNE and ptrs.dtype.element_ty == tl.bfloat16:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits += 0x7FFF + ((bits >> 16) & 1)
+        return (bits & 0xFFFF0000).to(tl.float32, bitcast=True)
+    else:
+        return v.to(ptrs.dtype.element_ty).to(tl.float32)

@@ -7,7 +7,10 @@ strided (a slice of a wider output, read in place), transposed-leading-dims and 
 (copied), contiguous, strided and stride-0 broadcast weights, several leading shapes and a
 hypothesis sweep; the reference fallback (no interpreter, float64, rows wider than MAX_WIDTH) and
 its one-time warning; the custom ops' fake implementations and registered autograd under
-torch.compile with no graph break. The `gpu` group checks Qwen3.5-27B sizes on the device.
+torch.compile with no graph break. The same for add_zc_rmsnorm (the decoder's residual add fused
+in): s bit for bit torch's own add, y and the gradients (dx = ds + the norm's, given to x and the
+residual) against float64 and against transformers' add-then-module sequence, with ds absent too.
+The `gpu` group checks Qwen3.5-27B sizes on the device.
 Precision rule in fp16/bf16: no further from float64 than twice transformers' module's own
 distance (both round a float32 result once); in fp32 within 1e-6 of the module (only the order of
 the row sum differs).
@@ -28,6 +31,9 @@ from fastpath.kernels.counters import CALLS  # noqa: E402
 from fastpath.kernels.zc_rmsnorm import naive  # noqa: E402
 from fastpath.kernels.zc_rmsnorm.interface import (  # noqa: E402
     MAX_WIDTH,
+    add_zc_rmsnorm,
+    add_zc_rmsnorm_bwd,
+    add_zc_rmsnorm_fwd,
     zc_rmsnorm,
     zc_rmsnorm_bwd,
     zc_rmsnorm_fwd,
@@ -301,6 +307,165 @@ def test_compiled_has_no_graph_break_and_matches_eager() -> None:
     compiled_matches_eager(lambda x, w: zc_rmsnorm(x, w, 1e-6).float().square().sum(), inputs, "zc_rmsnorm_bwd")
 
 
+# ---------------------------------------------------------------- add_zc_rmsnorm
+def _check_add(shape, dtype, x_layout="contiguous", r_layout="contiguous", w_dtype=torch.float32,
+               w_layout="contiguous", eps=1e-6, seed=0, use_s=True) -> None:
+    """s = r + x bit for bit torch's add; y, dx (= dr) and dw against float64 at that rounded s,
+    with the gradient reaching s from its other use (ds) added when `use_s`, absent otherwise."""
+    gen = torch.Generator().manual_seed(seed)
+    x, r = _x(shape, dtype, x_layout, gen), _x(shape, dtype, r_layout, gen)
+    w = _w(shape[-1], w_dtype, w_layout, gen)
+    dy = _never_zero(torch.randn(shape, generator=gen)).to(dtype)
+    ds = _never_zero(torch.randn(shape, generator=gen)).to(dtype)
+    xl, rl = x.detach().requires_grad_(True), r.detach().requires_grad_(True)
+    base = w.detach()[:1].clone() if w_layout == "broadcast" else w.detach().clone()
+    wl = base.requires_grad_(True)
+    s, y = add_zc_rmsnorm(xl, rl, wl.expand(shape[-1]) if w_layout == "broadcast" else wl, eps)
+    s_torch = r + x
+    assert s.is_contiguous() and y.is_contiguous() and torch.equal(s, s_torch)
+    _close(y, naive.zc_rmsnorm_ref(s_torch, w, eps), dtype, "y")
+    loss = (y.float() * dy.float()).sum() + ((s.float() * ds.float()).sum() if use_s else 0.0)
+    loss.backward()
+    want_dx, want_dw = naive.zc_rmsnorm_bwd_ref(s_torch, w, dy, eps)
+    s64 = s_torch.double()
+    rstd = torch.rsqrt(s64.pow(2).mean(-1, keepdim=True) + eps)
+    terms = (rstd * dy.double() * (1 + w.double())).abs().max().item()
+    if use_s:
+        want_dx = want_dx + ds.double()
+        terms = max(terms, ds.double().abs().max().item())
+    for name, grad in (("dx", xl.grad), ("dresidual", rl.grad)):
+        _close(grad, want_dx, dtype, name, scale=max(terms, want_dx.abs().max().item()))
+    dw_terms = (dy.double() * s64 * rstd).abs().reshape(-1, shape[-1]).sum(0)
+    if w_layout == "broadcast":
+        want_dw, dw_terms = want_dw.sum().reshape(1), dw_terms.sum()
+    _close(wl.grad, want_dw, w_dtype, "dw", scale=dw_terms.max().item())
+
+
+@needs_interp
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("x_layout", X_LAYOUTS)
+def test_add_kernel_matches_float64(dtype: torch.dtype, x_layout: str) -> None:
+    CALLS.clear()
+    r_layout = X_LAYOUTS[(X_LAYOUTS.index(x_layout) + 1) % len(X_LAYOUTS)]  # x and r laid out differently
+    _check_add((3, 5, 48), dtype, x_layout, r_layout, seed=21)
+    assert CALLS["add_zc_rmsnorm_fwd:triton"] == 1 and CALLS["add_zc_rmsnorm_bwd:triton"] == 1
+    assert not CALLS["add_zc_rmsnorm_fwd:reference"] and not CALLS["add_zc_rmsnorm_bwd:reference"]
+
+
+@needs_interp
+@pytest.mark.parametrize("w_layout", W_LAYOUTS)
+@pytest.mark.parametrize("use_s", [True, False], ids=["s-used", "s-unused"])
+def test_add_weight_layouts_and_an_unused_sum(w_layout: str, use_s: bool) -> None:
+    """An unused s gives no ds (autograd passes None): dx is the norm's gradient alone."""
+    _check_add((2, 7, 40), torch.bfloat16, "row-strided", "contiguous", w_dtype=torch.bfloat16,
+               w_layout=w_layout, seed=22, use_s=use_s)
+
+
+@needs_interp
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_add_no_worse_than_transformers_add_then_module(dtype: torch.dtype) -> None:
+    """Against the decoder's own `residual + x` then Qwen3_5RMSNorm (module weight in x's dtype),
+    autograd summing the two gradients of s: s and y equal, dx / dresidual / dw no further from
+    float64 than twice that sequence's distance (ours rounds dx once, theirs twice)."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm
+
+    gen = torch.Generator().manual_seed(23)
+    shape = (4, 9, 64)
+    x, r = _x(shape, dtype, "contiguous", gen), _x(shape, dtype, "contiguous", gen)
+    dy, ds = (_never_zero(torch.randn(shape, generator=gen)).to(dtype) for _ in range(2))
+    module = Qwen3_5RMSNorm(shape[-1], eps=1e-6).to(dtype)
+    with torch.no_grad():
+        module.weight.copy_(_w(shape[-1], torch.float32, "contiguous", gen))
+    w = module.weight.detach()
+
+    def run(fn):
+        xl, rl, wl = x.clone().requires_grad_(True), r.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        s, y = fn(xl, rl, wl)
+        torch.autograd.backward((s, y), (ds, dy))
+        return s, y, xl.grad, rl.grad, wl.grad
+
+    def theirs(xl, rl, wl):
+        s = rl + xl
+        return s, torch.func.functional_call(module, {"weight": wl}, (s,))  # the module's forward, wl its weight
+
+    t_out = run(theirs)
+    o_out = run(lambda xl, rl, wl: add_zc_rmsnorm(xl, rl, wl, 1e-6))
+    x64, r64, w64 = (t.double().requires_grad_(True) for t in (x, r, w))
+    s64 = x64 + r64
+    y64 = naive.zc_rmsnorm_ref(s64, w64, 1e-6)
+    torch.autograd.backward((s64, y64), (ds.double(), dy.double()))
+    assert torch.equal(o_out[0], t_out[0]) and torch.equal(o_out[1], t_out[1])
+    for name, o, t, ref in zip(("dx", "dresidual", "dw"), o_out[2:], t_out[2:], (x64.grad, r64.grad, w64.grad),
+                               strict=True):
+        d_ours, d_theirs = ((g.double() - ref).abs().max().item() for g in (o, t))
+        assert d_ours <= 2 * d_theirs + 1e-12, f"{name}: {d_ours:.3e} vs transformers' {d_theirs:.3e}"
+
+
+def test_add_reference_path_on_cpu_is_transformers_bit_for_bit(monkeypatch) -> None:
+    """Without the interpreter: torch's add, then the float32 reference (the module's op sequence)."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    CALLS.clear()
+    _check_add((3, 4, 24), torch.bfloat16, "transposed", "row-strided", seed=24)
+    assert CALLS["add_zc_rmsnorm_fwd:reference"] == 1 and CALLS["add_zc_rmsnorm_bwd:reference"] == 1
+    gen = torch.Generator().manual_seed(25)
+    x, r = _x((5, 32), torch.bfloat16, "row-strided", gen), _x((5, 32), torch.bfloat16, "contiguous", gen)
+    module = Qwen3_5RMSNorm(32, eps=1e-5)
+    with torch.no_grad():
+        module.weight.copy_(_w(32, torch.float32, "contiguous", gen))
+        s, y = add_zc_rmsnorm(x, r, module.weight, 1e-5)
+        assert torch.equal(s, r + x) and torch.equal(y, module(r + x))
+
+
+def test_add_bad_inputs() -> None:
+    w = torch.randn(8)
+    with pytest.raises(ValueError, match=r"residual .* must match"):
+        add_zc_rmsnorm(torch.randn(2, 8), torch.randn(3, 8), w)
+    with pytest.raises(ValueError, match=r"residual .* must match"):
+        add_zc_rmsnorm(torch.randn(2, 8), torch.randn(2, 8, dtype=torch.float64), w)
+    with pytest.raises(ValueError, match="must be \\(H,\\)"):
+        add_zc_rmsnorm(torch.randn(2, 8), torch.randn(2, 8), torch.randn(7))
+
+
+@needs_interp
+def test_add_hypothesis_sweep() -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(lead=st.lists(st.integers(1, 7), min_size=1, max_size=3), width=st.integers(1, 200),
+           dtype=st.sampled_from(DTYPES), x_layout=st.sampled_from(X_LAYOUTS), r_layout=st.sampled_from(X_LAYOUTS),
+           w_layout=st.sampled_from(W_LAYOUTS), use_s=st.booleans(), eps=st.sampled_from([1e-6, 0.1]),
+           seed=st.integers(0, 999))
+    def sweep(lead, width, dtype, x_layout, r_layout, w_layout, use_s, eps, seed):
+        _check_add((*lead, width), dtype, x_layout, r_layout, w_layout=w_layout, eps=eps, seed=seed, use_s=use_s)
+
+    sweep()
+
+
+def test_add_fake_implementations_schema_and_compile() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(2, 5, 16, dtype=torch.bfloat16).transpose(0, 1)
+        s, y = add_zc_rmsnorm_fwd(x, x, torch.empty(16), 1e-6)
+        assert s.shape == y.shape == x.shape and s.is_contiguous() and y.dtype == torch.bfloat16
+        dx, dw = add_zc_rmsnorm_bwd(x, torch.empty(16), x, x, 1e-6)
+        assert dx.shape == x.shape and dw.shape == (16,)
+    x, r, w = torch.randn(3, 8), torch.randn(3, 8), torch.randn(8)
+    torch.library.opcheck(add_zc_rmsnorm_fwd, (x, r, w, 1e-6), test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(add_zc_rmsnorm_bwd, (x, w, r, x, 1e-6), test_utils=("test_schema", "test_faketensor"))
+    gen = torch.Generator().manual_seed(26)
+    inputs = tuple(_never_zero(torch.randn(*shape, generator=gen)) for shape in ((2, 6, 24), (2, 6, 24), (24,)))
+
+    def step(x, r, w):
+        s, y = add_zc_rmsnorm(x, r, w, 1e-6)
+        return y.float().square().sum() + s.float().sum()
+
+    compiled_matches_eager(step, inputs, "add_zc_rmsnorm_bwd")
+
+
 # ---------------------------------------------------------------- device only
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 QWEN35_27B = {"hidden": 5120, "heads": 24, "head_dim": 256}  # Qwen/Qwen3.5-27B config.json
@@ -367,3 +532,40 @@ def test_gpu_inductor_fullgraph() -> None:  # pragma: no cover - device only
         fn(xl, wl).backward()
         outs.append((xl.grad, wl.grad))
     torch.testing.assert_close(outs[0], outs[1])
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_add_at_27b_sizes() -> None:  # pragma: no cover - device only
+    """The post-attention add + norm over (1, 4096, 5120) bf16 against transformers' add then
+    module (the 2x rule against float64; s and y bitwise equal to it), dw bitwise across runs."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm
+
+    h = QWEN35_27B["hidden"]
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x, r, dy, ds = (torch.randn(1, 4096, h, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(4))
+    module = Qwen3_5RMSNorm(h).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        module.weight.copy_(0.3 * torch.randn(h, device="cuda", generator=gen))
+    w = module.weight.detach()
+    xm, rm = x.clone().requires_grad_(True), r.clone().requires_grad_(True)
+    sm = rm + xm
+    ym = module(sm)
+    torch.autograd.backward((sm, ym), (ds, dy))
+    runs = []
+    for _ in range(2):
+        CALLS.clear()
+        xo, ro, wo = x.clone().requires_grad_(True), r.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        so, yo = add_zc_rmsnorm(xo, ro, wo, module.eps)
+        torch.autograd.backward((so, yo), (ds, dy))
+        assert CALLS["add_zc_rmsnorm_fwd:triton"] == 1 and CALLS["add_zc_rmsnorm_bwd:triton"] == 1
+        runs.append((so, yo, xo.grad, ro.grad, wo.grad))
+    assert torch.equal(runs[0][4], runs[1][4]) and torch.equal(runs[0][2], runs[1][2])
+    assert torch.equal(runs[0][0], sm) and torch.equal(runs[0][1], ym)
+    x64, r64, w64 = (t.double().requires_grad_(True) for t in (x, r, w))
+    s64 = x64 + r64
+    torch.autograd.backward((s64, naive.zc_rmsnorm_ref(s64, w64, module.eps)), (ds.double(), dy.double()))
+    for name, o, t, ref in zip(("dx", "dresidual", "dw"), runs[0][2:], (xm.grad, rm.grad, module.weight.grad),
+                               (x64.grad, r64.grad, w64.grad), strict=True):
+        d_ours, d_theirs = ((g.double() - ref).abs().max().item() for g in (o, t))
+        assert d_ours <= 2 * d_theirs + 1e-12, f"{name}: {d_ours:.3e} vs transformers' {d_theirs:.3e}"

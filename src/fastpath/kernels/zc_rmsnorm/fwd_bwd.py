@@ -15,6 +15,13 @@ rsqrt as libdevice's, as torch's CUDA rsqrt, `(x * r) * (1 + w)` in that order) 
 the output dtype at the end (round to nearest even, by hand under the CPU interpreter, which
 truncates: kernels/rounding.py). Only the order of the row sum differs from torch's.
 
+With a residual (the decoder's `s = residual + x` just before its post-attention norm, in
+transformers' order: the sum rounded once to x's dtype, the norm computed from that rounded sum)
+the forward also reads r and writes s, and the backward also reads ds (the gradient reaching s
+from its other use, the decoder's last residual add) and writes dx = ds + dnorm rounded once: the
+add before the norm and the sum autograd would otherwise form of the two gradients of s (each a
+full pass) vanish into the norm's own passes.
+
 dw: each backward program owns a contiguous range of rows, accumulates dy * xhat in float32
 registers and writes one partial row; torch sums the (programs, H) partials in float32. No atomics,
 so dw is deterministic run to run (float atomics add in arrival order), and the partial buffer is
@@ -32,13 +39,14 @@ import triton.language as tl
 from torch import Tensor
 
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.kernels.rounding import store_rounded
+from fastpath.kernels.rounding import rounded_like, store_rounded
 
 _TILE = 4096  # elements per program tile: short rows (q_norm / k_norm, H = head_dim) share a program
 
 
 @triton.jit
-def _zc_rmsnorm_fwd_kernel(x_ptr, w_ptr, y_ptr, n_rows, width, stride_x, stride_w, inv_width, eps,
+def _zc_rmsnorm_fwd_kernel(x_ptr, w_ptr, y_ptr, res_ptr, s_ptr, n_rows, width, stride_x, stride_w, stride_res,
+                           inv_width, eps, HAS_RES: tl.constexpr,
                            RNE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_H)
@@ -46,6 +54,10 @@ def _zc_rmsnorm_fwd_kernel(x_ptr, w_ptr, y_ptr, n_rows, width, stride_x, stride_
     mask = (rows < n_rows)[:, None] & col_ok[None, :]
     r = rows.to(tl.int64)[:, None]
     x = tl.load(x_ptr + r * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:  # s = res + x, rounded once; the norm reads the rounded s, as transformers' does
+        x += tl.load(res_ptr + r * stride_res + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        store_rounded(s_ptr + r * width + cols[None, :], x, mask, RNE)
+        x = rounded_like(x, s_ptr, RNE)
     g = 1.0 + tl.load(w_ptr + cols * stride_w, mask=col_ok, other=0.0).to(tl.float32)
     rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) * inv_width + eps)
     y = (x * rstd[:, None]) * g[None, :]
@@ -53,8 +65,8 @@ def _zc_rmsnorm_fwd_kernel(x_ptr, w_ptr, y_ptr, n_rows, width, stride_x, stride_
 
 
 @triton.jit
-def _zc_rmsnorm_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, dw_part_ptr, n_rows, width, stride_x, stride_w,
-                           stride_dy, inv_width, eps, rows_per_program,
+def _zc_rmsnorm_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, dw_part_ptr, ds_ptr, n_rows, width, stride_x, stride_w,
+                           stride_dy, stride_ds, inv_width, eps, rows_per_program, HAS_DS: tl.constexpr,
                            RNE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_H)
@@ -74,6 +86,8 @@ def _zc_rmsnorm_bwd_kernel(x_ptr, w_ptr, dy_ptr, dx_ptr, dw_part_ptr, n_rows, wi
         dxh = dy * g[None, :]
         c = tl.sum(dxh * xh, axis=1) * inv_width
         dx = (dxh - xh * c[:, None]) * rstd[:, None]
+        if HAS_DS:
+            dx += tl.load(ds_ptr + r * stride_ds + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         store_rounded(dx_ptr + r * width + cols[None, :], dx, mask, RNE)
         dw_acc += dy * xh
     tl.store(dw_part_ptr + pid.to(tl.int64) * width + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
@@ -96,20 +110,24 @@ def _programs(device: torch.device) -> int:
     return 4
 
 
-def norm_fwd(x2: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """x2: (rows, H) with unit column stride, weight: (H,) any stride; returns contiguous y in x2's dtype."""
+def norm_fwd(x2: Tensor, weight: Tensor, eps: float, res2: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """x2 (and res2, same shape and dtype): (rows, H) with unit column stride, weight: (H,) any
+    stride; returns (y, s = res2 + x2 or None), contiguous in x2's dtype, y the norm of s if given."""
     n_rows, width = x2.shape
     y = torch.empty((n_rows, width), device=x2.device, dtype=x2.dtype)
+    s = None if res2 is None else torch.empty_like(y)
     block_m, block_h, num_warps = _blocks(n_rows, width)
     _zc_rmsnorm_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
-        x2, weight, y, n_rows, width, x2.stride(0), weight.stride(0), 1.0 / width, eps,
+        x2, weight, y, x2 if res2 is None else res2, y if s is None else s, n_rows, width, x2.stride(0),
+        weight.stride(0), 0 if res2 is None else res2.stride(0), 1.0 / width, eps, HAS_RES=res2 is not None,
         RNE=triton_interpreter_on(), BLOCK_M=block_m, BLOCK_H=block_h,
         num_warps=num_warps)
-    return y
+    return y, s
 
 
-def norm_bwd(x2: Tensor, weight: Tensor, dy2: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """(dx contiguous (rows, H) in x2's dtype, dw (H,) float32)."""
+def norm_bwd(x2: Tensor, weight: Tensor, dy2: Tensor, eps: float,
+             ds2: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(dx contiguous (rows, H) in x2's dtype, plus ds2 where given, dw (H,) float32)."""
     n_rows, width = x2.shape
     dx = torch.empty((n_rows, width), device=x2.device, dtype=x2.dtype)
     block_m, block_h, num_warps = _blocks(n_rows, width)
@@ -118,7 +136,8 @@ def norm_bwd(x2: Tensor, weight: Tensor, dy2: Tensor, eps: float) -> tuple[Tenso
     programs = triton.cdiv(n_rows, rows_per_program)
     dw_part = torch.empty((programs, width), device=x2.device, dtype=torch.float32)
     _zc_rmsnorm_bwd_kernel[(programs,)](
-        x2, weight, dy2, dx, dw_part, n_rows, width, x2.stride(0), weight.stride(0), dy2.stride(0),
-        1.0 / width, eps, rows_per_program, RNE=triton_interpreter_on(), BLOCK_M=block_m, BLOCK_H=block_h,
+        x2, weight, dy2, dx, dw_part, dy2 if ds2 is None else ds2, n_rows, width, x2.stride(0), weight.stride(0),
+        dy2.stride(0), 0 if ds2 is None else ds2.stride(0), 1.0 / width, eps, rows_per_program,
+        HAS_DS=ds2 is not None, RNE=triton_interpreter_on(), BLOCK_M=block_m, BLOCK_H=block_h,
         num_warps=num_warps)
     return dx, dw_part[0] if programs == 1 else dw_part.sum(0)

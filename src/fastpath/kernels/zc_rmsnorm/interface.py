@@ -9,7 +9,16 @@ y is contiguous in x's dtype, rounded once from float32 as transformers' Qwen3_5
 Ops (namespace "fastpath"): zc_rmsnorm_fwd(x, weight, eps) -> y and
 zc_rmsnorm_bwd(x, weight, dy, eps) -> (dx in x's dtype, dw in weight's dtype), with fake
 implementations and registered autograd (no graph break under torch.compile); eager callers skip
-the dispatcher, as in causal_conv1d/interface.py. Where the Triton kernel cannot run (CPU without
+the dispatcher, as in causal_conv1d/interface.py.
+
+    s, y = add_zc_rmsnorm(x, residual, weight, eps)    s = residual + x,  y = zc_rmsnorm(s, weight, eps)
+
+the decoder's residual add fused with the post-attention norm that reads its result, in
+transformers' rounding (s rounded once to x's dtype, y computed from that s): x and residual of
+the same shape and dtype, any strides as above. Ops add_zc_rmsnorm_fwd(x, residual, weight, eps)
+-> (s, y) and add_zc_rmsnorm_bwd(s, weight, dy, ds, eps) -> (dx, dw), where ds is the gradient
+reaching s from its other use and dx (= ds + the norm's input gradient, rounded once) is the
+gradient of both x and residual. Where the Triton kernel cannot run (CPU without
 TRITON_INTERPRET=1, float64, rows wider than MAX_WIDTH) the float32 reference in naive.py runs,
 with a one-time warning when a kernel could otherwise have run.
 """
@@ -52,7 +61,7 @@ def fwd_impl(x: Tensor, weight: Tensor, eps: float) -> Tensor:
         from fastpath.kernels.zc_rmsnorm.fwd_bwd import norm_fwd
 
         CALLS["zc_rmsnorm_fwd:triton"] += 1
-        return norm_fwd(_rows(x), weight, eps).view(x.shape)
+        return norm_fwd(_rows(x), weight, eps)[0].view(x.shape)
     CALLS["zc_rmsnorm_fwd:reference"] += 1
     return naive.zc_rmsnorm_ref(x, weight, eps, compute=torch.float32).to(x.dtype).contiguous()
 
@@ -122,3 +131,98 @@ zc_rmsnorm_bwd = torch.library.custom_op("fastpath::zc_rmsnorm_bwd", bwd_impl, m
 @zc_rmsnorm_bwd.register_fake
 def _bwd_fake(x, weight, dy, eps):
     return x.new_empty(x.shape), weight.new_empty(weight.shape)
+
+
+def _check_residual(x: Tensor, residual: Tensor) -> None:
+    if residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device:
+        raise ValueError(f"add_zc_rmsnorm: residual {tuple(residual.shape)} {residual.dtype} must match "
+                         f"x {tuple(x.shape)} {x.dtype} on the same device")
+
+
+def add_fwd_impl(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    _check(x, weight)
+    _check_residual(x, residual)
+    if _triton_ok("fwd", x, residual, weight):
+        from fastpath.kernels.zc_rmsnorm.fwd_bwd import norm_fwd
+
+        CALLS["add_zc_rmsnorm_fwd:triton"] += 1
+        y, s = norm_fwd(_rows(x), weight, eps, _rows(residual))
+        assert s is not None
+        return s.view(x.shape), y.view(x.shape)
+    CALLS["add_zc_rmsnorm_fwd:reference"] += 1
+    s = (residual + x).contiguous()  # torch's own add: what transformers' decoder computes
+    return s, naive.zc_rmsnorm_ref(s, weight, eps, compute=torch.float32).to(x.dtype).contiguous()
+
+
+def add_bwd_impl(s: Tensor, weight: Tensor, dy: Tensor, ds: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    if dy.shape != s.shape or ds.shape != s.shape:
+        raise ValueError(f"add_zc_rmsnorm: dy {tuple(dy.shape)} and ds {tuple(ds.shape)} must have s's shape "
+                         f"{tuple(s.shape)}")
+    if _triton_ok("bwd", s, weight, dy, ds):
+        from fastpath.kernels.zc_rmsnorm.fwd_bwd import norm_bwd
+
+        CALLS["add_zc_rmsnorm_bwd:triton"] += 1
+        dx, dw = norm_bwd(_rows(s), weight, _rows(dy), eps, _rows(ds))
+        return dx.view(s.shape), dw.to(weight.dtype)
+    CALLS["add_zc_rmsnorm_bwd:reference"] += 1
+    dx, dw = naive.zc_rmsnorm_bwd_ref(s, weight, dy, eps, compute=torch.float32)
+    return (dx + ds.float()).to(s.dtype).contiguous(), dw.to(weight.dtype)
+
+
+def _ds_or_zeros(ds: Tensor | None, s: Tensor) -> Tensor:
+    return torch.zeros_like(s) if ds is None else ds
+
+
+class _AddNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps):  # type: ignore[override]
+        s, y = add_fwd_impl(x, residual, weight, eps)
+        ctx.save_for_backward(s, weight)
+        ctx.eps = eps
+        return s, y
+
+    @staticmethod
+    def backward(ctx, ds, dy):  # type: ignore[override]
+        s, weight = ctx.saved_tensors
+        dx, dw = add_bwd_impl(s, weight, dy, _ds_or_zeros(ds, s), ctx.eps)
+        return dx, dx, dw, None
+
+
+def add_zc_rmsnorm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """(s, y): s = residual + x and y = zc_rmsnorm(s, weight, eps), both in x's dtype, in one
+    kernel each way; dispatched as zc_rmsnorm is."""
+    eps = float(eps)
+    if torch.compiler.is_compiling():
+        return add_zc_rmsnorm_fwd(x, residual, weight, eps)
+    if torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad or weight.requires_grad):
+        return _AddNormFunction.apply(x, residual, weight, eps)
+    return add_fwd_impl(x, residual, weight, eps)
+
+
+add_zc_rmsnorm_fwd = torch.library.custom_op("fastpath::add_zc_rmsnorm_fwd", add_fwd_impl, mutates_args=())
+
+
+@add_zc_rmsnorm_fwd.register_fake
+def _add_fwd_fake(x, residual, weight, eps):
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+def _add_setup_context(ctx, inputs, output) -> None:
+    ctx.save_for_backward(output[0], inputs[2])
+    ctx.eps = inputs[3]
+
+
+def _add_backward(ctx, ds, dy):
+    s, weight = ctx.saved_tensors
+    dx, dw = add_zc_rmsnorm_bwd(s, weight, dy, _ds_or_zeros(ds, s), ctx.eps)
+    return dx, dx, dw, None
+
+
+add_zc_rmsnorm_fwd.register_autograd(_add_backward, setup_context=_add_setup_context)
+
+add_zc_rmsnorm_bwd = torch.library.custom_op("fastpath::add_zc_rmsnorm_bwd", add_bwd_impl, mutates_args=())
+
+
+@add_zc_rmsnorm_bwd.register_fake
+def _add_bwd_fake(s, weight, dy, ds, eps):
+    return s.new_empty(s.shape), weight.new_empty(weight.shape)
