@@ -100,19 +100,29 @@ def _check(shape, dtype, x_layout="contiguous", w_dtype=torch.float32, w_layout=
     assert y.shape == x.shape and y.is_contiguous()
     _close(y, naive.zc_rmsnorm_ref(x, w, eps), dtype, "y")
     y.backward(dy)
+    _close_grads(x, w, dy, eps, {"dx": xl.grad}, wl.grad, w_layout)
+
+
+def _close_grads(x, w, dy, eps, dx_grads: dict, dw_grad, w_layout: str, ds=None) -> None:
+    """The norm's input gradients (plus ds, the gradient reaching its input from elsewhere, when
+    given) and its weight gradient against float64 at input x."""
     want_dx, want_dw = naive.zc_rmsnorm_bwd_ref(x, w, dy, eps)
     # dx = r * (dy * g - xh * mean(dy * g * xh)): two terms of size |r * dy * g| that cancel when a
     # row is short (width 1: dx ~ eps), so its error is bounded relative to the terms
     x64 = x.double()
     r = torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
     terms = (r * dy.double() * (1 + w.double())).abs().max().item()
-    _close(xl.grad, want_dx, dtype, "dx", scale=max(terms, want_dx.abs().max().item()))
+    if ds is not None:
+        want_dx = want_dx + ds.double()
+        terms = max(terms, ds.double().abs().max().item())
+    for name, grad in dx_grads.items():
+        _close(grad, want_dx, x.dtype, name, scale=max(terms, want_dx.abs().max().item()))
     # dw sums dy * xh over rows (and, for a broadcast weight, over columns): bounded relative to
     # the sum of the terms' magnitudes, which cancel too
-    dw_terms = (dy.double() * x64 * r).abs().reshape(-1, shape[-1]).sum(0)
+    dw_terms = (dy.double() * x64 * r).abs().reshape(-1, x.shape[-1]).sum(0)
     if w_layout == "broadcast":
         want_dw, dw_terms = want_dw.sum().reshape(1), dw_terms.sum()
-    _close(wl.grad, want_dw, w_dtype, "dw", scale=dw_terms.max().item())
+    _close(dw_grad, want_dw, w.dtype, "dw", scale=dw_terms.max().item())
 
 
 @needs_interp
@@ -326,19 +336,8 @@ def _check_add(shape, dtype, x_layout="contiguous", r_layout="contiguous", w_dty
     _close(y, naive.zc_rmsnorm_ref(s_torch, w, eps), dtype, "y")
     loss = (y.float() * dy.float()).sum() + ((s.float() * ds.float()).sum() if use_s else 0.0)
     loss.backward()
-    want_dx, want_dw = naive.zc_rmsnorm_bwd_ref(s_torch, w, dy, eps)
-    s64 = s_torch.double()
-    rstd = torch.rsqrt(s64.pow(2).mean(-1, keepdim=True) + eps)
-    terms = (rstd * dy.double() * (1 + w.double())).abs().max().item()
-    if use_s:
-        want_dx = want_dx + ds.double()
-        terms = max(terms, ds.double().abs().max().item())
-    for name, grad in (("dx", xl.grad), ("dresidual", rl.grad)):
-        _close(grad, want_dx, dtype, name, scale=max(terms, want_dx.abs().max().item()))
-    dw_terms = (dy.double() * s64 * rstd).abs().reshape(-1, shape[-1]).sum(0)
-    if w_layout == "broadcast":
-        want_dw, dw_terms = want_dw.sum().reshape(1), dw_terms.sum()
-    _close(wl.grad, want_dw, w_dtype, "dw", scale=dw_terms.max().item())
+    _close_grads(s_torch, w, dy, eps, {"dx": xl.grad, "dresidual": rl.grad}, wl.grad, w_layout,
+                 ds=ds if use_s else None)
 
 
 @needs_interp
