@@ -1,6 +1,7 @@
 """What every class-forward route to one of fastpath's own fused kernels promises, checked for
 each (routing/zc_norm_route.py: Qwen3.5's zero-centred RMSNorm; routing/swiglu_route.py: the gated
-MLP's silu(gate) * up) on a tiny random Qwen3.5: the routed model computes what transformers
+MLP's silu(gate) * up; routing/add_norm_route.py: the decoder layer's residual add fused into its
+post-attention norm, switched on with its FASTPATH_* variable set to auto) on a tiny random Qwen3.5: the routed model computes what transformers
 computes (loss and every gradient, float32 and bfloat16), explain() shows every routed module,
 disable() restores the class exactly; suspended() runs transformers' forward and resumes; CPU tensors without the interpreter keep transformers' forward bit for bit (explain()
 says why); its FASTPATH_* switch turns the route off with explain() saying so, a bad value is a
@@ -24,7 +25,7 @@ from test_zc_norm_route import tiny_qwen3_5  # noqa: E402
 
 import fastpath  # noqa: E402
 from fastpath.kernels.counters import CALLS  # noqa: E402
-from fastpath.routing import swiglu_route, zc_norm_route  # noqa: E402
+from fastpath.routing import add_norm_route, swiglu_route, zc_norm_route  # noqa: E402
 from fastpath.routing.engine import suspended  # noqa: E402
 from fastpath.shared.errors import UsageError  # noqa: E402
 
@@ -40,6 +41,7 @@ class Case:
     cls: str             # the Qwen3.5 class it routes
     layers: frozenset    # the tiny model's modules of that class
     summary: str         # its line in enable()'s summary when it routes
+    rows_when_off: bool = True  # explain() rows for its modules with the route off (an optional fusion has none)
 
 
 CASES = {
@@ -50,6 +52,9 @@ CASES = {
         "zero-centred RMSNorm -> fastpath-triton"),
     "swiglu": Case(swiglu_route, "swiglu", "swiglu", "Qwen3_5MLP",
                    frozenset({"model.layers.0.mlp", "model.layers.1.mlp"}), "gated MLP silu(gate) * up -> fastpath-triton"),
+    "add_norm": Case(add_norm_route, "add_norm", "add_zc_rmsnorm", "Qwen3_5DecoderLayer",
+                     frozenset({"model.layers.0", "model.layers.1"}), "residual add + post-attention norm -> fastpath-triton",
+                     rows_when_off=False),
 }
 each_route = pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
 
@@ -83,9 +88,10 @@ def _ran(case: Case) -> bool:
 @pytest.mark.skipif(not INTERP, reason="runs the fused kernels: needs TRITON_INTERPRET=1")
 @each_route
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_routed_model_matches_transformers_and_disable_restores(case: Case, dtype, tol) -> None:
+def test_routed_model_matches_transformers_and_disable_restores(case: Case, dtype, tol, monkeypatch) -> None:
     from transformers.models.qwen3_5 import modeling_qwen3_5
 
+    monkeypatch.setenv(case.route.ENV_MODE, "auto")
     cls = getattr(modeling_qwen3_5, case.cls)
     original = cls.__dict__["forward"]
     model = tiny_qwen3_5(dtype=dtype)
@@ -117,7 +123,8 @@ def test_routed_model_matches_transformers_and_disable_restores(case: Case, dtyp
 
 @pytest.mark.skipif(not INTERP, reason="runs the fused kernels: needs TRITON_INTERPRET=1")
 @each_route
-def test_suspended_runs_transformers_forward_and_resumes(case: Case) -> None:
+def test_suspended_runs_transformers_forward_and_resumes(case: Case, monkeypatch) -> None:
+    monkeypatch.setenv(case.route.ENV_MODE, "auto")
     model = tiny_qwen3_5()
     with torch.no_grad():
         ref = model(IDS).logits
@@ -142,7 +149,7 @@ def test_cpu_without_interpreter_keeps_transformers_bit_for_bit(case: Case, monk
     monkeypatch.setenv(case.route.ENV_MODE, "torch")
     fastpath.enable(warn=False)
     ref_loss, ref_grads = _step(model)
-    monkeypatch.delenv(case.route.ENV_MODE)
+    monkeypatch.setenv(case.route.ENV_MODE, "auto")
     fastpath.enable(warn=False)
     CALLS.clear()
     loss, grads = _step(model)
@@ -165,7 +172,7 @@ def test_env_switch_turns_the_route_off_and_explain_says_so(case: Case, monkeypa
     assert getattr(report, f"{case.report_field}_reason") == f"{env}=torch"
     assert not hasattr(cls.forward, case.route.ROUTE_ATTR)
     rows = _rows(tiny_qwen3_5(), case)
-    assert len(rows) == len(case.layers)
+    assert len(rows) == (len(case.layers) if case.rows_when_off else 0)
     assert all(not r["fast"] and r["impl"] == f"torch (eager; {env}=torch)" for r in rows)
     fastpath.disable()
     assert case.route.SKIP_ATTR not in cls.__dict__

@@ -67,6 +67,8 @@ class EnableReport:
     glue_reason: str = ""
     zc_norm: str = "torch"              # Qwen3.5 / Qwen3-Next zero-centred RMSNorm: zc_norm_route.IMPL | "torch"
     zc_norm_reason: str = ""
+    add_norm: str = "torch"             # the decoder's residual add + that norm: add_norm_route.IMPL | "torch"
+    add_norm_reason: str = ""
     swiglu: str = "torch"               # the gated MLP's silu(gate) * up: swiglu_route.IMPL | "torch"
     swiglu_reason: str = ""
     lm_loss: str = "torch"              # the causal-LM loss: lm_head_route.IMPL | "torch"

@@ -31,6 +31,7 @@ from typing import Any
 from fastpath.kernels.dispatch import cuda_capability, triton_interpreter_on
 from fastpath.kernels.selective_scan import interface as sscan_kernels
 from fastpath.routing import (
+    add_norm_route,
     autotune_decisions,
     conv_route,
     fla_route,
@@ -448,6 +449,11 @@ ROUTES: tuple[Route, ...] = (
           summary=lambda r: [f"zero-centred RMSNorm -> {r.zc_norm} ({r.zc_norm_reason})"],
           install=_active(zc_norm_route), patch=_patch_noting(zc_norm_route.patch_module),
           explain_layer=_class_rows(zc_norm_route), switches=(zc_norm_route.route_mode,)),
+    Route("add_norm", (add_norm_route.OP,), lambda s: add_norm_route.detect_add_norm(),
+          report=_report_into("add_norm", "add_norm_reason"),
+          summary=lambda r: [f"residual add + post-attention norm -> {r.add_norm} ({r.add_norm_reason})"],
+          install=_active(add_norm_route), patch=_patch_noting(add_norm_route.patch_module),
+          explain_layer=_class_rows(add_norm_route), switches=(add_norm_route.route_mode,)),
     Route("swiglu", (swiglu_route.OP,), lambda s: swiglu_route.detect_swiglu(),
           report=_report_into("swiglu", "swiglu_reason"),
           summary=lambda r: [f"gated MLP silu(gate) * up -> {r.swiglu} ({r.swiglu_reason})"],
@@ -464,7 +470,7 @@ ROUTES: tuple[Route, ...] = (
 )
 
 #: the order enable()'s summary lists the routes in
-SUMMARY_ORDER = ("causal_conv1d", "gated_delta_rule", "kda", "gated_norm", "zc_norm", "swiglu", "mamba_ssd",
+SUMMARY_ORDER = ("causal_conv1d", "gated_delta_rule", "kda", "gated_norm", "zc_norm", "add_norm", "swiglu", "mamba_ssd",
                  "mamba1_scan", "glue", "lm_head_loss", "hub_kernels", "autotune_decisions")
 
 
