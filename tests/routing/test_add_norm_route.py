@@ -253,7 +253,7 @@ _ON_A_VERSION = textwrap.dedent("""
     import fastpath
     from fastpath.kernels.counters import CALLS
     ids = torch.randint(3, 64, (2, 7), generator=torch.Generator().manual_seed(0))
-    model = build("qwen3_5_text")
+    model = build(os.environ["MODEL_TYPE"])
 
     def step():
         model.zero_grad(set_to_none=True)
@@ -273,21 +273,22 @@ _ON_A_VERSION = textwrap.dedent("""
     (l0, g0), (l1, g1) = out.pop("torch"), out.pop("auto")
     out["loss_diff"] = float((l0 - l1).abs())
     out["grad_rel"] = max(float((a - b).norm() / b.norm().clamp_min(1e-30)) for a, b in zip(g1, g0))
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
-    out["decorated"] = hasattr(m.Qwen3_5DecoderLayer.forward, "__wrapped__")
+    out["decorated"] = hasattr(type(model.model.layers[0]).forward, "__wrapped__")
     print(json.dumps(out))
 """)
 
 
 @needs_interp
-@pytest.mark.parametrize("version", ["default", "5.12.1"])
-def test_rewrite_on_other_transformers_releases(version: str) -> None:
-    """5.25 (today's default stack) wraps the forward in deprecate_kwarg; 5.12 does not."""
+@pytest.mark.parametrize("version,model_type", [("default", "qwen3_5_text"), ("default", "qwen3_next"),
+                                               ("5.12.1", "qwen3_5_text")])
+def test_rewrite_on_other_transformers_releases(version: str, model_type: str) -> None:
+    """5.25 (today's default stack) wraps the forward in deprecate_kwarg; 5.12 does not; Qwen3-Next's
+    decoder (a sparse-MoE MLP whose output it unpacks) has the same three statements."""
     python = venv_python(version)
     if not python.exists():
         pytest.skip(venv_missing(version))
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(SUPPORT)]),
-               TRITON_INTERPRET="1")
+               TRITON_INTERPRET="1", MODEL_TYPE=model_type)
     proc = subprocess.run([str(python), "-c", _ON_A_VERSION], capture_output=True, text=True, env=env,
                           cwd=str(ROOT), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
