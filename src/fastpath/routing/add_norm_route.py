@@ -122,12 +122,10 @@ def _rewritten_tree(fn: Callable[..., Any]) -> tuple[ast.Module | None, str | No
     new = ast.parse(_REPLACEMENT).body[0]
     fdef.body[i:i + 3] = [ast.copy_location(new, fdef.body[i])]
     fdef.decorator_list = []
-    maker = ast.FunctionDef(
-        name="__fastpath_make", args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=_HELPER)], kwonlyargs=[],
-                                                   kw_defaults=[], defaults=[]),
-        body=[fdef, ast.Return(value=ast.Name(id=fdef.name, ctx=ast.Load()))], decorator_list=[], returns=None,
-        **({"type_params": []} if "type_params" in ast.FunctionDef._fields else {}))
-    module = ast.Module(body=[maker], type_ignores=[])
+    module = ast.parse(f"def __fastpath_make({_HELPER}):\n    pass")
+    maker = module.body[0]
+    assert isinstance(maker, ast.FunctionDef)
+    maker.body = [fdef, ast.Return(value=ast.Name(id=fdef.name, ctx=ast.Load()))]
     ast.fix_missing_locations(module)
     ast.increment_lineno(module, fn.__code__.co_firstlineno - 1)
     return module, None

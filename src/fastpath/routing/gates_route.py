@@ -153,20 +153,17 @@ def rope_fits(query: Any, key: Any, cos: Any, sin: Any, force: bool, interpreter
     no wider dtype than q and k, and wanting no gradient (the op gives x's only)."""
     import torch
 
+    from fastpath.kernels.rotary.interface import check_args
+
     tensors = (query, key, cos, sin)
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return False
     if not (force or all(_usable(t, interpreter) for t in tensors)):
         return False
-    if query.dim() != 4 or key.dim() != 4 or cos.dim() != 3 or sin.shape != cos.shape:
-        return False
-    rot = cos.shape[-1]
-    if rot % 2 or rot > min(query.shape[-1], key.shape[-1]):
-        return False
-    if cos.shape[:2] != (query.shape[0], query.shape[2]) or key.shape[0] != query.shape[0] \
-            or key.shape[2] != query.shape[2]:
-        return False
-    if not all(t.dtype.is_floating_point for t in tensors) or len({t.device for t in tensors}) != 1:
+    try:  # the op's own contract (shapes, R even <= D, floating point, one device), for q and for k
+        check_args(query, cos, sin)
+        check_args(key, cos, sin)
+    except ValueError:
         return False
     # the op rounds to x's dtype; transformers' arithmetic promotes (float32 cos with bf16 q: float32)
     table = torch.promote_types(cos.dtype, sin.dtype)
