@@ -167,7 +167,7 @@ def render(result: VerifyResult, width: int | None = None) -> Any:
     if result.decode is not None:
         lines.append(Text(f"decode: {result.decode.detail}", style="green" if result.decode.ok else "red"))
     calls = ", ".join(f"{k} x{n}" for k, n in result.fast_calls.items()) or "none"
-    lines.append(Text(f"fast path executed {result.conv_kernel_calls} conv kernel calls ({calls})"))
+    lines.append(Text(f"fast path executed {result.conv_kernel_calls} conv kernel calls; every kernel counter: {calls}"))
     if result.verdict == "PASS":
         lines.append(Text("PASS: the fast path computes the same function", style="bold green"))
     elif result.verdict == SLOW:
