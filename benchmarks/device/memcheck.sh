@@ -12,8 +12,8 @@
 # Groups (MEMCHECK_GROUPS, comma list; all by default), each one pytest process under
 # `compute-sanitizer --tool memcheck`, all at once (MEMCHECK_PARALLEL=0: one after another):
 # (files under tests/kernels/ but the decode graphs' tests/proof/test_decode_graphs.py)
-#   conv    causal_conv1d/test_causal_conv1d.py, causal_conv1d/test_launch.py (not the
-#           torch.compile test)
+#   conv    causal_conv1d/test_causal_conv1d.py, causal_conv1d/test_launch.py,
+#           causal_conv1d/test_split_outputs.py (not the torch.compile tests)
 #   ssd     ssd/test_ssd_gpu.py, ssd/test_ssd_update.py, ssd/test_mamba_split_conv_scan.py
 #           (not the mamba_ssm comparison: its kernels are not ours; MAMBA_SRC is unset)
 #   sscan   selective_scan/test_selective_scan_gpu.py without the 1x8192x4096 / 2x5120x1024 /
@@ -128,7 +128,7 @@ echo "groups: $groups; $limit s each; Hypothesis examples <= $examples; TRITON_C
 
 declare -A files kexpr caching
 kt=tests/kernels
-files[conv]="$kt/causal_conv1d/test_causal_conv1d.py $kt/causal_conv1d/test_launch.py"
+files[conv]="$kt/causal_conv1d/test_causal_conv1d.py $kt/causal_conv1d/test_launch.py $kt/causal_conv1d/test_split_outputs.py"
 kexpr[conv]="not torch_compile"
 files[ssd]="$kt/ssd/test_ssd_gpu.py $kt/ssd/test_ssd_update.py $kt/ssd/test_mamba_split_conv_scan.py"
 kexpr[ssd]="not agrees_with_mamba_ssm"

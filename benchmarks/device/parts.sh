@@ -126,7 +126,8 @@ group() {  # group NAME PYTEST-ARGS...
 part_tests() {
   echo "== tests (${TESTS:-conv,fla,ssd,sscan,glue}) in the background at $(at)"
   local k=tests/kernels r=tests/routing p=tests/proof
-  group conv $k/causal_conv1d/test_causal_conv1d.py $k/causal_conv1d/test_launch.py $p/test_decode_graphs.py
+  group conv $k/causal_conv1d/test_causal_conv1d.py $k/causal_conv1d/test_launch.py $k/causal_conv1d/test_split_outputs.py \
+    $p/test_decode_graphs.py
   group fla -v -m gpu $k/gated_delta_rule/test_fla_dqkwg.py $r/test_norm_route.py $p/test_verify_gpu.py \
     $p/test_bench_gpu.py
   MAMBA_SRC="$msrc" group ssd -m gpu $k/ssd/test_ssd_gpu.py $k/ssd/test_ssd_update.py \

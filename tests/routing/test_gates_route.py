@@ -104,6 +104,8 @@ def test_tiny_model_matches_the_reference_path_and_disable_restores() -> None:
     assert not CALLS["rotary_fwd:reference"] and not CALLS["rotary_bwd:reference"], dict(CALLS)
     # the GatedDeltaNet's 4 projections, the attention's 3 and each layer's MLP gate/up pair
     assert CALLS["linear_group:shared"] == 4, dict(CALLS)
+    # its conv writes q, k and v apart, one launch per piece each way
+    assert CALLS["conv_split_fwd:triton"] == 1 and CALLS["conv_split_bwd:triton"] == 1, dict(CALLS)
     torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-5)
     for name, grad in want_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
@@ -180,6 +182,54 @@ def test_grouped_heads_reach_a_rule_that_takes_them(grouped_rule: bool) -> None:
                                old(qr, kr, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)[0])
 
 
+def test_q_k_v_come_contiguous_from_fastpaths_conv_only(monkeypatch) -> None:
+    """Where the module's conv is fastpath's own, the routed forward has it write q, k and v as
+    three contiguous tensors (the rule copies nothing); any other conv (Dao's, a Hub kernel's: here
+    fastpath's numbers through another callable) keeps the original conv, transpose and split.
+    The two give the same output and gradients, and both the original forward's (torch's conv)."""
+    import fastpath.causal_conv1d as fp_conv
+    from fastpath.routing import conv_route
+
+    module = _module()
+    original = module.Qwen3_5GatedDeltaNet.forward
+    layer = tiny_model(seed=5).model.layers[0].linear_attn
+    x = torch.randn(2, 9, 32, generator=torch.Generator().manual_seed(6), requires_grad=True)
+    params = [x, *layer.parameters()]
+    torch_out = original(layer, x)
+    torch_grads = torch.autograd.grad(torch_out.square().sum(), params)
+    rule = module.torch_chunk_gated_delta_rule
+    seen = []
+
+    def spy(q, k, v, *args, **kwargs):
+        seen.append((q.is_contiguous(), k.is_contiguous(), v.is_contiguous()))
+        return rule(q, k, v, *args, **kwargs)
+
+    def another_conv(*args, **kwargs):
+        return fp_conv.causal_conv1d_fn(*args, **kwargs)
+
+    monkeypatch.setattr(module, "torch_chunk_gated_delta_rule", spy)
+    forward = gates_route.make_gdn_forward(original, module, force=True)
+    results = {}
+    for name, impl in (("split", fp_conv.causal_conv1d_fn), ("unsplit", another_conv)):
+        monkeypatch.setattr(module, "causal_conv1d_fn", conv_route.make_causal_conv1d_fn(impl))
+        CALLS.clear()
+        out = forward(layer, x)
+        results[name] = (out, torch.autograd.grad(out.square().sum(), params))
+        impl_key = "triton" if INTERP else "reference"
+        count = int(name == "split")
+        assert CALLS[f"conv_split_fwd:{impl_key}"] == count and CALLS[f"conv_split_bwd:{impl_key}"] == count
+    # (q and k of the original are contiguous too where it repeats them per value head: <= 5.22)
+    assert seen[0] == (True, True, True) and seen[1][2] is False, seen
+    (out, grads), (want, want_grads) = results["split"], results["unsplit"]
+    torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-7)
+    for g, w in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-7)
+    # against torch's own conv the float32 sums differ in order: a bound on that difference
+    torch.testing.assert_close(out, torch_out, rtol=1e-5, atol=1e-6)
+    for g, w in zip(grads, torch_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-4)
+
+
 def test_rope_is_fused_only_for_transformers_partial_rotary_and_calls_that_fit() -> None:
     """The routed attention calls fastpath's rotary only while the module's apply_rotary_pos_emb is
     transformers' partial rotate-half RoPE and the call fits; else the module's own function."""
@@ -252,7 +302,7 @@ def test_cpu_without_interpreter_and_cached_calls_keep_the_original(monkeypatch)
     with torch.no_grad():
         got = model(input_ids=ids, use_cache=True).logits
         model(input_ids=ids, use_cache=False)
-    assert not any(k.startswith(("gdn_gates", "sigmoid_gate", "rotary")) for k in CALLS), dict(CALLS)
+    assert not any(k.startswith(("gdn_gates", "sigmoid_gate", "rotary", "conv_split")) for k in CALLS), dict(CALLS)
     torch.testing.assert_close(got, want)
 
 

@@ -20,7 +20,8 @@ One naming rule in every op folder, so a module's name says which pass it comput
   inputs; common.py, @triton.jit helpers several of the op's kernels share;
 - host-side modules keep names that say what they are: causal_conv1d/launchers.py,
   ssd/shared_memory.py, ssd/split_conv_scan.py and selective_scan/inner.py (fused training ops
-  composed of fastpath's ops), gated_delta_rule/dqkwg.py (PyTorch, named after the FLA function it
+  composed of fastpath's ops), causal_conv1d/split_outputs.py (the conv of a fused projection
+  written straight into its pieces), gated_delta_rule/dqkwg.py (PyTorch, named after the FLA function it
   replaces). No `triton_` prefix: every kernel module here is Triton.
 
 Shared by the ops: dispatch (cuda_capability decides the device once; which implementation a call

@@ -5,6 +5,9 @@ Liger's RMSNorm / SwiGLU / fused cross-entropy, these are the eager pieces left 
 * GatedDeltaNet gates: ``g = -exp(A_log) * softplus(a + dt_bias)`` (float32) and
   ``beta = sigmoid(b)``: ~7 elementwise kernels forward and ~12 backward in transformers, one
   kernel each way in ``fastpath.kernels.gdn_gates``;
+* GatedDeltaNet's conv, transpose and split into q, k, v, where the module's conv is fastpath's
+  own: the conv writes each piece contiguous (``kernels/causal_conv1d/split_outputs.py``), so the gated
+  delta rule copies nothing and the backward concatenates nothing;
 * gated attention's output gate: ``attn_output * sigmoid(gate)`` with ``gate`` first copied out
   of the q_proj output: a copy and two kernels forward, three backward in transformers; one kernel
   each way reading the strided gate in place in ``fastpath.kernels.sigmoid_gate``;
@@ -177,6 +180,8 @@ def make_gdn_forward(original: Callable[..., Any], module: ModuleType, *, force:
     (the probe) takes the fused path for any tensors (the ops' float32 reference off-GPU)."""
     import torch
 
+    from fastpath.causal_conv1d import causal_conv1d_fn as fastpath_conv
+    from fastpath.kernels.causal_conv1d.split_outputs import conv_split
     from fastpath.kernels.gdn_gates.interface import gdn_gates
     from fastpath.kernels.linear_group.interface import linears_of_one_input
 
@@ -186,6 +191,21 @@ def make_gdn_forward(original: Callable[..., Any], module: ModuleType, *, force:
     # 5.25 calls the conv through the kernelizable helper `causal_conv1d_forward(conv1d, x, cache,
     # layer_idx, ...)`, which (no cache) calls the module's causal_conv1d_fn; call what it calls
     conv_helper = "causal_conv1d_forward(" in source
+    helper = getattr(module, "causal_conv1d_forward", None)
+    plain_helper = "causal_conv1d_fn(" in _source(helper)
+
+    def conv_pieces(self: Any, mixed_qkv: Any) -> tuple[Any, ...] | None:
+        """q, k, v (B, L, n) contiguous straight from the conv (kernels/causal_conv1d/split_outputs.py)
+        where the conv the original would call is fastpath's own, else None (the original's steps)."""
+        if getattr(module.causal_conv1d_fn, "__fastpath_impl__", None) is not fastpath_conv:
+            return None
+        if conv_helper and not (plain_helper and module.causal_conv1d_forward is helper):
+            return None  # a kernelized or replaced helper computes what it computes
+        weight = self.conv1d.weight
+        if self.activation not in ("silu", "swish", None) or mixed_qkv.dtype != weight.dtype:
+            return None
+        return conv_split(mixed_qkv, weight.squeeze(1), self.conv1d.bias,
+                          (self.key_dim, self.key_dim, self.value_dim), self.activation is not None)
 
     def forward(self: Any, hidden_states: Any, cache_params: Any = None, attention_mask: Any = None,
                 **kwargs: Any) -> Any:
@@ -201,14 +221,18 @@ def make_gdn_forward(original: Callable[..., Any], module: ModuleType, *, force:
         mixed_qkv, z, b, a = linears_of_one_input(
             hidden_states, (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a))
         mixed_qkv = mixed_qkv.transpose(1, 2)
-        if conv_helper:
-            mixed_qkv = module.causal_conv1d_forward(self.conv1d, mixed_qkv, None, self.layer_idx,
-                                                     activation=self.activation, **kwargs)
+        pieces = conv_pieces(self, mixed_qkv)
+        if pieces is not None:
+            query, key, value = pieces
         else:
-            mixed_qkv = module.causal_conv1d_fn(mixed_qkv, self.conv1d.weight.squeeze(1), self.conv1d.bias,
-                                                activation=self.activation, **kwargs)
-        mixed_qkv = mixed_qkv.transpose(1, 2)
-        query, key, value = torch.split(mixed_qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+            if conv_helper:
+                mixed_qkv = module.causal_conv1d_forward(self.conv1d, mixed_qkv, None, self.layer_idx,
+                                                         activation=self.activation, **kwargs)
+            else:
+                mixed_qkv = module.causal_conv1d_fn(mixed_qkv, self.conv1d.weight.squeeze(1),
+                                                    self.conv1d.bias, activation=self.activation, **kwargs)
+            mixed_qkv = mixed_qkv.transpose(1, 2)
+            query, key, value = torch.split(mixed_qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         query = query.reshape(batch, seq_len, -1, self.head_k_dim)
         key = key.reshape(batch, seq_len, -1, self.head_k_dim)
         value = value.reshape(batch, seq_len, -1, self.head_v_dim)

@@ -93,23 +93,26 @@ def fwd_impl(
     """The forward itself (out, final_states or empty), whoever calls it; its signature is the
     fastpath::causal_conv1d_fwd schema."""
     width = weight.shape[-1]
-    if _triton_ok("fwd", width, x, weight, bias, initial_states):
-        CALLS["fwd:triton"] += 1
-        if x.stride(1) == 1:  # channel-last: sliding-row kernel, 16-byte vectors along D
-            out = _kernels().fwd_rows(x, weight, bias, seq_idx, initial_states, silu)
-        else:  # contiguous: 2D tiles vectorized along L
-            out = _kernels().fwd_tile(x, weight, bias, seq_idx, initial_states, silu)
-    else:
-        CALLS["fwd:reference"] += 1
-        out = torch.empty_like(x)
-        out.copy_(
-            reference.causal_conv1d_ref(
-                x, weight, bias, initial_states, activation="silu" if silu else None,
-                seq_idx=seq_idx,
-            )
-        )
+    out = fwd_into(x, weight, bias, seq_idx, initial_states, silu, torch.empty_like(x))
     final = final_states_of(x, initial_states, width) if return_final_states else _empty(x)
     return out, final
+
+
+def fwd_into(x: Tensor, weight: Tensor, bias: Tensor | None, seq_idx: Tensor | None,
+             initial_states: Tensor | None, silu: bool, out: Tensor) -> Tensor:
+    """act(conv(x)) written into `out` (x's shape, any strides), Triton or the reference."""
+    if _triton_ok("fwd", weight.shape[-1], x, weight, bias, initial_states):
+        CALLS["fwd:triton"] += 1
+        if x.stride(1) == 1:  # channel-last: sliding-row kernel, 16-byte vectors along D
+            return _kernels().fwd_rows(x, weight, bias, seq_idx, initial_states, silu, out=out)
+        # contiguous: 2D tiles vectorized along L
+        return _kernels().fwd_tile(x, weight, bias, seq_idx, initial_states, silu, out=out)
+    CALLS["fwd:reference"] += 1
+    return out.copy_(
+        reference.causal_conv1d_ref(
+            x, weight, bias, initial_states, activation="silu" if silu else None, seq_idx=seq_idx,
+        )
+    )
 
 
 def bwd_impl(

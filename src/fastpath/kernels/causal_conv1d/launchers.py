@@ -35,9 +35,11 @@ def forward_launcher(
     launch = CachedLauncher(kernel, (*_FWD_CONSTEXPRS, *own_constexprs))
 
     def forward(x: Tensor, weight: Tensor, bias: Tensor | None, seq_idx: Tensor | None,
-                initial_states: Tensor | None, silu: bool, config: dict | None = None) -> Tensor:
-        """y (strides of x) = act(conv(x)); seq_idx is int32 contiguous (the face ensures it)."""
-        out = torch.empty_like(x)
+                initial_states: Tensor | None, silu: bool, config: dict | None = None,
+                out: Tensor | None = None) -> Tensor:
+        """y = act(conv(x)) into `out` (x's shape, any strides; default strides of x); seq_idx is
+        int32 contiguous (the face ensures it)."""
+        out = torch.empty_like(x) if out is None else out
         if out.numel() == 0:
             return out
         grid, sizes, own, num_warps = plan(x, config)
