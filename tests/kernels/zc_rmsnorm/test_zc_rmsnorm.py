@@ -537,7 +537,9 @@ def test_gpu_inductor_fullgraph() -> None:  # pragma: no cover - device only
 @needs_cuda
 def test_gpu_add_at_27b_sizes() -> None:  # pragma: no cover - device only
     """The post-attention add + norm over (1, 4096, 5120) bf16 against transformers' add then
-    module (the 2x rule against float64; s and y bitwise equal to it), dw bitwise across runs."""
+    module: s bitwise equal to torch's add, y and every gradient within the 2x rule against
+    float64 (y from the same rounded s: torch's mean and the kernel's sum reduce in different
+    orders on a GPU), dx and dw bitwise across runs."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm
 
     h = QWEN35_27B["hidden"]
@@ -560,7 +562,10 @@ def test_gpu_add_at_27b_sizes() -> None:  # pragma: no cover - device only
         assert CALLS["add_zc_rmsnorm_fwd:triton"] == 1 and CALLS["add_zc_rmsnorm_bwd:triton"] == 1
         runs.append((so, yo, xo.grad, ro.grad, wo.grad))
     assert torch.equal(runs[0][4], runs[1][4]) and torch.equal(runs[0][2], runs[1][2])
-    assert torch.equal(runs[0][0], sm) and torch.equal(runs[0][1], ym)
+    assert torch.equal(runs[0][0], sm)
+    y64 = naive.zc_rmsnorm_ref(sm.detach().double(), w.double(), module.eps)
+    d_ours, d_theirs = ((y.double() - y64).abs().max().item() for y in (runs[0][1], ym))
+    assert d_ours <= 2 * d_theirs + 1e-12, f"y: {d_ours:.3e} vs transformers' {d_theirs:.3e}"
     x64, r64, w64 = (t.double().requires_grad_(True) for t in (x, r, w))
     s64 = x64 + r64
     torch.autograd.backward((s64, naive.zc_rmsnorm_ref(s64, w64, module.eps)), (ds.double(), dy.double()))

@@ -11,8 +11,9 @@ and in the backward autograd concatenates dq, dk and dv back into one (B, L, D) 
 (BENCHMARKS.md). The conv is depthwise, so each piece is the conv of its own channels: here each
 piece is its own launch of the conv kernel with its own output, contiguous as the rule wants it,
 and the backward runs the conv backward per piece on that piece's gradient, writing its channels
-of one dx (and of dW / dB). Same arithmetic per channel as `causal_conv1d_fwd` / `_bwd`, so the
-results are bit for bit the unfused conv's followed by the split.
+of one dx (and of dW / dB). The same kernels per channel as `causal_conv1d_fwd` / `_bwd`: the
+pieces are bit for bit the unfused conv's followed by the split; the gradients too in float32,
+and in 16-bit dtypes within one rounding (the GPU backward's plan depends on D).
 
 Op (namespace "fastpath"): causal_conv1d_split_fwd(x, weight, bias, sizes, silu) -> Tensor[],
 with a fake and registered autograd (backward: causal_conv1d_split_bwd); eager callers reach the
