@@ -363,7 +363,8 @@ def check_fits(size: JobSize, what: str, refit: Any, min_layers: int, batch: int
                 "reference path, which grows with --batch x --seq-len)")
     raise UsageError(
         f"{what} needs about {size.peak_bytes / GB:.1f} GB ({human_count(size.parameters)} parameters, "
-        f"{size.dtype}){scan} but {size.free_source} has {size.free_bytes / GB:.1f} GB free; "
+        f"{size.dtype}){scan} but {size.free_source} has {size.free_bytes / GB:.1f} GB free (a job plans on "
+        f"{FIT_FRACTION:.0%} of it: {budget / GB:.1f} GB); "
         + suggestion(size, fits, min_layers, batch, seq_len)
         + (" (the config leaves its size to transformers' defaults: " + ", ".join(size.defaults) + ")"
            if size.defaults else "")

@@ -50,15 +50,23 @@ def _never_zero(t: torch.Tensor) -> torch.Tensor:
     return t + 0.05 * torch.where(t < 0, -1.0, 1.0)
 
 
+# What fills the part of a strided hidden's buffer its view does not cover: large and finite, so a
+# read of it that counts shows up as a wrong loss. Not NaN: the hidden goes through torch's GEMM
+# only, and on CPUs with AMX torch 2.13's bf16 matmul (oneDNN 3.12 `brg_matmul:avx10_1_512_amx`)
+# reads one element past an odd-length row and multiplies it by a zero pad: NaN * 0 poisons the
+# logits of torch's own path too (seen at K = 41; ONEDNN_MAX_CPU_ISA=AVX512_CORE avoids it).
+GAP = 1.0e4
+
+
 def _hidden(n: int, h: int, dtype: torch.dtype, layout: str, gen: torch.Generator) -> torch.Tensor:
-    """(n, h) in `layout`; whatever of the buffer the view does not cover is NaN."""
+    """(n, h) in `layout`; whatever of the buffer the view does not cover is GAP."""
     values = _never_zero(torch.randn(n, h, generator=gen)).to(dtype)
     if layout == "row-strided":
-        out = torch.full((n, 2 * h), float("nan"), dtype=dtype)[:, :h]
+        out = torch.full((n, 2 * h), GAP, dtype=dtype)[:, :h]
     elif layout == "transposed":
         out = torch.empty(h, n, dtype=dtype).t()
     elif layout == "col-strided":
-        out = torch.full((n, h, 2), float("nan"), dtype=dtype)[..., 0]
+        out = torch.full((n, h, 2), GAP, dtype=dtype)[..., 0]
     elif layout == "broadcast":  # one row seen n times (row stride 0)
         return values[:1].expand(n, h)
     else:

@@ -47,11 +47,18 @@ def _linears(width: int, outs: list[int], bias: list[bool], dtype: torch.dtype, 
     return mods
 
 
+# Fills what a strided input's view does not cover: large and finite, not NaN, because the input
+# goes only through torch's GEMMs, and on CPUs with AMX torch 2.13's bf16 matmul (oneDNN 3.12
+# `brg_matmul:avx10_1_512_amx`) reads one element past an odd-length row and multiplies it by a
+# zero pad (NaN * 0 = NaN in torch's own products; a large finite value contributes 0 there).
+GAP = 1.0e4
+
+
 def _input(values: torch.Tensor, dtype: torch.dtype, layout: str) -> torch.Tensor:
-    """A leaf laid out as `layout` (batch, tokens, width); what a view does not cover is NaN."""
+    """A leaf laid out as `layout` (batch, tokens, width); what a view does not cover is GAP."""
     b, t, w = values.shape
     if layout == "row-strided":
-        x = torch.full((b, t, 2 * w), float("nan"), dtype=dtype)[..., :w].copy_(values)
+        x = torch.full((b, t, 2 * w), GAP, dtype=dtype)[..., :w].copy_(values)
     elif layout == "transposed":
         x = torch.empty(t, b, w, dtype=dtype).transpose(0, 1).copy_(values)
     elif layout == "broadcast":  # one token broadcast over the sequence (stride 0)
