@@ -27,9 +27,10 @@ function it wraps is not routed; explain() says why.
 Per call, ``add_norm`` takes the fused op only where the separate norm would have taken
 fastpath's kernel (the zero-centred norm route is on and routed the norm's class, the call fits
 it, the norm module has no instance forward and no forward hooks, the residual matches x), so the
-result is what the routed norm gives, bit for bit forward (the sum rounded once as torch's add,
-the norm computed from it); backward the two gradients of the sum are added in float32 and
-rounded once instead of twice. Anything else runs the three original statements.
+result is what the routed norm gives (the sum rounded once as torch's add, the norm computed from
+it: bit for bit under the CPU interpreter; on a GPU the sum bit for bit and the norm within the 2x
+rule against float64, as the GPU test checks); backward the two gradients of the sum are added in
+float32 and rounded once instead of twice. Anything else runs the three original statements.
 
 FASTPATH_ADD_NORM=auto|fastpath|torch (read by enable()). The default is torch: on an H100 the
 kernel passed its GPU tests (memcheck clean) and `verify` passed with the route on, but the
