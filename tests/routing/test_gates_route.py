@@ -6,13 +6,18 @@ enable(glue=False) turn it off, explain() lists the ops, torch.compile sees no f
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import textwrap
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("triton")
+
+from repo_paths import ROOT, SUPPORT, venv_missing, venv_python  # noqa: E402
 
 from fastpath.kernels.counters import CALLS  # noqa: E402
 from fastpath.routing import gates_route  # noqa: E402
@@ -325,3 +330,48 @@ def test_compiled_routed_model_has_no_fastpath_graph_break() -> None:
     ours = [str(r) for r in report.break_reasons if "fastpath" in str(r)]
     assert not ours, ours
     assert report.graph_count >= 1
+
+
+_SPLIT_ON_TODAYS_STACK = textwrap.dedent("""
+    import json, torch
+    from matrix_worker import build  # tests/support is on PYTHONPATH
+    import fastpath
+    from fastpath.kernels.counters import CALLS
+    ids = torch.randint(3, 64, (2, 7), generator=torch.Generator().manual_seed(0))
+    model = build("qwen3_5_text")
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        out = model(input_ids=ids, labels=ids, use_cache=False)
+        out.loss.backward()
+        return out.loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    want = step()
+    fastpath.enable(warn=False)
+    CALLS.clear()
+    got = step()
+    print(json.dumps({
+        "gdn_layers": sum(hasattr(layer, "linear_attn") for layer in model.model.layers),
+        "split": [CALLS["conv_split_fwd:triton"], CALLS["conv_split_bwd:triton"]],
+        "loss_diff": float((got[0] - want[0]).abs()),
+        "grad_rel": max(float((a - b).norm() / b.norm().clamp_min(1e-30)) for a, b in zip(got[1], want[1])),
+    }))
+""")
+
+
+@pytest.mark.skipif(not INTERP, reason="runs the conv kernels: needs TRITON_INTERPRET=1")
+def test_q_k_v_come_apart_on_todays_default_stack() -> None:
+    """transformers 5.25 (what `pip install ".[kernels]"` resolves) calls the conv through its
+    kernelizable `causal_conv1d_forward`; where that is transformers' own function, the routed
+    forward still has fastpath's conv write q, k and v apart, with the original's loss and gradients."""
+    python = venv_python("default")
+    if not python.exists():
+        pytest.skip(venv_missing("default"))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(SUPPORT)]),
+               TRITON_INTERPRET="1")
+    proc = subprocess.run([str(python), "-c", _SPLIT_ON_TODAYS_STACK], capture_output=True, text=True,
+                          env=env, cwd=str(ROOT), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["gdn_layers"] >= 1 and out["split"] == [out["gdn_layers"]] * 2, out
+    assert out["loss_diff"] <= 1e-5 and out["grad_rel"] <= 1e-4, out
