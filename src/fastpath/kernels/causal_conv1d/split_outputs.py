@@ -103,8 +103,7 @@ class _SplitFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, sizes, silu):  # type: ignore[override]
         outs = split_fwd_impl(x, weight, bias, sizes, silu)
-        ctx.save_for_backward(x, weight, bias)
-        ctx.sizes, ctx.silu = list(sizes), silu
+        _split_setup_context(ctx, (x, weight, bias, sizes, silu), outs)
         return tuple(outs)
 
     @staticmethod

@@ -169,8 +169,11 @@ def add_bwd_impl(s: Tensor, weight: Tensor, dy: Tensor, ds: Tensor, eps: float) 
     return (dx + ds.float()).to(s.dtype).contiguous(), dw.to(weight.dtype)
 
 
-def _ds_or_zeros(ds: Tensor | None, s: Tensor) -> Tensor:
-    return torch.zeros_like(s) if ds is None else ds
+def _add_grads(ctx, ds, dy, bwd) -> tuple:  # type: ignore[no-untyped-def]
+    """Gradients of (x, residual, weight, eps), `bwd` being the custom op or its implementation."""
+    s, weight = ctx.saved_tensors
+    dx, dw = bwd(s, weight, dy, torch.zeros_like(s) if ds is None else ds, ctx.eps)
+    return dx, dx, dw, None
 
 
 class _AddNormFunction(torch.autograd.Function):
@@ -183,9 +186,7 @@ class _AddNormFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, ds, dy):  # type: ignore[override]
-        s, weight = ctx.saved_tensors
-        dx, dw = add_bwd_impl(s, weight, dy, _ds_or_zeros(ds, s), ctx.eps)
-        return dx, dx, dw, None
+        return _add_grads(ctx, ds, dy, add_bwd_impl)
 
 
 def add_zc_rmsnorm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
@@ -213,9 +214,7 @@ def _add_setup_context(ctx, inputs, output) -> None:
 
 
 def _add_backward(ctx, ds, dy):
-    s, weight = ctx.saved_tensors
-    dx, dw = add_zc_rmsnorm_bwd(s, weight, dy, _ds_or_zeros(ds, s), ctx.eps)
-    return dx, dx, dw, None
+    return _add_grads(ctx, ds, dy, add_zc_rmsnorm_bwd)
 
 
 add_zc_rmsnorm_fwd.register_autograd(_add_backward, setup_context=_add_setup_context)
