@@ -30,6 +30,8 @@
 #   conv      benchmarks/conv_kernels.py with every peer (Dao if built)
 #   ssd       benchmarks/ssd.py --profile --update (Mamba-2 scan vs mamba_ssm)
 #   sscan     benchmarks/selective_scan.py (Mamba-1 scan and update vs transformers' torch paths)
+#   sscanncu  Nsight Compute over one call per Mamba-1 scan kernel (benchmarks/sscan_ncu.py;
+#             NCU_FLAGS, e.g. "--variants tile,seq --cases 1x4096,8x4096 --bwd"), details + raw CSV
 #   mamba1    benchmarks/mamba1_model.py (Falcon-Mamba and Jamba shaped models, prefill + train)
 #   model     fastpath bench qwen3.5-27b 8 layers B=1 L=4096, phases prefill,train, one bench per
 #             configuration (MODEL_CONFIGS; default reference,fastpath,fla+dao when Dao is there)
@@ -200,6 +202,17 @@ part_ssd() {
 }
 part_sscan() {
   run sscan "${SSCAN_TIMEOUT:-200}" python3 benchmarks/selective_scan.py --out "$w/sscan" ${SSCAN_FLAGS:-}
+}
+part_sscanncu() {  # Nsight Compute's full set over one call per scan kernel (benchmarks/sscan_ncu.py)
+  run sscanncu "${NCU_TIMEOUT:-300}" ncu --clock-control none --profile-from-start off --set full \
+    --import-source no -f -o "$w/sscan_ncu" python3 benchmarks/sscan_ncu.py ${NCU_FLAGS:-}
+  [ -f "$w/sscan_ncu.ncu-rep" ] && ncu -i "$w/sscan_ncu.ncu-rep" --page details --print-details all \
+    > "$w/sscan_ncu_details.txt" 2>&1
+  [ -f "$w/sscan_ncu.ncu-rep" ] && ncu -i "$w/sscan_ncu.ncu-rep" --page raw --csv > "$w/sscan_ncu_raw.csv" 2>&1
+  [ -f "$w/sscan_ncu.ncu-rep" ] && ncu -i "$w/sscan_ncu.ncu-rep" --page source --print-source sass --csv \
+    > "$w/sscan_ncu_sass.csv" 2>&1
+  rm -f "$w/sscan_ncu.ncu-rep"  # the text keeps what is read; the report alone can pass what comes back
+  return 0
 }
 part_mamba1() {
   run mamba1 "${MAMBA1_TIMEOUT:-240}" python3 benchmarks/mamba1_model.py --out "$w/mamba1" ${MAMBA1_FLAGS:-}

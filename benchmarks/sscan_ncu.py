@@ -1,0 +1,81 @@
+"""One profiled call per Mamba-1 scan kernel, for Nsight Compute (`ncu --profile-from-start off`).
+
+Why. The scan's forward sits far below both of its bounds on Hopper (BENCHMARKS.md: the SFU
+bound at D = 8192, N = 16 is about 1.3 ms at (8, 4096), the tile forward took 4.6 ms; at
+(1, 4096) 0.33 ms against 2.7 ms). Timing variants cannot say which stall costs the difference;
+the hardware's warp-state counters can. This script warms every kernel (compiles outside the
+profiled range), then runs each once between cudaProfilerStart/Stop, so ncu sees exactly one
+launch per (kernel, case, layout) and nothing of the compiles.
+
+    ncu --clock-control none --profile-from-start off --set full -o OUT/sscan \
+        python3 benchmarks/sscan_ncu.py --variants tile,seq --cases 1x4096,8x4096 --bwd
+
+Inputs are benchmarks/selective_scan.py's (transformers' layouts, Falcon-Mamba-7B's D and N,
+bf16). --bwd adds one forward+backward of selective_scan_fn (the default backward) per case.
+Runs without ncu too (then it only checks that every kernel runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import selective_scan as bench
+
+from fastpath.kernels.selective_scan.interface import selective_scan_fn
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", default="tile,seq", help=f"some of {','.join(bench.FWD_KERNELS)}")
+    ap.add_argument("--cases", default="1x4096,8x4096", help="BxL list")
+    ap.add_argument("--layout", default="tf", choices=bench.FWD_LAYOUTS)
+    ap.add_argument("--bwd", action="store_true", help="also one forward+backward per case")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("sscan_ncu: needs a CUDA device", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda")
+    variants = [v for v in args.variants.split(",") if v]
+    bad = [v for v in variants if v not in bench.FWD_KERNELS]
+    if bad:
+        print(f"sscan_ncu: unknown variant(s) {', '.join(bad)}", file=sys.stderr)
+        return 2
+    cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",") if c]
+    work = []
+    for batch, length in cases:
+        t = bench.fwd_inputs(batch, length, bench.DIM, dev, args.layout)
+        fargs = (t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], t["z"], t["delta_bias"], True)
+        for v in variants:
+            launch = bench.fwd_variant_launcher(v)
+            cfg = tuple(bench.fwd_variant_configs(v, False)[0])
+            work.append((f"fwd {v} {batch}x{length}", lambda launch=launch, a=fargs, c=cfg:
+                         launch(*a, config=c)))
+        if args.bwd:
+            g = bench.make_inputs(batch, length, bench.DIM, dev, grad=True)
+
+            def step(g=g) -> None:
+                out = selective_scan_fn(g["u"], g["delta"], g["A"], g["B"], g["C"], g["D"],
+                                        g["z"], g["delta_bias"], True)
+                out.backward(torch.ones_like(out))
+            work.append((f"fwd+bwd selective_scan_fn {batch}x{length}", step))
+    for _, fn in work:  # compiles and autotuning, outside the profiled range
+        fn()
+    torch.cuda.synchronize()
+    for name, fn in work:
+        torch.cuda.nvtx.range_push(name)
+        torch.cuda.profiler.start()
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        torch.cuda.nvtx.range_pop()
+        print(f"profiled: {name}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
