@@ -50,11 +50,13 @@ from fastpath.kernels.selective_scan.fwd_chunked import (
     store_rounded,
 )
 
-# (BLOCK_D, T, num_warps, POLY_N, AUX_POLY): channels per program (0: `auto_block_d`), steps per
+# (BLOCK_D, T, num_warps, POLY_N, AUX_POLY, STAGES): channels per program (0: `auto_block_d`), steps per
 # tile (0: 16 bytes of the input dtype, one vector a lane; a longer tile spreads T over lanes
 # and its columns then need shuffles), warps, states per channel whose exp2 is the FMA
 # polynomial, and which per-(channel, step) exponentials take it too (0 none, 1 softplus', 2
-# softplus' and SiLU's). BLOCK_D = 32 * num_warps puts one channel (all N states) on each lane;
+# softplus' and SiLU's), and the chunk loop's software-pipelining depth (0: a plain loop; k >= 2:
+# `tl.range(num_stages=k)`, so Triton may issue the loads of later chunks while this one's steps
+# run). BLOCK_D = 32 * num_warps puts one channel (all N states) on each lane;
 # 16 per warp splits N over two lanes (twice the programs, for batch 1; a shuffle per step for
 # the sum over N).
 # Static count of the chunk loop in sm_90 SASS (Triton 3.9, bf16, transformers' layouts, N = 16,
@@ -63,13 +65,15 @@ from fastpath.kernels.selective_scan.fwd_chunked import (
 #   AUX_POLY 0: 139 vs 160 (SFU-bound: ~1.3 ms at (8, 4096) at the H200's full SFU rate)
 #   AUX_POLY 1: 149 vs 152 (balanced: the "tile-poly" default)
 #   AUX_POLY 2: 162 vs 144;  POLY_N 2 with AUX_POLY 2: 182 vs 128 (issue-bound: worse)
-TILE_CONFIG = (0, 0, 1, 0, 0)
-TILE_POLY_CONFIG = (0, 0, 1, 0, 1)
+TILE_CONFIG = (0, 0, 1, 0, 0, 0)
+TILE_POLY_CONFIG = (0, 0, 1, 0, 1, 0)
 # alternatives timed by benchmarks/selective_scan.py --fwd-variants tile,tile-poly --fwd-configs
-TILE_SWEEP = ((32, 0, 1, 0, 0), (16, 0, 1, 0, 0), (64, 0, 2, 0, 0), (128, 0, 4, 0, 0),
-              (8, 0, 1, 0, 0), (32, 16, 1, 0, 0))
-TILE_POLY_SWEEP = ((32, 0, 1, 0, 1), (16, 0, 1, 0, 1), (32, 0, 1, 0, 2), (32, 0, 1, 2, 1),
-                   (32, 0, 1, 4, 0))
+TILE_SWEEP = ((32, 0, 1, 0, 0, 0), (16, 0, 1, 0, 0, 0), (64, 0, 2, 0, 0, 0),
+              (128, 0, 4, 0, 0, 0), (8, 0, 1, 0, 0, 0), (32, 16, 1, 0, 0, 0),
+              (0, 0, 1, 0, 0, 2), (0, 0, 1, 0, 0, 3), (8, 0, 1, 0, 0, 2), (0, 16, 1, 0, 0, 2))
+TILE_POLY_SWEEP = ((32, 0, 1, 0, 1, 0), (16, 0, 1, 0, 1, 0), (32, 0, 1, 0, 2, 0),
+                   (32, 0, 1, 2, 1, 0), (32, 0, 1, 4, 0, 0), (0, 0, 1, 0, 1, 2),
+                   (8, 0, 1, 0, 1, 2))
 
 # 2^f on [-1/2, 1/2], degree 5, constant term 1 (exact at integers), the rest fitted for minimax
 # relative error (max 1.9e-7 evaluated in float32: about MUFU.EX2's ~2 ulp); lowest degree first.
@@ -297,7 +301,7 @@ def _fwd_tile_kernel(
     B_VAR: tl.constexpr, C_VAR: tl.constexpr, U_TILE: tl.constexpr, DT_TILE: tl.constexpr,
     Z_TILE: tl.constexpr, RNE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     T: tl.constexpr, POLY_N: tl.constexpr, AUX_POLY: tl.constexpr, ASM: tl.constexpr,
-    MASK_D: tl.constexpr,
+    MASK_D: tl.constexpr, STAGES: tl.constexpr,
 ):
     b = tl.program_id(1).to(tl.int64)
     g, offs_d, md = channel_block(tl.program_id(0), dim_per_group, n_blocks, BLOCK_D)
@@ -322,7 +326,7 @@ def _fwd_tile_kernel(
     h = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     n_full = L // T
     # whole chunks without time masks, then the partial one (if any) with them
-    for c in range(n_full):
+    for c in tl.range(0, n_full, num_stages=STAGES if STAGES >= 2 else None):
         h = _chunk(h, c * T, U, DELTA, Z, B, C, OUT, L, u_row, d_row, z_row, o_row, B_row,
                    C_row, offs_d, md, offs_n, A2, Dv, bias, Bfix, Cfix,
                    s_ud, s_ul, s_dd, s_dl, s_zd, s_zl, s_od, s_ol,
@@ -393,24 +397,27 @@ def steps_per_tile(tile: int, *tensors: Tensor | None) -> int:
 def selective_scan_fwd_tile_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
                                    D: Tensor | None, z: Tensor | None,
                                    delta_bias: Tensor | None, delta_softplus: bool,
-                                   config: tuple[int, int, int, int, int] | None = None
+                                   config: tuple[int, ...] | None = None
                                    ) -> tuple[Tensor, Tensor]:
     """Same contract as fwd_chunked.selective_scan_fwd_triton: (out in u's dtype, contiguous
     (batch, dim, L); last_state float32 (batch, dim, N)); B/C each (dim, N), (batch, N, L) or
-    (batch, G, N, L), any strides. config: (BLOCK_D, T, num_warps, POLY_N, AUX_POLY); None:
-    TILE_CONFIG."""
+    (batch, G, N, L), any strides. config: (BLOCK_D, T, num_warps, POLY_N, AUX_POLY[, STAGES]);
+    None: TILE_CONFIG."""
     batch, dim, length = u.shape
     nstate = A.shape[1]
     out = torch.empty(u.shape, dtype=u.dtype, device=u.device)
     if not out.numel():
         return out, torch.empty((batch, dim, nstate), dtype=torch.float32, device=u.device)
-    block_d, tile, warps, poly_n, aux_poly = config or TILE_CONFIG
+    if config is not None and len(config) not in (5, 6):
+        raise ValueError(f"tile forward config {config}: expected (BLOCK_D, T, num_warps, "
+                         "POLY_N, AUX_POLY[, STAGES])")
+    block_d, tile, warps, poly_n, aux_poly, stages = (*(config or TILE_CONFIG), 0)[:6]
     if block_d == 0:
         block_d = auto_block_d(batch, dim, u.device) * warps
     if (block_d < 1 or warps < 1 or poly_n < 0 or tile < 0 or tile & (tile - 1)
-            or aux_poly not in (0, 1, 2)):
+            or aux_poly not in (0, 1, 2) or stages < 0):
         raise ValueError(f"tile forward config {config}: expected (BLOCK_D >= 1, T a power of "
-                         "two or 0, num_warps >= 1, POLY_N >= 0, AUX_POLY 0/1/2)")
+                         "two or 0, num_warps >= 1, POLY_N >= 0, AUX_POLY 0/1/2, STAGES >= 0)")
     A = A.t().contiguous()  # (N, dim): channels fastest (see fwd_seq)
     D, delta_bias = per_channel(D), per_channel(delta_bias)
     block_n = triton.next_power_of_2(nstate)
@@ -438,6 +445,6 @@ def selective_scan_fwd_tile_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tenso
         U_TILE=u_tile, DT_TILE=dt_tile, Z_TILE=z_tile,
         RNE=triton_interpreter_on(), BLOCK_D=block_d, BLOCK_N=block_n, T=chunk,
         POLY_N=min(poly_n, nstate), AUX_POLY=int(aux_poly), ASM=not triton_interpreter_on(),
-        MASK_D=dim_per_group % block_d != 0, num_warps=warps,
+        MASK_D=dim_per_group % block_d != 0, STAGES=stages, num_warps=warps,
     )
     return out, last.transpose(1, 2).contiguous()
