@@ -31,7 +31,8 @@ from fastpath.kernels.selective_scan.interface import selective_scan_fn
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variants", default="tile,seq", help=f"some of {','.join(bench.FWD_KERNELS)}")
+    ap.add_argument("--variants", default="tile,seq",
+                    help=f"some of {','.join(bench.FWD_KERNELS)}, each optionally @A/B/C (a config)")
     ap.add_argument("--cases", default="1x4096,8x4096", help="BxL list")
     ap.add_argument("--layout", default="tf", choices=bench.FWD_LAYOUTS)
     ap.add_argument("--bwd", action="store_true", help="also one forward+backward per case")
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     dev = torch.device("cuda")
     variants = [v for v in args.variants.split(",") if v]
-    bad = [v for v in variants if v not in bench.FWD_KERNELS]
+    bad = [v for v in variants if v.partition("@")[0] not in bench.FWD_KERNELS]
     if bad:
         print(f"sscan_ncu: unknown variant(s) {', '.join(bad)}", file=sys.stderr)
         return 2
@@ -50,10 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     for batch, length in cases:
         t = bench.fwd_inputs(batch, length, bench.DIM, dev, args.layout)
         fargs = (t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], t["z"], t["delta_bias"], True)
-        for v in variants:
+        for spec in variants:  # VARIANT or VARIANT@A/B/C (a config of its own, as --fwd-configs)
+            v, _, given = spec.partition("@")
             launch = bench.fwd_variant_launcher(v)
-            cfg = tuple(bench.fwd_variant_configs(v, False)[0])
-            work.append((f"fwd {v} {batch}x{length}", lambda launch=launch, a=fargs, c=cfg:
+            cfg = (tuple(int(x) for x in given.split("/")) if given
+                   else tuple(bench.fwd_variant_configs(v, False)[0]))
+            work.append((f"fwd {spec} {batch}x{length}", lambda launch=launch, a=fargs, c=cfg:
                          launch(*a, config=c)))
         if args.bwd:
             g = bench.make_inputs(batch, length, bench.DIM, dev, grad=True)
