@@ -244,6 +244,11 @@ def test_bad_config_is_one_line_error():
                                        t["C"][:, None], None, None, None, False,
                                        config=(32, 12, 1, 0, False))
     assert "\n" not in str(info.value)
+    for cfg in ((32, 0, 1, 0, 0, -1), (32, 0, 1, 0), (32, 0, 1, 0, 0, 2, 9)):  # STAGES, lengths
+        with pytest.raises(ValueError, match="tile forward config") as info:
+            selective_scan_fwd_tile_triton(t["u"], t["delta"], t["A"], t["B"][:, None],
+                                           t["C"][:, None], None, None, None, False, config=cfg)
+        assert "\n" not in str(info.value)
 
 
 def test_tile_along_time_reads_the_contiguous_axis():
