@@ -30,6 +30,7 @@ from fastpath.kernels.selective_scan.fwd_tile import (
     exp2_poly,
     selective_scan_fwd_tile_triton,
     tile_along_time,
+    time_segments,
 )
 from fastpath.kernels.selective_scan.interface import (
     FWD_COUNTERS,
@@ -312,3 +313,77 @@ def test_tile_gpu_falcon_shapes(cfg):
                                                delta_softplus=True, return_last_state=True)
         assert rel_err(out, ref_out) < 2e-2 and rel_err(last, ref_last) < 1e-4
         assert rel_err(out, out2) < 1e-2 and rel_err(last, last2) < 1e-5
+
+
+# ---------------------------------------------------------------- the tile forward's time segments
+def _tile_run(t, cfg, softplus=True):
+    args = (t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], t["z"], t["delta_bias"], softplus)
+    return args, selective_scan_fwd_tile_triton(*args, config=cfg)
+
+
+@pytest.mark.parametrize("segments", [2, 3, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("layout,groups", [("shared", 1), ("grouped", 2), ("invariant", 1)])
+@pytest.mark.parametrize("length", [3, 21, 37])
+def test_time_segments_match_the_reference(segments, dtype, layout, groups, length):
+    """Cut into segments (a states pass, the combine, an outputs pass from each entering state),
+    the forward equals the float64 reference as the one-segment walk does, and stays within
+    float32 rounding of it (a length below one chunk runs one segment; partial last chunks;
+    20 channels a group leave a partial channel block)."""
+    t = make_inputs(2, 20 * groups, 6, length, layout, groups, seed=length + segments, dtype=dtype)
+    t["u"] = channel_last(t["u"])
+    args, (out, last) = _tile_run(t, (16, 0, 1, 0, 0, 0, segments))
+    _, (out1, last1) = _tile_run(t, (16, 0, 1, 0, 0, 0, 1))
+    ref_out, ref_last = selective_scan_ref(*(a.double() for a in args[:8]), delta_softplus=True,
+                                           return_last_state=True)
+    assert out.dtype == dtype and out.is_contiguous() and last.dtype == torch.float32
+    assert rel_err(out, ref_out) < TOL[dtype] and rel_err(last, ref_last) < 1e-5
+    assert rel_err(last, last1) < 1e-6
+    assert rel_err(out, out1) < (1e-6 if dtype == torch.float32 else TOL[dtype] / 4)
+
+
+@pytest.mark.parametrize("drop", ["D", "z", "delta_bias", "softplus"])
+def test_time_segments_every_option(drop):
+    """Each option off in turn, three segments, stride-0 (broadcast) B over the batch."""
+    t = make_inputs(2, 8, 4, 30, "shared", 1, seed=11, dtype=torch.float32)
+    t["B"] = t["B"][:1].expand_as(t["B"])
+    if drop != "softplus":
+        t[drop] = None
+    args, (out, last) = _tile_run(t, (8, 0, 1, 0, 0, 0, 3), softplus=drop != "softplus")
+    ref_out, ref_last = selective_scan_ref(
+        *(None if a is None else a.double() for a in args[:8]), delta_softplus=args[8],
+        return_last_state=True)
+    assert rel_err(out, ref_out) < 1e-5 and rel_err(last, ref_last) < 1e-5
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(segments=st.integers(0, 7), batch=st.integers(1, 2),
+       layout=st.sampled_from(["shared", "grouped", "invariant"]), dpg=st.integers(1, 12),
+       nstate=st.sampled_from([1, 3, 16]), length=st.integers(1, 70),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]), stages=st.sampled_from([0, 2]),
+       seed=st.integers(0, 2**16))
+def test_time_segments_property_sweep(segments, batch, layout, dpg, nstate, length, dtype,
+                                      stages, seed):
+    """Any segment count (0: auto, which on CPU tensors cuts nothing this short), lengths from
+    1, masked channels and states, staged loops: the reference's numbers."""
+    groups = 2 if layout == "grouped" else 1
+    t = make_inputs(batch, groups * dpg, nstate, length, layout, groups, seed, dtype)
+    args, (out, last) = _tile_run(t, (0, 0, 1, 0, 0, stages, segments))
+    ref_out, ref_last = selective_scan_ref(*(a.double() for a in args[:8]), delta_softplus=True,
+                                           return_last_state=True)
+    assert rel_err(out, ref_out) < TOL[dtype] and rel_err(last, ref_last) < 1e-5
+
+
+def test_time_segments_auto():
+    """Auto (SEGMENTS 0) aims at 8 warps per SM sub-partition in segments of >= 8 chunks: an
+    H100's 132 SMs at (1, 4096), D = 8192, 16 channels a warp (512 warps) get 9 segments; batch
+    8 with 32 channels a warp (2048 warps) 3; a short sequence none. Given counts are kept up to
+    the whole chunks."""
+    cpu = torch.device("cpu")  # 132 SMs assumed off the GPU
+    assert time_segments(0, 512, 512, cpu) == 9
+    assert time_segments(0, 512, 2048, cpu) == 3
+    assert time_segments(0, 15, 512, cpu) == 1
+    assert time_segments(0, 512, 10**6, cpu) == 1
+    assert time_segments(1, 512, 512, cpu) == 1
+    assert time_segments(4, 3, 512, cpu) == 3
+    assert time_segments(4, 0, 512, cpu) == 1

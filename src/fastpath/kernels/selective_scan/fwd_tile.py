@@ -56,7 +56,9 @@ from fastpath.kernels.selective_scan.fwd_chunked import (
 # polynomial, and which per-(channel, step) exponentials take it too (0 none, 1 softplus', 2
 # softplus' and SiLU's), and the chunk loop's software-pipelining depth (0: a plain loop; k >= 2:
 # `tl.range(num_stages=k)`, so Triton may issue the loads of later chunks while this one's steps
-# run). BLOCK_D = 32 * num_warps puts one channel (all N states) on each lane;
+# run), and optionally SEGMENTS: time cut into that many segments walked by their own programs
+# (1, the default when left out: none; 0: `time_segments` picks; see selective_scan_fwd_tile_triton).
+# BLOCK_D = 32 * num_warps puts one channel (all N states) on each lane;
 # 16 per warp splits N over two lanes (twice the programs, for batch 1; a shuffle per step for
 # the sum over N).
 # Static count of the chunk loop in sm_90 SASS (Triton 3.9, bf16, transformers' layouts, N = 16,
@@ -70,7 +72,9 @@ TILE_POLY_CONFIG = (0, 0, 1, 0, 1, 0)
 # alternatives timed by benchmarks/selective_scan.py --fwd-variants tile,tile-poly --fwd-configs
 TILE_SWEEP = ((32, 0, 1, 0, 0, 0), (16, 0, 1, 0, 0, 0), (64, 0, 2, 0, 0, 0),
               (128, 0, 4, 0, 0, 0), (8, 0, 1, 0, 0, 0), (32, 16, 1, 0, 0, 0),
-              (0, 0, 1, 0, 0, 2), (0, 0, 1, 0, 0, 3), (8, 0, 1, 0, 0, 2), (0, 16, 1, 0, 0, 2))
+              (0, 0, 1, 0, 0, 2), (0, 0, 1, 0, 0, 3), (8, 0, 1, 0, 0, 2), (0, 16, 1, 0, 0, 2),
+              (0, 0, 1, 0, 0, 3, 0), (32, 0, 1, 0, 0, 3, 0), (0, 0, 1, 0, 0, 3, 4),
+              (32, 0, 1, 0, 0, 2, 8))
 TILE_POLY_SWEEP = ((32, 0, 1, 0, 1, 0), (16, 0, 1, 0, 1, 0), (32, 0, 1, 0, 2, 0),
                    (32, 0, 1, 2, 1, 0), (32, 0, 1, 4, 0, 0), (0, 0, 1, 0, 1, 2),
                    (8, 0, 1, 0, 1, 2))
@@ -234,8 +238,9 @@ def _chunk(h, t0, U, DELTA, Z, B, C, OUT, L, u_row, d_row, z_row, o_row, B_row, 
            U_TILE: tl.constexpr, DT_TILE: tl.constexpr, Z_TILE: tl.constexpr, RNE: tl.constexpr,
            BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, T: tl.constexpr, POLY_N: tl.constexpr,
            AUX_POLY: tl.constexpr, ASM: tl.constexpr, MASK_D: tl.constexpr,
-           MASK_T: tl.constexpr):
-    """Steps t0 .. t0 + T - 1: h carried through them, their outputs stored as one tile."""
+           MASK_T: tl.constexpr, OUTPUT: tl.constexpr):
+    """Steps t0 .. t0 + T - 1: h carried through them, their outputs stored as one tile (not
+    computed without OUTPUT); returns (h, the chunk's sum of delta' per channel)."""
     offs_k = tl.arange(0, T)
     offs_t = t0 + offs_k
     mdt = md[:, None] & (offs_t < L)[None, :]
@@ -248,10 +253,11 @@ def _chunk(h, t0, U, DELTA, Z, B, C, OUT, L, u_row, d_row, z_row, o_row, B_row, 
         d_tile = _delta_prime(_tile(DELTA, d_row, offs_d, md, offs_t, L, s_dd, s_dl, MASK_D,
                                     MASK_T), bias_col, mdt, HAS_DBIAS, SOFTPLUS, ASM, AUX_POLY,
                               MASK_T)
-    if HAS_Z and Z_TILE:
+    if HAS_Z and Z_TILE and OUTPUT:
         gate_tile = silu_fast(_tile(Z, z_row, offs_d, md, offs_t, L, s_zd, s_zl, MASK_D, MASK_T),
                               AUX_POLY)
     o = tl.zeros((BLOCK_D, T), dtype=tl.float32)
+    dsum = tl.zeros((BLOCK_D,), dtype=tl.float32)
     for k in tl.static_range(T):
         sel = (offs_k == k)[None, :]
         t = t0 + k
@@ -269,41 +275,52 @@ def _chunk(h, t0, U, DELTA, Z, B, C, OUT, L, u_row, d_row, z_row, o_row, B_row, 
         Ct = _bc_vec(C, C_row, offs_n, Cfix, t, L, C_VAR, BLOCK_N, MASK_T)
         dA = _exp2_mix(dk[None, :] * A2, offs_n, POLY_N)
         h = dA * h + (dk * uk)[None, :] * Bt
-        y = tl.sum(h * Ct, axis=0)
-        if HAS_D:
-            y += Dv * uk
-        if HAS_Z:
-            if Z_TILE:
-                y = y * _column(gate_tile, sel)
-            else:
-                y = y * silu_fast(_row(Z, z_row, offs_d, md, t, L, s_zd, s_zl, MASK_D, MASK_T),
-                                  AUX_POLY)
-        o = tl.where(sel, y[:, None], o)
-    ptrs = OUT + o_row + offs_d[:, None] * s_od + offs_t[None, :] * s_ol
-    if MASK_T:
-        store_rounded(ptrs, o, mdt, RNE)
-    elif MASK_D:
-        store_rounded(ptrs, o, md[:, None], RNE)
-    else:
-        store_rounded(ptrs, o, None, RNE)
-    return h
+        dsum += dk
+        if OUTPUT:
+            y = tl.sum(h * Ct, axis=0)
+            if HAS_D:
+                y += Dv * uk
+            if HAS_Z:
+                if Z_TILE:
+                    y = y * _column(gate_tile, sel)
+                else:
+                    y = y * silu_fast(_row(Z, z_row, offs_d, md, t, L, s_zd, s_zl, MASK_D,
+                                           MASK_T), AUX_POLY)
+            o = tl.where(sel, y[:, None], o)
+    if OUTPUT:
+        ptrs = OUT + o_row + offs_d[:, None] * s_od + offs_t[None, :] * s_ol
+        if MASK_T:
+            store_rounded(ptrs, o, mdt, RNE)
+        elif MASK_D:
+            store_rounded(ptrs, o, md[:, None], RNE)
+        else:
+            store_rounded(ptrs, o, None, RNE)
+    return h, dsum
 
 
 # A and LAST unspecialised (no 16-byte alignment promise), as in fwd_seq: a vectorised
 # access would make Triton spread N across lanes and shuffle the sum over N every step.
 @triton.jit(do_not_specialize=["A", "LAST"])
 def _fwd_tile_kernel(
-    U, DELTA, A, B, C, D, Z, DBIAS, OUT, LAST,
-    L, dim, N, dim_per_group, dpg_B, dpg_C, n_blocks,
+    U, DELTA, A, B, C, D, Z, DBIAS, OUT, LAST, SBUF, PBUF,
+    L, dim, N, dim_per_group, dpg_B, dpg_C, n_blocks, n_seg, seg_chunks, grid_seg,
     s_ub, s_ud, s_ul, s_db, s_dd, s_dl, s_ad, s_an, s_Bb, s_Bg, s_Bn, s_Cb, s_Cg, s_Cn,
     s_zb, s_zd, s_zl, s_ob, s_od, s_ol,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DBIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
     B_VAR: tl.constexpr, C_VAR: tl.constexpr, U_TILE: tl.constexpr, DT_TILE: tl.constexpr,
     Z_TILE: tl.constexpr, RNE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     T: tl.constexpr, POLY_N: tl.constexpr, AUX_POLY: tl.constexpr, ASM: tl.constexpr,
-    MASK_D: tl.constexpr, STAGES: tl.constexpr,
+    MASK_D: tl.constexpr, STAGES: tl.constexpr, MODE: tl.constexpr,
 ):
-    b = tl.program_id(1).to(tl.int64)
+    """One program: (BLOCK_D channels of one group, batch row b, time segment seg of seg_chunks
+    chunks; axis 1 is b * grid_seg + seg). MODE 0: the whole sequence from a zero state (one
+    segment), outputs and the last state. MODE 1 (states pass, segments 0 .. n_seg - 2): from a
+    zero state, no outputs; the segment's end state to SBUF[b, seg] and its decay product
+    exp(A * sum delta') to PBUF[b, seg]. MODE 2 (outputs pass): from the state entering the
+    segment (SBUF[b, seg], written by _seg_combine_kernel), outputs; the last segment writes the
+    last state. Buffers are float32 (batch, n_seg, N, dim)."""
+    b = (tl.program_id(1) // grid_seg).to(tl.int64)
+    seg = tl.program_id(1) % grid_seg
     g, offs_d, md = channel_block(tl.program_id(0), dim_per_group, n_blocks, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
     mdn = (offs_n < N)[:, None] & md[None, :]
@@ -323,22 +340,54 @@ def _fwd_tile_kernel(
     o_row = b * s_ob
     B_row = bc_row(b, g, dim_per_group, dpg_B, s_Bb, s_Bg)
     C_row = bc_row(b, g, dim_per_group, dpg_C, s_Cb, s_Cg)
-    h = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    state = ((b * n_seg + seg) * N + offs_n[:, None]) * dim + offs_d[None, :]
+    if MODE == 2:
+        h = tl.load(SBUF + state, mask=mdn, other=0.0)
+    else:
+        h = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    dsum = tl.zeros((BLOCK_D,), dtype=tl.float32)
     n_full = L // T
-    # whole chunks without time masks, then the partial one (if any) with them
-    for c in tl.range(0, n_full, num_stages=STAGES if STAGES >= 2 else None):
-        h = _chunk(h, c * T, U, DELTA, Z, B, C, OUT, L, u_row, d_row, z_row, o_row, B_row,
-                   C_row, offs_d, md, offs_n, A2, Dv, bias, Bfix, Cfix,
-                   s_ud, s_ul, s_dd, s_dl, s_zd, s_zl, s_od, s_ol,
-                   HAS_D, HAS_Z, HAS_DBIAS, SOFTPLUS, B_VAR, C_VAR, U_TILE, DT_TILE, Z_TILE,
-                   RNE, BLOCK_D, BLOCK_N, T, POLY_N, AUX_POLY, ASM, MASK_D, False)
-    if n_full * T < L:
-        h = _chunk(h, n_full * T, U, DELTA, Z, B, C, OUT, L, u_row, d_row, z_row, o_row, B_row,
-                   C_row, offs_d, md, offs_n, A2, Dv, bias, Bfix, Cfix,
-                   s_ud, s_ul, s_dd, s_dl, s_zd, s_zl, s_od, s_ol,
-                   HAS_D, HAS_Z, HAS_DBIAS, SOFTPLUS, B_VAR, C_VAR, U_TILE, DT_TILE, Z_TILE,
-                   RNE, BLOCK_D, BLOCK_N, T, POLY_N, AUX_POLY, ASM, MASK_D, True)
-    tl.store(LAST + (b * N + offs_n[:, None]) * dim + offs_d[None, :], h, mask=mdn)
+    c_end = tl.minimum((seg + 1) * seg_chunks, n_full)
+    # whole chunks without time masks, then (last segment only) the partial one with them
+    for c in tl.range(seg * seg_chunks, c_end, num_stages=STAGES if STAGES >= 2 else None):
+        h, ds = _chunk(h, c * T, U, DELTA, Z, B, C, OUT, L, u_row, d_row, z_row, o_row, B_row,
+                       C_row, offs_d, md, offs_n, A2, Dv, bias, Bfix, Cfix,
+                       s_ud, s_ul, s_dd, s_dl, s_zd, s_zl, s_od, s_ol,
+                       HAS_D, HAS_Z, HAS_DBIAS, SOFTPLUS, B_VAR, C_VAR, U_TILE, DT_TILE, Z_TILE,
+                       RNE, BLOCK_D, BLOCK_N, T, POLY_N, AUX_POLY, ASM, MASK_D, False, MODE != 1)
+        dsum += ds
+    last_seg = seg == n_seg - 1
+    if MODE != 1:  # the states pass never runs the last segment
+        if last_seg & (n_full * T < L):
+            h, ds = _chunk(h, n_full * T, U, DELTA, Z, B, C, OUT, L, u_row, d_row, z_row, o_row,
+                           B_row, C_row, offs_d, md, offs_n, A2, Dv, bias, Bfix, Cfix,
+                           s_ud, s_ul, s_dd, s_dl, s_zd, s_zl, s_od, s_ol,
+                           HAS_D, HAS_Z, HAS_DBIAS, SOFTPLUS, B_VAR, C_VAR, U_TILE, DT_TILE,
+                           Z_TILE, RNE, BLOCK_D, BLOCK_N, T, POLY_N, AUX_POLY, ASM, MASK_D, True,
+                           True)
+        on_last = (offs_n[:, None] * 0 + seg) == n_seg - 1  # a tensor mask (the interpreter)
+        tl.store(LAST + (b * N + offs_n[:, None]) * dim + offs_d[None, :], h, mask=mdn & on_last)
+    else:
+        tl.store(SBUF + state, h, mask=mdn)
+        tl.store(PBUF + state, tl.exp2(dsum[None, :] * A2), mask=mdn)
+
+
+@triton.jit
+def _seg_combine_kernel(SBUF, PBUF, n_seg, n_elems, BLOCK: tl.constexpr):
+    """Between the two passes, per (block of N x dim state elements, batch row), sequential over
+    the segments: H_0 = 0, H_{s+1} = P_s H_s + S_s, written over S (the state entering each)."""
+    b = tl.program_id(1).to(tl.int64)
+    e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = e < n_elems
+    off = b * n_seg * n_elems + e
+    h = tl.zeros((BLOCK,), dtype=tl.float32)
+    for _ in range(n_seg - 1):  # the last segment has no states-pass entry
+        S = tl.load(SBUF + off, mask=m, other=0.0)
+        P = tl.load(PBUF + off, mask=m, other=1.0)
+        tl.store(SBUF + off, h, mask=m)
+        h = P * h + S
+        off += n_elems
+    tl.store(SBUF + off, h, mask=m)
 
 
 def n_fastest_f32(M: Tensor, block_n: int) -> Tensor:
@@ -408,16 +457,18 @@ def selective_scan_fwd_tile_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tenso
     out = torch.empty(u.shape, dtype=u.dtype, device=u.device)
     if not out.numel():
         return out, torch.empty((batch, dim, nstate), dtype=torch.float32, device=u.device)
-    if config is not None and len(config) not in (5, 6):
+    cfg = tuple(config or TILE_CONFIG)
+    if not 5 <= len(cfg) <= 7:
         raise ValueError(f"tile forward config {config}: expected (BLOCK_D, T, num_warps, "
-                         "POLY_N, AUX_POLY[, STAGES])")
-    block_d, tile, warps, poly_n, aux_poly, stages = (*(config or TILE_CONFIG), 0)[:6]
+                         "POLY_N, AUX_POLY[, STAGES[, SEGMENTS]])")
+    block_d, tile, warps, poly_n, aux_poly, stages, segments = cfg + (0, 1)[len(cfg) - 5:]
     if block_d == 0:
         block_d = auto_block_d(batch, dim, u.device) * warps
     if (block_d < 1 or warps < 1 or poly_n < 0 or tile < 0 or tile & (tile - 1)
-            or aux_poly not in (0, 1, 2) or stages < 0):
+            or aux_poly not in (0, 1, 2) or stages < 0 or segments < 0):
         raise ValueError(f"tile forward config {config}: expected (BLOCK_D >= 1, T a power of "
-                         "two or 0, num_warps >= 1, POLY_N >= 0, AUX_POLY 0/1/2, STAGES >= 0)")
+                         "two or 0, num_warps >= 1, POLY_N >= 0, AUX_POLY 0/1/2, STAGES >= 0, "
+                         "SEGMENTS >= 0)")
     A = A.t().contiguous()  # (N, dim): channels fastest (see fwd_seq)
     D, delta_bias = per_channel(D), per_channel(delta_bias)
     block_n = triton.next_power_of_2(nstate)
@@ -434,17 +485,60 @@ def selective_scan_fwd_tile_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tenso
                            z if z_tile else None)
     dummy = u
     zs = z.stride() if z is not None else (0, 0, 0)
-    _fwd_tile_kernel[(groups * n_blocks, batch)](
-        u, delta, A, Bt, Ct, dummy if D is None else D, dummy if z is None else z,
-        dummy if delta_bias is None else delta_bias, out, last,
-        length, dim, nstate, dim_per_group, dim // B_groups, dim // C_groups, n_blocks,
-        *u.stride(), *delta.stride(), A.stride(1), A.stride(0), *B_strides, *C_strides, *zs,
-        *out.stride(),
-        HAS_D=D is not None, HAS_Z=z is not None, HAS_DBIAS=delta_bias is not None,
-        SOFTPLUS=bool(delta_softplus), B_VAR=B_var, C_VAR=C_var,
-        U_TILE=u_tile, DT_TILE=dt_tile, Z_TILE=z_tile,
-        RNE=triton_interpreter_on(), BLOCK_D=block_d, BLOCK_N=block_n, T=chunk,
-        POLY_N=min(poly_n, nstate), AUX_POLY=int(aux_poly), ASM=not triton_interpreter_on(),
-        MASK_D=dim_per_group % block_d != 0, STAGES=stages, num_warps=warps,
-    )
+    programs = groups * n_blocks
+    n_full = length // chunk
+    n_seg = time_segments(segments, n_full, programs * batch * warps, u.device)
+    seg_chunks = triton.cdiv(n_full, n_seg) if n_seg > 1 else n_full
+    n_seg = triton.cdiv(n_full, seg_chunks) if n_seg > 1 else 1  # no empty segment
+    sbuf = pbuf = dummy
+    if n_seg > 1:
+        sbuf, pbuf = (torch.empty((batch, n_seg, nstate, dim), dtype=torch.float32,
+                                  device=u.device) for _ in range(2))
+
+    def launch(mode: int, grid_seg: int) -> None:
+        _fwd_tile_kernel[(programs, batch * grid_seg)](
+            u, delta, A, Bt, Ct, dummy if D is None else D, dummy if z is None else z,
+            dummy if delta_bias is None else delta_bias, out, last, sbuf, pbuf,
+            length, dim, nstate, dim_per_group, dim // B_groups, dim // C_groups, n_blocks,
+            n_seg, seg_chunks, grid_seg,
+            *u.stride(), *delta.stride(), A.stride(1), A.stride(0), *B_strides, *C_strides,
+            *zs, *out.stride(),
+            HAS_D=D is not None, HAS_Z=z is not None, HAS_DBIAS=delta_bias is not None,
+            SOFTPLUS=bool(delta_softplus), B_VAR=B_var, C_VAR=C_var,
+            U_TILE=u_tile, DT_TILE=dt_tile, Z_TILE=z_tile,
+            RNE=triton_interpreter_on(), BLOCK_D=block_d, BLOCK_N=block_n, T=chunk,
+            POLY_N=min(poly_n, nstate), AUX_POLY=int(aux_poly),
+            ASM=not triton_interpreter_on(), MASK_D=dim_per_group % block_d != 0,
+            STAGES=stages, MODE=mode, num_warps=warps,
+        )
+
+    if n_seg == 1:
+        launch(0, 1)
+    else:  # segments' end states, the states entering each, then every segment's outputs
+        launch(1, n_seg - 1)
+        elems = nstate * dim
+        _seg_combine_kernel[(triton.cdiv(elems, COMBINE_BLOCK), batch)](
+            sbuf, pbuf, n_seg, elems, BLOCK=COMBINE_BLOCK, num_warps=4)
+        launch(2, n_seg)
     return out, last.transpose(1, 2).contiguous()
+
+
+COMBINE_BLOCK = 512  # state elements per program of _seg_combine_kernel
+# time segments: at least this many chunks each (the states pass and the combine are overhead
+# a segment amortises), and auto aims at this many warps per SM sub-partition (Nsight Compute
+# on an H100 at (1, 4096): one warp per sub-partition stalls on its loads 71 % of the time)
+MIN_SEG_CHUNKS = 8
+TARGET_WARPS_PER_SCHEDULER = 8
+
+
+def time_segments(segments: int, n_full: int, warps: int, device: torch.device) -> int:
+    """How many time segments the sequence is cut into: SEGMENTS as given (1: none), or with 0
+    enough that the grid has TARGET_WARPS_PER_SCHEDULER warps per SM sub-partition (4 an SM),
+    each of at least MIN_SEG_CHUNKS chunks. Never more than the whole chunks (the partial one
+    is the last segment's)."""
+    if segments == 0:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count if (
+            device.type == "cuda") else 132
+        want = triton.cdiv(TARGET_WARPS_PER_SCHEDULER * 4 * sms, max(1, warps))
+        return max(1, min(want, n_full // MIN_SEG_CHUNKS))
+    return max(1, min(segments, n_full))
