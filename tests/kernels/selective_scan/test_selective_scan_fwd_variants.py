@@ -57,6 +57,17 @@ TOL = {torch.float32: 1e-4, torch.float16: 6e-3, torch.bfloat16: 3e-2}
 ALL_TILE_CONFIGS = tuple(dict.fromkeys(TILE_SWEEP + TILE_POLY_SWEEP))
 
 
+def _interpreted_alike(cfg: tuple) -> tuple:
+    """What of a config the interpreter sees: STAGES only shapes the GPU's code (a pipelined
+    loop runs the same steps), so configs that differ only there are one case on CPU."""
+    cfg = tuple(cfg) + (0, 1)[len(cfg) - 5:]
+    return cfg[:5] + cfg[6:]
+
+
+# the CPU sweep: one config per interpreter-distinct kind (the GPU test compiles every one)
+CPU_TILE_CONFIGS = tuple({_interpreted_alike(c): c for c in reversed(ALL_TILE_CONFIGS)}.values())
+
+
 def channel_last(t: torch.Tensor) -> torch.Tensor:
     """The same values as transformers' (B, L, D).transpose(1, 2) view."""
     return t.transpose(-1, -2).contiguous().transpose(-1, -2)
@@ -134,7 +145,7 @@ def test_lengths(monkeypatch, variant, length):
     check(monkeypatch, variant, t, torch.bfloat16)
 
 
-@pytest.mark.parametrize("cfg", ALL_TILE_CONFIGS)
+@pytest.mark.parametrize("cfg", CPU_TILE_CONFIGS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_swept_tile_config(cfg, dtype):
     """Every config the benchmark sweeps equals the reference (a partial channel block: 20
@@ -245,7 +256,8 @@ def test_bad_config_is_one_line_error():
                                        t["C"][:, None], None, None, None, False,
                                        config=(32, 12, 1, 0, False))
     assert "\n" not in str(info.value)
-    for cfg in ((32, 0, 1, 0, 0, -1), (32, 0, 1, 0), (32, 0, 1, 0, 0, 2, 9)):  # STAGES, lengths
+    for cfg in ((32, 0, 1, 0, 0, -1), (32, 0, 1, 0, 0, 2, -1), (32, 0, 1, 0),
+                (32, 0, 1, 0, 0, 2, 9, 1)):  # STAGES, SEGMENTS, lengths
         with pytest.raises(ValueError, match="tile forward config") as info:
             selective_scan_fwd_tile_triton(t["u"], t["delta"], t["A"], t["B"][:, None],
                                            t["C"][:, None], None, None, None, False, config=cfg)
@@ -321,11 +333,10 @@ def _tile_run(t, cfg, softplus=True):
     return args, selective_scan_fwd_tile_triton(*args, config=cfg)
 
 
-@pytest.mark.parametrize("segments", [2, 3, 5])
+@pytest.mark.parametrize("segments,length", [(2, 3), (5, 21), (3, 37)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("layout,groups", [("shared", 1), ("grouped", 2), ("invariant", 1)])
-@pytest.mark.parametrize("length", [3, 21, 37])
-def test_time_segments_match_the_reference(segments, dtype, layout, groups, length):
+def test_time_segments_match_the_reference(segments, length, dtype, layout, groups):
     """Cut into segments (a states pass, the combine, an outputs pass from each entering state),
     the forward equals the float64 reference as the one-segment walk does, and stays within
     float32 rounding of it (a length below one chunk runs one segment; partial last chunks;
@@ -356,7 +367,7 @@ def test_time_segments_every_option(drop):
     assert rel_err(out, ref_out) < 1e-5 and rel_err(last, ref_last) < 1e-5
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 @given(segments=st.integers(0, 7), batch=st.integers(1, 2),
        layout=st.sampled_from(["shared", "grouped", "invariant"]), dpg=st.integers(1, 12),
        nstate=st.sampled_from([1, 3, 16]), length=st.integers(1, 70),
