@@ -32,7 +32,8 @@ decode step), selective_scan (forward default + sweep configs, backward default 
 config, flip and reverse-scan adjoints, via mamba_inner_fn's training layout and transformers'
 prefill layout; the time-sequential forward of FASTPATH_SSCAN_FWD=seq at every
 fwd_seq.SEQ_SWEEP config and backward of FASTPATH_SSCAN_BWD=seq at every bwd_seq.BWD_SEQ_SWEEP
-config), the Mamba-1 decode step, gdn_gates, sigmoid_gate, rotary, swiglu, zc_rmsnorm,
+config; the tile forward of FASTPATH_SSCAN_FWD=tile at TILE_COMPILE_CONFIGS, time segments
+included), the Mamba-1 decode step, gdn_gates, sigmoid_gate, rotary, swiglu, zc_rmsnorm,
 linear_ce (the fused LM head + cross-entropy row kernel).
 --quick keeps a representative subset per family (the CI test's): default configs, one shape
 each, of an autotuned kernel only the configs with the most pipeline stages (the most shared
@@ -81,7 +82,7 @@ from fastpath.kernels.gdn_gates import interface as gates_if
 from fastpath.kernels.linear_ce import interface as lce_if
 from fastpath.kernels.rotary import interface as rotary_if
 from fastpath.kernels.selective_scan import bwd as bwd_mod
-from fastpath.kernels.selective_scan import bwd_seq, fwd_chunked, fwd_seq
+from fastpath.kernels.selective_scan import bwd_seq, fwd_chunked, fwd_seq, fwd_tile
 from fastpath.kernels.selective_scan import inner as scan_inner
 from fastpath.kernels.selective_scan import interface as scan_if
 from fastpath.kernels.selective_scan import update as scan_update
@@ -287,8 +288,8 @@ def sweep_scan(rec: Recorder, quick: bool) -> Iterator[None]:
 
 @contextlib.contextmanager
 def sweep_env(rec: Recorder, env: str, module, launcher: str, configs: tuple,
-              label: str) -> Iterator[None]:
-    """`env`=seq while active, and the interface's call of module.<launcher> runs once per
+              label: str, value: str = "seq") -> Iterator[None]:
+    """`env`=`value` while active, and the interface's call of module.<launcher> runs once per
     config (each launch labelled `label config`)."""
     launch = getattr(module, launcher)
 
@@ -299,7 +300,7 @@ def sweep_env(rec: Recorder, env: str, module, launcher: str, configs: tuple,
         return result
 
     saved = os.environ.get(env)
-    os.environ[env] = "seq"
+    os.environ[env] = value
     setattr(module, launcher, launch_all)
     try:
         yield
@@ -318,6 +319,20 @@ def sweep_seq(rec: Recorder, quick: bool):
     configs = (fwd_seq.SEQ_CONFIG,) if quick else fwd_seq.SEQ_SWEEP
     return sweep_env(rec, scan_if.FWD_ENV, fwd_seq, "selective_scan_fwd_seq_triton", configs,
                      "fwd-seq")
+
+
+# the opt-in tile forward: its default, tile-poly's, a staged loop cut into automatic time
+# segments (three kernels: states pass, combine, outputs pass) and explicit segments
+TILE_COMPILE_CONFIGS = (fwd_tile.TILE_CONFIG, fwd_tile.TILE_POLY_CONFIG, (0, 0, 1, 0, 0, 3, 0),
+                        (32, 0, 1, 0, 0, 2, 8))
+
+
+def sweep_tile(rec: Recorder, quick: bool):
+    """FASTPATH_SSCAN_FWD=tile while active; the interface's tile forward runs once per config
+    (quick: the segmented staged one, which compiles all three of its kernels)."""
+    configs = TILE_COMPILE_CONFIGS[2:3] if quick else TILE_COMPILE_CONFIGS
+    return sweep_env(rec, scan_if.FWD_ENV, fwd_tile, "selective_scan_fwd_tile_triton", configs,
+                     "fwd-tile", value="tile")
 
 
 def sweep_bwd_seq(rec: Recorder, quick: bool):
@@ -377,6 +392,8 @@ def selective_scan(rec: Recorder, dtype: torch.dtype, seqlen: int, quick: bool) 
     with triton_on(scan_if), sweep_scan(rec, True), sweep_bwd_seq(rec, quick):
         with rec.prefixed("bwd-seq-train"):
             scan_training(dtype, seqlen)
+    with triton_on(scan_if), sweep_tile(rec, quick), rec.prefixed("tile-prefill"):
+        scan_prefill(dtype, seqlen)
 
 
 def state_update(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
