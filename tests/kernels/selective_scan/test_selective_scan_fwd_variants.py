@@ -385,6 +385,22 @@ def test_time_segments_property_sweep(segments, batch, layout, dpg, nstate, leng
     assert rel_err(out, ref_out) < TOL[dtype] and rel_err(last, ref_last) < 1e-5
 
 
+@pytest.mark.parametrize("where", ["delta", "u", "B"])
+def test_time_segments_nan_propagates_like_the_reference(where):
+    """A NaN in the first segment reaches later segments through the combine (its end state and
+    decay product) exactly where the reference's NaNs are."""
+    t = make_inputs(1, 8, 4, 30, "shared", 1, seed=10, dtype=torch.float32)
+    if where == "B":
+        t["B"][0, 2, 5] = float("nan")
+    else:
+        t[where][0, 3, 5] = float("nan")
+    _, (out, last) = _tile_run(t, (8, 0, 1, 0, 0, 0, 3))
+    rout, rlast = selective_scan_ref(**{k: v.double() for k, v in t.items()},
+                                     delta_softplus=True, return_last_state=True)
+    assert rout.isnan().any() and rout[..., -1].isnan().any()
+    assert torch.equal(out.isnan(), rout.isnan()) and torch.equal(last.isnan(), rlast.isnan())
+
+
 def test_time_segments_auto():
     """Auto (SEGMENTS 0) aims at 8 warps per SM sub-partition in segments of >= 8 chunks: an
     H100's 132 SMs at (1, 4096), D = 8192, 16 channels a warp (512 warps) get 9 segments; batch

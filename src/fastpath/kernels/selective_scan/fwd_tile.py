@@ -23,6 +23,12 @@ its logarithm on the SFU. Per state element and step: one exp2 (the SFU's, or wi
 degree-5 polynomial on the FMA pipe for the first POLY_N states of each channel: `exp2_poly`),
 an FMUL, two FMAs. B and C are read as a float32 copy (converted once, not in every lane).
 
+Time segments (config SEGMENTS; batch 1 gives too few programs to hide a walk's load latency:
+one warp per SM sub-partition on an H100 at D = 8192): a states pass walks segments 0 .. S-2
+from a zero state (end state s_k, decay product P_k = exp(A * sum delta')), a small combine
+forms the state entering each segment (H_0 = 0, H_{k+1} = P_k H_k + s_k), and the outputs pass
+walks every segment from H_k: about (2S - 1) / S times the exponentials, S times the programs.
+
 Numerics equal the chunked and seq kernels' (float32 state and sums; masked steps past L have
 delta' = 0: a = 1, x = 0). Only (out, last_state) are produced; the backward recomputes its own
 chunk states (fwd_chunked.chunk_states), so this serves training too. Selected with
