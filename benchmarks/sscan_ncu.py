@@ -29,6 +29,26 @@ import selective_scan as bench
 from fastpath.kernels.selective_scan.interface import selective_scan_fn
 
 
+def parse_variant(spec: str) -> tuple[str, str, tuple]:
+    """VARIANT or VARIANT@A/B/C -> (spec, variant, config): the config given, else its default."""
+    name, _, given = spec.partition("@")
+    if name not in bench.FWD_KERNELS:
+        raise ValueError(f"unknown variant {name!r} (expected one of {', '.join(bench.FWD_KERNELS)})")
+    try:
+        cfg = tuple(int(x) for x in given.split("/")) if given else None
+    except ValueError:
+        raise ValueError(f"{spec!r}: a config is integers joined by '/'") from None
+    return spec, name, cfg or tuple(bench.fwd_variant_configs(name, False)[0])
+
+
+def parse_case(case: str) -> tuple[int, int]:
+    """BxL -> (B, L), both positive."""
+    parts = case.split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"case {case!r} is not BxL (e.g. 1x4096)")
+    return int(parts[0]), int(parts[1])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default="tile,seq",
@@ -37,25 +57,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layout", default="tf", choices=bench.FWD_LAYOUTS)
     ap.add_argument("--bwd", action="store_true", help="also one forward+backward per case")
     args = ap.parse_args(argv)
+    try:  # every argument checked before any GPU work
+        variants = [parse_variant(v) for v in args.variants.split(",") if v]
+        cases = [parse_case(c) for c in args.cases.split(",") if c]
+    except ValueError as exc:
+        print(f"sscan_ncu: {exc}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("sscan_ncu: needs a CUDA device", file=sys.stderr)
         return 2
     dev = torch.device("cuda")
-    variants = [v for v in args.variants.split(",") if v]
-    bad = [v for v in variants if v.partition("@")[0] not in bench.FWD_KERNELS]
-    if bad:
-        print(f"sscan_ncu: unknown variant(s) {', '.join(bad)}", file=sys.stderr)
-        return 2
-    cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",") if c]
     work = []
     for batch, length in cases:
         t = bench.fwd_inputs(batch, length, bench.DIM, dev, args.layout)
         fargs = (t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], t["z"], t["delta_bias"], True)
-        for spec in variants:  # VARIANT or VARIANT@A/B/C (a config of its own, as --fwd-configs)
-            v, _, given = spec.partition("@")
+        for spec, v, cfg in variants:
             launch = bench.fwd_variant_launcher(v)
-            cfg = (tuple(int(x) for x in given.split("/")) if given
-                   else tuple(bench.fwd_variant_configs(v, False)[0]))
             work.append((f"fwd {spec} {batch}x{length}", lambda launch=launch, a=fargs, c=cfg:
                          launch(*a, config=c)))
         if args.bwd:

@@ -1,5 +1,6 @@
-"""benchmarks/sscan_ncu.py (the Nsight Compute driver) off the GPU: its help, and its one-line
-refusal with exit 2 where there is no CUDA device (it profiles compiled kernels only)."""
+"""benchmarks/sscan_ncu.py (the Nsight Compute driver) off the GPU: its help, bad arguments as
+one-line errors before any GPU work, and its one-line refusal with exit 2 where there is no CUDA
+device (it profiles compiled kernels only)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,15 @@ def test_without_cuda_one_line_and_exit_2():
     proc = _run("--variants", "tile@0/0/1/0/0/3")
     assert proc.returncode == 2
     assert proc.stderr.strip() == "sscan_ncu: needs a CUDA device"
+
+
+@pytest.mark.parametrize("args,says", [
+    (("--variants", "tiles"), "unknown variant 'tiles'"),
+    (("--variants", "tile@0/x"), "'tile@0/x': a config is integers joined by '/'"),
+    (("--cases", "1x"), "case '1x' is not BxL"),
+    (("--cases", "0x4096"), "case '0x4096' is not BxL"),
+])
+def test_bad_arguments_one_line_exit_2(args, says):
+    proc = _run(*args)
+    assert proc.returncode == 2
+    assert says in proc.stderr and proc.stderr.count("\n") == 1
