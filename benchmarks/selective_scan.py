@@ -520,6 +520,21 @@ def fwd_variant_configs(variant: str, smoke: bool) -> tuple:
     return fwd_tile.TILE_POLY_CONFIG, sweep[:2] if smoke else sweep
 
 
+def parse_fwd_config(variant: str, text: str, smoke: bool = False) -> tuple[int, ...]:
+    """A/B/C... -> a config of `variant`, its width checked (the tile kernels' last two numbers,
+    STAGES and SEGMENTS, may be left out), so a wrong one fails here, not at a GPU launch."""
+    try:
+        values = tuple(int(v) for v in text.split("/"))
+    except ValueError:
+        raise ValueError(f"{text!r} is not integers joined by '/'") from None
+    width = len(fwd_variant_configs(variant, smoke)[0])
+    widths = range(5, 8) if variant.startswith("tile") else range(width, width + 1)
+    if len(values) not in widths:
+        told = f"{widths[0]} to {widths[-1]}" if len(widths) > 1 else str(width)
+        raise ValueError(f"{variant} takes {told} numbers a config, got {text!r}")
+    return values
+
+
 def parse_fwd_items(variants: list[str], spec: str, smoke: bool) -> list[tuple[str, tuple]]:
     """[(variant, config)]: every variant's default first (the rows that matter most come before
     the budget can run out), then the swept or explicitly named configs."""
@@ -542,16 +557,9 @@ def parse_fwd_items(variants: list[str], spec: str, smoke: bool) -> list[tuple[s
                                  f"VARIANT one of --fwd-variants ({', '.join(variants)})")
             for cfg in configs.split(","):
                 try:
-                    values = tuple(int(v) for v in cfg.split("/"))
-                except ValueError:
-                    raise ValueError(f"--fwd-configs: {cfg!r} is not integers joined by '/'") from None
-                # the tile kernels' last two numbers (STAGES, SEGMENTS) may be left out
-                width = len(fwd_variant_configs(name, smoke)[0])
-                widths = range(5, 8) if name.startswith("tile") else range(width, width + 1)
-                if len(values) not in widths:
-                    told = f"{widths[0]} to {widths[-1]}" if len(widths) > 1 else str(width)
-                    raise ValueError(f"--fwd-configs: {name} takes {told} numbers a config, got "
-                                     f"{cfg!r}")
+                    values = parse_fwd_config(name, cfg, smoke)
+                except ValueError as exc:
+                    raise ValueError(f"--fwd-configs: {exc}") from None
                 extra.append((name, values))
     return list(dict.fromkeys(items + extra))
 
@@ -649,7 +657,7 @@ def best_fwd_rows(rows: list[dict]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--out", required=True, help="output directory (selective_scan.json)")
     ap.add_argument("--phases", default=None,
                     help="copy,fwd,fwdbwd,update,sweep,seqsweep (all) unless --fwd-variants is "
@@ -664,7 +672,8 @@ def main(argv: list[str] | None = None) -> int:
                          "sweep stays under 120 s)")
     ap.add_argument("--fwd-configs", default="default",
                     help="default | sweep (each variant's sweep list) | "
-                         "VARIANT:A/B/C[,A/B/C][;VARIANT:...] (tile: BLOCK_D/T/warps/POLY_N/AUX)")
+                         "VARIANT:A/B/C[,A/B/C][;VARIANT:...] (tile, tile-poly: BLOCK_D/T/"
+                         "warps/POLY_N/AUX[/STAGES[/SEGMENTS]])")
     ap.add_argument("--fwd-cases", default=FWD_CASES, help="BxL list for the sweep")
     ap.add_argument("--fwd-layouts", default=",".join(FWD_LAYOUTS),
                     help="tf (u, z channel-last views) and/or contiguous (u, delta, z (B, D, L))")

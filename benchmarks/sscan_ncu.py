@@ -35,9 +35,9 @@ def parse_variant(spec: str) -> tuple[str, str, tuple]:
     if name not in bench.FWD_KERNELS:
         raise ValueError(f"unknown variant {name!r} (expected one of {', '.join(bench.FWD_KERNELS)})")
     try:
-        cfg = tuple(int(x) for x in given.split("/")) if given else None
-    except ValueError:
-        raise ValueError(f"{spec!r}: a config is integers joined by '/'") from None
+        cfg = bench.parse_fwd_config(name, given) if given else None
+    except ValueError as exc:
+        raise ValueError(f"{spec!r}: {exc}") from None
     return spec, name, cfg or tuple(bench.fwd_variant_configs(name, False)[0])
 
 

@@ -19,6 +19,9 @@
 #   sscan   selective_scan/test_selective_scan_gpu.py without the 1x8192x4096 / 2x5120x1024 /
 #           8x1024x4096 cases (the float64 step-loop reference at those lengths alone outlasts the
 #           limit), the swept tile configs cut to config0 (tl.flip adjoint) and config7 (reverse scan)
+#   tile    selective_scan/test_selective_scan_fwd_variants.py, its GPU test at D = 8192 for the
+#           opt-in tile forward's default config (cfg0) and its time-segmented ones (cfg11-cfg14:
+#           the states pass, the segment combine, the outputs pass)
 #   sscanseq selective_scan/test_selective_scan_bwd_seq.py, the default time-walking backward: its
 #           tests at tiny shapes compiled on CUDA (not the every-config test at L = 1134)
 #   glue    gdn_gates/test_gates_gpu.py (not the 4-layer 27B routing test)
@@ -64,7 +67,7 @@ mkdir -p "$out"
 root=$PWD
 limit=${MEMCHECK_TIMEOUT:-300}
 examples=${MEMCHECK_EXAMPLES:-4}
-groups=${MEMCHECK_GROUPS:-conv,ssd,sscan,sscanseq,glue,norm,lce,stats,decode,graphs}
+groups=${MEMCHECK_GROUPS:-conv,ssd,sscan,tile,sscanseq,glue,norm,lce,stats,decode,graphs}
 exclude=${MEMCHECK_EXCLUDE-'^_Z|at::native|at6native|c10::|cublas|cutlass|gemm|gemv|nvjet|xmma|cudnn|splitKreduce'}
 t0=$(date +%s)
 at() { echo "$(( $(date +%s) - t0 )) s"; }
@@ -134,6 +137,8 @@ files[ssd]="$kt/ssd/test_ssd_gpu.py $kt/ssd/test_ssd_update.py $kt/ssd/test_mamb
 kexpr[ssd]="not agrees_with_mamba_ssm"
 files[sscan]="$kt/selective_scan/test_selective_scan_gpu.py"
 kexpr[sscan]="not falcon_and_mamba_shapes and not forward_only_long_batch and not (every_swept_config and not (config0 or config7))"
+files[tile]="$kt/selective_scan/test_selective_scan_fwd_variants.py"
+kexpr[tile]="tile_gpu_falcon_shapes and (cfg0 or cfg11 or cfg12 or cfg13 or cfg14)"
 files[sscanseq]="$kt/selective_scan/test_selective_scan_bwd_seq.py"
 kexpr[sscanseq]="not gpu_every_sweep_config"
 files[glue]="$kt/gdn_gates/test_gates_gpu.py"
