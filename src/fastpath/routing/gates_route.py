@@ -33,7 +33,8 @@ instance of it (from the modeling module's own config class), gives every parame
 values, and compares fastpath's forward with the original on a random input: the output and the
 gradients of the input and of every parameter within 1e-5 relative. A class whose forward
 computes anything else (another transformers release, another family) is not routed; explain()
-says why. Only transformers' call-time-global layout (5.15+) is a candidate.
+says why. Only transformers' call-time-global layout (5.15+) is a candidate. The verdict is kept
+for the process per class and forward (route_probe): a later enable() does not probe again.
 
 What keeps the original forward, per call: a cache (decode, chunked prefill), packed-sequence or
 other keyword arguments to the GatedDeltaNet (the fused gates do not matter there, the original
@@ -54,6 +55,7 @@ from typing import Any, ClassVar
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.routing.patch_registry import PatchRegistry
 from fastpath.routing.route_modes import GROUPED_HEADS_ATTR, RouteStatus, env_mode, kernel_dtypes
+from fastpath.routing.route_probe import probed
 
 ENV_MODE = "FASTPATH_GLUE"
 MODES = ("auto", "off")
@@ -330,21 +332,9 @@ def _probe_config(module: ModuleType) -> Any:
 
 def same_function(cls: type, op: str, module: ModuleType) -> str | None:
     """None when fastpath's forward for `cls` computes what its original forward computes (output
-    and every gradient, float32, random parameters); else why not (one line). One CPU thread:
-    the probe's tensors are tiny, and threads on a busy host cost seconds instead of 0.1 s."""
-    import torch
-
-    from fastpath.kernels.counters import CALLS
-
-    threads = torch.get_num_threads()
-    counts = CALLS.copy()  # the probe's kernel calls are not the user's: counters stay as they were
-    torch.set_num_threads(1)
-    try:
-        return _compare(cls, op, module)
-    finally:
-        torch.set_num_threads(threads)
-        CALLS.clear()
-        CALLS.update(counts)
+    and every gradient, float32, random parameters); else why not (one line). Once per class and
+    forward in a process (route_probe)."""
+    return probed((cls, op, cls.__dict__["forward"]), lambda: _compare(cls, op, module))
 
 
 def _compare(cls: type, op: str, module: ModuleType) -> str | None:

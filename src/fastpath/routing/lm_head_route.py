@@ -52,6 +52,7 @@ from typing import Any, ClassVar
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.routing.patch_registry import PatchRegistry
 from fastpath.routing.route_modes import RouteStatus, classes_to_route, env_mode, kernel_dtypes
+from fastpath.routing.route_probe import probed
 
 ENV_MODE = "FASTPATH_LM_LOSS"
 MODES = ("auto", "off")
@@ -296,19 +297,8 @@ def _probe_model(cls: type, module: ModuleType) -> Any:
 
 def same_function(cls: type, module: ModuleType) -> str | None:
     """None when the routed forward gives the original's loss and gradients on a tiny float32
-    model of the family (one CPU thread, kernel counters left as they were); else why not."""
-    import torch
-
-    from fastpath.kernels.counters import CALLS
-
-    threads, counts = torch.get_num_threads(), CALLS.copy()
-    torch.set_num_threads(1)
-    try:
-        return _compare(cls, module)
-    finally:
-        torch.set_num_threads(threads)
-        CALLS.clear()
-        CALLS.update(counts)
+    model of the family; else why not. Once per class and forward in a process (route_probe)."""
+    return probed((cls, "lm_head", cls.__dict__["forward"]), lambda: _compare(cls, module))
 
 
 def _compare(cls: type, module: ModuleType) -> str | None:
