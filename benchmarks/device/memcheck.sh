@@ -20,7 +20,7 @@
 #           8x1024x4096 cases (the float64 step-loop reference at those lengths alone outlasts the
 #           limit), the swept tile configs cut to config0 (tl.flip adjoint) and config7 (reverse scan)
 #   tile    selective_scan/test_selective_scan_fwd_variants.py, its GPU test at D = 8192 for the
-#           opt-in tile forward's default config (cfg0) and its time-segmented ones (cfg11-cfg14:
+#           opt-in tile forward's default config ([None]) and its time-segmented ones (cfg11-cfg14:
 #           the states pass, the segment combine, the outputs pass)
 #   sscanseq selective_scan/test_selective_scan_bwd_seq.py, the default time-walking backward: its
 #           tests at tiny shapes compiled on CUDA (not the every-config test at L = 1134)
@@ -138,7 +138,7 @@ kexpr[ssd]="not agrees_with_mamba_ssm"
 files[sscan]="$kt/selective_scan/test_selective_scan_gpu.py"
 kexpr[sscan]="not falcon_and_mamba_shapes and not forward_only_long_batch and not (every_swept_config and not (config0 or config7))"
 files[tile]="$kt/selective_scan/test_selective_scan_fwd_variants.py"
-kexpr[tile]="tile_gpu_falcon_shapes and (cfg0 or cfg11 or cfg12 or cfg13 or cfg14)"
+kexpr[tile]="tile_gpu_falcon_shapes and (None or cfg11 or cfg12 or cfg13 or cfg14)"
 files[sscanseq]="$kt/selective_scan/test_selective_scan_bwd_seq.py"
 kexpr[sscanseq]="not gpu_every_sweep_config"
 files[glue]="$kt/gdn_gates/test_gates_gpu.py"
