@@ -32,8 +32,9 @@ forward has the shape above (source: one ``logits = self.lm_head(`` assignment, 
 ``self.loss_function(``, ``self.model(``, ``logits_to_keep``). Same function, checked, not assumed:
 before routing a class, its original and routed forward run on a tiny float32 model of the
 family built from the module's own config class (random weights, some labels ignored): the loss and
-every parameter's gradient within 1e-5 relative. A class failing either is not routed; explain()
-says why. A class whose forward Liger Kernel replaced (its class-level patch) is left to Liger.
+every parameter's gradient within 1e-5 relative, once per class and forward in a process
+(route_probe). A class failing either is not routed; explain() says why. A class whose forward
+Liger Kernel replaced (its class-level patch) is left to Liger.
 
 FASTPATH_LM_LOSS=auto|off (read by detect_lm_head) turns the route off.
 """
