@@ -536,6 +536,14 @@ def parse_fwd_config(variant: str, text: str, smoke: bool = False) -> tuple[int,
     return values
 
 
+def parse_case(case: str) -> tuple[int, int]:
+    """BxL -> (B, L), both positive."""
+    parts = case.split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"case {case!r} is not BxL (e.g. 1x4096)")
+    return int(parts[0]), int(parts[1])
+
+
 def parse_fwd_items(variants: list[str], spec: str, smoke: bool) -> list[tuple[str, tuple]]:
     """[(variant, config)]: every variant's default first (the rows that matter most come before
     the budget can run out), then the swept or explicitly named configs."""
@@ -708,9 +716,10 @@ def main(argv: list[str] | None = None) -> int:
         layouts = [v for v in args.fwd_layouts.split(",") if v]
         try:
             parse_fwd_items(fwd_variants, args.fwd_configs, args.smoke)
-            fwd_cases = [tuple(int(v) for v in c.split("x")) for c in args.fwd_cases.split(",")]
-            if any(len(c) != 2 for c in fwd_cases) or not fwd_cases:
-                raise ValueError(f"--fwd-cases {args.fwd_cases!r}: expected BxL[,BxL]")
+            try:
+                fwd_cases = [parse_case(c) for c in args.fwd_cases.split(",")]
+            except ValueError as exc:
+                raise ValueError(f"--fwd-cases {args.fwd_cases!r}: {exc}") from None
             if not layouts or set(layouts) - set(FWD_LAYOUTS):
                 raise ValueError(f"--fwd-layouts {args.fwd_layouts!r}: expected some of "
                                  f"{','.join(FWD_LAYOUTS)}")

@@ -41,14 +41,6 @@ def parse_variant(spec: str) -> tuple[str, str, tuple]:
     return spec, name, cfg or tuple(bench.fwd_variant_configs(name, False)[0])
 
 
-def parse_case(case: str) -> tuple[int, int]:
-    """BxL -> (B, L), both positive."""
-    parts = case.split("x")
-    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"case {case!r} is not BxL (e.g. 1x4096)")
-    return int(parts[0]), int(parts[1])
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default="tile,seq",
@@ -59,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:  # every argument checked before any GPU work
         variants = [parse_variant(v) for v in args.variants.split(",") if v]
-        cases = [parse_case(c) for c in args.cases.split(",") if c]
+        cases = [bench.parse_case(c) for c in args.cases.split(",") if c]
     except ValueError as exc:
         print(f"sscan_ncu: {exc}", file=sys.stderr)
         return 2
