@@ -402,13 +402,14 @@ def test_time_segments_nan_propagates_like_the_reference(where):
 
 
 def test_time_segments_auto():
-    """Auto (SEGMENTS 0) aims at 8 warps per SM sub-partition in segments of >= 8 chunks: an
-    H100's 132 SMs at (1, 4096), D = 8192, 16 channels a warp (512 warps) get 9 segments; batch
-    8 with 32 channels a warp (2048 warps) 3; a short sequence none. Given counts are kept up to
-    the whole chunks."""
+    """Auto (SEGMENTS 0) keeps the grid within 4 warps per SM sub-partition, rounding down, in
+    segments of >= 8 chunks: an H100's 132 SMs at (1, 4096), D = 8192, 32 channels a warp (256
+    warps) get 8 segments, 16 a warp (512 warps) 4; batch 8 (2048 warps) none; a short sequence
+    none. Given counts are kept up to the whole chunks."""
     cpu = torch.device("cpu")  # 132 SMs assumed off the GPU
-    assert time_segments(0, 512, 512, cpu) == 9
-    assert time_segments(0, 512, 2048, cpu) == 3
+    assert time_segments(0, 512, 256, cpu) == 8
+    assert time_segments(0, 512, 512, cpu) == 4
+    assert time_segments(0, 512, 2048, cpu) == 1
     assert time_segments(0, 15, 512, cpu) == 1
     assert time_segments(0, 512, 10**6, cpu) == 1
     assert time_segments(1, 512, 512, cpu) == 1

@@ -66,6 +66,7 @@ from torch import Tensor
 
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.kernels.selective_scan.bwd import _bc_grad, _bc_grad_buffer
+from fastpath.kernels.selective_scan.carry import carry_walk
 from fastpath.kernels.selective_scan.fwd_chunked import (
     INTERPRETER_CHUNK,
     LOG2E,
@@ -102,7 +103,9 @@ BWD_SEQ_SWEEP = ((32, 32, 1, 4, True, True), (32, 32, 1, 4, False, True),
                  (32, 32, 1, 8, False, True), (32, 64, 1, 2, False, True),
                  (64, 32, 2, 2, False, True), (16, 32, 1, 8, False, True))
 LN2 = tl.constexpr(0.6931471805599453)
-COMBINE_BLOCK = 256  # state elements per program of the combine (4 warps)
+# the combine: state elements per program (4 warps) and chunks per tile (carry.py)
+COMBINE_BLOCK = 128
+COMBINE_K = 16
 
 
 def default_seq_config() -> tuple:
@@ -242,32 +245,22 @@ def _chunk_local_kernel(
 
 @triton.jit
 def _combine_kernel(PBUF, SBUF, RBUF, DLAST, n_chunks, n_elems, dim, s_lb, s_ld, s_ln,
-                    HAS_DLAST: tl.constexpr, BLOCK: tl.constexpr):
-    """Phase 2: over s, the state entering each chunk; over r, the adjoint carried into each
-    chunk's last step (sequential over the chunks, elementwise over (N, dim))."""
+                    HAS_DLAST: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr):
+    """Phase 2: over s, the state entering each chunk (walked forward from 0); over r, the adjoint
+    carried into each chunk's last step (walked backward from dlast): carry.carry_walk, K chunks
+    a tile."""
     b = tl.program_id(1).to(tl.int64)
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = e < n_elems
-    first = b * n_chunks * n_elems + e  # chunk 0's offsets (int64)
+    base = b * n_chunks * n_elems
     h = tl.zeros((BLOCK,), dtype=tl.float32)
-    off = first
-    for _ in range(n_chunks):
-        P = tl.load(PBUF + off, mask=m, other=1.0)
-        s = tl.load(SBUF + off, mask=m, other=0.0)
-        tl.store(SBUF + off, h, mask=m)
-        h = P * h + s
-        off += n_elems
+    carry_walk(PBUF, SBUF, base, e, m, h, 0, 1, n_chunks, n_chunks, n_elems, K)
     if HAS_DLAST:
         G = tl.load(DLAST + b * s_lb + (e % dim) * s_ld + (e // dim) * s_ln, mask=m,
                     other=0.0).to(tl.float32)
     else:
         G = tl.zeros((BLOCK,), dtype=tl.float32)
-    for _ in range(n_chunks):
-        off -= n_elems
-        P = tl.load(PBUF + off, mask=m, other=1.0)
-        r = tl.load(RBUF + off, mask=m, other=0.0)
-        tl.store(RBUF + off, G, mask=m)
-        G = P * G + r
+    carry_walk(PBUF, RBUF, base, e, m, G, n_chunks - 1, -1, n_chunks, n_chunks, n_elems, K)
 
 
 def _grad_body(
@@ -485,7 +478,7 @@ def selective_scan_bwd_seq_triton(
         ls = dlast.stride() if dlast is not None else (0, 0, 0)
         _combine_kernel[(triton.cdiv(n_elems, COMBINE_BLOCK), batch)](
             pbuf, sbuf, rbuf, dummy if dlast is None else dlast, n_chunks, n_elems, dim, *ls,
-            HAS_DLAST=dlast is not None, BLOCK=COMBINE_BLOCK, num_warps=4)
+            HAS_DLAST=dlast is not None, BLOCK=COMBINE_BLOCK, K=COMBINE_K, num_warps=4)
         programs = min(n_items, per_sm * _sm_count(dev))
         scratch = torch.empty((programs, chunk, block_n, block_d), **f32)
         kernel = _grad_kernel_vec if vector else _grad_kernel

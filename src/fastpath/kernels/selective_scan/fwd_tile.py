@@ -45,6 +45,7 @@ import triton.language as tl
 from torch import Tensor
 
 from fastpath.kernels.dispatch import triton_interpreter_on
+from fastpath.kernels.selective_scan.carry import carry_walk
 from fastpath.kernels.selective_scan.fwd_chunked import (
     LOG2E,
     MAGIC_BITS,
@@ -73,8 +74,11 @@ from fastpath.kernels.selective_scan.fwd_chunked import (
 #   AUX_POLY 0: 139 vs 160 (SFU-bound: ~1.3 ms at (8, 4096) at the H200's full SFU rate)
 #   AUX_POLY 1: 149 vs 152 (balanced: the "tile-poly" default)
 #   AUX_POLY 2: 162 vs 144;  POLY_N 2 with AUX_POLY 2: 182 vs 128 (issue-bound: worse)
-TILE_CONFIG = (0, 0, 1, 0, 0, 0)
-TILE_POLY_CONFIG = (0, 0, 1, 0, 1, 0)
+# The defaults: one channel a lane, the chunk loop staged 3 deep, time segments picked by
+# `time_segments` (none at (8, 4096), 8 at (1, 4096) on 132 SMs): the fastest measured on an
+# H100 at both sizes (BENCHMARKS.md, the Mamba-1 tile forward).
+TILE_CONFIG = (32, 0, 1, 0, 0, 3, 0)
+TILE_POLY_CONFIG = (32, 0, 1, 0, 1, 3, 0)
 # alternatives timed by benchmarks/selective_scan.py --fwd-variants tile,tile-poly --fwd-configs
 TILE_SWEEP = ((32, 0, 1, 0, 0, 0), (16, 0, 1, 0, 0, 0), (64, 0, 2, 0, 0, 0),
               (128, 0, 4, 0, 0, 0), (8, 0, 1, 0, 0, 0), (32, 16, 1, 0, 0, 0),
@@ -379,21 +383,15 @@ def _fwd_tile_kernel(
 
 
 @triton.jit
-def _seg_combine_kernel(SBUF, PBUF, n_seg, n_elems, BLOCK: tl.constexpr):
-    """Between the two passes, per (block of N x dim state elements, batch row), sequential over
-    the segments: H_0 = 0, H_{s+1} = P_s H_s + S_s, written over S (the state entering each)."""
+def _seg_combine_kernel(SBUF, PBUF, n_seg, n_elems, BLOCK: tl.constexpr, K: tl.constexpr):
+    """Between the two passes, per (block of N x dim state elements, batch row): H_0 = 0,
+    H_{s+1} = P_s H_s + S_s, written over S (the state entering each segment; the last segment
+    has no states-pass entry to read): carry.carry_walk."""
     b = tl.program_id(1).to(tl.int64)
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = e < n_elems
-    off = b * n_seg * n_elems + e
     h = tl.zeros((BLOCK,), dtype=tl.float32)
-    for _ in range(n_seg - 1):  # the last segment has no states-pass entry
-        S = tl.load(SBUF + off, mask=m, other=0.0)
-        P = tl.load(PBUF + off, mask=m, other=1.0)
-        tl.store(SBUF + off, h, mask=m)
-        h = P * h + S
-        off += n_elems
-    tl.store(SBUF + off, h, mask=m)
+    carry_walk(PBUF, SBUF, b * n_seg * n_elems, e, e < n_elems, h, 0, 1, n_seg - 1, n_seg,
+               n_elems, K)
 
 
 def n_fastest_f32(M: Tensor, block_n: int) -> Tensor:
@@ -456,7 +454,8 @@ def selective_scan_fwd_tile_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tenso
                                    ) -> tuple[Tensor, Tensor]:
     """Same contract as fwd_chunked.selective_scan_fwd_triton: (out in u's dtype, contiguous
     (batch, dim, L); last_state float32 (batch, dim, N)); B/C each (dim, N), (batch, N, L) or
-    (batch, G, N, L), any strides. config: (BLOCK_D, T, num_warps, POLY_N, AUX_POLY[, STAGES]);
+    (batch, G, N, L), any strides. config: (BLOCK_D, T, num_warps, POLY_N, AUX_POLY[, STAGES[,
+    SEGMENTS]]);
     None: TILE_CONFIG."""
     batch, dim, length = u.shape
     nstate = A.shape[1]
@@ -524,27 +523,31 @@ def selective_scan_fwd_tile_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tenso
         launch(1, n_seg - 1)
         elems = nstate * dim
         _seg_combine_kernel[(triton.cdiv(elems, COMBINE_BLOCK), batch)](
-            sbuf, pbuf, n_seg, elems, BLOCK=COMBINE_BLOCK, num_warps=4)
+            sbuf, pbuf, n_seg, elems, BLOCK=COMBINE_BLOCK, K=COMBINE_K, num_warps=4)
         launch(2, n_seg)
     return out, last.transpose(1, 2).contiguous()
 
 
-COMBINE_BLOCK = 512  # state elements per program of _seg_combine_kernel
+# _seg_combine_kernel: state elements per program (4 warps), segments per tile (carry.py)
+COMBINE_BLOCK = 256
+COMBINE_K = 8
 # time segments: at least this many chunks each (the states pass and the combine are overhead
-# a segment amortises), and auto aims at this many warps per SM sub-partition (Nsight Compute
-# on an H100 at (1, 4096): one warp per sub-partition stalls on its loads 71 % of the time)
+# a segment amortises), and auto aims at this many warps per SM sub-partition, rounding down
+# (an H100, D = 8192, bf16, 32 channels a warp, STAGES 2-3: at (1, 4096) 8 segments ran in 0.95 ms
+# against 2.1-2.7 ms unsegmented, 1.3-2.8 ms with 2 or 4, 0.95-1.06 ms with 17; at (8, 4096)
+# 3 segments ran 5.4 ms against 3.2-3.6 ms with none: BENCHMARKS.md)
 MIN_SEG_CHUNKS = 8
-TARGET_WARPS_PER_SCHEDULER = 8
+TARGET_WARPS_PER_SCHEDULER = 4
 
 
 def time_segments(segments: int, n_full: int, warps: int, device: torch.device) -> int:
     """How many time segments the sequence is cut into: SEGMENTS as given (1: none), or with 0
-    enough that the grid has TARGET_WARPS_PER_SCHEDULER warps per SM sub-partition (4 an SM),
-    each of at least MIN_SEG_CHUNKS chunks. Never more than the whole chunks (the partial one
-    is the last segment's)."""
+    as many as keep the grid within TARGET_WARPS_PER_SCHEDULER warps per SM sub-partition (4 an
+    SM), each of at least MIN_SEG_CHUNKS chunks. Never more than the whole chunks (the partial
+    one is the last segment's)."""
     if segments == 0:
         sms = torch.cuda.get_device_properties(device).multi_processor_count if (
             device.type == "cuda") else 132
-        want = triton.cdiv(TARGET_WARPS_PER_SCHEDULER * 4 * sms, max(1, warps))
+        want = TARGET_WARPS_PER_SCHEDULER * 4 * sms // max(1, warps)
         return max(1, min(want, n_full // MIN_SEG_CHUNKS))
     return max(1, min(segments, n_full))
