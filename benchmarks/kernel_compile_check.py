@@ -321,16 +321,17 @@ def sweep_seq(rec: Recorder, quick: bool):
                      "fwd-seq")
 
 
-# the opt-in tile forward: its default, tile-poly's, a staged loop cut into automatic time
-# segments (three kernels: states pass, combine, outputs pass) and explicit segments
+# the opt-in tile forward: its default (staged, automatic time segments: three kernels, states
+# pass, combine, outputs pass; PRECISE exponentials), tile-poly's (the SFU's and the FMA
+# polynomial's), a 16-channel staged loop and explicit segments
 TILE_COMPILE_CONFIGS = (fwd_tile.TILE_CONFIG, fwd_tile.TILE_POLY_CONFIG, (0, 0, 1, 0, 0, 3, 0),
                         (32, 0, 1, 0, 0, 2, 8))
 
 
 def sweep_tile(rec: Recorder, quick: bool):
     """FASTPATH_SSCAN_FWD=tile while active; the interface's tile forward runs once per config
-    (quick: the segmented staged one, which compiles all three of its kernels)."""
-    configs = TILE_COMPILE_CONFIGS[2:3] if quick else TILE_COMPILE_CONFIGS
+    (quick: the default, which compiles all three of its kernels)."""
+    configs = TILE_COMPILE_CONFIGS[:1] if quick else TILE_COMPILE_CONFIGS
     return sweep_env(rec, scan_if.FWD_ENV, fwd_tile, "selective_scan_fwd_tile_triton", configs,
                      "fwd-tile", value="tile")
 

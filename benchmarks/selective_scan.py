@@ -522,14 +522,15 @@ def fwd_variant_configs(variant: str, smoke: bool) -> tuple:
 
 
 def parse_fwd_config(variant: str, text: str, smoke: bool = False) -> tuple[int, ...]:
-    """A/B/C... -> a config of `variant`, its width checked (the tile kernels' last two numbers,
-    STAGES and SEGMENTS, may be left out), so a wrong one fails here, not at a GPU launch."""
+    """A/B/C... -> a config of `variant`, its width checked (the tile kernels' last three numbers,
+    STAGES, SEGMENTS and PRECISE, may be left out), so a wrong one fails here, not at a GPU
+    launch."""
     try:
         values = tuple(int(v) for v in text.split("/"))
     except ValueError:
         raise ValueError(f"{text!r} is not integers joined by '/'") from None
     width = len(fwd_variant_configs(variant, smoke)[0])
-    widths = range(5, 8) if variant.startswith("tile") else range(width, width + 1)
+    widths = range(5, 9) if variant.startswith("tile") else range(width, width + 1)
     if len(values) not in widths:
         told = f"{widths[0]} to {widths[-1]}" if len(widths) > 1 else str(width)
         raise ValueError(f"{variant} takes {told} numbers a config, got {text!r}")
@@ -682,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fwd-configs", default="default",
                     help="default | sweep (each variant's sweep list) | "
                          "VARIANT:A/B/C[,A/B/C][;VARIANT:...] (tile, tile-poly: BLOCK_D/T/"
-                         "warps/POLY_N/AUX[/STAGES[/SEGMENTS]])")
+                         "warps/POLY_N/AUX[/STAGES[/SEGMENTS[/PRECISE]]])")
     ap.add_argument("--fwd-cases", default=FWD_CASES, help="BxL list for the sweep")
     ap.add_argument("--fwd-layouts", default=",".join(FWD_LAYOUTS),
                     help="tf (u, z channel-last views) and/or contiguous (u, delta, z (B, D, L))")

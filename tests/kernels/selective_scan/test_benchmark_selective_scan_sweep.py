@@ -15,6 +15,7 @@ import torch
 from repo_paths import ROOT
 
 from fastpath.kernels.dispatch import use_triton
+from fastpath.kernels.selective_scan.fwd_tile import TILE_CONFIG
 
 pytestmark = pytest.mark.skipif(
     not use_triton(torch.empty(0)), reason="needs CUDA or TRITON_INTERPRET=1"
@@ -46,7 +47,7 @@ def test_sweep_rows_diffs_and_best(bench, tmp_path, capsys):
     # 3 (variant, config) items x 2 layouts x 2 smoke cases
     assert len(rows) == 12
     assert {(r["variant"], tuple(r["config"])) for r in rows} == {
-        ("tile", (0, 0, 1, 0, 0, 0)), ("seq", (32, 1)), ("tile", (16, 0, 1, 0, 1))}
+        ("tile", TILE_CONFIG), ("seq", (32, 1)), ("tile", (16, 0, 1, 0, 1))}
     for r in rows:
         assert "error" not in r, r
         assert r["finite"] and r["ms"] > 0 and r["copy_ms"] > 0
@@ -107,7 +108,7 @@ def test_sweep_lists_put_the_candidates_first(bench):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--fwd-variants", "tile,fast"], "--fwd-variants: unknown fast"),
-    (["--fwd-variants", "tile", "--fwd-configs", "tile:32/1"], "tile takes 5 to 7 numbers"),
+    (["--fwd-variants", "tile", "--fwd-configs", "tile:32/1"], "tile takes 5 to 8 numbers"),
     (["--fwd-variants", "tile", "--fwd-configs", "seq:32/1"], "is not VARIANT:A/B/C"),
     (["--fwd-variants", "tile", "--fwd-configs", "tile:a/b"], "not integers"),
     (["--fwd-variants", "tile", "--fwd-layouts", "nhwc"], "--fwd-layouts 'nhwc'"),

@@ -25,9 +25,11 @@ from fastpath.kernels.counters import CALLS
 from fastpath.kernels.dispatch import use_triton
 from fastpath.kernels.selective_scan.fwd_chunked import selective_scan_fwd_triton
 from fastpath.kernels.selective_scan.fwd_tile import (
+    TILE_CONFIG,
     TILE_POLY_SWEEP,
     TILE_SWEEP,
     exp2_poly,
+    full_config,
     selective_scan_fwd_tile_triton,
     tile_along_time,
     time_segments,
@@ -60,7 +62,7 @@ ALL_TILE_CONFIGS = tuple(dict.fromkeys(TILE_SWEEP + TILE_POLY_SWEEP))
 def _interpreted_alike(cfg: tuple) -> tuple:
     """What of a config the interpreter sees: STAGES only shapes the GPU's code (a pipelined
     loop runs the same steps), so configs that differ only there are one case on CPU."""
-    cfg = tuple(cfg) + (0, 1)[len(cfg) - 5:]
+    cfg = full_config(cfg)
     return cfg[:5] + cfg[6:]
 
 
@@ -256,8 +258,8 @@ def test_bad_config_is_one_line_error():
                                        t["C"][:, None], None, None, None, False,
                                        config=(32, 12, 1, 0, False))
     assert "\n" not in str(info.value)
-    for cfg in ((32, 0, 1, 0, 0, -1), (32, 0, 1, 0, 0, 2, -1), (32, 0, 1, 0),
-                (32, 0, 1, 0, 0, 2, 9, 1)):  # STAGES, SEGMENTS, lengths
+    for cfg in ((32, 0, 1, 0, 0, -1), (32, 0, 1, 0, 0, 2, -1), (32, 0, 1, 0, 0, 2, 1, 2),
+                (32, 0, 1, 0), (32, 0, 1, 0, 0, 2, 9, 1, 0)):  # STAGES, SEGMENTS, PRECISE, lengths
         with pytest.raises(ValueError, match="tile forward config") as info:
             selective_scan_fwd_tile_triton(t["u"], t["delta"], t["A"], t["B"][:, None],
                                            t["C"][:, None], None, None, None, False, config=cfg)
@@ -415,3 +417,48 @@ def test_time_segments_auto():
     assert time_segments(1, 512, 512, cpu) == 1
     assert time_segments(4, 3, 512, cpu) == 3
     assert time_segments(4, 0, 512, cpu) == 1
+
+
+# ------------------------------------------------------------------- the tile forward's PRECISE
+def _last_state_ratios(device: str, config: tuple, length: int, seeds: int = 4) -> list[float]:
+    """mamba_ssm's failing kind (time-invariant B and C, softplus, bias, z, 16-bit inputs,
+    float32 weights): the tile forward's last state's distance from float64 over the float32
+    reference's (mamba_ssm's judge asks <= 2), one per seed."""
+    ratios = []
+    for seed in range(seeds):
+        g = torch.Generator().manual_seed(seed)
+        dim, nstate, it = 8, 16, torch.bfloat16
+
+        def r(*shape, scale=1.0, positive=False, g=g):
+            x = torch.rand(*shape, generator=g) if positive else torch.randn(*shape, generator=g)
+            return (x * scale).to(device)
+
+        args = (r(1, dim, length).to(it), r(1, dim, length, scale=0.5, positive=True).to(it),
+                -r(dim, nstate, scale=0.5, positive=True), r(dim, nstate), r(dim, nstate),
+                r(dim), r(1, dim, length).to(it), r(dim, scale=0.5, positive=True))
+        _, last = selective_scan_fwd_tile_triton(*args, True, config=config)
+        want = selective_scan_ref(*(a.double() for a in args), delta_softplus=True,
+                                  return_last_state=True)[1]
+        ref32 = selective_scan_ref(*args, delta_softplus=True, return_last_state=True)[1]
+        ratios.append(rel_err(last, want) / rel_err(ref32, want))
+    return ratios
+
+
+def test_precise_last_state_within_the_reference_bar():
+    """The default (PRECISE 1: the chunked kernel's softplus and exp_precise decays) keeps the
+    last state within mamba_ssm's 2x bar; even on the interpreter's exact exp2 the SFU config's
+    pre-rounded A log2(e) and fast softplus break it (4.3x and 2.0x of these four seeds; 2-3.4x
+    in mamba_ssm's file on an H100's ex2.approx)."""
+    assert TILE_CONFIG[7] == 1
+    precise = _last_state_ratios("cpu", TILE_CONFIG, 256)
+    assert max(precise) <= 2.0, precise
+    fast = _last_state_ratios("cpu", (*TILE_CONFIG[:7], 0), 256)
+    assert max(fast) > 2.0 and sum(precise) < sum(fast), (precise, fast)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_precise_last_state_gpu():
+    """The same bar compiled for the GPU (the SFU's ex2.approx is what the fast config uses)."""
+    precise = _last_state_ratios("cuda", TILE_CONFIG, 1134, seeds=8)
+    assert max(precise) <= 2.0, precise

@@ -37,7 +37,7 @@ def test_without_cuda_one_line_and_exit_2():
 @pytest.mark.parametrize("args,says", [
     (("--variants", "tiles"), "unknown variant 'tiles'"),
     (("--variants", "tile@0/x"), "'tile@0/x': '0/x' is not integers joined by '/'"),
-    (("--variants", "tile@0/0/1"), "'tile@0/0/1': tile takes 5 to 7 numbers a config, got '0/0/1'"),
+    (("--variants", "tile@0/0/1"), "'tile@0/0/1': tile takes 5 to 8 numbers a config, got '0/0/1'"),
     (("--variants", "seq@1/2/3/4/5/6/7/8"), "seq takes"),
     (("--cases", "1x"), "case '1x' is not BxL"),
     (("--cases", "0x4096"), "case '0x4096' is not BxL"),

@@ -53,7 +53,9 @@ from fastpath.kernels.selective_scan.fwd_chunked import (
     bc_row,
     blocking,
     channel_block,
+    exp_precise,
     per_channel,
+    softplus,
     store_rounded,
 )
 
@@ -64,7 +66,12 @@ from fastpath.kernels.selective_scan.fwd_chunked import (
 # softplus' and SiLU's), and the chunk loop's software-pipelining depth (0: a plain loop; k >= 2:
 # `tl.range(num_stages=k)`, so Triton may issue the loads of later chunks while this one's steps
 # run), and optionally SEGMENTS: time cut into that many segments walked by their own programs
-# (1, the default when left out: none; 0: `time_segments` picks; see selective_scan_fwd_tile_triton).
+# (1, the default when left out: none; 0: `time_segments` picks; see selective_scan_fwd_tile_triton)
+# and PRECISE (0, the default when left out: exponentials on the SFU as below; 1: the chunked
+# kernel's numerics, softplus and every decay by fwd_chunked.exp_precise on the FMA pipe: with the
+# SFU's exp2, mamba_ssm's own test_selective_scan found a float32 last state 2-3.4x further from
+# float64 than its reference's in 12 of 4,516 cases, each with time-invariant B and C, softplus
+# and float32 weights, on an H100).
 # BLOCK_D = 32 * num_warps puts one channel (all N states) on each lane;
 # 16 per warp splits N over two lanes (twice the programs, for batch 1; a shuffle per step for
 # the sum over N).
@@ -77,14 +84,14 @@ from fastpath.kernels.selective_scan.fwd_chunked import (
 # The defaults: one channel a lane, the chunk loop staged 3 deep, time segments picked by
 # `time_segments` (none at (8, 4096), 8 at (1, 4096) on 132 SMs): the fastest measured on an
 # H100 at both sizes (BENCHMARKS.md, the Mamba-1 tile forward).
-TILE_CONFIG = (32, 0, 1, 0, 0, 3, 0)
+TILE_CONFIG = (32, 0, 1, 0, 0, 3, 0, 1)
 TILE_POLY_CONFIG = (32, 0, 1, 0, 1, 3, 0)
 # alternatives timed by benchmarks/selective_scan.py --fwd-variants tile,tile-poly --fwd-configs
 TILE_SWEEP = ((32, 0, 1, 0, 0, 0), (16, 0, 1, 0, 0, 0), (64, 0, 2, 0, 0, 0),
               (128, 0, 4, 0, 0, 0), (8, 0, 1, 0, 0, 0), (32, 16, 1, 0, 0, 0),
               (0, 0, 1, 0, 0, 2), (0, 0, 1, 0, 0, 3), (8, 0, 1, 0, 0, 2), (0, 16, 1, 0, 0, 2),
               (0, 0, 1, 0, 0, 3, 0), (32, 0, 1, 0, 0, 3, 0), (0, 0, 1, 0, 0, 3, 4),
-              (32, 0, 1, 0, 0, 2, 8))
+              (32, 0, 1, 0, 0, 2, 8), (32, 0, 1, 0, 0, 3, 0, 1))
 TILE_POLY_SWEEP = ((32, 0, 1, 0, 1, 0), (16, 0, 1, 0, 1, 0), (32, 0, 1, 0, 2, 0),
                    (32, 0, 1, 2, 1, 0), (32, 0, 1, 4, 0, 0), (0, 0, 1, 0, 1, 2),
                    (8, 0, 1, 0, 1, 2))
@@ -227,16 +234,30 @@ def _bc_fixed(M, offs_d, offs_n, mdn, s_d, s_n, VAR: tl.constexpr):
 
 @triton.jit
 def _delta_prime(dt, bias, keep, HAS_DBIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-                 ASM: tl.constexpr, AUX_POLY: tl.constexpr, MASK_T: tl.constexpr):
+                 ASM: tl.constexpr, AUX_POLY: tl.constexpr, MASK_T: tl.constexpr,
+                 PRECISE: tl.constexpr):
     """softplus(delta + bias) in float32 (or delta + bias); in the last partial chunk 0 past L
-    (a = 1, x = 0: the state passes unchanged)."""
+    (a = 1, x = 0: the state passes unchanged). PRECISE: the chunked kernel's ~1 ulp softplus."""
     if HAS_DBIAS:
         dt += bias
     if SOFTPLUS:
-        dt = softplus_fast(dt, ASM, AUX_POLY)
+        if PRECISE:
+            dt = softplus(dt)
+        else:
+            dt = softplus_fast(dt, ASM, AUX_POLY)
     if MASK_T:
         dt = tl.where(keep, dt, 0.0)
     return dt
+
+
+@triton.jit
+def _decay(x, offs_n, POLY_N: tl.constexpr, PRECISE: tl.constexpr):
+    """exp(delta' A) of an (N, BLOCK_D) tile from x = delta' A2: exp_precise (A2 = A, ~1 ulp) or
+    exp2 (A2 = A log2 e; the SFU's, POLY_N rows by the polynomial)."""
+    if PRECISE:
+        return exp_precise(x)
+    else:
+        return _exp2_mix(x, offs_n, POLY_N)
 
 
 @triton.jit
@@ -248,7 +269,7 @@ def _chunk(h, t0, U, DELTA, Z, B, C, OUT, L, u_row, d_row, z_row, o_row, B_row, 
            U_TILE: tl.constexpr, DT_TILE: tl.constexpr, Z_TILE: tl.constexpr, RNE: tl.constexpr,
            BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, T: tl.constexpr, POLY_N: tl.constexpr,
            AUX_POLY: tl.constexpr, ASM: tl.constexpr, MASK_D: tl.constexpr,
-           MASK_T: tl.constexpr, OUTPUT: tl.constexpr):
+           MASK_T: tl.constexpr, OUTPUT: tl.constexpr, PRECISE: tl.constexpr):
     """Steps t0 .. t0 + T - 1: h carried through them, their outputs stored as one tile (not
     computed without OUTPUT); returns (h, the chunk's sum of delta' per channel)."""
     offs_k = tl.arange(0, T)
@@ -262,7 +283,7 @@ def _chunk(h, t0, U, DELTA, Z, B, C, OUT, L, u_row, d_row, z_row, o_row, B_row, 
             bias_col = bias[:, None]
         d_tile = _delta_prime(_tile(DELTA, d_row, offs_d, md, offs_t, L, s_dd, s_dl, MASK_D,
                                     MASK_T), bias_col, mdt, HAS_DBIAS, SOFTPLUS, ASM, AUX_POLY,
-                              MASK_T)
+                              MASK_T, PRECISE)
     if HAS_Z and Z_TILE and OUTPUT:
         gate_tile = silu_fast(_tile(Z, z_row, offs_d, md, offs_t, L, s_zd, s_zl, MASK_D, MASK_T),
                               AUX_POLY)
@@ -280,10 +301,10 @@ def _chunk(h, t0, U, DELTA, Z, B, C, OUT, L, u_row, d_row, z_row, o_row, B_row, 
         else:
             dk = _delta_prime(_row(DELTA, d_row, offs_d, md, t, L, s_dd, s_dl, MASK_D, MASK_T),
                               bias, md & ((offs_d * 0 + t) < L), HAS_DBIAS, SOFTPLUS, ASM,
-                              AUX_POLY, MASK_T)
+                              AUX_POLY, MASK_T, PRECISE)
         Bt = _bc_vec(B, B_row, offs_n, Bfix, t, L, B_VAR, BLOCK_N, MASK_T)
         Ct = _bc_vec(C, C_row, offs_n, Cfix, t, L, C_VAR, BLOCK_N, MASK_T)
-        dA = _exp2_mix(dk[None, :] * A2, offs_n, POLY_N)
+        dA = _decay(dk[None, :] * A2, offs_n, POLY_N, PRECISE)
         h = dA * h + (dk * uk)[None, :] * Bt
         dsum += dk
         if OUTPUT:
@@ -320,7 +341,7 @@ def _fwd_tile_kernel(
     B_VAR: tl.constexpr, C_VAR: tl.constexpr, U_TILE: tl.constexpr, DT_TILE: tl.constexpr,
     Z_TILE: tl.constexpr, RNE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     T: tl.constexpr, POLY_N: tl.constexpr, AUX_POLY: tl.constexpr, ASM: tl.constexpr,
-    MASK_D: tl.constexpr, STAGES: tl.constexpr, MODE: tl.constexpr,
+    MASK_D: tl.constexpr, STAGES: tl.constexpr, MODE: tl.constexpr, PRECISE: tl.constexpr,
 ):
     """One program: (BLOCK_D channels of one group, batch row b, time segment seg of seg_chunks
     chunks; axis 1 is b * grid_seg + seg). MODE 0: the whole sequence from a zero state (one
@@ -335,7 +356,9 @@ def _fwd_tile_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     mdn = (offs_n < N)[:, None] & md[None, :]
     A2 = tl.load(A + offs_n[:, None] * s_an + offs_d[None, :] * s_ad, mask=mdn,
-                 other=0.0).to(tl.float32) * LOG2E
+                 other=0.0).to(tl.float32)
+    if not PRECISE:
+        A2 = A2 * LOG2E  # for exp2
     Dv = 0.0
     if HAS_D:
         Dv = tl.load(D + offs_d, mask=md, other=0.0).to(tl.float32)
@@ -364,7 +387,8 @@ def _fwd_tile_kernel(
                        C_row, offs_d, md, offs_n, A2, Dv, bias, Bfix, Cfix,
                        s_ud, s_ul, s_dd, s_dl, s_zd, s_zl, s_od, s_ol,
                        HAS_D, HAS_Z, HAS_DBIAS, SOFTPLUS, B_VAR, C_VAR, U_TILE, DT_TILE, Z_TILE,
-                       RNE, BLOCK_D, BLOCK_N, T, POLY_N, AUX_POLY, ASM, MASK_D, False, MODE != 1)
+                       RNE, BLOCK_D, BLOCK_N, T, POLY_N, AUX_POLY, ASM, MASK_D, False, MODE != 1,
+                       PRECISE)
         dsum += ds
     last_seg = seg == n_seg - 1
     if MODE != 1:  # the states pass never runs the last segment
@@ -374,12 +398,15 @@ def _fwd_tile_kernel(
                            s_ud, s_ul, s_dd, s_dl, s_zd, s_zl, s_od, s_ol,
                            HAS_D, HAS_Z, HAS_DBIAS, SOFTPLUS, B_VAR, C_VAR, U_TILE, DT_TILE,
                            Z_TILE, RNE, BLOCK_D, BLOCK_N, T, POLY_N, AUX_POLY, ASM, MASK_D, True,
-                           True)
+                           True, PRECISE)
         on_last = (offs_n[:, None] * 0 + seg) == n_seg - 1  # a tensor mask (the interpreter)
         tl.store(LAST + (b * N + offs_n[:, None]) * dim + offs_d[None, :], h, mask=mdn & on_last)
     else:
         tl.store(SBUF + state, h, mask=mdn)
-        tl.store(PBUF + state, tl.exp2(dsum[None, :] * A2), mask=mdn)
+        if PRECISE:
+            tl.store(PBUF + state, exp_precise(dsum[None, :] * A2), mask=mdn)
+        else:
+            tl.store(PBUF + state, tl.exp2(dsum[None, :] * A2), mask=mdn)
 
 
 @triton.jit
@@ -430,6 +457,12 @@ def auto_block_d(batch: int, dim: int, device: torch.device) -> int:
     return 32 if batch * dim // 32 >= 2 * 4 * sms else 16
 
 
+def full_config(cfg: tuple[int, ...]) -> tuple[int, ...]:
+    """A config of 5 to 8 numbers with the optional ones filled in: STAGES 0 (a plain loop),
+    SEGMENTS 1 (none), PRECISE 0 (the SFU's exponentials)."""
+    return tuple(cfg) + (0, 1, 0)[len(cfg) - 5:]
+
+
 def tile_along_time(t: Tensor) -> bool:
     """Whether a (batch, dim, L) input is read as (channels, T) tiles (its L stride is the
     smaller: contiguous along time) or one step at a time (channel-last views, whose rows of
@@ -455,25 +488,24 @@ def selective_scan_fwd_tile_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tenso
     """Same contract as fwd_chunked.selective_scan_fwd_triton: (out in u's dtype, contiguous
     (batch, dim, L); last_state float32 (batch, dim, N)); B/C each (dim, N), (batch, N, L) or
     (batch, G, N, L), any strides. config: (BLOCK_D, T, num_warps, POLY_N, AUX_POLY[, STAGES[,
-    SEGMENTS]]);
-    None: TILE_CONFIG."""
+    SEGMENTS[, PRECISE]]]); None: TILE_CONFIG."""
     batch, dim, length = u.shape
     nstate = A.shape[1]
     out = torch.empty(u.shape, dtype=u.dtype, device=u.device)
     if not out.numel():
         return out, torch.empty((batch, dim, nstate), dtype=torch.float32, device=u.device)
     cfg = tuple(config or TILE_CONFIG)
-    if not 5 <= len(cfg) <= 7:
+    if not 5 <= len(cfg) <= 8:
         raise ValueError(f"tile forward config {config}: expected (BLOCK_D, T, num_warps, "
-                         "POLY_N, AUX_POLY[, STAGES[, SEGMENTS]])")
-    block_d, tile, warps, poly_n, aux_poly, stages, segments = cfg + (0, 1)[len(cfg) - 5:]
+                         "POLY_N, AUX_POLY[, STAGES[, SEGMENTS[, PRECISE]]])")
+    block_d, tile, warps, poly_n, aux_poly, stages, segments, precise = full_config(cfg)
     if block_d == 0:
         block_d = auto_block_d(batch, dim, u.device) * warps
     if (block_d < 1 or warps < 1 or poly_n < 0 or tile < 0 or tile & (tile - 1)
-            or aux_poly not in (0, 1, 2) or stages < 0 or segments < 0):
+            or aux_poly not in (0, 1, 2) or stages < 0 or segments < 0 or precise not in (0, 1)):
         raise ValueError(f"tile forward config {config}: expected (BLOCK_D >= 1, T a power of "
                          "two or 0, num_warps >= 1, POLY_N >= 0, AUX_POLY 0/1/2, STAGES >= 0, "
-                         "SEGMENTS >= 0)")
+                         "SEGMENTS >= 0, PRECISE 0/1)")
     A = A.t().contiguous()  # (N, dim): channels fastest (see fwd_seq)
     D, delta_bias = per_channel(D), per_channel(delta_bias)
     block_n = triton.next_power_of_2(nstate)
@@ -514,7 +546,7 @@ def selective_scan_fwd_tile_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tenso
             RNE=triton_interpreter_on(), BLOCK_D=block_d, BLOCK_N=block_n, T=chunk,
             POLY_N=min(poly_n, nstate), AUX_POLY=int(aux_poly),
             ASM=not triton_interpreter_on(), MASK_D=dim_per_group % block_d != 0,
-            STAGES=stages, MODE=mode, num_warps=warps,
+            STAGES=stages, MODE=mode, PRECISE=bool(precise), num_warps=warps,
         )
 
     if n_seg == 1:
