@@ -72,6 +72,19 @@ def test_the_counts_take_each_cases_latest_record_and_only_cases_on_the_done_lis
     assert "3 of them counted from the done list" in proc.stdout
 
 
+def test_not_run_counts_only_this_calls_collection(tmp_path):
+    """A seeded state holds cases of a wider collection than a narrowed call's (-k): NOT RUN is
+    the collection's cases with no outcome, never a negative difference of the two counts."""
+    _state(tmp_path)
+    listed = [f"{PREFIX}test_a[1]", f"{PREFIX}test_new[1]"]
+    (tmp_path / "wide_collect.txt").write_text("\n".join(listed) + "\n\n2/21 tests collected (19 deselected) in 0.1s\n")
+    proc = _run("summary", str(tmp_path), "wide")
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads((tmp_path / "summary.json").read_text())["wide"]
+    assert s["expected"] == 2 and s["ran"] == 7 and s["not_run"] == 1, s
+    assert "1 NOT RUN" in proc.stdout and "-" not in proc.stdout.split("NOT RUN")[0].split(",")[-1]
+
+
 def test_adopt_reruns_cases_with_no_recorded_outcome(tmp_path):
     _state(tmp_path)
     proc = _run("adopt", str(tmp_path))

@@ -149,12 +149,15 @@ def adopt(folder: Path, rejudge: bool) -> int:
     return 0
 
 
-def _expected(folder: Path, grid: str) -> int | None:
+def _expected(folder: Path, grid: str) -> tuple[int | None, set[str]]:
+    """This call's collection: its count and the node ids `pytest --collect-only -q` listed (a
+    seeded state may hold cases of a wider -k than this call's)."""
     try:
         text = (folder / f"{grid}_collect.txt").read_text()
-        return int(re.findall(r"(\d+)(?:/\d+)? tests? collected", text)[-1])
+        count = int(re.findall(r"(\d+)(?:/\d+)? tests? collected", text)[-1])
     except (OSError, IndexError, ValueError):
-        return None
+        return None, set()
+    return count, {line.strip() for line in text.splitlines() if "::" in line and " " not in line.strip()}
 
 
 def summarize(folder: Path, grid: str) -> dict[str, Any]:
@@ -194,11 +197,15 @@ def summarize(folder: Path, grid: str) -> dict[str, Any]:
             why = (" (out of GPU memory beside the other shards: runs again)" if out_of_memory(case)
                    else " (float64 judge upheld it)" if verdict else "")
             failures.append(f"{label} {message}{why}")
-    expected = _expected(folder, grid)
+    expected, collected = _expected(folder, grid)
     ran = sum(counts.values())
+    if collected:  # the collection's cases with no outcome (the state may hold more than it)
+        not_run = len(collected - cases.keys())
+    else:
+        not_run = None if expected is None else max(0, expected - ran)
     return {"expected": expected, "ran": ran, "counted_from_done_list": lost,
             **{k: counts[k] for k in OUTCOMES},
-            "not_run": None if expected is None else expected - ran,
+            "not_run": not_run,
             "per_test": {t: dict(c) for t, c in sorted(per_test.items())},
             "failures": failures, "float64_judge": judged}
 
