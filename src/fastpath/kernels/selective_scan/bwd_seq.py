@@ -66,7 +66,7 @@ from torch import Tensor
 
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.kernels.selective_scan.bwd import _bc_grad, _bc_grad_buffer
-from fastpath.kernels.selective_scan.carry import carry_walk
+from fastpath.kernels.selective_scan.common_carry import carry_walk
 from fastpath.kernels.selective_scan.fwd_chunked import (
     INTERPRETER_CHUNK,
     LOG2E,
@@ -103,7 +103,7 @@ BWD_SEQ_SWEEP = ((32, 32, 1, 4, True, True), (32, 32, 1, 4, False, True),
                  (32, 32, 1, 8, False, True), (32, 64, 1, 2, False, True),
                  (64, 32, 2, 2, False, True), (16, 32, 1, 8, False, True))
 LN2 = tl.constexpr(0.6931471805599453)
-# the combine: state elements per program (4 warps) and chunks per tile (carry.py)
+# the combine: state elements per program (4 warps) and chunks per tile (common_carry.py)
 COMBINE_BLOCK = 128
 COMBINE_K = 16
 
@@ -247,7 +247,7 @@ def _chunk_local_kernel(
 def _combine_kernel(PBUF, SBUF, RBUF, DLAST, n_chunks, n_elems, dim, s_lb, s_ld, s_ln,
                     HAS_DLAST: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr):
     """Phase 2: over s, the state entering each chunk (walked forward from 0); over r, the adjoint
-    carried into each chunk's last step (walked backward from dlast): carry.carry_walk, K chunks
+    carried into each chunk's last step (walked backward from dlast): common_carry.carry_walk, K chunks
     a tile."""
     b = tl.program_id(1).to(tl.int64)
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

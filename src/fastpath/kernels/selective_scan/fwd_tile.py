@@ -45,7 +45,7 @@ import triton.language as tl
 from torch import Tensor
 
 from fastpath.kernels.dispatch import triton_interpreter_on
-from fastpath.kernels.selective_scan.carry import carry_walk
+from fastpath.kernels.selective_scan.common_carry import carry_walk
 from fastpath.kernels.selective_scan.fwd_chunked import (
     LOG2E,
     MAGIC_BITS,
@@ -413,7 +413,7 @@ def _fwd_tile_kernel(
 def _seg_combine_kernel(SBUF, PBUF, n_seg, n_elems, BLOCK: tl.constexpr, K: tl.constexpr):
     """Between the two passes, per (block of N x dim state elements, batch row): H_0 = 0,
     H_{s+1} = P_s H_s + S_s, written over S (the state entering each segment; the last segment
-    has no states-pass entry to read): carry.carry_walk."""
+    has no states-pass entry to read): common_carry.carry_walk."""
     b = tl.program_id(1).to(tl.int64)
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     h = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -560,7 +560,7 @@ def selective_scan_fwd_tile_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tenso
     return out, last.transpose(1, 2).contiguous()
 
 
-# _seg_combine_kernel: state elements per program (4 warps), segments per tile (carry.py)
+# _seg_combine_kernel: state elements per program (4 warps), segments per tile (common_carry.py)
 COMBINE_BLOCK = 256
 COMBINE_K = 8
 # time segments: at least this many chunks each (the states pass and the combine are overhead

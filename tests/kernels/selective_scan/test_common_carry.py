@@ -1,4 +1,4 @@
-"""carry.carry_walk against a float64 loop: every piece count around the tile size, both walking
+"""common_carry.carry_walk against a float64 loop: every piece count around the tile size, both walking
 orders, fewer pieces to read than to write (the tile forward's segments), masked elements."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastpath.kernels.dispatch import use_triton
-from fastpath.kernels.selective_scan.carry import carry_walk
+from fastpath.kernels.selective_scan.common_carry import carry_walk
 
 pytestmark = pytest.mark.skipif(not use_triton(torch.empty(0)),
                                 reason="runs the kernel on CPU tensors: needs TRITON_INTERPRET=1")
