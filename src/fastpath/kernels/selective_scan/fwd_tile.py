@@ -82,8 +82,9 @@ from fastpath.kernels.selective_scan.fwd_chunked import (
 #   AUX_POLY 1: 149 vs 152 (balanced: the "tile-poly" default)
 #   AUX_POLY 2: 162 vs 144;  POLY_N 2 with AUX_POLY 2: 182 vs 128 (issue-bound: worse)
 # The defaults: one channel a lane, the chunk loop staged 3 deep, time segments picked by
-# `time_segments` (none at (8, 4096), 8 at (1, 4096) on 132 SMs): the fastest measured on an
-# H100 at both sizes (BENCHMARKS.md, the Mamba-1 tile forward).
+# `time_segments` (none at (8, 4096), 8 at (1, 4096) on 132 SMs): the fastest layout measured on
+# an H100 at both sizes; and tile's PRECISE, which mamba_ssm's tests ask for at about twice the
+# SFU exponentials' time (7.4 against 3.6 ms at (8, 4096); BENCHMARKS.md, the tile forward).
 TILE_CONFIG = (32, 0, 1, 0, 0, 3, 0, 1)
 TILE_POLY_CONFIG = (32, 0, 1, 0, 1, 3, 0)
 # alternatives timed by benchmarks/selective_scan.py --fwd-variants tile,tile-poly --fwd-configs
