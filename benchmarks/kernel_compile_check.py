@@ -323,9 +323,9 @@ def sweep_seq(rec: Recorder, quick: bool):
 
 # the opt-in tile forward: its default (staged, automatic time segments: three kernels, states
 # pass, combine, outputs pass; PRECISE exponentials), tile-poly's (the SFU's and the FMA
-# polynomial's), a 16-channel staged loop and explicit segments
+# polynomial's), a 16-channel staged loop, explicit segments and PRECISE 2 (exp_split)
 TILE_COMPILE_CONFIGS = (fwd_tile.TILE_CONFIG, fwd_tile.TILE_POLY_CONFIG, (0, 0, 1, 0, 0, 3, 0),
-                        (32, 0, 1, 0, 0, 2, 8))
+                        (32, 0, 1, 0, 0, 2, 8), (*fwd_tile.TILE_CONFIG[:7], 2))
 
 
 def sweep_tile(rec: Recorder, quick: bool):

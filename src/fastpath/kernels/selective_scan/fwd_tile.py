@@ -71,7 +71,8 @@ from fastpath.kernels.selective_scan.fwd_chunked import (
 # kernel's numerics, softplus and every decay by fwd_chunked.exp_precise on the FMA pipe: with the
 # SFU's exp2, mamba_ssm's own test_selective_scan found a float32 last state 2-3.4x further from
 # float64 than its reference's in 12 of 4,516 cases, each with time-invariant B and C, softplus
-# and float32 weights, on an H100).
+# and float32 weights, on an H100; 2: that softplus, the decays by `exp_split`, the SFU's exp2
+# with the argument's rounding error put back: not yet run on a GPU).
 # BLOCK_D = 32 * num_warps puts one channel (all N states) on each lane;
 # 16 per warp splits N over two lanes (twice the programs, for batch 1; a shuffle per step for
 # the sum over N).
@@ -92,7 +93,7 @@ TILE_SWEEP = ((32, 0, 1, 0, 0, 0), (16, 0, 1, 0, 0, 0), (64, 0, 2, 0, 0, 0),
               (128, 0, 4, 0, 0, 0), (8, 0, 1, 0, 0, 0), (32, 16, 1, 0, 0, 0),
               (0, 0, 1, 0, 0, 2), (0, 0, 1, 0, 0, 3), (8, 0, 1, 0, 0, 2), (0, 16, 1, 0, 0, 2),
               (0, 0, 1, 0, 0, 3, 0), (32, 0, 1, 0, 0, 3, 0), (0, 0, 1, 0, 0, 3, 4),
-              (32, 0, 1, 0, 0, 2, 8), (32, 0, 1, 0, 0, 3, 0, 1))
+              (32, 0, 1, 0, 0, 2, 8), (32, 0, 1, 0, 0, 3, 0, 1), (32, 0, 1, 0, 0, 3, 0, 2))
 TILE_POLY_SWEEP = ((32, 0, 1, 0, 1, 0), (16, 0, 1, 0, 1, 0), (32, 0, 1, 0, 2, 0),
                    (32, 0, 1, 2, 1, 0), (32, 0, 1, 4, 0, 0), (0, 0, 1, 0, 1, 2),
                    (8, 0, 1, 0, 1, 2))
@@ -105,6 +106,7 @@ P3 = tl.constexpr(0.05550733581185341)
 P4 = tl.constexpr(0.009671512991189957)
 P5 = tl.constexpr(0.001326472731307149)
 LN2 = tl.constexpr(0.6931471805599453)
+LOG2E_LO = tl.constexpr(1.92596298909109e-08)  # log2(e) - float32(LOG2E)
 
 
 @triton.jit
@@ -123,6 +125,21 @@ def exp2_poly(x):
     p = p * f + 1.0
     y = (p.to(tl.int32, bitcast=True) + (j << 23)).to(tl.float32, bitcast=True)
     return tl.where(x == x, y, x)
+
+
+@triton.jit
+def exp_split(x):
+    """e^x as the SFU's exp2 of x log2(e) formed in two parts: th = x LOG2E rounded; tlo its
+    rounding error plus x times LOG2E's own (two FMAs); e^x = 2^th (1 + tlo ln 2), the dropped
+    terms ~1e-14 relative. A plain exp2 of a pre-rounded A log2(e) is off by up to 0.5 ulp of the
+    exponent with the same sign at every step of a (channel, state): a bias that grows with the
+    steps a state remembers (what the chunked kernel's exp_precise avoids in ~20 FMA-pipe
+    instructions; this takes 4 beside the SFU's). Left: ex2.approx's own ~2 ulp. Past |th| = 256
+    the correction is dropped (x = -inf gives 0, not NaN); NaN stays NaN."""
+    th = x * LOG2E
+    tlo = tl.fma(x, LOG2E_LO, tl.fma(x, LOG2E, -th))
+    tlo = tl.where(tl.abs(th) < 256.0, tlo, 0.0)
+    return tl.exp2(th) * tl.fma(tlo, LN2, 1.0)
 
 
 @triton.jit
@@ -238,7 +255,8 @@ def _delta_prime(dt, bias, keep, HAS_DBIAS: tl.constexpr, SOFTPLUS: tl.constexpr
                  ASM: tl.constexpr, AUX_POLY: tl.constexpr, MASK_T: tl.constexpr,
                  PRECISE: tl.constexpr):
     """softplus(delta + bias) in float32 (or delta + bias); in the last partial chunk 0 past L
-    (a = 1, x = 0: the state passes unchanged). PRECISE: the chunked kernel's ~1 ulp softplus."""
+    (a = 1, x = 0: the state passes unchanged). PRECISE 1 or 2: the chunked kernel's ~1 ulp
+    softplus (once per channel and step: cheap beside the N decays)."""
     if HAS_DBIAS:
         dt += bias
     if SOFTPLUS:
@@ -253,10 +271,13 @@ def _delta_prime(dt, bias, keep, HAS_DBIAS: tl.constexpr, SOFTPLUS: tl.constexpr
 
 @triton.jit
 def _decay(x, offs_n, POLY_N: tl.constexpr, PRECISE: tl.constexpr):
-    """exp(delta' A) of an (N, BLOCK_D) tile from x = delta' A2: exp_precise (A2 = A, ~1 ulp) or
-    exp2 (A2 = A log2 e; the SFU's, POLY_N rows by the polynomial)."""
-    if PRECISE:
+    """exp(delta' A) of an (N, BLOCK_D) tile from x = delta' A2: PRECISE 1 exp_precise, 2
+    exp_split (A2 = A for both), 0 exp2 (A2 = A log2 e; the SFU's, POLY_N rows by the
+    polynomial)."""
+    if PRECISE == 1:
         return exp_precise(x)
+    elif PRECISE == 2:
+        return exp_split(x)
     else:
         return _exp2_mix(x, offs_n, POLY_N)
 
@@ -404,10 +425,7 @@ def _fwd_tile_kernel(
         tl.store(LAST + (b * N + offs_n[:, None]) * dim + offs_d[None, :], h, mask=mdn & on_last)
     else:
         tl.store(SBUF + state, h, mask=mdn)
-        if PRECISE:
-            tl.store(PBUF + state, exp_precise(dsum[None, :] * A2), mask=mdn)
-        else:
-            tl.store(PBUF + state, tl.exp2(dsum[None, :] * A2), mask=mdn)
+        tl.store(PBUF + state, _decay(dsum[None, :] * A2, offs_n, 0, PRECISE), mask=mdn)
 
 
 @triton.jit
@@ -503,10 +521,10 @@ def selective_scan_fwd_tile_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tenso
     if block_d == 0:
         block_d = auto_block_d(batch, dim, u.device) * warps
     if (block_d < 1 or warps < 1 or poly_n < 0 or tile < 0 or tile & (tile - 1)
-            or aux_poly not in (0, 1, 2) or stages < 0 or segments < 0 or precise not in (0, 1)):
+            or aux_poly not in (0, 1, 2) or stages < 0 or segments < 0 or precise not in (0, 1, 2)):
         raise ValueError(f"tile forward config {config}: expected (BLOCK_D >= 1, T a power of "
                          "two or 0, num_warps >= 1, POLY_N >= 0, AUX_POLY 0/1/2, STAGES >= 0, "
-                         "SEGMENTS >= 0, PRECISE 0/1)")
+                         "SEGMENTS >= 0, PRECISE 0/1/2)")
     A = A.t().contiguous()  # (N, dim): channels fastest (see fwd_seq)
     D, delta_bias = per_channel(D), per_channel(delta_bias)
     block_n = triton.next_power_of_2(nstate)
@@ -547,7 +565,7 @@ def selective_scan_fwd_tile_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tenso
             RNE=triton_interpreter_on(), BLOCK_D=block_d, BLOCK_N=block_n, T=chunk,
             POLY_N=min(poly_n, nstate), AUX_POLY=int(aux_poly),
             ASM=not triton_interpreter_on(), MASK_D=dim_per_group % block_d != 0,
-            STAGES=stages, MODE=mode, PRECISE=bool(precise), num_warps=warps,
+            STAGES=stages, MODE=mode, PRECISE=int(precise), num_warps=warps,
         )
 
     if n_seg == 1:
