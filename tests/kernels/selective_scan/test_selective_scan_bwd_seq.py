@@ -184,6 +184,7 @@ def test_lengths_and_chunks(length, config):
     (4, 4, 1, 1, False, False),      # one persistent program takes every item (slot reuse)
     (4, 4, 1, 1000, False, False),   # a program per item
     (8, 4, 1, 2, True, False),       # exp_precise decays
+    (8, 4, 1, 2, 2, False),          # exp_split decays
     (4, 4, 1, 2, False, True),       # the vector compilation (the same maths)
     BWD_SEQ_CONFIG,                  # the GPU default (T 32: one partial chunk here)
 ])

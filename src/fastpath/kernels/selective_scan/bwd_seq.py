@@ -69,12 +69,14 @@ from fastpath.kernels.selective_scan.bwd import _bc_grad, _bc_grad_buffer
 from fastpath.kernels.selective_scan.common_carry import carry_walk
 from fastpath.kernels.selective_scan.fwd_chunked import (
     INTERPRETER_CHUNK,
+    LN2,
     LOG2E,
     bc_layout,
     bc_programs,
     bc_row,
     channel_block,
     exp_precise,
+    exp_split,
     per_channel,
     softplus,
     store_rounded,
@@ -83,7 +85,9 @@ from fastpath.kernels.selective_scan.fwd_seq import _bc_fixed_t, _bc_step, _step
 
 # (BLOCK_D, T, num_warps, per_sm, precise, vector): channels per program (32 * num_warps: one
 # channel, all N states, per thread), chunk length, warps, persistent gradient programs per SM
-# (scratch: per_sm x SMs x T x BLOCK_N x BLOCK_D x 4 bytes), exp_precise instead of the SFU's exp2,
+# (scratch: per_sm x SMs x T x BLOCK_N x BLOCK_D x 4 bytes), precise: the decays by exp_precise (1 or
+# True), by fwd_chunked.exp_split (2: the SFU's exp2 with its argument's rounding put back; not yet
+# timed or run on a GPU) or by the SFU's exp2 (0 or False),
 # and whether phase 3's buffers may be accessed as 16-byte vectors (Triton then spreads a tile's N
 # over 4 lanes and 4 channels per thread: the per-step sums over channels (dB_t, dC_t) take 3
 # shuffle rounds on 4 values instead of 5 on 16, those over N 2 on 4 instead of none). Vector is
@@ -98,11 +102,10 @@ from fastpath.kernels.selective_scan.fwd_seq import _bc_fixed_t, _bc_step, _step
 BWD_SEQ_CONFIG = (32, 32, 1, 4, True, True)
 # alternatives timed by benchmarks/selective_scan.py (sweep phase); each needs <= 35 MB of
 # scratch on a 132-SM H100 at (8, 4096), but the one with 8 programs an SM (69 MB)
-BWD_SEQ_SWEEP = ((32, 32, 1, 4, True, True), (32, 32, 1, 4, False, True),
+BWD_SEQ_SWEEP = ((32, 32, 1, 4, True, True), (32, 32, 1, 4, 2, True), (32, 32, 1, 4, False, True),
                  (32, 32, 1, 4, False, False), (32, 16, 1, 8, False, True),
                  (32, 32, 1, 8, False, True), (32, 64, 1, 2, False, True),
                  (64, 32, 2, 2, False, True), (16, 32, 1, 8, False, True))
-LN2 = tl.constexpr(0.6931471805599453)
 # the combine: state elements per program (4 warps) and chunks per tile (common_carry.py)
 COMBINE_BLOCK = 128
 COMBINE_K = 16
@@ -118,9 +121,12 @@ def default_seq_config() -> tuple:
 
 @triton.jit
 def _decay(d, A2, PRECISE: tl.constexpr):
-    """a = exp(delta' A) of an (N, BLOCK_D) tile; A2 is A (PRECISE) or A log2(e)."""
-    if PRECISE:
+    """a = exp(delta' A) of an (N, BLOCK_D) tile; A2 is A (PRECISE 1: exp_precise, 2: exp_split)
+    or A log2(e) (0: the SFU's exp2)."""
+    if PRECISE == 1:
         return exp_precise(d[None, :] * A2)
+    elif PRECISE == 2:
+        return exp_split(d[None, :] * A2)
     else:
         return tl.exp2(d[None, :] * A2)
 
@@ -467,7 +473,7 @@ def selective_scan_bwd_seq_triton(
                    *Cl.strides, *zs, *dout.stride())
         flags = dict(HAS_Z=z is not None, HAS_DBIAS=delta_bias is not None,
                      SOFTPLUS=bool(delta_softplus), B_VAR=Bl.variable, C_VAR=Cl.variable,
-                     PRECISE=bool(precise), BLOCK_D=block_d, BLOCK_N=block_n, T=chunk,
+                     PRECISE=int(precise), BLOCK_D=block_d, BLOCK_N=block_n, T=chunk,
                      num_warps=warps)
         z_arg = dummy if z is None else z
         bias_arg = dummy if delta_bias is None else delta_bias

@@ -67,6 +67,8 @@ LN2_HI = tl.constexpr(0.693145751953125)  # ln 2 with 12 trailing zero bits: j *
 LN2_LO = tl.constexpr(1.4286068203094172e-06)  # ln 2 - LN2_HI
 ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: v + it rounds v to an integer (|v| < 2**22)
 MAGIC_BITS = tl.constexpr(0x4B400000)  # its float32 bit pattern
+LN2 = tl.constexpr(0.6931471805599453)
+LOG2E_LO = tl.constexpr(1.92596298909109e-08)  # log2(e) - float32(LOG2E)
 
 
 @triton.jit
@@ -92,6 +94,21 @@ def exp_precise(x):
     y = (p.to(tl.int32, bitcast=True) + (j << 23)).to(tl.float32, bitcast=True)
     y = tl.where(x < -87.0, 0.0, tl.where(x > 88.72, float("inf"), y))
     return tl.where(x == x, y, x)
+
+
+@triton.jit
+def exp_split(x):
+    """e^x as the SFU's exp2 of x log2(e) formed in two parts: th = x LOG2E rounded; tlo its
+    rounding error plus x times LOG2E's own (two FMAs); e^x = 2^th (1 + tlo ln 2), the dropped
+    terms ~1e-14 relative. A plain exp2 of a pre-rounded A log2(e) is off by up to 0.5 ulp of the
+    exponent with the same sign at every step of a (channel, state): a bias that grows with the
+    steps a state remembers (what the chunked kernel's exp_precise avoids in ~20 FMA-pipe
+    instructions; this takes 4 beside the SFU's). Left: ex2.approx's own ~2 ulp. Past |th| = 256
+    the correction is dropped (x = -inf gives 0, not NaN); NaN stays NaN."""
+    th = x * LOG2E
+    tlo = tl.fma(x, LOG2E_LO, tl.fma(x, LOG2E, -th))
+    tlo = tl.where(tl.abs(th) < 256.0, tlo, 0.0)
+    return tl.exp2(th) * tl.fma(tlo, LN2, 1.0)
 
 
 @triton.jit

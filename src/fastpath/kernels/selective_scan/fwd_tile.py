@@ -47,6 +47,7 @@ from torch import Tensor
 from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.kernels.selective_scan.common_carry import carry_walk
 from fastpath.kernels.selective_scan.fwd_chunked import (
+    LN2,
     LOG2E,
     MAGIC_BITS,
     ROUND_MAGIC,
@@ -54,6 +55,7 @@ from fastpath.kernels.selective_scan.fwd_chunked import (
     blocking,
     channel_block,
     exp_precise,
+    exp_split,
     per_channel,
     softplus,
     store_rounded,
@@ -105,8 +107,6 @@ P2 = tl.constexpr(0.24022242426872253)
 P3 = tl.constexpr(0.05550733581185341)
 P4 = tl.constexpr(0.009671512991189957)
 P5 = tl.constexpr(0.001326472731307149)
-LN2 = tl.constexpr(0.6931471805599453)
-LOG2E_LO = tl.constexpr(1.92596298909109e-08)  # log2(e) - float32(LOG2E)
 
 
 @triton.jit
@@ -125,21 +125,6 @@ def exp2_poly(x):
     p = p * f + 1.0
     y = (p.to(tl.int32, bitcast=True) + (j << 23)).to(tl.float32, bitcast=True)
     return tl.where(x == x, y, x)
-
-
-@triton.jit
-def exp_split(x):
-    """e^x as the SFU's exp2 of x log2(e) formed in two parts: th = x LOG2E rounded; tlo its
-    rounding error plus x times LOG2E's own (two FMAs); e^x = 2^th (1 + tlo ln 2), the dropped
-    terms ~1e-14 relative. A plain exp2 of a pre-rounded A log2(e) is off by up to 0.5 ulp of the
-    exponent with the same sign at every step of a (channel, state): a bias that grows with the
-    steps a state remembers (what the chunked kernel's exp_precise avoids in ~20 FMA-pipe
-    instructions; this takes 4 beside the SFU's). Left: ex2.approx's own ~2 ulp. Past |th| = 256
-    the correction is dropped (x = -inf gives 0, not NaN); NaN stays NaN."""
-    th = x * LOG2E
-    tlo = tl.fma(x, LOG2E_LO, tl.fma(x, LOG2E, -th))
-    tlo = tl.where(tl.abs(th) < 256.0, tlo, 0.0)
-    return tl.exp2(th) * tl.fma(tlo, LN2, 1.0)
 
 
 @triton.jit
