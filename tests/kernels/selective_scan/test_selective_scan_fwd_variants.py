@@ -275,34 +275,33 @@ def test_tile_along_time_reads_the_contiguous_axis():
 
 
 @triton.jit
-def _exp2_poly_kernel(X, Y, n, BLOCK: tl.constexpr):
+def _exp_kernel(X, Y, n, BLOCK: tl.constexpr, SPLIT: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     mask = offs < n
-    tl.store(Y + offs, exp2_poly(tl.load(X + offs, mask=mask, other=0.0)), mask=mask)
+    x = tl.load(X + offs, mask=mask, other=0.0)
+    tl.store(Y + offs, exp_split(x) if SPLIT else exp2_poly(x), mask=mask)
+
+
+def _exp(x: torch.Tensor, split: bool) -> torch.Tensor:
+    """exp_split(x) (split) or exp2_poly(x), elementwise, one program."""
+    y = torch.empty_like(x)
+    _exp_kernel[(1,)](x, y, x.numel(), BLOCK=triton.next_power_of_2(x.numel()), SPLIT=split)
+    return y
 
 
 def test_exp2_poly_is_float32_accurate():
     """The FMA-pipe exp2: relative error within 3e-7 over the normal range (MUFU.EX2 is ~2 ulp),
     0 at and below 2^-127 (flush to zero), inf from 2^128, exact at integers."""
     x = torch.cat([torch.linspace(-126.0, 127.0, 2000), torch.tensor([-0.5, 0.5, 0.0, 3.0])])
-    y = torch.empty_like(x)
-    _exp2_poly_kernel[(1,)](x, y, x.numel(), BLOCK=triton.next_power_of_2(x.numel()))
+    y = _exp(x, split=False)
     ref = torch.exp2(x.double())
     assert ((y.double() - ref).abs() / ref).max().item() < 3e-7
     assert y[-1].item() == 8.0 and y[-2].item() == 1.0
     edge = torch.tensor([-1000.0, -127.0, 128.0, 1000.0, float("-inf"), float("inf"),
                          float("nan"), -126.5])
-    ye = torch.empty_like(edge)
-    _exp2_poly_kernel[(1,)](edge, ye, 8, BLOCK=8)
+    ye = _exp(edge, split=False)
     assert ye[:6].tolist() == [0.0, 0.0, float("inf"), float("inf"), 0.0, float("inf")]
     assert ye[6].isnan() and 0.0 <= ye[7].item() < 2.0**-126
-
-
-@triton.jit
-def _exp_split_kernel(X, Y, n, BLOCK: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
-    mask = offs < n
-    tl.store(Y + offs, exp_split(tl.load(X + offs, mask=mask, other=0.0)), mask=mask)
 
 
 def test_exp_split_is_float32_accurate():
@@ -311,15 +310,13 @@ def test_exp_split_is_float32_accurate():
     correction puts back x log2(e)'s rounding); the edges saturate like exp, NaN stays NaN."""
     g = torch.Generator().manual_seed(3)
     x = torch.cat([-torch.rand(4000, generator=g) * 80.0, torch.rand(96, generator=g) * 80.0])
-    y = torch.empty_like(x)
-    _exp_split_kernel[(1,)](x, y, x.numel(), BLOCK=triton.next_power_of_2(x.numel()))
+    y = _exp(x, split=True)
     ref = torch.exp(x.double())
     ulp = torch.tensor(np.spacing(y.numpy()), dtype=torch.float64)
     err = (y.double() - ref) / ulp
     assert err.abs().max().item() <= 2.0 and abs(err.mean().item()) < 0.1
     edge = torch.tensor([-1000.0, 1000.0, float("-inf"), float("inf"), float("nan"), 0.0, -0.0])
-    ye = torch.empty_like(edge)
-    _exp_split_kernel[(1,)](edge, ye, 7, BLOCK=8)
+    ye = _exp(edge, split=True)
     assert ye[:4].tolist() == [0.0, float("inf"), 0.0, float("inf")]
     assert ye[4].isnan() and ye[5].item() == 1.0 and ye[6].item() == 1.0
 
