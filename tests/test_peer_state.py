@@ -189,3 +189,53 @@ def test_peer_sh_continues_a_state_by_its_key(tmp_path):
     fresh = _peer_sh(tmp_path, "four", PEER_SEED=str(seed), FASTPATH_SSCAN_BWD="seq")
     assert "NOT continuing" in fresh.stdout and "0 done before" in fresh.stdout, fresh.stdout
     assert (tmp_path / "four" / "peer" / "state_key.txt").read_text().split()[0] != key[0]
+
+
+def _key(tree: Path, upstream: Path, **env: str) -> list[str]:
+    """`peer.sh --key` run from `tree` (a copy of the keyed sources)."""
+    import os
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PEER_", "FASTPATH_SSCAN_"))}
+    proc = subprocess.run(["bash", str(BENCHMARKS / "device" / "peer.sh"), "--key"], cwd=tree,
+                          env={**base, "MAMBA_PEER_TESTS": str(upstream), **env},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    return proc.stdout.split()
+
+
+def test_peer_key_covers_code_not_comments(tmp_path):
+    """The state's key over a copy of the keyed sources: a full-line comment changed or added
+    keeps it (a finished grid survives a corrected comment); a line of code, the judge's files,
+    a scan switch or the upstream commit change their part; --key writes nothing."""
+    import shutil
+
+    from repo_paths import ROOT
+
+    tree = tmp_path / "tree"
+    for part in ("src/fastpath/kernels", "src/fastpath/causal_conv1d", "tests/peer"):
+        shutil.copytree(ROOT / part, tree / part, ignore=shutil.ignore_patterns("__pycache__"))
+    upstream = tmp_path / "upstream"
+    upstream.mkdir()
+    (upstream / "UPSTREAM").write_text("commit one\n")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    key = _key(tree, upstream)
+    assert [k.split("=")[0] for k in key] == ["cases", "judge"], key
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+    kernel = tree / "src/fastpath/kernels/selective_scan/fwd_tile.py"
+    text = kernel.read_text()
+    first_comment = next(line for line in text.splitlines() if line.startswith("# "))
+    kernel.write_text(text.replace(first_comment, "# reworded", 1) + "    # added, indented\n")
+    assert _key(tree, upstream) == key
+    kernel.write_text(text + "EXTRA = 1\n")
+    code_key = _key(tree, upstream)
+    assert code_key[0] != key[0] and code_key[1] == key[1]
+    kernel.write_text(text)
+    assert _key(tree, upstream, FASTPATH_SSCAN_FWD="tile")[0] != key[0]
+    (upstream / "UPSTREAM").write_text("commit two\n")
+    assert _key(tree, upstream)[0] != key[0]
+    (upstream / "UPSTREAM").write_text("commit one\n")
+    judge = tree / "tests/peer/float64_judge.py"
+    judge.write_text(judge.read_text() + "EXTRA = 1\n")
+    judged = _key(tree, upstream)
+    assert judged[0] == key[0] and judged[1] != key[1]

@@ -3,6 +3,8 @@
 # says how the harness swaps the functions under test and widens the grids).
 #
 #   bash benchmarks/device/peer.sh OUTDIR        (from the repo root; carry .carry)
+#   bash benchmarks/device/peer.sh --key         (this tree's state key, below; no GPU: check on the
+#                                                 CPU that a seed will be taken before a call)
 #
 # Where the upstream files come from: state-spaces/mamba (https://github.com/state-spaces/mamba),
 # tests/ops/test_selective_scan.py, tests/ops/triton/test_selective_state_update.py and
@@ -23,7 +25,8 @@
 #                         default 0 starts afresh. The state lives in .dev/peer (PEER_STATE).
 #   PEER_SEED=DIR         continue a call made on another machine (a later session): DIR is that
 #                         call's OUTDIR/peer (state.tgz + state_key.txt, which every call writes).
-# The state's key has two parts. cases=: a sha256 over what decides a case's outcome (kernels/
+# The state's key has two parts. cases=: a sha256 over the code that decides a case's outcome
+# (each file with its full-line comments dropped, so a corrected comment keeps a finished grid; kernels/
 # selective_scan, kernels/ssd, kernels/causal_conv1d, the kernels/*.py they share, the
 # causal_conv1d face, tests/peer but for the judge's two files and test_mamba_ssm_suites.py, which
 # holds only the harness's own CPU tests, the upstream commit, the FASTPATH_SSCAN_* switches set);
@@ -45,13 +48,34 @@
 # Output: OUTDIR/peer/<grid>_<call>_<i>.{xml,txt} (every call's), OUTDIR/peer/summary.json,
 # counts printed at the end (benchmarks/device/peer_state.py: the state between calls, the counts).
 set -uo pipefail
-out=${1:?usage: peer.sh OUTDIR}
+out=${1:?usage: peer.sh OUTDIR | --key}
 root=$PWD
+export MAMBA_PEER_TESTS=${MAMBA_PEER_TESTS:-$root/.carry/mamba_peer}
+peer_sources() {  # the files whose hash keys the state; $1 = cases (all but the judge) or judge
+  if [ "$1" = judge ]; then ls tests/peer/float64_judge.py tests/peer/conftest.py; return; fi
+  { find src/fastpath/kernels/selective_scan src/fastpath/kernels/ssd src/fastpath/kernels/causal_conv1d \
+      src/fastpath/causal_conv1d tests/peer -name '*.py' ! -name float64_judge.py ! -name conftest.py \
+      ! -name test_mamba_ssm_suites.py
+    ls src/fastpath/kernels/*.py; } | LC_ALL=C sort
+}
+code_sums() {  # "sha256  path" per file read from stdin, over its code: full-line comments dropped
+  local f
+  while read -r f; do printf '%s  %s\n' "$(sed '/^[[:space:]]*#/d' "$f" | sha256sum | cut -c1-64)" "$f"; done
+}
+# the scan's kernel switches decide outcomes too (FASTPATH_SSCAN_BWD=chunked runs another backward);
+# with none set the key is the sources' alone
+cases_key=$(peer_sources cases | code_sums | { cat; cat "$MAMBA_PEER_TESTS/UPSTREAM" 2>/dev/null
+            env | grep '^FASTPATH_SSCAN_' | LC_ALL=C sort; } | sha256sum | cut -c1-16)
+judge_key=$(peer_sources judge | code_sums | sha256sum | cut -c1-16)
+key="cases=$cases_key judge=$judge_key"
+if [ "$out" = --key ]; then
+  [ -f "$MAMBA_PEER_TESTS/UPSTREAM" ] || echo "peer: no $MAMBA_PEER_TESTS/UPSTREAM: a key without it matches no device call's" >&2
+  echo "$key"; exit 0
+fi
 dir="$out/peer"; mkdir -p "$dir"
 export PYTHONUNBUFFERED=1 USE_HUB_KERNELS=0 HF_HUB_OFFLINE=1
 export PYTHONPATH=${PYTHONPATH:-$root/src:$root/.dev/site}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$root/.dev/triton-cache}
-export MAMBA_PEER_TESTS=${MAMBA_PEER_TESTS:-$root/.carry/mamba_peer}
 if [ -z "${MAMBA_SRC:-}" ]; then
   MAMBA_SRC=$MAMBA_PEER_TESTS
   [ -d .dev/mamba/mamba_ssm-2.3.2.post1/mamba_ssm ] && MAMBA_SRC=$root/.dev/mamba/mamba_ssm-2.3.2.post1
@@ -67,19 +91,6 @@ t0=$(date +%s)
 state=${PEER_STATE:-$root/.dev/peer}
 [ "${PEER_RESUME:-0}" = 1 ] || rm -rf "$state"
 mkdir -p "$state"
-peer_sources() {  # the files whose hash keys the state; $1 = cases (all but the judge) or judge
-  if [ "$1" = judge ]; then ls tests/peer/float64_judge.py tests/peer/conftest.py; return; fi
-  { find src/fastpath/kernels/selective_scan src/fastpath/kernels/ssd src/fastpath/kernels/causal_conv1d \
-      src/fastpath/causal_conv1d tests/peer -name '*.py' ! -name float64_judge.py ! -name conftest.py \
-      ! -name test_mamba_ssm_suites.py
-    ls src/fastpath/kernels/*.py; } | LC_ALL=C sort
-}
-# the scan's kernel switches decide outcomes too (FASTPATH_SSCAN_BWD=chunked runs another backward);
-# with none set the key is the sources' alone
-cases_key=$(peer_sources cases | xargs sha256sum | { cat; cat "$MAMBA_PEER_TESTS/UPSTREAM" 2>/dev/null
-            env | grep '^FASTPATH_SSCAN_' | LC_ALL=C sort; } | sha256sum | cut -c1-16)
-judge_key=$(peer_sources judge | xargs sha256sum | sha256sum | cut -c1-16)
-key="cases=$cases_key judge=$judge_key"
 echo "peer: sources key $key"
 adopt() {  # adopt FOLDER KEY: keep what FOLDER's state may keep under this tree's key (see above)
   local folder=$1 theirs=$2

@@ -472,21 +472,23 @@ def _last_state_ratios(device: str, config: tuple, length: int, dim: int = 8,
 
 @pytest.mark.parametrize("precise", [1, 2], ids=["exp_precise", "exp_split"])
 def test_precise_last_state_within_the_reference_bar(precise):
-    """PRECISE 1 (the chunked kernel's softplus and exp_precise decays) and 2 (the default: that
+    """PRECISE 1 (the default: the chunked kernel's softplus and exp_precise decays) and 2 (that
     softplus, exp_split decays) keep the last state within mamba_ssm's 2x bar. The interpreter's
     exp2 is numpy's (~1 ulp, unbiased), not the GPU's ex2.approx, so here this checks that the
     precise paths compute the right thing; the GPU test below is the one that can tell them
     from the SFU config."""
-    assert TILE_CONFIG[7] == 2
+    assert TILE_CONFIG[7] == 1
     ratios = _last_state_ratios("cpu", (*TILE_CONFIG[:7], precise), 256, dim=32, seeds=2)
     assert max(ratios) <= 2.0, ratios
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("precise", [1, 2], ids=["exp_precise", "exp_split"])
+@pytest.mark.parametrize("precise", [1, pytest.param(2, marks=pytest.mark.xfail(
+    reason="exp_split's decays: 6.3x the reference's distance at one of 8 seeds on an H200, "
+           "the SFU exp2's own error compounding (BENCHMARKS.md)"))], ids=["exp_precise", "exp_split"])
 def test_precise_last_state_gpu(precise):
     """The same bar compiled for the GPU, where the SFU config's ex2.approx and lg2.approx
-    failed it in mamba_ssm's own file (PRECISE 1 passed it there on an H100)."""
+    failed it in mamba_ssm's own file (PRECISE 1 passed it there, on an H100 and an H200)."""
     ratios = _last_state_ratios("cuda", (*TILE_CONFIG[:7], precise), 1134, seeds=8)
     assert max(ratios) <= 2.0, ratios

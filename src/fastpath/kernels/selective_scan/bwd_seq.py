@@ -86,8 +86,9 @@ from fastpath.kernels.selective_scan.fwd_seq import _bc_fixed_t, _bc_step, _step
 # (BLOCK_D, T, num_warps, per_sm, precise, vector): channels per program (32 * num_warps: one
 # channel, all N states, per thread), chunk length, warps, persistent gradient programs per SM
 # (scratch: per_sm x SMs x T x BLOCK_N x BLOCK_D x 4 bytes), precise: the decays by exp_precise (1 or
-# True), by fwd_chunked.exp_split (2: the SFU's exp2 with its argument's rounding put back; not yet
-# timed or run on a GPU) or by the SFU's exp2 (0 or False),
+# True), by fwd_chunked.exp_split (2: the SFU's exp2 with its argument's rounding put back; 5 %
+# faster on an H200, but the tile forward's exp_split decays failed mamba_ssm's bar) or by the
+# SFU's exp2 (0 or False),
 # and whether phase 3's buffers may be accessed as 16-byte vectors (Triton then spreads a tile's N
 # over 4 lanes and 4 channels per thread: the per-step sums over channels (dB_t, dC_t) take 3
 # shuffle rounds on 4 values instead of 5 on 16, those over N 2 on 4 instead of none). Vector is

@@ -74,7 +74,9 @@ from fastpath.kernels.selective_scan.fwd_chunked import (
 # SFU's exp2, mamba_ssm's own test_selective_scan found a float32 last state 2-3.4x further from
 # float64 than its reference's in 12 of 4,516 cases, each with time-invariant B and C, softplus
 # and float32 weights, on an H100; 2: that softplus, the decays by `exp_split`, the SFU's exp2
-# with the argument's rounding error put back by two FMAs: the GPU runs in BENCHMARKS.md).
+# with the argument's rounding error put back by two FMAs: faster (4.7 against 7.2 ms at (8, 4096)
+# on an H200) but it fails that bar, up to 6.3x at L = 1134: the SFU's exp2 carries an error of
+# its own that the two FMAs do not remove, and it compounds over a long decay).
 # BLOCK_D = 32 * num_warps puts one channel (all N states) on each lane;
 # 16 per warp splits N over two lanes (twice the programs, for batch 1; a shuffle per step for
 # the sum over N).
@@ -86,8 +88,8 @@ from fastpath.kernels.selective_scan.fwd_chunked import (
 #   AUX_POLY 2: 162 vs 144;  POLY_N 2 with AUX_POLY 2: 182 vs 128 (issue-bound: worse)
 # The defaults: one channel a lane, the chunk loop staged 3 deep, time segments picked by
 # `time_segments` (none at (8, 4096), 8 at (1, 4096) on 132 SMs): the fastest layout measured on
-# an H100 at both sizes; and PRECISE 2, the accuracy mamba_ssm's tests ask for (PRECISE 1 took
-# about twice the SFU exponentials' time: 7.4 against 3.6 ms at (8, 4096) on an H100).
+# an H100 at both sizes; and PRECISE 1, the accuracy mamba_ssm's tests ask for, at about twice
+# the SFU exponentials' time (7.2 against 3.5 ms at (8, 4096) on an H200; BENCHMARKS.md).
 TILE_CONFIG = (32, 0, 1, 0, 0, 3, 0, 1)
 TILE_POLY_CONFIG = (32, 0, 1, 0, 1, 3, 0)
 # alternatives timed by benchmarks/selective_scan.py --fwd-variants tile,tile-poly --fwd-configs
