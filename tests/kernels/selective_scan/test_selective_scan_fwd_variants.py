@@ -486,7 +486,7 @@ def test_precise_last_state_within_the_reference_bar(precise):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("precise", [1, pytest.param(2, marks=pytest.mark.xfail(
     reason="exp_split's decays: 6.3x the reference's distance at one of 8 seeds on an H200, "
-           "the SFU exp2's own error compounding (BENCHMARKS.md)"))], ids=["exp_precise", "exp_split"])
+           "likely ex2.approx's own error compounding (BENCHMARKS.md)"))], ids=["exp_precise", "exp_split"])
 def test_precise_last_state_gpu(precise):
     """The same bar compiled for the GPU, where the SFU config's ex2.approx and lg2.approx
     failed it in mamba_ssm's own file (PRECISE 1 passed it there, on an H100 and an H200)."""

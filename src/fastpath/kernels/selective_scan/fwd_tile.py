@@ -75,8 +75,8 @@ from fastpath.kernels.selective_scan.fwd_chunked import (
 # float64 than its reference's in 12 of 4,516 cases, each with time-invariant B and C, softplus
 # and float32 weights, on an H100; 2: that softplus, the decays by `exp_split`, the SFU's exp2
 # with the argument's rounding error put back by two FMAs: faster (4.7 against 7.2 ms at (8, 4096)
-# on an H200) but it fails that bar, up to 6.3x at L = 1134: the SFU's exp2 carries an error of
-# its own that the two FMAs do not remove, and it compounds over a long decay).
+# on an H200) but it fails that bar, up to 6.3x at L = 1134: likely ex2.approx's own error, which
+# the two FMAs do not touch, compounding over a long decay).
 # BLOCK_D = 32 * num_warps puts one channel (all N states) on each lane;
 # 16 per warp splits N over two lanes (twice the programs, for batch 1; a shuffle per step for
 # the sum over N).
