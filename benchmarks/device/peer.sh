@@ -20,7 +20,8 @@
 #   PEER_DEFAULT_TIMEOUT  seconds for the file-as-written grid (default 180), PEER_DEFAULT_SHARDS (4)
 #   PEER_WIDE_TIMEOUT     seconds for the widened grid (default 360), PEER_WIDE_SHARDS (15: a process a
 #                         core but one on the 16-core device; a case's time grows with its L, about
-#                         3 s at L = 4096 against 0.4 s at L = 8 (Session 29's JUnit times), as the
+#                         3 s at L = 4096 against 0.4 s at L = 8 in the JUnit times of
+#                         benchmarks/results/h100-2026-12-07-session29/call3-peer-tile, as the
 #                         reference's Python loop over time would: likely CPU work, not GPU)
 #   PEER_K                an extra pytest -k expression (default none)
 #   PEER_RESUME=1         continue the previous call's grids on this (still warm) machine: cases
