@@ -52,21 +52,27 @@ Exit 1 if any compile fails.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import io
 import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile real kernels, not the interpreter's stand-ins
-# a fresh cache: every kernel goes through ptxas, whose log gives the spill counts
-os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="fastpath-compile-check-"))
+# a fresh cache: every kernel goes through ptxas, whose log gives the spill counts; one this
+# process made is removed when it exits (a parent's, named in the environment, is the parent's)
+if "TRITON_CACHE_DIR" not in os.environ:
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="fastpath-compile-check-")
+    atexit.register(shutil.rmtree, os.environ["TRITON_CACHE_DIR"], ignore_errors=True)
 os.environ["TRITON_ALWAYS_COMPILE"] = "1"  # and even a warm cache would skip ptxas
 
 import torch
@@ -805,20 +811,24 @@ def markdown_table(rows: list[dict], archs: list[int]) -> str:
 
 
 def _in_parallel(args: argparse.Namespace, argv_rest: list[str]) -> list[dict]:
-    """One child process per arch (ptxas and Triton's passes use one core each)."""
-    procs, outs = [], []
+    """One child process per arch (ptxas and Triton's passes use one core each), each with its own
+    fresh cache; the caches and the children's JSON live in one temporary folder, removed after."""
+    with tempfile.TemporaryDirectory(prefix="fastpath-compile-check-") as work:
+        return _run_children(args, argv_rest, Path(work))
+
+
+def _run_children(args: argparse.Namespace, argv_rest: list[str], work: Path) -> list[dict]:
+    outs = []
     pending = list(args.arch)
     running: list[tuple[subprocess.Popen, str]] = []
     while pending or running:
         while pending and len(running) < args.jobs:
             arch = pending.pop(0)
-            out = tempfile.mktemp(prefix=f"compile-sm{arch}-", suffix=".json")
-            env = {**os.environ,
-                   "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="fastpath-compile-check-")}
+            out = str(work / f"sm{arch}.json")
+            env = {**os.environ, "TRITON_CACHE_DIR": str(work / f"cache-sm{arch}")}
             proc = subprocess.Popen([sys.executable, __file__, "--arch", str(arch), "--jobs", "1",
                                      "--out", out, *argv_rest], env=env)
             running.append((proc, out))
-            procs.append(proc)
             outs.append(out)
         proc, out = running[0]
         proc.wait()

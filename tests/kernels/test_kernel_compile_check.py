@@ -54,11 +54,15 @@ def test_every_kernel_family_compiles_for_hopper_and_blackwell(tmp_path: Path, s
     python, version = _stack_python(stack)
     archs = STACK_ARCHS[stack]
     out = tmp_path / "rows.json"
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT / "src")}
+    scratch = tmp_path / "tmp"  # the script's temporary folders (TMPDIR): none may outlive it
+    scratch.mkdir()
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT / "src"),
+           "TMPDIR": str(scratch)}
     proc = subprocess.run([python, str(SCRIPT), "--quick", "--dtype", "bf16", "--jobs", "2",
                            "--arch", *map(str, archs), "--out", str(out)],
                           capture_output=True, text=True, env=env, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith(("fastpath-", "compile-sm"))]
     data = json.loads(out.read_text())
     assert data["archs"] == list(archs) and data["triton"] == version
     rows = data["rows"]
@@ -97,9 +101,14 @@ def test_markdown_table_of_saved_rows(tmp_path: Path) -> None:
     ]
     saved = tmp_path / "rows.json"
     saved.write_text(json.dumps({"archs": [90, 120], "rows": rows}))
+    # with no TRITON_CACHE_DIR named, the script makes its own fresh cache and removes it at exit
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_CACHE_DIR"}
     proc = subprocess.run([sys.executable, str(SCRIPT), "--table", str(saved)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env={**env, "TMPDIR": str(scratch)})
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert list(scratch.iterdir()) == []
     lines = proc.stdout.strip().splitlines()
     assert lines[0].startswith("| family | kernel | sm_90:") and "sm_120:" in lines[0]
     assert lines[2] == ("| ssd | `_states_kernel` | 2/2, 255, 1 (64 B), 166928 "
