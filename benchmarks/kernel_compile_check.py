@@ -810,17 +810,32 @@ def markdown_table(rows: list[dict], archs: list[int]) -> str:
     return "\n".join(lines)
 
 
-def _in_parallel(args: argparse.Namespace, argv_rest: list[str]) -> list[dict]:
+def _in_parallel(args: argparse.Namespace, argv_rest: list[str], rows: list[dict]) -> None:
     """One child process per arch (ptxas and Triton's passes use one core each), each with its own
-    fresh cache; the caches and the children's JSON live in one temporary folder, removed after."""
+    fresh cache; the caches and the children's JSON live in one temporary folder, removed after.
+    Their rows join `rows` even when the run is interrupted (what the children finished)."""
     with tempfile.TemporaryDirectory(prefix="fastpath-compile-check-") as work:
-        return _run_children(args, argv_rest, Path(work))
+        started: list[tuple[subprocess.Popen, str]] = []
+        try:
+            _run_children(args, argv_rest, Path(work), started)
+        finally:
+            for proc, out in started:
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                try:
+                    with open(out) as f:
+                        rows += json.load(f)["rows"]
+                except (OSError, ValueError) as exc:
+                    rows.append({"arch": None, "family": "(child)", "kernel": "(child)",
+                                 "ok": False, "error": f"no result from {out}: {exc}"})
 
 
-def _run_children(args: argparse.Namespace, argv_rest: list[str], work: Path) -> list[dict]:
-    outs = []
+def _run_children(args: argparse.Namespace, argv_rest: list[str], work: Path,
+                  started: list[tuple[subprocess.Popen, str]]) -> None:
     pending = list(args.arch)
-    running: list[tuple[subprocess.Popen, str]] = []
+    running: list[subprocess.Popen] = []
     while pending or running:
         while pending and len(running) < args.jobs:
             arch = pending.pop(0)
@@ -828,28 +843,19 @@ def _run_children(args: argparse.Namespace, argv_rest: list[str], work: Path) ->
             env = {**os.environ, "TRITON_CACHE_DIR": str(work / f"cache-sm{arch}")}
             proc = subprocess.Popen([sys.executable, __file__, "--arch", str(arch), "--jobs", "1",
                                      "--out", out, *argv_rest], env=env)
-            running.append((proc, out))
-            outs.append(out)
-        proc, out = running[0]
-        proc.wait()
-        running.pop(0)
-    rows = []
-    for out in outs:
-        try:
-            with open(out) as f:
-                rows += json.load(f)["rows"]
-        except (OSError, ValueError) as exc:
-            rows.append({"arch": None, "family": "(child)", "kernel": "(child)", "ok": False,
-                         "error": f"no result from {out}: {exc}"})
-    return rows
+            running.append(proc)
+            started.append((proc, out))
+        running.pop(0).wait()
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", type=int, nargs="+", default=list(ARCHS),
-                    help="CUDA compute capabilities (90 = H100/H200, 100 = B200, 120 = RTX 50xx)")
+    ap.add_argument("--arch", type=int, nargs="+", default=list(ARCHS), choices=ARCHS,
+                    metavar="ARCH", help="CUDA compute capabilities (90 = H100/H200, 100 = B200, "
+                    "120 = RTX 50xx; the ones the check knows)")
     ap.add_argument("--dtype", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES))
-    ap.add_argument("--only", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    ap.add_argument("--only", nargs="+", default=list(FAMILIES), choices=FAMILIES,
+                    metavar="FAMILY", help=f"kernel families: {', '.join(FAMILIES)}")
     ap.add_argument("--seqlen", type=int, default=256,
                     help="prefill/training length (a multiple of 16 as usual; only specialisation "
                          "depends on it)")
@@ -865,9 +871,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table", metavar="FILE.json", default=None,
                     help="only print the markdown table of an earlier --out file")
     args = ap.parse_args(argv)
+    if args.jobs < 1 or args.seqlen < 1:
+        ap.error("--jobs and --seqlen take a positive integer")
     if args.table:
-        with open(args.table) as f:
-            data = json.load(f)
+        try:
+            with open(args.table) as f:
+                data = json.load(f)
+        except (OSError, ValueError) as exc:
+            ap.error(f"--table {args.table}: {exc}")
         print(markdown_table(data["rows"], data["archs"]))
         return 0
     torch.manual_seed(0)
@@ -901,8 +912,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.arch) > 1 and args.jobs > 1:
         rest = ["--dtype", *args.dtype, "--only", *args.only, "--seqlen", str(args.seqlen)]
         rest += ["--kernel", *args.kernel] if args.kernel else []
-        rows += _in_parallel(args, rest + (["--quick"] if args.quick else []))
-        write()
+        try:
+            _in_parallel(args, rest + (["--quick"] if args.quick else []), rows)
+        finally:
+            write()
     else:
         run(args.only, args.dtype, args.arch, args.seqlen, args.quick, emit,
             set(args.kernel) if args.kernel else None)
@@ -918,4 +931,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the rows so far are in --out (rewritten per row); temp folders gone
+        print("kernel_compile_check: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -52,7 +52,8 @@
 # Output: OUTDIR/peer/<grid>_<call>_<i>.{xml,txt} (every call's), OUTDIR/peer/summary.json,
 # counts printed at the end (benchmarks/device/peer_state.py: the state between calls, the counts).
 set -uo pipefail
-out=${1:?usage: peer.sh OUTDIR | --key}
+[ $# -eq 1 ] || { echo "usage: peer.sh OUTDIR | --key" >&2; exit 2; }
+out=$1
 root=$PWD
 export MAMBA_PEER_TESTS=${MAMBA_PEER_TESTS:-$root/.carry/mamba_peer}
 peer_sources() {  # the files whose hash keys the state; $1 = cases (all but the judge) or judge

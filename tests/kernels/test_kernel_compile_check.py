@@ -113,3 +113,33 @@ def test_markdown_table_of_saved_rows(tmp_path: Path) -> None:
     assert lines[0].startswith("| family | kernel | sm_90:") and "sm_120:" in lines[0]
     assert lines[2] == ("| ssd | `_states_kernel` | 2/2, 255, 1 (64 B), 166928 "
                         "| 1/2, 162, 0, 67080 **1 FAILED** |")
+
+
+def test_ctrl_c_keeps_finished_rows_and_no_temp_folders(tmp_path: Path) -> None:
+    """Ctrl-C during a parallel run: exit 130 with one line a process, the rows the children
+    finished in --out, and none of the script's temporary folders left."""
+    import signal
+    import time
+
+    if not PTXAS.exists():
+        pytest.skip("this Triton wheel has no bundled ptxas")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    out = tmp_path / "rows.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_CACHE_DIR"}
+    env.update(TMPDIR=str(scratch), PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--quick", "--dtype", "bf16", "--jobs", "2",
+                             "--arch", "90", "120", "--out", str(out)], env=env, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + 300
+    while not any(p.stat().st_size > 0 for p in scratch.glob("fastpath-compile-check-*/sm*.json")):
+        assert proc.poll() is None and time.time() < deadline, "no child wrote a row"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130, err[-2000:]
+    assert "kernel_compile_check: interrupted" in err and "Traceback" not in err, err[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert rows and all(r.get("ok") for r in rows if r["family"] != "(child)"), rows[:3]
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith(("fastpath-", "compile-sm"))]
