@@ -65,7 +65,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile real kernels, not the interpreter's stand-ins
 # a fresh cache: every kernel goes through ptxas, whose log gives the spill counts; one this
@@ -814,10 +813,21 @@ def _in_parallel(args: argparse.Namespace, argv_rest: list[str], rows: list[dict
     """One child process per arch (ptxas and Triton's passes use one core each), each with its own
     fresh cache; the caches and the children's JSON live in one temporary folder, removed after.
     Their rows join `rows` even when the run is interrupted (what the children finished)."""
+    pending = list(args.arch)
+    started: list[tuple[subprocess.Popen, str]] = []
+    running: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="fastpath-compile-check-") as work:
-        started: list[tuple[subprocess.Popen, str]] = []
         try:
-            _run_children(args, argv_rest, Path(work), started)
+            while pending or running:
+                while pending and len(running) < args.jobs:
+                    arch = pending.pop(0)
+                    out = os.path.join(work, f"sm{arch}.json")
+                    env = {**os.environ, "TRITON_CACHE_DIR": os.path.join(work, f"cache-sm{arch}")}
+                    proc = subprocess.Popen([sys.executable, __file__, "--arch", str(arch),
+                                             "--jobs", "1", "--out", out, *argv_rest], env=env)
+                    running.append(proc)
+                    started.append((proc, out))
+                running.pop(0).wait()
         finally:
             for proc, out in started:
                 try:
@@ -830,22 +840,6 @@ def _in_parallel(args: argparse.Namespace, argv_rest: list[str], rows: list[dict
                 except (OSError, ValueError) as exc:
                     rows.append({"arch": None, "family": "(child)", "kernel": "(child)",
                                  "ok": False, "error": f"no result from {out}: {exc}"})
-
-
-def _run_children(args: argparse.Namespace, argv_rest: list[str], work: Path,
-                  started: list[tuple[subprocess.Popen, str]]) -> None:
-    pending = list(args.arch)
-    running: list[subprocess.Popen] = []
-    while pending or running:
-        while pending and len(running) < args.jobs:
-            arch = pending.pop(0)
-            out = str(work / f"sm{arch}.json")
-            env = {**os.environ, "TRITON_CACHE_DIR": str(work / f"cache-sm{arch}")}
-            proc = subprocess.Popen([sys.executable, __file__, "--arch", str(arch), "--jobs", "1",
-                                     "--out", out, *argv_rest], env=env)
-            running.append(proc)
-            started.append((proc, out))
-        running.pop(0).wait()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,6 +49,11 @@ def _stack_python(stack: str) -> tuple[str, str]:
 STACK_ARCHS = {"installed": ARCHS, "today": (120,)}
 
 
+def _leftovers(scratch: Path) -> list[str]:
+    """What the script left in its TMPDIR of its own temporary folders and files."""
+    return [p.name for p in scratch.iterdir() if p.name.startswith(("fastpath-", "compile-sm"))]
+
+
 @pytest.mark.parametrize("stack", ["installed", "today"])
 def test_every_kernel_family_compiles_for_hopper_and_blackwell(tmp_path: Path, stack: str) -> None:
     python, version = _stack_python(stack)
@@ -62,7 +67,7 @@ def test_every_kernel_family_compiles_for_hopper_and_blackwell(tmp_path: Path, s
                            "--arch", *map(str, archs), "--out", str(out)],
                           capture_output=True, text=True, env=env, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert not [p.name for p in scratch.iterdir() if p.name.startswith(("fastpath-", "compile-sm"))]
+    assert not _leftovers(scratch)
     data = json.loads(out.read_text())
     assert data["archs"] == list(archs) and data["triton"] == version
     rows = data["rows"]
@@ -142,4 +147,4 @@ def test_ctrl_c_keeps_finished_rows_and_no_temp_folders(tmp_path: Path) -> None:
     assert "kernel_compile_check: interrupted" in err and "Traceback" not in err, err[-2000:]
     rows = json.loads(out.read_text())["rows"]
     assert rows and all(r.get("ok") for r in rows if r["family"] != "(child)"), rows[:3]
-    assert not [p.name for p in scratch.iterdir() if p.name.startswith(("fastpath-", "compile-sm"))]
+    assert not _leftovers(scratch)
