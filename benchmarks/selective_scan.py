@@ -6,10 +6,12 @@ delta_softplus, B/C shared (batch, N, L), laid out as transformers 5.17 passes t
 (models/falcon_mamba/modeling_falcon_mamba.py: u and z are channel-last views, B/C transposed
 (B, L, N) views, delta contiguous); cases (B, L) = (1, 4096) and (8, 4096).
 Peers (each skipped with its reason when it cannot run; each capped by --time-cap seconds):
-- ours:        fastpath.kernels.selective_scan.interface.selective_scan_fn
+- ours:        fastpath.kernels.selective_scan.interface.selective_scan_fn (its default
+               forward, the tile kernel of fwd_tile.py)
 - ours-seq:    the same with FASTPATH_SSCAN_FWD=seq (the time-sequential forward,
-               kernels/selective_scan/fwd_seq.py); ours-tile, ours-tile-poly likewise
-               (fwd_tile.py); in fwdbwd their backward is ours' (the same kernel)
+               kernels/selective_scan/fwd_seq.py); ours-chunked (fwd_chunked.py), ours-tile,
+               ours-tile-poly (fwd_tile.py) likewise; in fwdbwd their backward is ours' (the
+               same kernel)
 - ours-bwd-chunked: ours with FASTPATH_SSCAN_BWD=chunked (the chunked backward,
                kernels/selective_scan/bwd.py, instead of the default time-walking bwd_seq.py);
                fwdbwd only (its forward is ours')

@@ -18,8 +18,8 @@
 #   dao       build Dao's causal-conv1d in the background (wheel parts come back in OUT/dao)
 #   tests     GPU tests in the background (correctness only; `wait` or the end collects them);
 #             TESTS picks groups: conv, fla, ssd, capture, sscan (Mamba1 kernels), layouts (every
-#             B/C layout of the Mamba-1 scan), tile (the opt-in tile forward's GPU test; TILE_K
-#             narrows it with -k), glue (GDN glue), norm (zero-centred RMSNorm, SwiGLU,
+#             B/C layout of the Mamba-1 scan), tile (the GPU test of the tile forward, the default
+#             one; TILE_K narrows it with -k), glue (GDN glue), norm (zero-centred RMSNorm, SwiGLU,
 #             RoPE), lce (the fused LM head + cross-entropy and its route)
 #   check     the TESTS groups in the foreground; a failure ends the call (every later part is
 #             skipped), so no device time goes to timing kernels that are wrong

@@ -24,7 +24,7 @@ from fastpath.routing import selective_scan_route, ssd_route
 transformers = pytest.importorskip("transformers")
 MAMBA = "transformers.models.mamba.modeling_mamba"
 FALCON = "transformers.models.falcon_mamba.modeling_falcon_mamba"
-from kernel_checks import sscan_bwd_counter  # noqa: E402
+from kernel_checks import sscan_bwd_counter, sscan_fwd_counter  # noqa: E402
 from matrix_worker import build_mamba1, train_step  # noqa: E402
 
 interp = pytest.mark.skipif(not dispatch.triton_interpreter_on(), reason="needs TRITON_INTERPRET=1")
@@ -225,7 +225,7 @@ def test_mamba_runs_fastpaths_triton_kernels_and_the_fused_training_op() -> None
         torch.testing.assert_close(model(ids).logits, ref, atol=1e-4, rtol=1e-4)
         gen = model.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0)
     assert torch.equal(gen, ref_gen)
-    assert CALLS["ss_fwd:triton"] >= 1 and CALLS["ss_update:triton"] >= 1, dict(CALLS)
+    assert CALLS[sscan_fwd_counter()] >= 1 and CALLS["ss_update:triton"] >= 1, dict(CALLS)
     seen = []
     hook = model.backbone.layers[0].mixer.x_proj.register_forward_hook(lambda *a: seen.append(1))
     reset()

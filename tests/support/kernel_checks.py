@@ -15,6 +15,14 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got - ref).norm() / ref.norm().clamp_min(1e-12)).item()
 
 
+def sscan_fwd_counter(impl: str = "triton") -> str:
+    """The CALLS key a Mamba-1 scan forward bumps: the Triton forward FASTPATH_SSCAN_FWD picks,
+    or ss_fwd:<impl> for the reference or a named variant ("triton-seq")."""
+    from fastpath.kernels.selective_scan.interface import FWD_COUNTERS, fwd_kernel
+
+    return FWD_COUNTERS[fwd_kernel()] if impl == "triton" else f"ss_fwd:{impl}"
+
+
 def sscan_bwd_counter(impl: str = "triton") -> str:
     """The CALLS key a Mamba-1 scan backward bumps: the Triton backward FASTPATH_SSCAN_BWD picks,
     or ss_bwd:<impl> for the reference."""

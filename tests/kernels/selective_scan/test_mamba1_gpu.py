@@ -17,7 +17,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 pytest.importorskip("transformers")
-from kernel_checks import sscan_bwd_counter  # noqa: E402
+from kernel_checks import sscan_bwd_counter, sscan_fwd_counter  # noqa: E402
 from matrix_worker import build_mamba1, run_model, train_step  # noqa: E402
 
 TOL = 2e-4  # float32, relative to the logits' scale
@@ -41,7 +41,7 @@ def test_family_on_cuda_matches_the_torch_path(family: str) -> None:
     assert rows and all(r["fast"] and r["impl"] == "fastpath-triton" for r in rows), rows
     reset()
     logits, gen = run_model(model, ids, 4)
-    assert CALLS["ss_fwd:triton"] >= 1 and CALLS["ss_update:triton"] >= 1, dict(CALLS)
+    assert CALLS[sscan_fwd_counter()] >= 1 and CALLS["ss_update:triton"] >= 1, dict(CALLS)
     scale = max(1.0, float(ref_logits.abs().max()))
     assert float((logits - ref_logits).abs().max()) <= TOL * scale
     assert gen == ref_gen

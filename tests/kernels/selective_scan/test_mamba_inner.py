@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_checks import sscan_bwd_counter
+from kernel_checks import sscan_bwd_counter, sscan_fwd_counter
 
 from fastpath.kernels.counters import CALLS
 from fastpath.kernels.dispatch import use_triton
@@ -95,7 +95,7 @@ def test_mamba_inner_forward_and_gradients(rms_weights, dtype):
                                        "out_b", "A", "D", "delta_bias")),
                     b_rms=ref.get("b_rms"), c_rms=ref.get("c_rms"), dt_rms=ref.get("dt_rms"),
                     eps=1e-5)
-    assert CALLS[f"ss_fwd:{IMPL}"] == 1, dict(CALLS)
+    assert CALLS[sscan_fwd_counter(IMPL)] == 1, dict(CALLS)
     assert got.shape == (BATCH, LENGTH, HIDDEN) and got.dtype == dtype
     tol = 1e-4 if dtype == torch.float32 else 4e-2
     assert rel(got, want) < tol
@@ -178,7 +178,7 @@ def test_time_invariant_b_or_c(var_b, var_c, dtype):
     ref_in = {k: v.double().requires_grad_() for k, v in low.items()}
     CALLS.clear()
     got = inner(mamba_inner_fn, got_in)
-    assert CALLS[f"ss_fwd:{IMPL}"] == 1, dict(CALLS)
+    assert CALLS[sscan_fwd_counter(IMPL)] == 1, dict(CALLS)
     want = inner(mamba_inner_ref, ref_in)
     tol = 1e-4 if dtype == torch.float32 else 4e-2
     assert got.dtype == dtype and rel(got, want) < tol

@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kernel_checks import rel_err, sscan_bwd_counter
+from kernel_checks import rel_err, sscan_bwd_counter, sscan_fwd_counter
 
 from fastpath.kernels import dispatch
 from fastpath.kernels.counters import CALLS
@@ -75,7 +75,7 @@ def run_case(case, dtype, *, use_d=True, use_z=True, use_bias=True, softplus=Tru
     CALLS.clear()
     got = selective_scan_fn(**got_in, delta_softplus=softplus, return_last_state=last)
     ref = selective_scan_ref(**ref_in, delta_softplus=softplus, return_last_state=last)
-    assert CALLS[f"ss_fwd:{impl}"] == 1, dict(CALLS)
+    assert CALLS[sscan_fwd_counter(impl)] == 1, dict(CALLS)
     tol = TOL[dtype]
     if last:
         (out, state), (rout, rstate) = got, ref

@@ -1,5 +1,5 @@
-"""Every opt-in selective-scan forward (FASTPATH_SSCAN_FWD=seq, tile, tile-poly) against the
-float64 step loop of naive.py, and against the default chunked kernel.
+"""Every selective-scan forward FASTPATH_SSCAN_FWD names (tile, the default; chunked, seq,
+tile-poly) against the float64 step loop of naive.py, and the others against the chunked kernel.
 
 On CPU the kernels run under TRITON_INTERPRET=1 at tiny shapes (the tile kernel's SFU logarithm
 is PTX, so there it takes Triton's log2; the GPU group at the end checks the PTX path at
@@ -56,7 +56,7 @@ def _cpu_cases_need_the_interpreter(request):
         pytest.skip("runs the kernels on CPU tensors: needs TRITON_INTERPRET=1")
 
 
-VARIANTS = ("seq", "tile", "tile-poly")
+VARIANTS = ("tile", "chunked", "seq", "tile-poly")
 TOL = {torch.float32: 1e-4, torch.float16: 6e-3, torch.bfloat16: 3e-2}
 ALL_TILE_CONFIGS = tuple(dict.fromkeys(TILE_SWEEP + TILE_POLY_SWEEP))
 
@@ -164,7 +164,7 @@ def test_every_swept_tile_config(cfg, dtype):
     assert rel_err(out, ref_out) < TOL[dtype] and rel_err(last, ref_last) < 1e-4
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "chunked"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_equals_chunked_kernel(monkeypatch, variant, dtype):
     """Same contract as the chunked kernel: out and last_state agree to float32 rounding."""
@@ -222,7 +222,7 @@ def test_property_sweep(variant, batch, layout, groups, dpg, nstate, length, dty
         check(mp, variant, t, dtype, softplus=bits[3], last=bits[4])
 
 
-@pytest.mark.parametrize("variant", ("chunked", *VARIANTS))
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("where", ["delta", "u", "B"])
 def test_nan_propagates_like_the_reference(monkeypatch, variant, where):
     """A NaN input gives NaN exactly where the reference has them (never a silent number: the
@@ -244,12 +244,12 @@ def test_nan_propagates_like_the_reference(monkeypatch, variant, where):
 
 def test_env_dispatch(monkeypatch):
     monkeypatch.delenv(FWD_ENV, raising=False)
-    assert fwd_kernel() == "chunked"
+    assert fwd_kernel() == "tile"
     for name in FWD_COUNTERS:
         monkeypatch.setenv(FWD_ENV, f" {name.upper()} ")
         assert fwd_kernel() == name
     monkeypatch.setenv(FWD_ENV, "tiled")
-    with pytest.raises(UsageError, match="FASTPATH_SSCAN_FWD='tiled': expected one of chunked"):
+    with pytest.raises(UsageError, match="FASTPATH_SSCAN_FWD='tiled': expected one of tile, chunked"):
         fwd_kernel()
 
 

@@ -10,8 +10,8 @@ input sits inside a NaN-filled buffer: a read outside the elements a view owns p
 
 The precision rule for bf16/fp16: each output and gradient is no further from the float64 run than
 twice the distance of naive.py's reference (mamba_ssm's selective_scan_ref semantics) run on the
-same low-precision inputs. Runs under TRITON_INTERPRET=1 on CPU at small shapes (the chunked
-kernels' interpreter chunk is 8 steps, so L = 11..40 crosses chunk boundaries).
+same low-precision inputs. Runs under TRITON_INTERPRET=1 on CPU at small shapes (the kernels
+walk time in chunks of 4 to 8 steps under the interpreter, so L = 11..40 crosses their boundaries).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
-from kernel_checks import sscan_bwd_counter
+from kernel_checks import sscan_bwd_counter, sscan_fwd_counter
 
 from fastpath.kernels.counters import CALLS
 from fastpath.kernels.dispatch import triton_interpreter_on, use_triton
@@ -157,7 +157,7 @@ def check(case: dict, dtype: torch.dtype, *, opts=(True, True, True), softplus=T
     CALLS.clear()
     out, state, grads = run(selective_scan_fn, given, softplus=softplus, last=last, dout=dout,
                             dlast=dlast)
-    assert CALLS[f"ss_fwd:{impl}"] == 1 and CALLS[sscan_bwd_counter()] == 1, dict(CALLS)
+    assert CALLS[sscan_fwd_counter(impl)] == 1 and CALLS[sscan_bwd_counter()] == 1, dict(CALLS)
     exact = {k: None if v is None else v.double() for k, v in low.items()}
     rout, rstate, rgrads = run(selective_scan_ref, exact, softplus=softplus, last=last,
                                dout=dout, dlast=dlast)
@@ -248,7 +248,7 @@ def test_stride_zero_broadcast_inputs():
         exact_given = {k: exact[k].expand(shapes[k]) if k in shapes else exact[k] for k in exact}
         CALLS.clear()
         out, state = selective_scan_fn(**given, delta_softplus=True, return_last_state=True)
-        assert CALLS["ss_fwd:triton"] == 1
+        assert CALLS[sscan_fwd_counter()] == 1
         rout, rstate = selective_scan_ref(**exact_given, delta_softplus=True,
                                           return_last_state=True)
         assert rel_err(out, rout) < TOL[dtype] and rel_err(state, rstate) < TOL[dtype]

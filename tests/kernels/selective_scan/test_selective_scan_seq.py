@@ -122,11 +122,11 @@ def test_seq_training_gradients(monkeypatch):
 
 def test_env_dispatch(monkeypatch):
     monkeypatch.delenv(FWD_ENV, raising=False)
-    assert fwd_kernel() == "chunked"
+    assert fwd_kernel() == "tile"
     t = make_inputs(1, 4, 4, 9, "shared", 1, seed=6, dtype=torch.float32)
     CALLS.clear()
     selective_scan_fn(**t, delta_softplus=True)
-    assert CALLS["ss_fwd:triton"] == 1 and CALLS["ss_fwd:triton-seq"] == 0
+    assert CALLS["ss_fwd:triton-tile"] == 1 and CALLS["ss_fwd:triton-seq"] == 0
     monkeypatch.setenv(FWD_ENV, " SEQ ")
     assert fwd_kernel() == "seq"
     monkeypatch.setenv(FWD_ENV, "parallel")

@@ -95,7 +95,7 @@ from fastpath.kernels.selective_scan.fwd_seq import _bc_fixed_t, _bc_step, _step
 # the default on static counts only (sm_90 SASS, Triton 3.9, bf16, N = 16, transformers' layouts,
 # not timed): the gradient kernel then has 48 shuffles, no spills and 1,640 instructions, against
 # 160 shuffles, 72 bytes of stack spills and 2,624 instructions with lanes on channels.
-# Decays by exp_precise by default: the chunked forward (the default forward) takes them so, and
+# Decays by exp_precise by default: the forwards (the tile default, the chunked one) take them so, and
 # exp2(delta' A log2 e) rounds with a bias that compounds over a long decay (the chunked forward
 # once ended 2-4x further from float64 than mamba_ssm's reference on long float32 states, the
 # interpreter reproducing it: BENCHMARKS.md, Session 10). The exp2 variants are in the sweep for

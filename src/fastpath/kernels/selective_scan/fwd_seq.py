@@ -18,7 +18,7 @@ it; u, delta, z of one channel are strided along t, so one cache line serves man
 Scope. Only (out, last_state) are produced. The backward never reads the forward's buffers: it
 recomputes its chunk-boundary states itself (fwd_chunked.chunk_states, called from bwd), so this
 kernel can serve training and inference alike. Selected with FASTPATH_SSCAN_FWD=seq (interface.py);
-the default stays the chunked kernel until the GPU numbers are in.
+the default forward is the tile kernel (fwd_tile.py).
 """
 
 from __future__ import annotations

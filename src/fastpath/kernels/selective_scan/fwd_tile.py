@@ -31,8 +31,8 @@ walks every segment from H_k: about (2S - 1) / S times the exponentials, S times
 
 Numerics equal the chunked and seq kernels' (float32 state and sums; masked steps past L have
 delta' = 0: a = 1, x = 0). Only (out, last_state) are produced; the backward recomputes its own
-chunk states (fwd_chunked.chunk_states), so this serves training too. Selected with
-FASTPATH_SSCAN_FWD=tile or tile-poly (interface.py).
+chunk states (fwd_chunked.chunk_states), so this serves training too. The default forward
+(FASTPATH_SSCAN_FWD unset or tile; tile-poly takes the SFU's exponentials: interface.py).
 """
 
 from __future__ import annotations

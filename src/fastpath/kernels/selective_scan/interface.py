@@ -14,7 +14,8 @@ and defines autograd:
       asked
 - selective_scan_bwd(dout, dlast_state, [u, delta, A, B, C, D, z, delta_bias], delta_softplus)
       -> [du, ddelta, dA, dB, dC, dD, dz, ddelta_bias]   (empty tensors for absent inputs)
-Kernels: FASTPATH_SSCAN_FWD picks the forward (fwd_kernel), FASTPATH_SSCAN_BWD the backward
+Kernels: FASTPATH_SSCAN_FWD picks the forward (fwd_kernel: "tile", fwd_tile.py, the default, or
+"chunked", "seq", "tile-poly"), FASTPATH_SSCAN_BWD the backward
 (bwd_kernel: "seq", bwd_seq.py, the default, or "chunked", bwd.py), read at every call.
 Semantics and the float64 spec: naive.py. Unlike mamba_ssm, a gradient flowing into last_state
 is honoured. What the kernels do not take (complex A, N > MAX_DSTATE, float64, no Triton device)
@@ -35,9 +36,10 @@ from fastpath.shared.errors import UsageError
 
 FAMILY = "selective_scan"
 FWD_ENV = "FASTPATH_SSCAN_FWD"
-# FASTPATH_SSCAN_FWD's values -> the call counter each one bumps (tests check which ran)
-FWD_COUNTERS = {"chunked": "ss_fwd:triton", "seq": "ss_fwd:triton-seq",
-                "tile": "ss_fwd:triton-tile", "tile-poly": "ss_fwd:triton-tile-poly"}
+# FASTPATH_SSCAN_FWD's values -> the call counter each one bumps (tests check which ran);
+# the first is the default
+FWD_COUNTERS = {"tile": "ss_fwd:triton-tile", "chunked": "ss_fwd:triton",
+                "seq": "ss_fwd:triton-seq", "tile-poly": "ss_fwd:triton-tile-poly"}
 FWD_KERNELS = tuple(FWD_COUNTERS)
 BWD_ENV = "FASTPATH_SSCAN_BWD"
 # FASTPATH_SSCAN_BWD's values -> the call counter each one bumps
@@ -90,12 +92,14 @@ def _use_triton(op: str, u: Tensor, A: Tensor, *tensors: Tensor | None) -> bool:
 
 
 def fwd_kernel() -> str:
-    """The forward kernel FASTPATH_SSCAN_FWD picks, read at every call: "chunked" (default, the
-    associative-scan kernel of fwd_chunked.py), "seq" (fwd_seq.py, time walked per program),
-    "tile" / "tile-poly" (fwd_tile.py: time walked in registers, L-contiguous inputs and
-    the output moved as (channels, steps) tiles; -poly takes softplus' exp2 on the FMA pipe). The others stay opt-in until their GPU numbers and mamba_ssm's own tests are in
-    (BENCHMARKS.md). Anything else is a UsageError."""
-    value = os.environ.get(FWD_ENV, "").strip().lower() or "chunked"
+    """The forward kernel FASTPATH_SSCAN_FWD picks, read at every call: "tile" (default,
+    fwd_tile.py: time walked in registers, the output moved as (channels, steps) tiles; it
+    passes mamba_ssm's widened test_selective_scan.py grid and runs a training step's scan
+    1.3-1.5x faster than "chunked" on an H200, BENCHMARKS.md Sessions 30-31), "chunked" (the
+    associative-scan kernel of fwd_chunked.py, the default before), "seq" (fwd_seq.py, time
+    walked per program) or "tile-poly" (the tile walk with the SFU's exponentials: faster, but
+    its float32 last state fails mamba_ssm's bar). Anything else is a UsageError."""
+    value = os.environ.get(FWD_ENV, "").strip().lower() or "tile"
     if value not in FWD_KERNELS:
         raise UsageError(f"{FWD_ENV}={value!r}: expected one of {', '.join(FWD_KERNELS)}")
     return value
