@@ -178,8 +178,14 @@ def test_peer_sh_continues_a_state_by_its_key(tmp_path):
     again = _peer_sh(tmp_path, "two", PEER_RESUME="1")
     assert "4 finished cases stand, 0 with no recorded outcome run again" in again.stdout, again.stdout
     assert "4 done before" in again.stdout, again.stdout
-
     seed = tmp_path / "one" / "peer"
+    # a repeated seeding command on the warm machine continues its state (5 cases done after call
+    # two), not the seed's (the 4 of call one)
+    both = _peer_sh(tmp_path, "two-b", PEER_RESUME="1", PEER_SEED=str(seed))
+    assert f"peer: seed {seed} not taken: PEER_RESUME=1 continues this machine's own state" in both.stdout, \
+        both.stdout
+    assert "5 done before" in both.stdout, both.stdout
+
     (seed / "state_key.txt").write_text(f"{key[0]} judge=another\n")
     rejudged = _peer_sh(tmp_path, "three", PEER_SEED=str(seed))
     assert "3 finished cases stand, 0 with no recorded outcome run again, 1 the judge decided" in rejudged.stdout, \

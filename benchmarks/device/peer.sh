@@ -29,6 +29,9 @@
 #                         default 0 starts afresh. The state lives in .dev/peer (PEER_STATE).
 #   PEER_SEED=DIR         continue a call made on another machine (a later session): DIR is that
 #                         call's OUTDIR/peer (state.tgz + state_key.txt, which every call writes).
+#                         With PEER_RESUME=1 on a machine that holds a state of this tree's key,
+#                         that state wins and the seed is not taken (the same command can then
+#                         be repeated on the warm machine).
 # The state's key has two parts. cases=: a sha256 over the code that decides a case's outcome
 # (each file with its full-line comments dropped, so a corrected comment keeps a finished grid; kernels/
 # selective_scan, kernels/ssd, kernels/causal_conv1d, the kernels/*.py they share, the
@@ -108,10 +111,14 @@ adopt() {  # adopt FOLDER KEY: keep what FOLDER's state may keep under this tree
     rm -rf "${folder:?}"/* && return 1
   fi
 }
-if [ "${PEER_RESUME:-0}" = 1 ] && [ -z "${PEER_SEED:-}" ] && ls "$state"/*_done.txt > /dev/null 2>&1; then
-  adopt "$state" "$(cat "$state/key.txt" 2>/dev/null)"
+resumed=0
+if [ "${PEER_RESUME:-0}" = 1 ] && ls "$state"/*_done.txt > /dev/null 2>&1; then
+  adopt "$state" "$(cat "$state/key.txt" 2>/dev/null)" && resumed=1
 fi
-if [ -n "${PEER_SEED:-}" ]; then
+if [ -n "${PEER_SEED:-}" ] && [ "$resumed" = 1 ]; then
+  # the warm state went on from the seed (or from a later call): the seed would throw that away
+  echo "peer: seed $PEER_SEED not taken: PEER_RESUME=1 continues this machine's own state"
+elif [ -n "${PEER_SEED:-}" ]; then
   if [ -f "$PEER_SEED/state.tgz" ]; then
     rm -rf "${state:?}"/* && tar xzf "$PEER_SEED/state.tgz" -C "$state" && echo "peer: seed $PEER_SEED" \
       && adopt "$state" "$(cat "$PEER_SEED/state_key.txt" 2>/dev/null)"
