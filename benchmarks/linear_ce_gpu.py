@@ -9,13 +9,22 @@ qwen3.5-27b preset), N = B*L rows, bf16, every input requiring grad, forward + b
 Each row: median / min ms (CUDA events), the extra peak memory over the inputs, the loss and its
 distance to the materialised loss, and the relative L2 distance of dhidden / dweight to it.
 
+Row kernel (--rows-sweep SPEC, alone: no op or model rows): the cross-entropy row kernel by itself
+(kernels/linear_ce/fwd_bwd.ce_rows_, the step after the GEMM) on (N, V) bf16 logits at each
+access order of SPEC, a comma list of PROGRAMS[r] (PROGRAMS: 0 for one program per row, or
+Kx for K programs a streaming multiprocessor; r: pass 2 walked from the row's end), default
+"0,0r,1x,1xr,2x,2xr,4xr". Each row: median / min ms, the bandwidth over the kernel's mandatory
+bytes (read N*V, write N*V), its fraction of a device copy timed in the same process, and whether
+its losses and gradients equal the default order's bit for bit (they must: only the order moves).
+
 Model level (--model): bench's train step (`model(input_ids, labels=ids).loss.backward()`) on the
 8-layer qwen3.5-27b cut after fastpath.enable(), with and without routing/lm_head_route applied
 (tokens/s and peak memory); the route is applied here by hand, so this works before enable()
 wires it in.
 
 usage: python benchmarks/linear_ce_gpu.py [--batch 1] [--seq-len 4096] [--iters 10] [--warmup 3]
-                                          [--chunk-rows 1024,512] [--model] [--layers 8] [--out FILE]
+                                          [--chunk-rows 1024,512] [--model] [--layers 8]
+                                          [--rows-sweep SPEC] [--out FILE]
 Needs a CUDA GPU. Prints one JSON document (and writes it to --out).
 """
 
@@ -110,6 +119,66 @@ def op_level(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows_out
 
 
+DEFAULT_ROWS_SWEEP = "0,0r,1x,1xr,2x,2xr,4xr"
+
+
+def parse_rows_sweep(spec: str) -> list[tuple[str, int, bool]]:
+    """"0,0r,2xr" -> [(label, programs per SM (0: one program per row), reverse)]; a bad item
+    is an argparse error naming it."""
+    items = []
+    for item in (v.strip() for v in spec.split(",") if v.strip()):
+        body, reverse = (item[:-1], True) if item.endswith("r") else (item, False)
+        per_sm = body[:-1] if body.endswith("x") else body
+        if not per_sm.isdigit() or (body.endswith("x") == (per_sm == "0")):
+            raise argparse.ArgumentTypeError(f"--rows-sweep item {item!r}: expected 0, 0r, Kx or Kxr "
+                                             "(K >= 1 programs a streaming multiprocessor)")
+        items.append((item, int(per_sm), reverse))
+    if not items:
+        raise argparse.ArgumentTypeError("--rows-sweep: no items")
+    return items
+
+
+def rows_level(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The row kernel alone at each access order of args.rows_sweep (module doc)."""
+    from fastpath.kernels.linear_ce.fwd_bwd import ce_rows_
+
+    _, vocab = head_dims()
+    n = args.batch * args.seq_len
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    logits = (4 * torch.randn(n, vocab, device="cuda", generator=gen)).to(torch.bfloat16)
+    y = torch.randint(0, vocab, (n,), device="cuda", generator=gen)
+    y[args.seq_len - 1::args.seq_len] = -100
+    scale = torch.tensor([1.0 / max(1, int((y != -100).sum()))], device="cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    mandatory = 2 * logits.numel() * logits.element_size()
+    scratch = torch.empty_like(logits)
+    copy_ms = statistics.median(cuda_times(lambda: scratch.copy_(logits), args.iters))
+    copy_gbs = mandatory / copy_ms / 1e6  # a copy moves the same bytes: read N*V, write N*V
+    out, want = [], None
+    for label, per_sm, reverse in args.rows_sweep:
+        programs = per_sm * sms
+
+        def call(buf: torch.Tensor, programs: int = programs, reverse: bool = reverse) -> torch.Tensor:
+            return ce_rows_(buf, y, scale, -100, programs=programs, reverse=reverse)
+
+        scratch.copy_(logits)
+        loss = call(scratch)
+        got = (loss.clone(), scratch.clone())
+        if want is None:
+            want = got
+        same = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        del got
+        for _ in range(args.warmup):
+            call(scratch)
+        times = cuda_times(lambda: call(scratch), args.iters)
+        med = statistics.median(times)
+        out.append({"order": label, "programs": programs or n, "reverse": reverse, "n": n, "vocab": vocab,
+                    "median_ms": med, "min_ms": min(times), "gb_per_s": mandatory / med / 1e6,
+                    "copy_gb_per_s": copy_gbs, "copy_frac": copy_ms / med, "bitwise_equal_default": same})
+        print(json.dumps(out[-1]), file=sys.stderr)
+    return out
+
+
 def model_level(args: argparse.Namespace) -> list[dict[str, Any]]:
     import fastpath
     from fastpath.models.build import build_model
@@ -151,13 +220,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-rows", type=lambda s: [int(v) for v in s.split(",") if v], default=[1024])
     parser.add_argument("--model", action="store_true", help="also bench's train step on the qwen3.5-27b cut")
     parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--rows-sweep", type=parse_rows_sweep, default=None, metavar="SPEC",
+                        help=f"time only the row kernel at these access orders (e.g. {DEFAULT_ROWS_SWEEP})")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("linear_ce_gpu: needs a CUDA GPU", file=sys.stderr)
         return 3
-    doc: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                           "op": op_level(args)}
+    doc: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    if args.rows_sweep:
+        doc["rows"] = rows_level(args)
+    else:
+        doc["op"] = op_level(args)
     if args.model:
         doc["model"] = model_level(args)
     import triton

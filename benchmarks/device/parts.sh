@@ -50,6 +50,8 @@
 #             src/fastpath/routing/autotune_data/sm_90.json) instead of the warmup scenario's
 #   gdnnorm   benchmarks/gdn_norm_gpu.py (GDN gated norm eager vs FLA fused)
 #   profile   benchmarks/gdn_layer_profile.py (one Qwen3.5 GDN layer under torch.profiler)
+#   cerows    benchmarks/linear_ce_gpu.py --rows-sweep (the LM loss's cross-entropy row kernel alone at
+#             each access order; CEROWS_SWEEP, default its own; bf16 logits at Qwen3.5-27B's vocabulary)
 #   mprofile  benchmarks/model_profile.py (8-layer Qwen3.5: GPU time per kernel family, the split of
 #             elementwise/other; MPROFILE_CONFIGS, default fastpath,fastpath+liger)
 #   peer      mamba_ssm's own op test files against fastpath's functions (benchmarks/device/peer.sh;
@@ -204,6 +206,10 @@ part_ssd() {
 }
 part_sscan() {
   run sscan "${SSCAN_TIMEOUT:-200}" python3 benchmarks/selective_scan.py --out "$w/sscan" ${SSCAN_FLAGS:-}
+}
+part_cerows() {
+  run cerows "${CEROWS_TIMEOUT:-150}" python3 benchmarks/linear_ce_gpu.py \
+    --rows-sweep "${CEROWS_SWEEP:-0,0r,1x,1xr,2x,2xr,4xr}" --out "$w/cerows.json"
 }
 part_sscanncu() {  # Nsight Compute's full set over one call per scan kernel (benchmarks/sscan_ncu.py)
   run sscanncu "${NCU_TIMEOUT:-300}" ncu --clock-control none --profile-from-start off --set full \

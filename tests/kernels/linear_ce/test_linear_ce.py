@@ -288,6 +288,30 @@ def test_kernel_step_equals_torch_step(dtype: torch.dtype) -> None:
 
 
 @needs_interp
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_access_order_changes_no_bit(dtype: torch.dtype) -> None:
+    """A persistent grid (fewer programs than rows, each walking several) and pass 2 walked from the
+    row's end give the default launch's losses and gradients bit for bit: rows with ignored and
+    out-of-range labels, a partial last block (V = 300, blocks of 64)."""
+    gen = torch.Generator().manual_seed(12)
+    logits = (3 * torch.randn(7, 300, generator=gen)).to(dtype)
+    y = _labels(7, 300, "some", gen)
+    y[3] = 300  # out of range: NaN loss and gradient
+    scale = torch.tensor([0.5])
+    base = logits.clone()
+    want = fwd_bwd.ce_rows_(base, y, scale, -100, block=64)
+    for programs in (1, 3, 7, 50):
+        for reverse in (False, True):
+            got_grad = logits.clone()
+            got = fwd_bwd.ce_rows_(got_grad, y, scale, -100, block=64, programs=programs, reverse=reverse)
+            assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+            assert torch.equal(got_grad.isnan(), base.isnan())
+            assert torch.equal(got_grad.nan_to_num(), base.nan_to_num()), (programs, reverse)
+    with pytest.raises(ValueError, match="programs=-1"):
+        fwd_bwd.ce_rows_(logits.clone(), y, scale, -100, programs=-1)
+
+
+@needs_interp
 def test_hypothesis_sweep() -> None:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
@@ -417,8 +441,9 @@ def test_compiled_has_no_graph_break_and_matches_eager() -> None:
 
 
 def test_kernel_compiles_for_hopper() -> None:
-    """The chunk step at V = 248,320 compiles for sm_90 with Triton's bundled ptxas, no spills
-    (benchmarks/kernel_compile_check.py's machinery, in a process without the interpreter)."""
+    """The chunk step at V = 248,320 compiles for sm_90 with Triton's bundled ptxas, no spills, in
+    either pass-2 order (benchmarks/kernel_compile_check.py's machinery, in a process without the
+    interpreter)."""
     ptxas = Path(sys.modules["triton"].__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     if not ptxas.exists():
         pytest.skip("this Triton wheel has no bundled ptxas")
@@ -430,12 +455,13 @@ def test_kernel_compiles_for_hopper() -> None:
         "from fastpath.kernels.linear_ce import fwd_bwd\n"
         "target = GPUTarget('cuda', 90, 32); backend = make_backend(target)\n"
         "v = 248320; logits = torch.empty(4, v, dtype=torch.bfloat16); labels = torch.zeros(4, dtype=torch.int64)\n"
-        "args = (logits, v, labels, 1, torch.empty(4), torch.ones(1), v, -100)\n"
-        "kw = dict(WRITE_GRAD=True, RNE=False, BLOCK_V=fwd_bwd.block_v(v), num_warps=8)\n"
-        "sig, const, attrs, opts, _ = k.specialise(fwd_bwd._ce_rows_kernel, args, kw, backend)\n"
-        "row = k.compile_launch(fwd_bwd._ce_rows_kernel, sig, const, attrs, opts, target)\n"
-        "assert row['spill_store_bytes'] == 0 and 0 < row['regs'] <= 255, row\n"
-        "print('ok', row)\n")
+        "args = (logits, v, labels, 1, torch.empty(4), torch.ones(1), 4, v, -100)\n"
+        "for reverse in (False, True):\n"
+        "    kw = dict(WRITE_GRAD=True, RNE=False, BLOCK_V=fwd_bwd.block_v(v), REVERSE=reverse, num_warps=8)\n"
+        "    sig, const, attrs, opts, _ = k.specialise(fwd_bwd._ce_rows_kernel, args, kw, backend)\n"
+        "    row = k.compile_launch(fwd_bwd._ce_rows_kernel, sig, const, attrs, opts, target)\n"
+        "    assert row['spill_store_bytes'] == 0 and 0 < row['regs'] <= 255, row\n"
+        "    print('ok', reverse, row)\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "benchmarks"), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)

@@ -16,6 +16,17 @@ by every program: no host synchronisation to learn the count. All arithmetic is 
 transformers' `logits.float()` then `cross_entropy`. The log-sum-exp is never formed as m + log(s):
 rounding that sum to m's ulp cost a confident row (loss ~1e-5, the label the max) up to 5% of its
 loss and of its gradient, where torch's log-softmax keeps x - m and log(s) apart as done here.
+
+Pass 2 reads the row again. At Qwen3.5-27B's vocabulary a row is 485 KiB of bf16, and with a
+program per row about a thousand rows are in flight on an H100 (8 programs of 8 warps an SM):
+far more than its 50 MB L2 holds, so both reads come from DRAM (read, read, write: 6.1 GB at
+4,096 rows, 2.9 TB/s in the 2.07 ms the kernel took on an H100, BENCHMARKS.md Session 26).
+`programs` (a persistent grid: program i walks rows i, i + programs, ...) bounds the rows in
+flight, and `reverse` walks pass 2 from the row's end, so it starts on the blocks pass 1 read
+last, the likeliest to be still in L2. Both move only the order of memory accesses: each row's
+arithmetic, and so every bit of the results, is the same. The defaults (a program per row,
+forward order) are the order timed there; benchmarks/linear_ce_gpu.py --rows-sweep times the
+others.
 """
 
 from __future__ import annotations
@@ -32,9 +43,20 @@ MAX_BLOCK_V = 4096  # elements of a row per step: 8 KiB of bf16, a few loads in 
 
 
 @triton.jit
-def _ce_rows_kernel(logits_ptr, stride_row, labels_ptr, stride_label, loss_ptr, scale_ptr, n_cols,
-                    ignore_index, WRITE_GRAD: tl.constexpr, RNE: tl.constexpr, BLOCK_V: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _ce_rows_kernel(logits_ptr, stride_row, labels_ptr, stride_label, loss_ptr, scale_ptr, n_rows,
+                    n_cols, ignore_index, WRITE_GRAD: tl.constexpr, RNE: tl.constexpr,
+                    BLOCK_V: tl.constexpr, REVERSE: tl.constexpr):
+    for r in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        _ce_row(logits_ptr, stride_row, labels_ptr, stride_label, loss_ptr, scale_ptr, r, n_cols,
+                ignore_index, WRITE_GRAD, RNE, BLOCK_V, REVERSE)
+
+
+@triton.jit
+def _ce_row(logits_ptr, stride_row, labels_ptr, stride_label, loss_ptr, scale_ptr, r, n_cols,
+            ignore_index, WRITE_GRAD: tl.constexpr, RNE: tl.constexpr, BLOCK_V: tl.constexpr,
+            REVERSE: tl.constexpr):
+    """One row's loss and (with WRITE_GRAD) gradient: the two passes of the module doc."""
+    row = tl.cast(r, tl.int64)  # (an int under the interpreter, whose range yields ints)
     base = logits_ptr + row * stride_row
     label = tl.load(labels_ptr + row * stride_label).to(tl.int64)
     ignored = label == ignore_index
@@ -60,8 +82,12 @@ def _ce_rows_kernel(logits_ptr, stride_row, labels_ptr, stride_label, loss_ptr, 
         scale = tl.load(scale_ptr)
         scale = tl.where(ignored, 0.0, tl.where(bad, float("nan"), scale))
         inv_s = 1.0 / s
-        for start in range(0, n_cols, BLOCK_V):
-            cols = start + offs
+        n_blocks = tl.cdiv(n_cols, BLOCK_V)
+        for i in range(0, n_blocks):
+            if REVERSE:
+                cols = (n_blocks - 1 - i) * BLOCK_V + offs
+            else:
+                cols = i * BLOCK_V + offs
             mask = cols < n_cols
             x = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
             g = tl.exp(x - m) * inv_s - tl.where(cols == label, 1.0, 0.0)
@@ -75,16 +101,21 @@ def block_v(n_cols: int) -> int:
 
 
 def ce_rows_(logits: Tensor, labels: Tensor, scale: Tensor, ignore_index: int, *, write_grad: bool = True,
-             block: int | None = None) -> Tensor:
+             block: int | None = None, programs: int = 0, reverse: bool = False) -> Tensor:
     """Per-row float32 loss of `logits` (rows, V) with unit column stride; with write_grad the
-    rows' (softmax - onehot) * scale replace the logits in place. `block` (tests) forces the step."""
+    rows' (softmax - onehot) * scale replace the logits in place. `block` (tests) forces the step;
+    `programs` (0: one per row) and `reverse` pick the access order (module doc), not the result."""
     n_rows, n_cols = logits.shape
     loss = torch.empty(n_rows, device=logits.device, dtype=torch.float32)
     if n_rows == 0:
         return loss
+    if programs < 0:
+        raise ValueError(f"ce_rows_: programs={programs}: expected 0 (one per row) or a count >= 1")
     blk = block or block_v(n_cols)
     num_warps = 8 if blk >= 2048 else 4
-    _ce_rows_kernel[(n_rows,)](
-        logits, logits.stride(0), labels, labels.stride(0), loss, scale, n_cols, ignore_index,
-        WRITE_GRAD=write_grad, RNE=triton_interpreter_on(), BLOCK_V=blk, num_warps=num_warps)
+    grid = min(programs, n_rows) if programs else n_rows
+    _ce_rows_kernel[(grid,)](
+        logits, logits.stride(0), labels, labels.stride(0), loss, scale, n_rows, n_cols, ignore_index,
+        WRITE_GRAD=write_grad, RNE=triton_interpreter_on(), BLOCK_V=blk, REVERSE=reverse,
+        num_warps=num_warps)
     return loss
