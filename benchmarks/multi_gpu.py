@@ -51,8 +51,9 @@ def _setup(device_name: str) -> tuple[Any, int, int]:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         if world == 1 and "MASTER_ADDR" not in os.environ:
-            store = tempfile.NamedTemporaryFile(prefix="fastpath-pg-", delete=False).name
-            dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{store}", rank=0, world_size=1)
+            # an in-memory store: a file store's file outlives the process (its refcount is written
+            # back at exit), one left in the temp folder per run
+            dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
         else:
             dist.init_process_group("nccl" if cuda else "gloo")
     return device, rank, world

@@ -42,9 +42,12 @@ def _run(tmp_path: Path, nproc: int) -> dict:
             "--layers", "4", "--capture-layers", "1,2,3", "--seq-len", "16", "--capture-rows", "4",
             "--batch-tokens", "32", "--check-every", "2", "--global-batch", "2", "--steps", "2", "--warmup", "0",
             *([] if triton_interpreter_on() else ["--allow-slow-fast-path"])]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    temp = tmp_path / "tmp"  # the script's temporary files (the one-process group's file store)
+    temp.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(temp)}
     proc = subprocess.run([*launcher, str(SCRIPT), *args], capture_output=True, text=True, timeout=400, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not list(temp.glob("fastpath-pg-*")), "the file store was left behind"
     return json.loads((tmp_path / "out" / f"multi_gpu_n{nproc}.json").read_text())
 
 
