@@ -50,18 +50,25 @@ def install_line(extra: str) -> str:
 
 
 def _install_source() -> str:
+    """The checkout folder pip recorded, from the first fastpath-kit metadata that has a PEP 610
+    record. A source tree on sys.path ahead of site-packages also holds setuptools' build-time
+    `src/fastpath_kit.egg-info` (no direct_url.json): that copy must not hide the installed one."""
     import json
     from importlib import metadata
     from urllib.parse import unquote, urlparse
 
     try:
-        text = metadata.distribution(DIST).read_text("direct_url.json")
-        url = json.loads(text or "{}").get("url", "")
+        found = list(metadata.distributions(name=DIST))
     except Exception:
         return DIST
-    parsed = urlparse(url)
-    if parsed.scheme == "file" and parsed.path:
-        return unquote(parsed.path)
+    for dist in found:
+        try:
+            url = json.loads(dist.read_text("direct_url.json") or "{}").get("url", "")
+        except Exception:
+            continue
+        parsed = urlparse(url)
+        if parsed.scheme == "file" and parsed.path:
+            return unquote(parsed.path)
     return DIST
 
 
