@@ -34,7 +34,8 @@ prefill layout; the time-sequential forward of FASTPATH_SSCAN_FWD=seq at every
 fwd_seq.SEQ_SWEEP config and backward of FASTPATH_SSCAN_BWD=seq at every bwd_seq.BWD_SEQ_SWEEP
 config; the tile forward of FASTPATH_SSCAN_FWD=tile at TILE_COMPILE_CONFIGS, time segments
 included), the Mamba-1 decode step, gdn_gates, sigmoid_gate, rotary, swiglu, zc_rmsnorm,
-linear_ce (the fused LM head + cross-entropy row kernel).
+linear_ce (the fused LM head + cross-entropy row kernel), state_stats, embedding (the one-pass
+weight gradient).
 --quick keeps a representative subset per family (the CI test's): default configs, one shape
 each, of an autotuned kernel only the configs with the most pipeline stages (the most shared
 memory).
@@ -83,6 +84,7 @@ from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
 from fastpath.kernels.causal_conv1d import interface as conv_if
+from fastpath.kernels.embedding import interface as embedding_if
 from fastpath.kernels.gdn_gates import interface as gates_if
 from fastpath.kernels.linear_ce import interface as lce_if
 from fastpath.kernels.rotary import interface as rotary_if
@@ -101,7 +103,7 @@ from fastpath.kernels.swiglu import interface as swiglu_if
 from fastpath.kernels.zc_rmsnorm import interface as norm_if
 
 FAMILIES = ("causal_conv1d", "ssd", "selective_scan", "state_update", "gdn_gates", "sigmoid_gate",
-            "rotary", "swiglu", "zc_rmsnorm", "linear_ce", "state_stats")
+            "rotary", "swiglu", "zc_rmsnorm", "linear_ce", "state_stats", "embedding")
 ARCHS = (90, 100, 120)
 # cudaDevAttrMaxSharedMemoryPerBlockOptin per arch (what Triton checks at load): CCCL arch_traits,
 # kept where the SSD launchers read it to fit their configs
@@ -589,6 +591,15 @@ def swiglu(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
         swiglu_if.bwd_impl(gate, up, torch.randn(1, 64, 17408, dtype=dtype))
 
 
+def embedding(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
+    """The token embedding's one-pass weight gradient over Qwen3.5-27B's hidden 5120 (the table's
+    row count only sets how many programs run: a small one here)."""
+    rec.label = "hidden 5120"
+    ids = torch.randint(0, 64, (1, 48))
+    with triton_on(embedding_if):
+        embedding_if.bwd_impl(ids, torch.randn(1, 48, 5120, dtype=dtype), 64, None, False)
+
+
 def zc_rmsnorm(rec: Recorder, dtype: torch.dtype, quick: bool) -> None:
     """Qwen3.5 / Qwen3-Next zero-centred RMSNorm, forward and backward: the decoder norms over
     hidden 5120 (Qwen3.5-27B) and 2048 (Qwen3-Next-80B), q_norm over head_dim 256 read from a
@@ -667,6 +678,8 @@ def record(family: str, dtype_name: str, seqlen: int, quick: bool = False) -> li
             linear_ce(rec, dtype, quick)
         elif family == "state_stats":
             state_stats(rec, dtype, quick)
+        elif family == "embedding":
+            embedding(rec, dtype, quick)
     return rec.launches
 
 

@@ -25,9 +25,10 @@
 #   sscanseq selective_scan/test_selective_scan_bwd_seq.py, the default time-walking backward: its
 #           tests at tiny shapes compiled on CUDA (not the every-config test at L = 1134)
 #   glue    gdn_gates/test_gates_gpu.py (not the 4-layer 27B routing test)
-#   norm    zc_rmsnorm/test_zc_rmsnorm.py, swiglu/test_swiglu.py and rotary/test_rotary.py, their
-#           GPU tests (the zero-centred RMSNorm at 27B row widths, the SwiGLU product at 27B's MLP
-#           width, the RoPE of 27B's q and k at L = 4096)
+#   norm    zc_rmsnorm/test_zc_rmsnorm.py, swiglu/test_swiglu.py, rotary/test_rotary.py and
+#           embedding/test_embedding.py, their GPU tests (the zero-centred RMSNorm at 27B row
+#           widths, the SwiGLU product at 27B's MLP width, the RoPE of 27B's q and k at L = 4096,
+#           the embedding backward over 27B's 248k-row table)
 #   lce     linear_ce/test_linear_ce.py, its small odd-shape GPU test (the 27B head is too large)
 #   stats   state_stats/test_state_stats.py, its GPU test (capture's one-pass state checks at 4096 x 5120)
 #   decode  tests/proof/test_decode_graphs.py, eager (CPU-or-GPU) tests
@@ -148,7 +149,7 @@ kexpr[decode]="not on_cuda"
 files[graphs]="tests/proof/test_decode_graphs.py"
 kexpr[graphs]="on_cuda"
 caching[graphs]=1
-files[norm]="$kt/zc_rmsnorm/test_zc_rmsnorm.py $kt/swiglu/test_swiglu.py $kt/rotary/test_rotary.py"
+files[norm]="$kt/zc_rmsnorm/test_zc_rmsnorm.py $kt/swiglu/test_swiglu.py $kt/rotary/test_rotary.py $kt/embedding/test_embedding.py"
 kexpr[norm]="gpu_at_27b_sizes or gpu_at_27b_mlp_size or gpu_at_27b_attention_size"
 files[lce]="$kt/linear_ce/test_linear_ce.py"
 kexpr[lce]="small_odd_shapes"

@@ -20,7 +20,7 @@
 #             TESTS picks groups: conv, fla, ssd, capture, sscan (Mamba1 kernels), layouts (every
 #             B/C layout of the Mamba-1 scan), tile (the GPU test of the tile forward, the default
 #             one; TILE_K narrows it with -k), glue (GDN glue), norm (zero-centred RMSNorm, SwiGLU,
-#             RoPE), lce (the fused LM head + cross-entropy and its route)
+#             RoPE, the embedding's one-pass backward), lce (the fused LM head + cross-entropy and its route)
 #   check     the TESTS groups in the foreground; a failure ends the call (every later part is
 #             skipped), so no device time goes to timing kernels that are wrong
 #   sweep     FLA #640 reproduction, all 48 cases: one process per tiling, in the background
@@ -147,7 +147,8 @@ part_tests() {
     $k/selective_scan/test_selective_scan_long_state.py \
     $k/selective_scan/test_selective_scan_bwd_seq.py  # every test, compiled on CUDA
   group glue -m gpu $k/gdn_gates/test_gates_gpu.py $r/test_liger_compose.py
-  group norm -m gpu $k/zc_rmsnorm/test_zc_rmsnorm.py $k/swiglu/test_swiglu.py $k/rotary/test_rotary.py
+  group norm -m gpu $k/zc_rmsnorm/test_zc_rmsnorm.py $k/swiglu/test_swiglu.py $k/rotary/test_rotary.py \
+    $k/embedding/test_embedding.py
   group lce -m gpu $k/linear_ce/test_linear_ce.py $r/test_lm_head_route.py
   group warmup -m gpu $p/test_warmup.py
 }

@@ -24,7 +24,7 @@ SCRIPT = ROOT / "benchmarks" / "kernel_compile_check.py"
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 ARCHS = (90, 100, 120)
 FAMILIES = {"causal_conv1d", "ssd", "selective_scan", "state_update", "gdn_gates", "sigmoid_gate",
-            "rotary", "swiglu", "zc_rmsnorm", "linear_ce", "state_stats"}
+            "rotary", "swiglu", "zc_rmsnorm", "linear_ce", "state_stats", "embedding"}
 
 
 def _stack_python(stack: str) -> tuple[str, str]:

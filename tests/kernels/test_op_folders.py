@@ -17,7 +17,7 @@ HOST_SIDE = {"launchers.py", "shared_memory.py", "split_conv_scan.py", "inner.py
 
 
 def test_every_op_has_its_entry_and_its_reference() -> None:
-    assert len(OPS) == 12, [p.name for p in OPS]
+    assert len(OPS) == 13, [p.name for p in OPS]
     for op in OPS:
         assert (op / "interface.py").is_file(), op.name
         assert (op / "naive.py").is_file(), op.name

@@ -1,17 +1,18 @@
 """Compiler-free kernels (Triton), one subpackage per op, each with its float reference beside it.
 
-Ops (12): causal_conv1d (the engine of the `fastpath.causal_conv1d` face), ssd (Mamba-2),
+Ops (13): causal_conv1d (the engine of the `fastpath.causal_conv1d` face), ssd (Mamba-2),
 selective_scan (Mamba-1), gated_delta_rule (a PyTorch dqkwg for FLA's #640), gdn_gates,
 sigmoid_gate, rotary (the gated attention's partial rotate-half RoPE of q and k), swiglu (the
 gated MLP's silu(gate) * up), zc_rmsnorm, linear_ce, state_stats (capture's one-pass health facts
 of a hidden state; no gradient), linear_group (projections of one input whose input gradient
-accumulates in the GEMMs; torch GEMMs, no Triton).
+accumulates in the GEMMs; torch GEMMs, no Triton), embedding (the token embedding's weight
+gradient written in one pass).
 
 One naming rule in every op folder, so a module's name says which pass it computes:
 - interface.py: the op's entry points, what routing and the public faces import (torch custom ops
   with fake implementations, autograd, validation, the Triton-or-reference dispatch);
 - naive.py: the float reference (float64 in the tests, the runtime fallback with a warning);
-- Triton modules named by pass: fwd.py, bwd.py; fwd_<strategy>.py / bwd_<strategy>.py where an op
+- Triton modules named by pass: fwd.py, bwd.py (embedding's); fwd_<strategy>.py / bwd_<strategy>.py where an op
   has several (selective_scan fwd_chunked / fwd_seq / fwd_tile, causal_conv1d fwd_tile /
   bwd_tile); fwd_bwd.py where one module holds a small op's forward and backward (gdn_gates,
   sigmoid_gate, rotary, swiglu, zc_rmsnorm, linear_ce), fwd_bwd_<strategy>.py for a strategy's pair
