@@ -20,7 +20,8 @@
 #             TESTS picks groups: conv, fla, ssd, capture, sscan (Mamba1 kernels), layouts (every
 #             B/C layout of the Mamba-1 scan), tile (the GPU test of the tile forward, the default
 #             one; TILE_K narrows it with -k), glue (GDN glue), norm (zero-centred RMSNorm, SwiGLU,
-#             RoPE, the embedding's one-pass backward), lce (the fused LM head + cross-entropy and its route)
+#             RoPE, the embedding's one-pass backward), lce (the fused LM head + cross-entropy and
+#             its route)
 #   check     the TESTS groups in the foreground; a failure ends the call (every later part is
 #             skipped), so no device time goes to timing kernels that are wrong
 #   sweep     FLA #640 reproduction, all 48 cases: one process per tiling, in the background
@@ -52,6 +53,9 @@
 #   profile   benchmarks/gdn_layer_profile.py (one Qwen3.5 GDN layer under torch.profiler)
 #   cerows    benchmarks/linear_ce_gpu.py --rows-sweep (the LM loss's cross-entropy row kernel alone at
 #             each access order; CEROWS_SWEEP, default its own; bf16 logits at Qwen3.5-27B's vocabulary)
+#   embedding benchmarks/embedding_gpu.py (the embedding's weight gradient: torch's fill + scatter vs
+#             fastpath's one-pass kernel at each launch of EMBEDDING_LAUNCHES, beside a fill of the
+#             table; Qwen3.5-27B's 248k x 5120 bf16 table at 4096 and 32768 tokens)
 #   mprofile  benchmarks/model_profile.py (8-layer Qwen3.5: GPU time per kernel family, the split of
 #             elementwise/other; MPROFILE_CONFIGS, default fastpath,fastpath+liger)
 #   peer      mamba_ssm's own op test files against fastpath's functions (benchmarks/device/peer.sh;
@@ -211,6 +215,10 @@ part_sscan() {
 part_cerows() {
   run cerows "${CEROWS_TIMEOUT:-150}" python3 benchmarks/linear_ce_gpu.py \
     --rows-sweep "${CEROWS_SWEEP:-0,0r,1x,1xr,2x,2xr,4xr}" --out "$w/cerows.json"
+}
+part_embedding() {
+  run embedding "${EMBEDDING_TIMEOUT:-150}" python3 benchmarks/embedding_gpu.py \
+    ${EMBEDDING_LAUNCHES:+--launches "$EMBEDDING_LAUNCHES"} --out "$w/embedding.json"
 }
 part_sscanncu() {  # Nsight Compute's full set over one call per scan kernel (benchmarks/sscan_ncu.py)
   run sscanncu "${NCU_TIMEOUT:-300}" ncu --clock-control none --profile-from-start off --set full \

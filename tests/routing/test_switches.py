@@ -33,6 +33,7 @@ BAD = [
     ("FASTPATH_GLUE", "maybe"),
     ("FASTPATH_ZC_NORM", "maybe"),
     ("FASTPATH_SWIGLU", "maybe"),
+    ("FASTPATH_EMBEDDING", "maybe"),
     ("FASTPATH_LM_LOSS", "sometimes"),
     ("FASTPATH_AUTOTUNE_DECISIONS", "/no/such/decisions.json"),
 ]

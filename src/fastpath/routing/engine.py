@@ -71,6 +71,8 @@ class EnableReport:
     add_norm_reason: str = ""
     swiglu: str = "torch"               # the gated MLP's silu(gate) * up: swiglu_route.IMPL | "torch"
     swiglu_reason: str = ""
+    embedding: str = "torch"            # the token embedding's weight gradient: embedding_route.IMPL | "torch"
+    embedding_reason: str = ""
     lm_loss: str = "torch"              # the causal-LM loss: lm_head_route.IMPL | "torch"
     lm_loss_reason: str = ""
     hub_kernels: str = "route"          # 5.25 + `kernels` Func globals: hub_route.MODES
@@ -150,7 +152,9 @@ def enable(
     The zero-centred RMSNorm of Qwen3.5 / Qwen3-Next goes to fastpath's fused kernel likewise
     (routing/zc_norm_route.py; FASTPATH_ZC_NORM=auto|fastpath|torch), and the gated MLP's
     silu(gate) * up (Qwen3.5, Qwen3-Next, OLMo-hybrid, Bamba, Jamba) to fastpath's fused SwiGLU
-    product (routing/swiglu_route.py; FASTPATH_SWIGLU=auto|fastpath|torch).
+    product (routing/swiglu_route.py; FASTPATH_SWIGLU=auto|fastpath|torch). The token
+    embedding's weight gradient may go to fastpath's one-pass kernel (routing/embedding_route.py;
+    FASTPATH_EMBEDDING=auto|fastpath|torch, off by default until measured on a GPU).
     hub_kernels: transformers 5.25 with `kernels` installed wraps each op in a Hub-kernel module
     (routing/hub_kernels.py). "route" (default; FASTPATH_HUB_KERNELS) sees through the wrappers
     and routes every op to fastpath, offline; "keep" leaves them and USE_HUB_KERNELS alone, so a
@@ -320,9 +324,11 @@ def explain_rows(model: Any) -> list[dict[str, Any]]:
 def assert_fast(model: Any) -> None:
     """Raise FastpathError (with the explain() table) if any op would take a torch fallback."""
     table = explain_model(model)
+    from fastpath.routing.embedding_route import OP as EMBEDDING_OP
     from fastpath.routing.liger_route import is_liger_row
 
-    if all(is_liger_row(r) for r in table.rows):
+    # Liger's rows and the embedding's say nothing of the layers fastpath exists for
+    if all(is_liger_row(r) or r["op"] == EMBEDDING_OP for r in table.rows):
         raise FastpathError(f"no causal_conv1d / gated-delta-rule layers found in {type(model).__name__}")
     if table.slow_count:
         slow = sorted({route_of_op(str(r["op"])) or str(r["op"]) for r in table.rows if not r["fast"]})

@@ -34,6 +34,7 @@ from fastpath.routing import (
     add_norm_route,
     autotune_decisions,
     conv_route,
+    embedding_route,
     fla_route,
     fla_selfcheck,
     gates_route,
@@ -416,6 +417,13 @@ def _active(module: ModuleType) -> Callable[[Any, Session], None]:
     return install
 
 
+def _embedding_install(d: embedding_route.EmbeddingStatus, s: Session) -> None:
+    """install: ACTIVE as every fused-kernel route, and torch.nn.Embedding's forward (a torch
+    class, not a modeling module's: every model's embeddings are instances of it)."""
+    s.registry.set_attr(embedding_route, "ACTIVE", d)
+    embedding_route.install(d, s.registry)
+
+
 # ---------------------------------------------------------------- the table
 ROUTES: tuple[Route, ...] = (
     Route("hub_kernels", (), _hub_detect, report=_hub_report, summary=_hub_summary,
@@ -459,6 +467,11 @@ ROUTES: tuple[Route, ...] = (
           summary=lambda r: [f"gated MLP silu(gate) * up -> {r.swiglu} ({r.swiglu_reason})"],
           install=_active(swiglu_route), patch=_patch_noting(swiglu_route.patch_module),
           explain_layer=_class_rows(swiglu_route), switches=(swiglu_route.route_mode,)),
+    Route("embedding", (embedding_route.OP,), lambda s: embedding_route.detect_embedding(),
+          report=_report_into("embedding", "embedding_reason"),
+          summary=lambda r: [f"token embedding weight gradient -> {r.embedding} ({r.embedding_reason})"],
+          install=_embedding_install, explain_model=embedding_route.explain_rows,
+          switches=(embedding_route.route_mode,)),
     # after the routes that may patch the same modules: it replaces the causal-LM classes' forward
     Route("lm_head_loss", (lm_head_route.OP,), lambda s: lm_head_route.detect_lm_head(s.request.lm_loss),
           report=_report_into("lm_loss", "lm_loss_reason"),
@@ -471,7 +484,7 @@ ROUTES: tuple[Route, ...] = (
 
 #: the order enable()'s summary lists the routes in
 SUMMARY_ORDER = ("causal_conv1d", "gated_delta_rule", "kda", "gated_norm", "zc_norm", "add_norm", "swiglu", "mamba_ssd",
-                 "mamba1_scan", "glue", "lm_head_loss", "hub_kernels", "autotune_decisions")
+                 "mamba1_scan", "glue", "embedding", "lm_head_loss", "hub_kernels", "autotune_decisions")
 
 
 def route(name: str) -> Route:

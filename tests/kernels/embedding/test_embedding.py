@@ -136,6 +136,20 @@ def test_every_row_is_written() -> None:
 
 
 @needs_interp
+def test_launch_choices_change_no_bit() -> None:
+    """Rows per program and the column block only move work between programs: same bits."""
+    from fastpath.kernels.embedding.bwd import weight_grad
+
+    gen = torch.Generator().manual_seed(9)
+    ids = _ids((19,), 23, gen)
+    dout = _dout((19, 150), torch.bfloat16, "contiguous", gen)
+    first = weight_grad(ids, dout, 23, 2, True, torch.bfloat16)
+    for rows, block in ((1, 32), (3, 64), (8, 128), (16, 1024)):
+        assert torch.equal(weight_grad(ids, dout, 23, 2, True, torch.bfloat16, rows_per_program=rows,
+                                       block_h=block), first), (rows, block)
+
+
+@needs_interp
 def test_no_tokens() -> None:
     weight = torch.randn(6, 10, requires_grad=True)
     out = embedding(torch.empty(0, dtype=torch.long), weight)

@@ -21,6 +21,7 @@ from fastpath.kernels.dispatch import triton_interpreter_on
 from fastpath.kernels.rounding import store_rounded
 
 _ROWS = 8
+_BLOCK_H = 1024
 
 
 @triton.jit
@@ -52,10 +53,12 @@ def segments(ids: Tensor, num_rows: int) -> tuple[Tensor, Tensor]:
 
 
 def weight_grad(ids: Tensor, dout: Tensor, num_rows: int, padding_idx: int | None,
-                scale_grad_by_freq: bool, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
+                scale_grad_by_freq: bool, dtype: torch.dtype, out: Tensor | None = None,
+                rows_per_program: int = _ROWS, block_h: int = _BLOCK_H) -> Tensor:
     """ids: int32/int64, any shape; dout: ids.shape + (H,), contiguous; returns the contiguous
     [num_rows, H] gradient in `dtype`, written into `out` when given (every element overwritten:
-    no zero fill is needed, which is the point)."""
+    no zero fill is needed, which is the point). rows_per_program and block_h (a power of two)
+    set the launch only (benchmarks/embedding_gpu.py times them); every choice gives the same bits."""
     H = dout.shape[-1]
     rows = dout.reshape(-1, H)
     if out is not None and (out.shape != (num_rows, H) or out.dtype != dtype or not out.is_contiguous()):
@@ -64,10 +67,11 @@ def weight_grad(ids: Tensor, dout: Tensor, num_rows: int, padding_idx: int | Non
     if dw.numel() == 0:
         return dw
     order, starts = segments(ids, num_rows)
-    block_h = min(triton.next_power_of_2(H), 1024)
-    grid = (triton.cdiv(num_rows, _ROWS), triton.cdiv(H, block_h))
+    block_h = min(triton.next_power_of_2(H), block_h)
+    grid = (triton.cdiv(num_rows, rows_per_program), triton.cdiv(H, block_h))
     _embedding_bwd_kernel[grid](order, starts, rows, dw, num_rows, H, rows.stride(0),
                                 -1 if padding_idx is None else padding_idx,
                                 SCALE_BY_FREQ=scale_grad_by_freq, RNE=triton_interpreter_on(),
-                                ROWS=_ROWS, BLOCK_H=block_h, num_warps=4)
+                                ROWS=rows_per_program, BLOCK_H=block_h,
+                                num_warps=max(1, min(8, block_h // 256)))
     return dw
