@@ -181,19 +181,25 @@ def test_env_switch_turns_the_route_off_and_explain_says_so(case: Case, monkeypa
         fastpath.enable(warn=False)
 
 
-@each_route
-def test_fastpath_mode_needs_the_kernel(case: Case, tmp_path) -> None:
-    """<ENV>=fastpath with no Triton: enable() fails in one line instead of going slow."""
+def enable_without_triton(tmp_path, switches: dict[str, str]) -> str:
+    """What enable() raises (its type and message) in a process whose triton does not import,
+    with the FASTPATH_* `switches` set; fails the test if enable() succeeds."""
     (tmp_path / "triton").mkdir()
     (tmp_path / "triton" / "__init__.py").write_text("raise ImportError('no triton here')\n")
     code = ("import fastpath, sys\n"
             "try:\n    fastpath.enable(warn=False)\n"
             "except Exception as exc:\n    print(type(exc).__name__, exc); sys.exit(0)\n"
             "sys.exit(1)\n")
-    others = {c.route.ENV_MODE: "torch" for c in CASES.values() if c is not case}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "src")]),
-               **others, **{case.route.ENV_MODE: "fastpath"})
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "src")]), **switches)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
                           cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert f"{case.route.ENV_MODE}=fastpath" in proc.stdout and "does not import" in proc.stdout, proc.stdout
+    return proc.stdout
+
+
+@each_route
+def test_fastpath_mode_needs_the_kernel(case: Case, tmp_path) -> None:
+    """<ENV>=fastpath with no Triton: enable() fails in one line instead of going slow."""
+    others = {c.route.ENV_MODE: "torch" for c in CASES.values() if c is not case}
+    out = enable_without_triton(tmp_path, {**others, case.route.ENV_MODE: "fastpath"})
+    assert f"{case.route.ENV_MODE}=fastpath" in out and "does not import" in out, out

@@ -13,15 +13,13 @@ value is a usage error and mode `fastpath` without Triton fails enable() in one 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from repo_paths import ROOT  # noqa: E402
+from test_class_routes import enable_without_triton  # noqa: E402
 from test_zc_norm_route import tiny_qwen3_5  # noqa: E402
 
 import fastpath  # noqa: E402
@@ -205,15 +203,5 @@ def test_bad_switch_value_is_a_usage_error(monkeypatch) -> None:
 
 def test_fastpath_mode_needs_the_kernel(tmp_path) -> None:
     """FASTPATH_EMBEDDING=fastpath with no Triton: enable() fails in one line instead of going slow."""
-    (tmp_path / "triton").mkdir()
-    (tmp_path / "triton" / "__init__.py").write_text("raise ImportError('no triton here')\n")
-    code = ("import fastpath, sys\n"
-            "try:\n    fastpath.enable(warn=False)\n"
-            "except Exception as exc:\n    print(type(exc).__name__, exc); sys.exit(0)\n"
-            "sys.exit(1)\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "src")]),
-               FASTPATH_ZC_NORM="torch", FASTPATH_SWIGLU="torch", **{ENV: "fastpath"})
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
-                          cwd=str(tmp_path))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert f"{ENV}=fastpath" in proc.stdout and "does not import" in proc.stdout, proc.stdout
+    out = enable_without_triton(tmp_path, {"FASTPATH_ZC_NORM": "torch", "FASTPATH_SWIGLU": "torch", ENV: "fastpath"})
+    assert f"{ENV}=fastpath" in out and "does not import" in out, out

@@ -3,9 +3,12 @@ folder holding pyproject.toml), src/, this support folder, the side-by-side venv
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 
 SUPPORT = Path(__file__).resolve().parent
 ROOT = next(p for p in SUPPORT.parents if (p / "pyproject.toml").is_file())
@@ -13,6 +16,18 @@ SRC = ROOT / "src"
 BENCHMARKS = ROOT / "benchmarks"
 # scripts/setup_transformers_matrix.sh, setup_clients.sh, setup_fla.sh install here
 VENVS = Path(os.environ.get("FASTPATH_VENVS", ROOT / ".venvs"))
+
+
+def import_benchmark(name: str) -> ModuleType:
+    """benchmarks/<name>.py as a module, sys.path restored after the import: the scripts put
+    benchmarks/ and src/ first on it, and a source tree ahead of site-packages changes what
+    importlib.metadata finds for every later test in the process."""
+    saved = list(sys.path)
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path[:] = saved
 
 
 def fla_aside() -> str | None:

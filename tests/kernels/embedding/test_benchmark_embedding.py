@@ -11,21 +11,13 @@ import subprocess
 import sys
 
 import pytest
-from repo_paths import BENCHMARKS
+from repo_paths import BENCHMARKS, import_benchmark
 
 SCRIPT = BENCHMARKS / "embedding_gpu.py"
 
 
 def _bench():
-    """The script as a module; sys.path is restored after the import (a source tree ahead of
-    site-packages changes what importlib.metadata finds for later tests in this process)."""
-    saved = list(sys.path)
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import embedding_gpu
-    finally:
-        sys.path[:] = saved
-    return embedding_gpu
+    return import_benchmark("embedding_gpu")
 
 
 def test_specs_parse() -> None:

@@ -11,22 +11,13 @@ import subprocess
 import sys
 
 import pytest
-from repo_paths import BENCHMARKS, ROOT
+from repo_paths import BENCHMARKS, ROOT, import_benchmark
 
 SCRIPT = BENCHMARKS / "linear_ce_gpu.py"
 
 
 def _bench():
-    """The script as a module. Importing it puts benchmarks/ and src/ first on sys.path; that is
-    undone here, since a source tree ahead of site-packages changes what importlib.metadata finds
-    for every later test in this process."""
-    saved = list(sys.path)
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import linear_ce_gpu
-    finally:
-        sys.path[:] = saved
-    return linear_ce_gpu
+    return import_benchmark("linear_ce_gpu")
 
 
 def test_default_spec_parses() -> None:
