@@ -146,11 +146,18 @@ def module_scopes(model: Any) -> Iterator[None]:
     a wrapper), so the profile would time a step the benchmark does not run; its GEMMs count under
     the model's scope. Not on plain nn.Linear modules either, for the same reason: a hooked
     projection keeps fastpath's linear group off it (kernels/linear_group); their GEMMs count
-    under the enclosing module's scope."""
+    under the enclosing module's scope. Not on a post-attention norm whose decoder layer the
+    residual add + norm route rewrote (FASTPATH_ADD_NORM=auto): a hooked norm keeps the separate
+    add and norm; its kernel counts under the decoder layer's scope."""
     import torch
+
+    from fastpath.routing import add_norm_route
 
     handles = []
     head = getattr(model, "lm_head", None)
+    fused_norms = {id(getattr(layer, "post_attention_layernorm", None)) for layer in model.modules()
+                   if add_norm_route.ACTIVE is not None and add_norm_route.ACTIVE.route
+                   and hasattr(type(layer).forward, add_norm_route.ROUTE_ATTR)}
 
     def pre(mod: Any, _args: Any) -> None:
         rf = torch.autograd.profiler.record_function(MODULE_SCOPE + type(mod).__name__)
@@ -163,7 +170,7 @@ def module_scopes(model: Any) -> Iterator[None]:
             stack.pop().__exit__(None, None, None)
 
     for mod in model.modules():
-        if mod is head or type(mod) is torch.nn.Linear:
+        if mod is head or type(mod) is torch.nn.Linear or id(mod) in fused_norms:
             continue
         handles.append(mod.register_forward_pre_hook(pre))
         handles.append(mod.register_forward_hook(post))

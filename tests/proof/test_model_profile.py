@@ -113,6 +113,33 @@ def test_scopes_leave_the_lm_head_unhooked_so_the_fused_loss_still_fits() -> Non
         assert lm_head_route.fits(model, {}, force=True)
 
 
+def test_scopes_leave_the_fused_post_attention_norms_unhooked(monkeypatch) -> None:
+    """With FASTPATH_ADD_NORM=auto a hooked post-attention norm keeps the separate add and norm:
+    the profile would time a step the benchmark does not run. Its hook is left off (and the other
+    modules keep theirs); without the route every module is hooked as before."""
+    import fastpath
+    from fastpath.routing import add_norm_route
+
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "routing"))
+    from test_zc_norm_route import tiny_qwen3_5
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("FASTPATH_ADD_NORM", "auto")
+    fastpath.enable(warn=False)
+    try:
+        model = tiny_qwen3_5()
+        layer = model.model.layers[0]
+        assert hasattr(type(layer).forward, add_norm_route.ROUTE_ATTR)
+        with model_profile.module_scopes(model):
+            assert layer._forward_pre_hooks and layer.input_layernorm._forward_pre_hooks
+            assert not layer.post_attention_layernorm._forward_pre_hooks
+            assert add_norm_route._routed_norm_eps(layer.post_attention_layernorm) is not None
+    finally:
+        fastpath.disable()
+    with model_profile.module_scopes(model):
+        assert layer.post_attention_layernorm._forward_pre_hooks
+
+
 def test_liger_configurations_name_a_bench_configuration() -> None:
     assert model_profile.split_config("fastpath+liger") == ("fastpath", True)
     assert model_profile.split_config("reference") == ("reference", False)
