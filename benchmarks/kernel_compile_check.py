@@ -332,7 +332,8 @@ def sweep_seq(rec: Recorder, quick: bool):
 # pass, combine, outputs pass; PRECISE exponentials), tile-poly's (the SFU's and the FMA
 # polynomial's), a 16-channel staged loop, explicit segments and PRECISE 2 (exp_split)
 TILE_COMPILE_CONFIGS = (fwd_tile.TILE_CONFIG, fwd_tile.TILE_POLY_CONFIG, (0, 0, 1, 0, 0, 3, 0),
-                        (32, 0, 1, 0, 0, 2, 8), (*fwd_tile.TILE_CONFIG[:7], 2))
+                        (32, 0, 1, 0, 0, 2, 8), (*fwd_tile.TILE_CONFIG[:7], 2),
+                        (*fwd_tile.TILE_CONFIG[:7], 3), (16, 0, 1, 4, 0, 0, 3, 3))
 
 
 def sweep_tile(rec: Recorder, quick: bool):

@@ -260,7 +260,7 @@ def test_bad_config_is_one_line_error():
                                        t["C"][:, None], None, None, None, False,
                                        config=(32, 12, 1, 0, False))
     assert "\n" not in str(info.value)
-    for cfg in ((32, 0, 1, 0, 0, -1), (32, 0, 1, 0, 0, 2, -1), (32, 0, 1, 0, 0, 2, 1, 3),
+    for cfg in ((32, 0, 1, 0, 0, -1), (32, 0, 1, 0, 0, 2, -1), (32, 0, 1, 0, 0, 2, 1, 4),
                 (32, 0, 1, 0), (32, 0, 1, 0, 0, 2, 9, 1, 0)):  # STAGES, SEGMENTS, PRECISE, lengths
         with pytest.raises(ValueError, match="tile forward config") as info:
             selective_scan_fwd_tile_triton(t["u"], t["delta"], t["A"], t["B"][:, None],
@@ -470,10 +470,11 @@ def _last_state_ratios(device: str, config: tuple, length: int, dim: int = 8,
     return ratios
 
 
-@pytest.mark.parametrize("precise", [1, 2], ids=["exp_precise", "exp_split"])
+@pytest.mark.parametrize("precise", [1, 2, 3], ids=["exp_precise", "exp_split", "chunk_corrected"])
 def test_precise_last_state_within_the_reference_bar(precise):
-    """PRECISE 1 (the default: the chunked kernel's softplus and exp_precise decays) and 2 (that
-    softplus, exp_split decays) keep the last state within mamba_ssm's 2x bar. The interpreter's
+    """PRECISE 1 (the default: the chunked kernel's softplus and exp_precise decays), 2 (that
+    softplus, exp_split decays) and 3 (2 with each chunk's carried state put back by one
+    exp_precise) keep the last state within mamba_ssm's 2x bar. The interpreter's
     exp2 is numpy's (~1 ulp, unbiased), not the GPU's ex2.approx, so here this checks that the
     precise paths compute the right thing; the GPU test below is the one that can tell them
     from the SFU config."""
@@ -486,7 +487,10 @@ def test_precise_last_state_within_the_reference_bar(precise):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("precise", [1, pytest.param(2, marks=pytest.mark.xfail(
     reason="exp_split's decays: 6.3x the reference's distance at one of 8 seeds on an H200, "
-           "likely ex2.approx's own error compounding (BENCHMARKS.md)"))], ids=["exp_precise", "exp_split"])
+           "likely ex2.approx's own error compounding (BENCHMARKS.md)")), pytest.param(3, marks=pytest.mark.xfail(
+    strict=False, reason="not yet run on a GPU: whether one exp_precise a chunk keeps ex2.approx's "
+                         "error within the bar is what this measures (XPASS: it does)"))],
+    ids=["exp_precise", "exp_split", "chunk_corrected"])
 def test_precise_last_state_gpu(precise):
     """The same bar compiled for the GPU, where the SFU config's ex2.approx and lg2.approx
     failed it in mamba_ssm's own file (PRECISE 1 passed it there, on an H100 and an H200)."""

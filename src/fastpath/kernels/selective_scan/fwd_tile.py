@@ -49,6 +49,7 @@ from fastpath.kernels.selective_scan.common_carry import carry_walk
 from fastpath.kernels.selective_scan.fwd_chunked import (
     LN2,
     LOG2E,
+    LOG2E_LO,
     MAGIC_BITS,
     ROUND_MAGIC,
     bc_row,
@@ -76,7 +77,11 @@ from fastpath.kernels.selective_scan.fwd_chunked import (
 # and float32 weights, on an H100; 2: that softplus, the decays by `exp_split`, the SFU's exp2
 # with the argument's rounding error put back by two FMAs: faster (4.7 against 7.2 ms at (8, 4096)
 # on an H200) but it fails that bar, up to 6.3x at L = 1134: likely ex2.approx's own error, which
-# the two FMAs do not touch, compounding over a long decay).
+# the two FMAs do not touch, compounding over a long decay; 3: PRECISE 2, and at the end of each
+# chunk of T steps the entering state's share put back with one exp_precise(A sum delta') in
+# place of the product of the T fast decays: an approximation's error then acts over T steps,
+# not the sequence; ~1 FMA a state and step plus one exp_precise a state per chunk. Not yet run
+# on a GPU). POLY_N rows take the polynomial in place of the SFU's exp2 under PRECISE 2 and 3 too.
 # BLOCK_D = 32 * num_warps puts one channel (all N states) on each lane;
 # 16 per warp splits N over two lanes (twice the programs, for batch 1; a shuffle per step for
 # the sum over N).
@@ -97,7 +102,8 @@ TILE_SWEEP = ((32, 0, 1, 0, 0, 0), (16, 0, 1, 0, 0, 0), (64, 0, 2, 0, 0, 0),
               (128, 0, 4, 0, 0, 0), (8, 0, 1, 0, 0, 0), (32, 16, 1, 0, 0, 0),
               (0, 0, 1, 0, 0, 2), (0, 0, 1, 0, 0, 3), (8, 0, 1, 0, 0, 2), (0, 16, 1, 0, 0, 2),
               (0, 0, 1, 0, 0, 3, 0), (32, 0, 1, 0, 0, 3, 0), (0, 0, 1, 0, 0, 3, 4),
-              (32, 0, 1, 0, 0, 2, 8), (32, 0, 1, 0, 0, 3, 0, 1), (32, 0, 1, 0, 0, 3, 0, 2))
+              (32, 0, 1, 0, 0, 2, 8), (32, 0, 1, 0, 0, 3, 0, 1), (32, 0, 1, 0, 0, 3, 0, 2),
+              (32, 0, 1, 0, 0, 3, 0, 3), (16, 0, 1, 4, 0, 0, 3, 3))
 TILE_POLY_SWEEP = ((32, 0, 1, 0, 1, 0), (16, 0, 1, 0, 1, 0), (32, 0, 1, 0, 2, 0),
                    (32, 0, 1, 2, 1, 0), (32, 0, 1, 4, 0, 0), (0, 0, 1, 0, 1, 2),
                    (8, 0, 1, 0, 1, 2))
@@ -138,6 +144,21 @@ def _exp2_mix(x, offs_n, POLY_N: tl.constexpr):
         return tl.exp2(x)
     else:
         return tl.where((offs_n < POLY_N)[:, None], exp2_poly(x), tl.exp2(x))
+
+
+@triton.jit
+def _exp_split_mix(x, offs_n, POLY_N: tl.constexpr):
+    """fwd_chunked.exp_split (e^x as 2^th (1 + tlo ln 2), th = x log2 e rounded, tlo its
+    rounding error) with the first POLY_N state rows' 2^th by exp2_poly: POLY_N 0 is exp_split.
+    The polynomial's error is deterministic, as ex2.approx's is on a GPU, so under the CPU
+    interpreter (whose exp2 is numpy's) the rows it takes show what compounding does."""
+    if POLY_N == 0:
+        return exp_split(x)
+    else:
+        th = x * LOG2E
+        tlo = tl.fma(x, LOG2E_LO, tl.fma(x, LOG2E, -th))
+        tlo = tl.where(tl.abs(th) < 256.0, tlo, 0.0)
+        return _exp2_mix(th, offs_n, POLY_N) * tl.fma(tlo, LN2, 1.0)
 
 
 @triton.jit
@@ -242,7 +263,7 @@ def _delta_prime(dt, bias, keep, HAS_DBIAS: tl.constexpr, SOFTPLUS: tl.constexpr
                  ASM: tl.constexpr, AUX_POLY: tl.constexpr, MASK_T: tl.constexpr,
                  PRECISE: tl.constexpr):
     """softplus(delta + bias) in float32 (or delta + bias); in the last partial chunk 0 past L
-    (a = 1, x = 0: the state passes unchanged). PRECISE 1 or 2: the chunked kernel's ~1 ulp
+    (a = 1, x = 0: the state passes unchanged). PRECISE 1, 2 or 3: the chunked kernel's ~1 ulp
     softplus (once per channel and step: cheap beside the N decays)."""
     if HAS_DBIAS:
         dt += bias
@@ -258,13 +279,13 @@ def _delta_prime(dt, bias, keep, HAS_DBIAS: tl.constexpr, SOFTPLUS: tl.constexpr
 
 @triton.jit
 def _decay(x, offs_n, POLY_N: tl.constexpr, PRECISE: tl.constexpr):
-    """exp(delta' A) of an (N, BLOCK_D) tile from x = delta' A2: PRECISE 1 exp_precise, 2
-    exp_split (A2 = A for both), 0 exp2 (A2 = A log2 e; the SFU's, POLY_N rows by the
-    polynomial)."""
+    """exp(delta' A) of an (N, BLOCK_D) tile from x = delta' A2: PRECISE 1 exp_precise, 2 and 3
+    exp_split (A2 = A for these), 0 exp2 (A2 = A log2 e; the SFU's); POLY_N rows by the
+    polynomial in place of the SFU's exp2, for 0, 2 and 3."""
     if PRECISE == 1:
         return exp_precise(x)
-    elif PRECISE == 2:
-        return exp_split(x)
+    elif PRECISE >= 2:
+        return _exp_split_mix(x, offs_n, POLY_N)
     else:
         return _exp2_mix(x, offs_n, POLY_N)
 
@@ -298,6 +319,9 @@ def _chunk(h, t0, U, DELTA, Z, B, C, OUT, L, u_row, d_row, z_row, o_row, B_row, 
                               AUX_POLY)
     o = tl.zeros((BLOCK_D, T), dtype=tl.float32)
     dsum = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    if PRECISE == 3:  # the state entering the chunk and the product of the chunk's fast decays
+        h_in = h
+        prod = tl.full(h.shape, 1.0, tl.float32)
     for k in tl.static_range(T):
         sel = (offs_k == k)[None, :]
         t = t0 + k
@@ -316,6 +340,8 @@ def _chunk(h, t0, U, DELTA, Z, B, C, OUT, L, u_row, d_row, z_row, o_row, B_row, 
         dA = _decay(dk[None, :] * A2, offs_n, POLY_N, PRECISE)
         h = dA * h + (dk * uk)[None, :] * Bt
         dsum += dk
+        if PRECISE == 3:
+            prod = dA * prod
         if OUTPUT:
             y = tl.sum(h * Ct, axis=0)
             if HAS_D:
@@ -327,6 +353,11 @@ def _chunk(h, t0, U, DELTA, Z, B, C, OUT, L, u_row, d_row, z_row, o_row, B_row, 
                     y = y * silu_fast(_row(Z, z_row, offs_d, md, t, L, s_zd, s_zl, MASK_D,
                                            MASK_T), AUX_POLY)
             o = tl.where(sel, y[:, None], o)
+    if PRECISE == 3:
+        # what the entering state carries out of the chunk: the product of the fast decays put
+        # back by one precise exp(A sum delta'), so a decay's approximation error acts over T
+        # steps only, never compounding over the sequence (the chunk's outputs keep it)
+        h += (exp_precise(dsum[None, :] * A2) - prod) * h_in
     if OUTPUT:
         ptrs = OUT + o_row + offs_d[:, None] * s_od + offs_t[None, :] * s_ol
         if MASK_T:
@@ -412,7 +443,10 @@ def _fwd_tile_kernel(
         tl.store(LAST + (b * N + offs_n[:, None]) * dim + offs_d[None, :], h, mask=mdn & on_last)
     else:
         tl.store(SBUF + state, h, mask=mdn)
-        tl.store(PBUF + state, _decay(dsum[None, :] * A2, offs_n, 0, PRECISE), mask=mdn)
+        carry = _decay(dsum[None, :] * A2, offs_n, 0, PRECISE)
+        if PRECISE == 3:
+            carry = exp_precise(dsum[None, :] * A2)
+        tl.store(PBUF + state, carry, mask=mdn)
 
 
 @triton.jit
@@ -508,10 +542,10 @@ def selective_scan_fwd_tile_triton(u: Tensor, delta: Tensor, A: Tensor, B: Tenso
     if block_d == 0:
         block_d = auto_block_d(batch, dim, u.device) * warps
     if (block_d < 1 or warps < 1 or poly_n < 0 or tile < 0 or tile & (tile - 1)
-            or aux_poly not in (0, 1, 2) or stages < 0 or segments < 0 or precise not in (0, 1, 2)):
+            or aux_poly not in (0, 1, 2) or stages < 0 or segments < 0 or precise not in (0, 1, 2, 3)):
         raise ValueError(f"tile forward config {config}: expected (BLOCK_D >= 1, T a power of "
                          "two or 0, num_warps >= 1, POLY_N >= 0, AUX_POLY 0/1/2, STAGES >= 0, "
-                         "SEGMENTS >= 0, PRECISE 0/1/2)")
+                         "SEGMENTS >= 0, PRECISE 0/1/2/3)")
     A = A.t().contiguous()  # (N, dim): channels fastest (see fwd_seq)
     D, delta_bias = per_channel(D), per_channel(delta_bias)
     block_n = triton.next_power_of_2(nstate)
