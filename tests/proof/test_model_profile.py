@@ -4,17 +4,15 @@ weight count behind its FLOP numbers. The profiling itself needs CUDA (device on
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-from repo_paths import ROOT
+from repo_paths import ROOT, import_benchmark
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import model_profile  # noqa: E402
+model_profile = import_benchmark("model_profile")
 
 SEEN_ON_H200 = {
     "nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT": "gemm",

@@ -4,10 +4,8 @@ sys.path (a benchmark script that puts src/ first did exactly that inside the te
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -22,22 +20,14 @@ def _line(front: list[str]) -> str:
     return proc.stdout.strip()
 
 
-def _recorded_folder() -> str | None:
-    for dist in metadata.distributions(name="fastpath-kit"):
-        url = json.loads(dist.read_text("direct_url.json") or "{}").get("url", "")
-        if url.startswith("file://"):
-            return url
-    return None
-
-
 def test_a_shadowing_egg_info_does_not_hide_the_recorded_checkout(tmp_path: Path) -> None:
-    if _recorded_folder() is None:
+    plain = _line([])
+    if plain == 'pip install "fastpath-kit[bench]"':
         pytest.skip("fastpath-kit here was not installed from a checkout (no PEP 610 file URL)")
     shadow = tmp_path / "src"
     info = shadow / "fastpath_kit.egg-info"
     info.mkdir(parents=True)
     (info / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: fastpath-kit\nVersion: 0.1.0\n")
-    plain = _line([])
     assert plain.startswith('pip install "/') and plain.endswith('[bench]"'), plain
     assert _line([str(shadow)]) == plain
 

@@ -9,11 +9,10 @@ option by option (loaded without running its package root; see benchmarks/ssd.py
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 import torch
-from repo_paths import ROOT
+from repo_paths import import_benchmark
 
 pytestmark = [
     pytest.mark.gpu,
@@ -96,10 +95,7 @@ def _mamba():
     src = os.environ.get("MAMBA_SRC")
     if not src:
         pytest.skip("set MAMBA_SRC to a mamba_ssm source tree to compare against it")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from ssd import load_mamba
-
-    fn, why = load_mamba(src)
+    fn, why = import_benchmark("ssd").load_mamba(src)
     if fn is None:
         pytest.skip(f"mamba_ssm not loadable: {why}")
     return fn

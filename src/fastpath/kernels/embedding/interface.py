@@ -65,17 +65,27 @@ def bwd_impl(ids: Tensor, dout: Tensor, num_rows: int, padding_idx: int | None,
     return dw.to(dout.dtype)
 
 
+def _setup_context(ctx, inputs, output) -> None:
+    ids, weight, padding_idx, scale_grad_by_freq = inputs
+    ctx.save_for_backward(ids)
+    ctx.num_rows, ctx.padding_idx, ctx.scale = weight.shape[0], padding_idx, scale_grad_by_freq
+
+
+def _grads(ctx, dout, bwd):
+    """(None, dweight, None, None) from `bwd`: bwd_impl eagerly, the custom op under compile."""
+    (ids,) = ctx.saved_tensors
+    return None, bwd(ids, dout, ctx.num_rows, ctx.padding_idx, ctx.scale), None, None
+
+
 class _EmbeddingFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ids, weight, padding_idx, scale_grad_by_freq):  # type: ignore[override]
-        ctx.save_for_backward(ids)
-        ctx.num_rows, ctx.padding_idx, ctx.scale = weight.shape[0], padding_idx, scale_grad_by_freq
+        _setup_context(ctx, (ids, weight, padding_idx, scale_grad_by_freq), None)
         return fwd_impl(ids, weight, padding_idx, scale_grad_by_freq)
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
-        (ids,) = ctx.saved_tensors
-        return None, bwd_impl(ids, dout, ctx.num_rows, ctx.padding_idx, ctx.scale), None, None
+        return _grads(ctx, dout, bwd_impl)
 
 
 def embedding(ids: Tensor, weight: Tensor, padding_idx: int | None = None,
@@ -97,18 +107,8 @@ def _fwd_fake(ids, weight, padding_idx, scale_grad_by_freq):
     return weight.new_empty((*ids.shape, weight.shape[1]))
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    ids, weight, padding_idx, scale_grad_by_freq = inputs
-    ctx.save_for_backward(ids)
-    ctx.num_rows, ctx.padding_idx, ctx.scale = weight.shape[0], padding_idx, scale_grad_by_freq
-
-
-def _backward(ctx, dout):
-    (ids,) = ctx.saved_tensors
-    return None, embedding_bwd(ids, dout, ctx.num_rows, ctx.padding_idx, ctx.scale), None, None
-
-
-embedding_fwd.register_autograd(_backward, setup_context=_setup_context)
+embedding_fwd.register_autograd(lambda ctx, dout: _grads(ctx, dout, embedding_bwd),
+                                setup_context=_setup_context)
 
 embedding_bwd = torch.library.custom_op("fastpath::embedding_bwd", bwd_impl, mutates_args=())
 

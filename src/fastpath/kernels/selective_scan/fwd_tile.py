@@ -443,9 +443,10 @@ def _fwd_tile_kernel(
         tl.store(LAST + (b * N + offs_n[:, None]) * dim + offs_d[None, :], h, mask=mdn & on_last)
     else:
         tl.store(SBUF + state, h, mask=mdn)
-        carry = _decay(dsum[None, :] * A2, offs_n, 0, PRECISE)
         if PRECISE == 3:
             carry = exp_precise(dsum[None, :] * A2)
+        else:
+            carry = _decay(dsum[None, :] * A2, offs_n, 0, PRECISE)
         tl.store(PBUF + state, carry, mask=mdn)
 
 
