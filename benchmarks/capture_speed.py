@@ -42,6 +42,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from host_syncs import sync_points  # same folder: sys.path[0]
+
 TARGET_RATIO = 1.8
 OVERHEAD_TARGET_PCT = 3.0  # capture over the fast forward alone, same run, verification on
 
@@ -135,32 +137,6 @@ def plain_forward(built: Any, rows_file: Path, batch_tokens: int, fast: bool) ->
             "s_per_row": seconds / len(rows), "tokens_per_s": round(sum(len(r) for r in rows) / seconds, 1)}
 
 
-def _sync_points(run: Any) -> list[dict[str, Any]]:
-    """Every host<-device synchronisation `run()` makes on a GPU (torch's sync debug mode), by the
-    Python line that asked for it: a sync inside the loop leaves the GPU idle while the host
-    catches up."""
-    import collections
-    import warnings
-
-    import torch
-
-    seen: collections.Counter[tuple[str, str]] = collections.Counter()
-
-    def note(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
-        seen[(f"{filename}:{lineno}", str(message).splitlines()[0][:120])] += 1
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        previous, warnings.showwarning = warnings.showwarning, note
-        torch.cuda.set_sync_debug_mode(1)
-        try:
-            run()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-            warnings.showwarning = previous
-    return [{"where": where, "what": what, "count": n} for (where, what), n in seen.most_common(30)]
-
-
 def _device_profile(run: Any, cuda: bool, trace: Path | None = None) -> dict[str, Any]:
     """Wall time of run() and the device time by kernel (torch.profiler): which kernels the
     capture adds to the forward, and how much of the wall the device was busy computing. With
@@ -232,7 +208,7 @@ def diagnose(capture: Any, forward: Any, cuda: bool, trace: Path | None = None) 
     out: dict[str, Any] = {
         "loop_ms_per_row": {"with_writes": round(1e3 * with_writes.seconds / with_writes.rows, 3),
                             "without_file_writes": round(1e3 * without.seconds / without.rows, 3)},
-        "sync_points": _sync_points(capture) if cuda else None,
+        "sync_points": sync_points(capture) if cuda else None,
     }
     cap, fwd = _device_profile(capture, cuda, trace), _device_profile(forward, cuda)
     extra = {k: round(v - fwd["kernels"].get(k, 0.0), 3) for k, v in cap["kernels"].items()}

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from gdn_layer_profile import _device_self_us, cuda_times  # same folder: sys.path[0]
+from host_syncs import sync_points
 
 # Ordered: the first family whose pattern matches a kernel's name takes it.
 FAMILIES: tuple[tuple[str, str], ...] = (
@@ -276,6 +277,14 @@ def other_split(rows: list[tuple[str, str, float]], steps: int, top: int) -> dic
     return {"ms": total, "kernels": ranked(by_kernel, "sources"), "sources": ranked(by_source, "kernels")}
 
 
+def idle_split(rows: list[tuple[str, str, float]], steps: int, step_ms: float) -> dict[str, float]:
+    """The step's kernels end to end (`kernel_ms`, each counted once) and the rest of its wall
+    time (`device_idle_ms`): the GPU waiting on the host, e.g. after a sync in mid-step. The step
+    is timed without the profiler, so its hooks' host cost does not count as idle."""
+    kernel_ms = sum(us for _n, _s, us in rows) / 1e3 / steps
+    return {"kernel_ms": kernel_ms, "device_idle_ms": max(0.0, step_ms - kernel_ms)}
+
+
 def _wall_times(fn: Callable[[], Any], n: int) -> list[float]:
     times = []
     for _ in range(n):
@@ -344,8 +353,12 @@ def child(config: str, args: argparse.Namespace) -> dict[str, Any]:
         finally:
             model.zero_grad(set_to_none=True)
         phase = summarise(prof, args.steps, sorted(times)[len(times) // 2], flops, tokens, cpu=args.smoke)
-        phase["other_split"] = other_split(attributed_kernels(list(prof.events()), cpu=args.smoke),
-                                           args.steps, args.top)
+        rows = attributed_kernels(list(prof.events()), cpu=args.smoke)
+        phase["other_split"] = other_split(rows, args.steps, args.top)
+        phase.update(idle_split(rows, args.steps, phase["step_ms"]))
+        if not args.smoke:  # one more step under torch's sync debug mode
+            phase["sync_points"] = sync_points(fn)
+            model.zero_grad(set_to_none=True)
         if liger and name == "train":
             phase["loss"] = "model(input_ids, labels=input_ids, skip_logits=True).loss (Liger's fused loss)"
         out["phases"][name] = phase
@@ -392,6 +405,12 @@ def print_row(row: dict[str, Any], top: int) -> None:
         print(f"{config:14s} {phase:8s} {p['step_ms']:7.1f} ms ({p['tokens_per_s'] / 1e3:.1f}k tok/s), "
               f"GEMM {p['gemm_tflops_reached'] or 0:.0f} TFLOP/s, ceiling "
               f"{(p['ceiling_tokens_per_s'] or 0) / 1e3:.1f}k tok/s | {fams}", flush=True)
+        if "kernel_ms" in p:
+            syncs = p.get("sync_points")
+            where = "; ".join(f"{s['count']}x {s['where'].rsplit('/', 1)[-1]}" for s in (syncs or [])[:4])
+            print(f"  kernels {p['kernel_ms']:.2f} ms, device idle {p['device_idle_ms']:.2f} ms of the step"
+                  + ("" if syncs is None else f"; host syncs: {sum(s['count'] for s in syncs)}"
+                     + (f" ({where})" if where else "")), flush=True)
         split = p.get("other_split")
         if split:
             print(f"  {OTHER} {split['ms']:.2f} ms; top sources:")

@@ -141,7 +141,8 @@ part_tests() {
     $p/test_bench_gpu.py
   MAMBA_SRC="$msrc" group ssd -m gpu $k/ssd/test_ssd_gpu.py $k/ssd/test_ssd_update.py \
     $k/ssd/test_mamba_split_conv_scan.py
-  group capture -m gpu tests/capture/test_capture_writes.py tests/capture/test_capture.py $k/state_stats/test_state_stats.py
+  group capture -m gpu tests/capture/test_capture_writes.py tests/capture/test_capture.py $k/state_stats/test_state_stats.py \
+    $p/test_model_profile.py
   group sscan -m gpu $k/selective_scan/test_selective_scan_gpu.py $k/selective_scan/test_mamba1_gpu.py \
     $k/selective_scan/test_mamba_inner.py $k/selective_scan/test_selective_scan_update.py \
     $k/selective_scan/test_selective_scan_seq.py $k/selective_scan/test_selective_scan_fwd_variants.py \

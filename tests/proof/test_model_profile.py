@@ -4,6 +4,7 @@ weight count behind its FLOP numbers. The profiling itself needs CUDA (device on
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -161,6 +162,9 @@ def test_smoke_profile_splits_elementwise_other_for_fastpath_and_liger(tmp_path:
     for phase in fast["phases"].values():
         split = phase["other_split"]
         assert 0 < len(split["sources"]) <= 5 and 0 < len(split["kernels"]) <= 5
+        # the kernels end to end and the rest of the un-profiled step's wall; no CUDA, no sync scan
+        assert phase["kernel_ms"] > 0 and phase["device_idle_ms"] >= 0 and "sync_points" not in phase
+        assert phase["kernel_ms"] >= split["ms"]
     train_sources = [s["name"] for s in fast["phases"]["train"]["other_split"]["sources"]]
     assert any(s.startswith("Qwen3_5GatedDeltaNet: ") and s.endswith("(backward)") for s in train_sources)
     liger = rows["fastpath+liger"]
@@ -172,3 +176,23 @@ def test_smoke_profile_splits_elementwise_other_for_fastpath_and_liger(tmp_path:
         assert set(liger["phases"]) == {"prefill", "train"}
         for phase in liger["phases"].values():
             assert "other_split" in phase or "\n" not in phase["error"]
+
+
+def test_idle_split_counts_each_kernel_once_per_step_and_never_goes_negative() -> None:
+    rows = [("k1", "a: op", 1500.0), ("k2", "b: op", 500.0), ("k1", "a: op", 1000.0)]
+    assert model_profile.idle_split(rows, 2, 2.0) == {"kernel_ms": 1.5, "device_idle_ms": 0.5}
+    assert model_profile.idle_split(rows, 1, 2.0)["device_idle_ms"] == 0.0  # profiler skew
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_sync_points_name_the_line_that_synchronised() -> None:
+    """A `.item()` mid-work is reported at its own line; work without one reports nothing."""
+    import torch
+
+    host_syncs = import_benchmark("host_syncs")
+    x = torch.randn(1024, device="cuda")
+    line = sys._getframe().f_lineno + 1
+    found = host_syncs.sync_points(lambda: (x * 2).sum().item())
+    assert [s["where"] for s in found] == [f"{__file__}:{line}"] and found[0]["count"] == 1
+    assert host_syncs.sync_points(lambda: torch.cumsum(x, 0)) == []
