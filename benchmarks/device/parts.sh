@@ -57,7 +57,8 @@
 #             fastpath's one-pass kernel at each launch of EMBEDDING_LAUNCHES, beside a fill of the
 #             table; Qwen3.5-27B's 248k x 5120 bf16 table at 4096 and 32768 tokens)
 #   mprofile  benchmarks/model_profile.py (8-layer Qwen3.5: GPU time per kernel family, the split of
-#             elementwise/other; MPROFILE_CONFIGS, default fastpath,fastpath+liger)
+#             elementwise/other, the device's idle time and the host syncs; MPROFILE_CONFIGS, default
+#             fastpath,fastpath+liger; MPROFILE_TIMEOUT, default 240)
 #   peer      mamba_ssm's own op test files against fastpath's functions (benchmarks/device/peer.sh;
 #             carry .carry/mamba_peer, packed by benchmarks/device/pack_peer_tests.sh; PEER_GRIDS;
 #             PEER_SEED=DIR continues a grid from an earlier call's OUTDIR/peer, on the same sources)
@@ -293,7 +294,7 @@ part_profile() {
 }
 part_mprofile() {
   dao_ready
-  run mprofile 240 env PYTHONPATH="$PYTHONPATH$dao_path" python3 benchmarks/model_profile.py \
+  run mprofile "${MPROFILE_TIMEOUT:-240}" env PYTHONPATH="$PYTHONPATH$dao_path" python3 benchmarks/model_profile.py \
     --out "$w/mprofile" --configs "${MPROFILE_CONFIGS:-fastpath,fastpath+liger}"
 }
 
