@@ -277,11 +277,25 @@ def other_split(rows: list[tuple[str, str, float]], steps: int, top: int) -> dic
     return {"ms": total, "kernels": ranked(by_kernel, "sources"), "sources": ranked(by_source, "kernels")}
 
 
-def idle_split(rows: list[tuple[str, str, float]], steps: int, step_ms: float) -> dict[str, float]:
-    """The step's kernels end to end (`kernel_ms`, each counted once) and the rest of its wall
-    time (`device_idle_ms`): the GPU waiting on the host, e.g. after a sync in mid-step. The step
-    is timed without the profiler, so its hooks' host cost does not count as idle."""
-    kernel_ms = sum(us for _n, _s, us in rows) / 1e3 / steps
+def device_kernel_us(events: list[Any]) -> float:
+    """Microseconds of every kernel, copy and memset the device ran (`prof.events()`'s device-side
+    events): each once, unlike per-op device totals, where an op and its kernel both count, and
+    whatever launched it (an op, an autograd node, a Triton launch outside any op)."""
+    total = 0.0
+    for e in events:
+        if "CUDA" not in str(getattr(e, "device_type", "")) or getattr(e, "is_user_annotation", False):
+            continue
+        if e.name.startswith((MODULE_SCOPE, _AUTOGRAD_NODE)):  # scopes mirrored on the device's timeline
+            continue
+        total += e.time_range.elapsed_us()
+    return total
+
+
+def idle_split(busy_us: float, steps: int, step_ms: float) -> dict[str, float]:
+    """The step's device work end to end (`kernel_ms`) and the rest of its wall time
+    (`device_idle_ms`): the GPU waiting on the host, e.g. after a sync in mid-step. The step is
+    timed without the profiler, so its hooks' host cost does not count as idle."""
+    kernel_ms = busy_us / 1e3 / steps
     return {"kernel_ms": kernel_ms, "device_idle_ms": max(0.0, step_ms - kernel_ms)}
 
 
@@ -353,9 +367,11 @@ def child(config: str, args: argparse.Namespace) -> dict[str, Any]:
         finally:
             model.zero_grad(set_to_none=True)
         phase = summarise(prof, args.steps, sorted(times)[len(times) // 2], flops, tokens, cpu=args.smoke)
-        rows = attributed_kernels(list(prof.events()), cpu=args.smoke)
+        events = list(prof.events())
+        rows = attributed_kernels(events, cpu=args.smoke)
         phase["other_split"] = other_split(rows, args.steps, args.top)
-        phase.update(idle_split(rows, args.steps, phase["step_ms"]))
+        busy_us = sum(us for _n, _s, us in rows) if args.smoke else device_kernel_us(events)
+        phase.update(idle_split(busy_us, args.steps, phase["step_ms"]))
         if not args.smoke:  # one more step under torch's sync debug mode
             phase["sync_points"] = sync_points(fn)
             model.zero_grad(set_to_none=True)

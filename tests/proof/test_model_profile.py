@@ -178,10 +178,23 @@ def test_smoke_profile_splits_elementwise_other_for_fastpath_and_liger(tmp_path:
             assert "other_split" in phase or "\n" not in phase["error"]
 
 
-def test_idle_split_counts_each_kernel_once_per_step_and_never_goes_negative() -> None:
-    rows = [("k1", "a: op", 1500.0), ("k2", "b: op", 500.0), ("k1", "a: op", 1000.0)]
-    assert model_profile.idle_split(rows, 2, 2.0) == {"kernel_ms": 1.5, "device_idle_ms": 0.5}
-    assert model_profile.idle_split(rows, 1, 2.0)["device_idle_ms"] == 0.0  # profiler skew
+def test_device_time_counts_each_kernel_once_and_no_scope() -> None:
+    """Device-side events only: the launching op (CPU), the module scope mirrored on the device
+    and a user annotation add nothing; two kernels and a memset add their durations."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    def event(i: int, name: str, start: int, end: int, device: bool, **kw) -> FunctionEvent:
+        kind = DeviceType.CUDA if device else DeviceType.CPU
+        return FunctionEvent(i, name, 0, start, end, device_type=kind, **kw)
+
+    events = [event(0, "aten::mm", 0, 900, False), event(1, "nvjet_sm90_gemm", 10, 810, True),
+              event(2, "_silu_mul_fwd_kernel", 820, 870, True), event(3, "Memset (Device)", 870, 875, True),
+              event(4, model_profile.MODULE_SCOPE + "Qwen3_5MLP", 10, 875, True),
+              event(5, "my range", 0, 875, True, is_user_annotation=True)]
+    assert model_profile.device_kernel_us(events) == 855.0
+    assert model_profile.idle_split(855.0 * 2, 2, 1.0) == pytest.approx({"kernel_ms": 0.855, "device_idle_ms": 0.145})
+    assert model_profile.idle_split(855.0, 1, 0.5)["device_idle_ms"] == 0.0  # profiler skew
 
 
 @pytest.mark.gpu
