@@ -19,7 +19,11 @@ same package hiding as bench), and reports for each phase:
   created the node shares;
 * the analytic matmul FLOPs of the step (2 x tokens x linear weights forward, 6x for
   forward+backward; prefill's lm_head runs on the last token only) and the GEMM rate reached;
-* the ceiling: the step's tokens/s if everything but the GEMMs took no time at that rate.
+* the ceiling: the step's tokens/s if everything but the GEMMs took no time at that rate;
+* the device's time end to end (`kernel_ms`: every kernel once, those no launching op claimed
+  among the split's sources as "(no launching op recorded)") and the rest of the un-profiled
+  step (`device_idle_ms`), with the host syncs of one more step by Python line (`sync_points`):
+  a sync in mid-step idles the GPU while the host launches what follows.
 
 Configurations are bench's (fastpath, fla+dao, reference, fastpath+compile) plus "<config>+liger":
 the same, then Liger Kernel's `apply_liger_kernel_to_<family>(model=...)` on the built model
@@ -68,6 +72,7 @@ MATCHERS = [(name, re.compile(pat, re.I)) for name, pat in FAMILIES]
 OTHER = "elementwise/other"
 MODULE_SCOPE = "fp.module: "  # record_function label of a module forward (this script's hooks)
 _AUTOGRAD_NODE = "autograd::engine::evaluate_function: "
+UNCLAIMED = "(no launching op recorded)"
 # Smoke mode: CPU ops that only make views or allocate (no kernel would run on a GPU).
 NO_KERNEL_OPS = frozenset(f"aten::{n}" for n in (
     "as_strided", "view", "_unsafe_view", "_reshape_alias", "reshape", "expand", "transpose", "t",
@@ -277,18 +282,29 @@ def other_split(rows: list[tuple[str, str, float]], steps: int, top: int) -> dic
     return {"ms": total, "kernels": ranked(by_kernel, "sources"), "sources": ranked(by_source, "kernels")}
 
 
-def device_kernel_us(events: list[Any]) -> float:
-    """Microseconds of every kernel, copy and memset the device ran (`prof.events()`'s device-side
-    events): each once, unlike per-op device totals, where an op and its kernel both count, and
-    whatever launched it (an op, an autograd node, a Triton launch outside any op)."""
-    total = 0.0
+def device_kernels(events: list[Any]) -> dict[str, float]:
+    """Microseconds by name of every kernel, copy and memset the device ran (`prof.events()`'s
+    device-side events): each once, unlike per-op device totals, where an op and its kernel both
+    count, and whatever launched it (an op, an autograd node, a Triton launch outside any op)."""
+    out: dict[str, float] = {}
     for e in events:
         if "CUDA" not in str(getattr(e, "device_type", "")) or getattr(e, "is_user_annotation", False):
             continue
         if e.name.startswith((MODULE_SCOPE, _AUTOGRAD_NODE)):  # scopes mirrored on the device's timeline
             continue
-        total += e.time_range.elapsed_us()
-    return total
+        out[e.name] = out.get(e.name, 0.0) + e.time_range.elapsed_us()
+    return out
+
+
+def unclaimed(rows: list[tuple[str, str, float]], device: dict[str, float]) -> list[tuple[str, str, float]]:
+    """The device time no launching op claimed (the profiler links each kernel to the host event
+    that launched it, and a launch it did not record leaves its kernel out of `rows`), as rows of
+    source UNCLAIMED, so the split adds up to what the device ran."""
+    claimed: dict[str, float] = {}
+    for name, _source, us in rows:
+        claimed[name] = claimed.get(name, 0.0) + us
+    rest = ((name, us - claimed.get(name, 0.0)) for name, us in device.items())
+    return [(name, UNCLAIMED, us) for name, us in rest if us > 0.5]
 
 
 def idle_split(busy_us: float, steps: int, step_ms: float) -> dict[str, float]:
@@ -369,9 +385,10 @@ def child(config: str, args: argparse.Namespace) -> dict[str, Any]:
         phase = summarise(prof, args.steps, sorted(times)[len(times) // 2], flops, tokens, cpu=args.smoke)
         events = list(prof.events())
         rows = attributed_kernels(events, cpu=args.smoke)
+        if not args.smoke:
+            rows += unclaimed(rows, device_kernels(events))
         phase["other_split"] = other_split(rows, args.steps, args.top)
-        busy_us = sum(us for _n, _s, us in rows) if args.smoke else device_kernel_us(events)
-        phase.update(idle_split(busy_us, args.steps, phase["step_ms"]))
+        phase.update(idle_split(sum(us for _n, _s, us in rows), args.steps, phase["step_ms"]))
         if not args.smoke:  # one more step under torch's sync debug mode
             phase["sync_points"] = sync_points(fn)
             model.zero_grad(set_to_none=True)

@@ -178,9 +178,10 @@ def test_smoke_profile_splits_elementwise_other_for_fastpath_and_liger(tmp_path:
             assert "other_split" in phase or "\n" not in phase["error"]
 
 
-def test_device_time_counts_each_kernel_once_and_no_scope() -> None:
+def test_device_time_counts_each_kernel_once_and_unclaimed_kernels_join_the_split() -> None:
     """Device-side events only: the launching op (CPU), the module scope mirrored on the device
-    and a user annotation add nothing; two kernels and a memset add their durations."""
+    and a user annotation add nothing; a kernel no op claimed joins the rows as UNCLAIMED, so the
+    split and the step's device time add up to what the device ran."""
     from torch.autograd import DeviceType
     from torch.autograd.profiler_util import FunctionEvent
 
@@ -192,7 +193,13 @@ def test_device_time_counts_each_kernel_once_and_no_scope() -> None:
               event(2, "_silu_mul_fwd_kernel", 820, 870, True), event(3, "Memset (Device)", 870, 875, True),
               event(4, model_profile.MODULE_SCOPE + "Qwen3_5MLP", 10, 875, True),
               event(5, "my range", 0, 875, True, is_user_annotation=True)]
-    assert model_profile.device_kernel_us(events) == 855.0
+    device = model_profile.device_kernels(events)
+    assert device == {"nvjet_sm90_gemm": 800.0, "_silu_mul_fwd_kernel": 50.0, "Memset (Device)": 5.0}
+    rows = [("nvjet_sm90_gemm", "Qwen3_5MLP: aten::mm", 800.0), ("Memset (Device)", "Qwen3_5MLP: aten::mm", 5.0)]
+    rest = model_profile.unclaimed(rows, device)
+    assert rest == [("_silu_mul_fwd_kernel", model_profile.UNCLAIMED, 50.0)]
+    split = model_profile.other_split(rows + rest, 1, 5)
+    assert split["ms"] == pytest.approx(0.055)  # the memset and the unclaimed Triton kernel
     assert model_profile.idle_split(855.0 * 2, 2, 1.0) == pytest.approx({"kernel_ms": 0.855, "device_idle_ms": 0.145})
     assert model_profile.idle_split(855.0, 1, 0.5)["device_idle_ms"] == 0.0  # profiler skew
 
