@@ -42,7 +42,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from host_syncs import sync_points  # same folder: sys.path[0]
+from model_profile import sync_points  # same folder: sys.path[0]
 
 TARGET_RATIO = 1.8
 OVERHEAD_TARGET_PCT = 3.0  # capture over the fast forward alone, same run, verification on

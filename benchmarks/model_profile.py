@@ -43,18 +43,19 @@ configuration after compiles.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import re
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from gdn_layer_profile import _device_self_us, cuda_times  # same folder: sys.path[0]
-from host_syncs import sync_points
 
 # Ordered: the first family whose pattern matches a kernel's name takes it.
 FAMILIES: tuple[tuple[str, str], ...] = (
@@ -313,6 +314,31 @@ def idle_split(busy_us: float, steps: int, step_ms: float) -> dict[str, float]:
     timed without the profiler, so its hooks' host cost does not count as idle."""
     kernel_ms = busy_us / 1e3 / steps
     return {"kernel_ms": kernel_ms, "device_idle_ms": max(0.0, step_ms - kernel_ms)}
+
+
+def sync_points(run: Callable[[], Any], top: int = 30) -> list[dict[str, Any]]:
+    """[{where: "file:line", what: first line of the warning, count}] of one `run()` (CUDA only):
+    every host <- device sync it makes, by the Python line that asked (torch's sync debug mode,
+    https://pytorch.org/docs/stable/generated/torch.cuda.set_sync_debug_mode.html, warns at each;
+    the warning's location is that line). A sync in mid-step idles the GPU while the host
+    launches what follows."""
+    import torch
+
+    seen: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    def note(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        seen[(f"{filename}:{lineno}", str(message).splitlines()[0][:120])] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        previous, warnings.showwarning = warnings.showwarning, note
+        torch.cuda.set_sync_debug_mode(1)
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+            warnings.showwarning = previous
+    return [{"where": where, "what": what, "count": n} for (where, what), n in seen.most_common(top)]
 
 
 def _wall_times(fn: Callable[[], Any], n: int) -> list[float]:

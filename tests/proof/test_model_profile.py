@@ -210,9 +210,8 @@ def test_sync_points_name_the_line_that_synchronised() -> None:
     """A `.item()` mid-work is reported at its own line; work without one reports nothing."""
     import torch
 
-    host_syncs = import_benchmark("host_syncs")
     x = torch.randn(1024, device="cuda")
     line = sys._getframe().f_lineno + 1
-    found = host_syncs.sync_points(lambda: (x * 2).sum().item())
+    found = model_profile.sync_points(lambda: (x * 2).sum().item())
     assert [s["where"] for s in found] == [f"{__file__}:{line}"] and found[0]["count"] == 1
-    assert host_syncs.sync_points(lambda: torch.cumsum(x, 0)) == []
+    assert model_profile.sync_points(lambda: torch.cumsum(x, 0)) == []
